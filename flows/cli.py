@@ -1,0 +1,226 @@
+"""The pt2flow command line (DESIGN.md section 4).
+
+Thin by design: torch and Prefect are imported only inside the commands that run pipelines,
+so that ls / show / lineage / diff / verify / gc answer fast on a large index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from typing import Any, Iterator, Sequence
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+DESCRIPTION = """\
+pt2flow turns PyTorch models into verified deployable artifacts. A YAML config names the models;
+each goes through trace -> functionalize -> decompose -> serialize -> aot_compile -> validate,
+orchestrated by Prefect, with every artifact stored by sha256 and every stage run in a Parquet
+index you can query (ls, show, lineage, diff).
+"""
+
+
+def _parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(_usage_error(f"--storage-option expects KEY=VALUE, got {pair!r}"))
+        parsed: Any = value
+        if value.lower() in ("true", "false"):
+            parsed = value.lower() == "true"
+        else:
+            try:
+                parsed = int(value)
+            except ValueError:
+                pass
+        # nested keys: client_kwargs.endpoint_url=...
+        target = options
+        parts = key.split(".")
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = parsed
+    return options
+
+
+def _usage_error(message: str) -> int:
+    print(f"pt2flow: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[Any]:
+    """Send fd 1 to stderr (also for child processes) and yield a writer to the real stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    real = os.fdopen(os.dup(saved), "w")
+    try:
+        yield real
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+# ---------------------------------------------------------------------------------------------
+# run / validate
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from flows.config import ConfigError, load_config
+
+    try:
+        pipeline = load_config(args.config)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps({"config": args.config, "valid": True, "models": [m.name for m in pipeline.models], "stages": list(pipeline.stages)}))
+    else:
+        print(f"{args.config}: ok — {len(pipeline.models)} model(s), stages {', '.join(pipeline.stages)}")
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flows import runtime
+    from flows.config import ConfigError, apply_overrides, load_config, resolve_store_url
+
+    try:
+        pipeline = load_config(args.config)
+        stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+        pipeline = apply_overrides(pipeline, only=args.only or (), stages=stages)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_USAGE
+    if args.workers < 1:
+        return _usage_error("--workers must be at least 1")
+    if args.dask_address and args.runner != "dask":
+        return _usage_error("--dask-address needs --runner dask")
+    runner = args.runner or ("process" if args.workers > 1 else "local")
+    store_url = resolve_store_url(args.store or pipeline.store)
+    options = _merge(dict(pipeline.storage_options), _parse_storage_options(args.storage_option or []))
+    runtime.set_storage_options(store_url, options)
+    try:
+        store = runtime.open_store(store_url)
+        store.index.files()  # fail fast on an unreachable store
+    except Exception as exc:
+        return _usage_error(f"store {store_url}: {exc}")
+
+    from flows.pipeline import new_run_id
+
+    run_id = new_run_id()
+    parameters = dict(
+        config_path=os.path.abspath(args.config),
+        store=store_url,
+        only=list(args.only or []) or None,
+        stages=list(pipeline.stages),
+        force=args.force,
+        runner=runner,
+        workers=args.workers,
+        dask_address=args.dask_address,
+        run_id=run_id,
+    )
+    if args.verbose:
+        os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
+    if args.json:
+        with _stdout_to_stderr() as real_stdout:
+            document = _execute(parameters, store, pipeline, show_progress=False)
+            real_stdout.write(json.dumps(document, default=str) + "\n")
+            real_stdout.flush()
+    else:
+        from rich.console import Console
+
+        document = _execute(parameters, store, pipeline, show_progress=sys.stderr.isatty() or args.progress)
+        from flows.summary import render_run
+
+        render_run(document, Console(width=None if sys.stdout.isatty() else 160))
+    return EXIT_OK if document["summary"]["failed"] == 0 else EXIT_FAILED
+
+
+def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_progress: bool) -> dict[str, Any]:
+    from flows import runtime
+
+    with runtime.prefect_api():
+        from flows.fleet import fleet_flow
+
+        progress: Any = contextlib.nullcontext()
+        if show_progress:
+            from rich.console import Console
+
+            from flows.progress import FleetProgress
+
+            progress = FleetProgress(store, parameters["run_id"], [m.name for m in pipeline.models], pipeline.stages, Console(stderr=True))
+        with progress:
+            state = fleet_flow(**parameters, return_state=True)
+        document = state.result(raise_on_failure=False)
+    if not isinstance(document, dict):
+        raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
+    return document
+
+
+# ---------------------------------------------------------------------------------------------
+# parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pt2flow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def store_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--store", metavar="URL", help="store URL (local path, file://, memory://, s3://bucket/prefix); overrides the config's")
+        p.add_argument("--storage-option", metavar="KEY=VALUE", action="append", help="fsspec storage option (repeatable; dotted keys nest)")
+
+    p = sub.add_parser("run", help="export every model of a config", description="Run the pipeline on every model of CONFIG. Exit 0: all ok; 1: a model failed (the others still ran); 2: bad config or usage.")
+    p.add_argument("config", metavar="CONFIG", help="pipeline config (YAML, schema version 1)")
+    store_arg(p)
+    p.add_argument("--only", metavar="NAME", action="append", help="run only this model (repeatable)")
+    p.add_argument("--stages", metavar="a,b,...", help="run these stages instead of the config's (pipeline order; trace required)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="models in parallel, each in its own process (default 1)")
+    p.add_argument("--runner", choices=["local", "process", "dask"], help="local: in this process; process: a pool of N processes; dask: a Dask cluster (default: local, or process when --workers > 1)")
+    p.add_argument("--dask-address", metavar="ADDR", help="scheduler address of an existing Dask cluster (tcp://host:8786); default: a LocalCluster")
+    p.add_argument("--force", action="store_true", help="ignore cached results and re-run every stage")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout (logs go to stderr)")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
+    p.add_argument("--verbose", "-v", action="store_true", help="show Prefect's log lines")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("validate", help="check a config without running anything", description="Check CONFIG: every problem is reported with its file, line and key path. Exit 0 if valid, 2 if not.")
+    p.add_argument("config", metavar="CONFIG")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+    from flows import queries
+
+    queries.add_commands(sub, store_arg)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("pt2flow: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

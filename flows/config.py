@@ -1,0 +1,475 @@
+"""Pipeline config, schema version 1 (DESIGN.md section 3).
+
+`load_config(path)` reads YAML with yaml.safe_load semantics, validates it with pydantic and a
+second semantic pass, and raises ConfigError listing every problem at once, each with the
+file, line, the path of the offending key and what was expected. Nothing is imported or run:
+factories are resolved with importlib's finder and an AST scan of the module's source.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from stages import STAGES
+from stages.options import OPTIONS
+
+CONFIG_VERSION = 1
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+FACTORY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    path: str  # e.g. models[2].inputs.x.dtype
+    message: str
+    line: int | None = None
+
+
+class ConfigError(Exception):
+    """A config is unusable. Holds every issue found, not just the first."""
+
+    def __init__(self, source: str, issues: Sequence[ConfigIssue]) -> None:
+        self.source = source
+        self.issues = list(issues)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"{self.source}: {len(self.issues)} problem{'s' if len(self.issues) != 1 else ''} in the config:"]
+        for issue in self.issues:
+            where = f"{self.source}:{issue.line}" if issue.line else self.source
+            lines.append(f"  {where}: {issue.path or '(top level)'}: {issue.message}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# schema
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputConfig(_Strict):
+    shape: list[int] = Field(description="example shape; [] is a 0-d tensor")
+    dtype: Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "bool"] = "float32"
+    low: float | None = None
+    high: float | None = None
+    value: float | None = None
+
+    @field_validator("shape")
+    @classmethod
+    def _non_negative(cls, shape: list[int]) -> list[int]:
+        if any(d < 0 for d in shape):
+            raise ValueError("sizes must be >= 0")
+        return shape
+
+
+class DimConfig(_Strict):
+    min: int = Field(ge=1)
+    max: int = Field(ge=1, le=2**31 - 1)
+
+
+class StageDefaults(_Strict):
+    trace: dict[str, Any] = Field(default_factory=dict)
+    functionalize: dict[str, Any] = Field(default_factory=dict)
+    decompose: dict[str, Any] = Field(default_factory=dict)
+    serialize: dict[str, Any] = Field(default_factory=dict)
+    aot_compile: dict[str, Any] = Field(default_factory=dict)
+    validate_: dict[str, Any] = Field(default_factory=dict, alias="validate")
+
+
+class ModelConfig(_Strict):
+    name: str
+    factory: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    weights: str | None = None
+    inputs: dict[str, InputConfig]
+    dynamic_shapes: dict[str, dict[int, str]] = Field(default_factory=dict)
+    dims: dict[str, DimConfig] = Field(default_factory=dict)
+    stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class PipelineConfig(_Strict):
+    version: Literal[1]
+    store: str = "./pt2-store"
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    stages: list[str] = Field(default_factory=lambda: list(STAGES))
+    defaults: StageDefaults = Field(default_factory=StageDefaults)
+    models: list[ModelConfig] = Field(min_length=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# resolved form handed to the flows
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """One model with its stage options merged over the defaults and validated."""
+
+    name: str
+    factory: str
+    kwargs: Mapping[str, Any]
+    weights: str | None
+    inputs: Mapping[str, InputConfig]
+    dynamic_shapes: Mapping[str, Mapping[int, str]]
+    dims: Mapping[str, tuple[int, int]]
+    options: Mapping[str, BaseModel]  # stage -> its options model
+    search_path: str  # the config's folder, first on sys.path when the factory is imported
+
+    @property
+    def training(self) -> bool:
+        return self.options["functionalize"].mode == "training"  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    path: str
+    store: str
+    storage_options: Mapping[str, Any]
+    stages: tuple[str, ...]
+    models: tuple[ResolvedModel, ...]
+    raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
+
+    def model(self, name: str) -> ResolvedModel:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML with line numbers
+
+
+class _Lines:
+    """Maps a config path (('models', 2, 'inputs')) to the YAML line it came from."""
+
+    def __init__(self, text: str) -> None:
+        try:
+            self.root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            self.root = None
+
+    def line(self, path: Iterable[Any]) -> int | None:
+        node = self.root
+        best = node.start_mark.line + 1 if node is not None else None
+        for part in path:
+            if isinstance(node, yaml.MappingNode):
+                nxt = None
+                for key_node, value_node in node.value:
+                    if str(key_node.value) == str(part):
+                        best = key_node.start_mark.line + 1
+                        nxt = value_node
+                        break
+                node = nxt
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+                node = node.value[part]
+                best = node.start_mark.line + 1
+            else:
+                break
+            if node is None:
+                break
+        return best
+
+
+def format_path(parts: Iterable[Any]) -> str:
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _pydantic_issues(exc: ValidationError, prefix: tuple[Any, ...], lines: _Lines) -> list[ConfigIssue]:
+    issues = []
+    for err in exc.errors():
+        loc = tuple("validate" if p == "validate_" else p for p in err["loc"])
+        loc = prefix + loc
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif err["type"] == "missing":
+            message = "required key is missing"
+        elif "input" in err and err["type"] not in ("missing",):
+            shown = repr(err["input"])
+            if len(shown) > 80:
+                shown = shown[:77] + "..."
+            message = f"{message} (got {shown})"
+        issues.append(ConfigIssue(format_path(loc), message, lines.line(loc)))
+    return issues
+
+
+# ---------------------------------------------------------------------------------------------
+# semantic checks
+
+
+def _expand_env(value: Any, path: tuple[Any, ...], issues: list[ConfigIssue], lines: _Lines) -> Any:
+    if isinstance(value, str):
+        def repl(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in os.environ:
+                issues.append(ConfigIssue(format_path(path), f"environment variable ${{{name}}} is not set", lines.line(path)))
+                return ""
+            return os.environ[name]
+
+        return _ENV_REF.sub(repl, value)
+    if isinstance(value, dict):
+        return {k: _expand_env(v, path + (k,), issues, lines) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, path + (i,), issues, lines) for i, v in enumerate(value)]
+    return value
+
+
+def _defines(tree: ast.Module, name: str) -> bool:
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if (alias.asname or alias.name.split(".")[0]) == name:
+                    return True
+    return False
+
+
+def resolve_factory_statically(factory: str, search_path: str) -> str | None:
+    """Why `module:callable` cannot resolve, or None. Finds the module without executing it
+    and looks for the name at the top level of its source."""
+    module_name, _, attr = factory.partition(":")
+    added = search_path not in sys.path
+    if added:
+        sys.path.insert(0, search_path)
+    try:
+        try:
+            spec = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError) as exc:
+            return f"module {module_name!r} cannot be found: {exc}"
+        if spec is None:
+            return f"module {module_name!r} not found (looked in {search_path} and on sys.path)"
+        origin = spec.origin
+        if not origin or not origin.endswith(".py") or not os.path.exists(origin):
+            return None  # a compiled or namespace module: checked when imported
+        try:
+            tree = ast.parse(Path(origin).read_text(encoding="utf-8"), filename=origin)
+        except SyntaxError as exc:
+            return f"module {module_name!r} ({origin}) has a syntax error at line {exc.lineno}: {exc.msg}"
+        if not _defines(tree, attr.split(".")[0]):
+            return f"{attr.split('.')[0]!r} is not defined at the top level of {origin}"
+        return None
+    finally:
+        if added:
+            try:
+                sys.path.remove(search_path)
+            except ValueError:
+                pass
+
+
+def check_stage_list(stages: Sequence[str]) -> list[str]:
+    """Problems with a stage selection: unknown names, order, duplicates, missing prerequisites."""
+    problems = []
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        problems.append(f"unknown stage(s) {unknown}; stages are {list(STAGES)}")
+        return problems
+    if len(set(stages)) != len(stages):
+        problems.append("a stage is listed twice")
+    if list(stages) != [s for s in STAGES if s in stages]:
+        problems.append(f"stages must keep the pipeline order {list(STAGES)}")
+    if "trace" not in stages:
+        problems.append("trace is required: every other stage starts from its program")
+    if "validate" in stages and not ({"serialize", "aot_compile"} & set(stages)):
+        problems.append("validate needs serialize or aot_compile (it compares their artifacts with eager)")
+    return problems
+
+
+def _check_model(
+    index: int,
+    model: ModelConfig,
+    defaults: Mapping[str, dict[str, Any]],
+    search_path: str,
+    lines: _Lines,
+    issues: list[ConfigIssue],
+) -> ResolvedModel | None:
+    base = ("models", index)
+    before = len(issues)
+
+    def add(path: tuple[Any, ...], message: str) -> None:
+        issues.append(ConfigIssue(format_path(base + path), message, lines.line(base + path)))
+
+    if not NAME_PATTERN.match(model.name) or model.name in (".", "..") or ".." in model.name:
+        add(("name",), f"{model.name!r} is not a valid model name: use 1-128 of [A-Za-z0-9._-], no '..'")
+    if not FACTORY_PATTERN.match(model.factory):
+        add(("factory",), f"{model.factory!r} is not of the form 'package.module:callable'")
+    else:
+        problem = resolve_factory_statically(model.factory, search_path)
+        if problem:
+            add(("factory",), problem)
+    if model.weights is not None:
+        plain = model.weights.split("?", 1)[0].lower()
+        if not plain.endswith(WEIGHT_SUFFIXES):
+            add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")
+    if not model.inputs:
+        add(("inputs",), "at least one input is required")
+
+    for arg, per_dim in model.dynamic_shapes.items():
+        if arg not in model.inputs:
+            add(("dynamic_shapes", arg), f"no input named {arg!r} (inputs: {sorted(model.inputs)})")
+            continue
+        rank = len(model.inputs[arg].shape)
+        for dim_index, dim_name in per_dim.items():
+            if not 0 <= dim_index < rank:
+                add(("dynamic_shapes", arg, dim_index), f"dim index {dim_index} is out of range for a rank-{rank} input")
+                continue
+            if dim_name not in model.dims:
+                add(("dynamic_shapes", arg, dim_index), f"dim {dim_name!r} has no definition under dims")
+                continue
+            spec = model.dims[dim_name]
+            size = model.inputs[arg].shape[dim_index]
+            if not spec.min <= size <= spec.max:
+                add(("inputs", arg, "shape"), f"example size {size} of dim {dim_name!r} is outside its range [{spec.min}, {spec.max}]")
+    for dim_name, spec in model.dims.items():
+        if spec.min > spec.max:
+            add(("dims", dim_name), f"min {spec.min} is greater than max {spec.max}")
+
+    options: dict[str, BaseModel] = {}
+    for stage, overrides in model.stages.items():
+        if stage not in STAGES:
+            add(("stages", stage), f"unknown stage {stage!r}; per-model overrides are for {list(STAGES)}")
+    for stage in STAGES:
+        merged = {**defaults.get(stage, {}), **model.stages.get(stage, {})}
+        try:
+            options[stage] = OPTIONS[stage](**merged)
+        except ValidationError as exc:
+            issues.extend(_pydantic_issues(exc, base + ("stages", stage), lines))
+    validate_options = options.get("validate")
+    if validate_options is not None and model.dynamic_shapes and validate_options.samples < 3:  # type: ignore[attr-defined]
+        add(("stages", "validate", "samples"), "must be >= 3 for a model with dynamic dims (example, min and max)")
+    if len(issues) != before:
+        return None
+    return ResolvedModel(
+        name=model.name,
+        factory=model.factory,
+        kwargs=dict(model.kwargs),
+        weights=model.weights,
+        inputs=dict(model.inputs),
+        dynamic_shapes={k: dict(v) for k, v in model.dynamic_shapes.items()},
+        dims={k: (v.min, v.max) for k, v in model.dims.items()},
+        options=options,
+        search_path=search_path,
+    )
+
+
+def parse_config(text: str, source: str = "<config>", base_dir: str | None = None) -> Pipeline:
+    """Validate config text; raises ConfigError with every issue."""
+    lines = _Lines(text)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        message = f"YAML error: {problem}" + (f" ({context})" if context else "")
+        raise ConfigError(source, [ConfigIssue("", message, line)]) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(source, [ConfigIssue("", f"expected a mapping at the top level, got {type(data).__name__}", 1)])
+    issues: list[ConfigIssue] = []
+    if "version" in data and data["version"] != CONFIG_VERSION:
+        issues.append(ConfigIssue("version", f"unsupported config version {data['version']!r}; this pt2flow reads version {CONFIG_VERSION}", lines.line(("version",))))
+        raise ConfigError(source, issues)
+    try:
+        config = PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, _pydantic_issues(exc, (), lines)) from None
+
+    folder = os.path.abspath(base_dir or ".")
+    storage_options = _expand_env(config.storage_options, ("storage_options",), issues, lines)
+    for problem in check_stage_list(config.stages):
+        issues.append(ConfigIssue("stages", problem, lines.line(("stages",))))
+
+    defaults = config.defaults.model_dump(by_alias=True)
+    for stage, values in defaults.items():
+        try:
+            OPTIONS[stage](**values)
+        except ValidationError as exc:
+            issues.extend(_pydantic_issues(exc, ("defaults", stage), lines))
+    default_issues = len(issues)
+
+    seen: dict[str, int] = {}
+    resolved = []
+    for i, model in enumerate(config.models):
+        if model.name in seen:
+            path = ("models", i, "name")
+            issues.append(ConfigIssue(format_path(path), f"duplicate model name {model.name!r} (also models[{seen[model.name]}])", lines.line(path)))
+        else:
+            seen[model.name] = i
+        if default_issues:
+            continue  # per-model option errors would only repeat the defaults' errors
+        r = _check_model(i, model, defaults, folder, lines, issues)
+        if r is not None:
+            resolved.append(r)
+    if issues:
+        raise ConfigError(source, issues)
+    return Pipeline(
+        path=source,
+        store=config.store,
+        storage_options=storage_options,
+        stages=tuple(config.stages),
+        models=tuple(resolved),
+        raw=data,
+    )
+
+
+def load_config(path: str | os.PathLike[str]) -> Pipeline:
+    """Read and validate a config file (factories and relative weights paths resolve against its folder)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [ConfigIssue("", f"cannot read the config file: {exc.strerror or exc}")]) from exc
+    pipeline = parse_config(text, source=str(path), base_dir=str(p.resolve().parent))
+    return pipeline
+
+
+def resolve_store_url(store: str) -> str:
+    """A relative local store path is taken relative to the current directory (like any CLI path)."""
+    if "://" in store:
+        return store
+    return os.path.abspath(store)
+
+
+def apply_overrides(pipeline: Pipeline, *, only: Sequence[str] = (), stages: Sequence[str] | None = None) -> Pipeline:
+    """`--only NAME` and `--stages a,b` applied; unknown names raise ConfigError."""
+    issues = []
+    models = pipeline.models
+    if only:
+        known = {m.name for m in models}
+        missing = [n for n in only if n not in known]
+        if missing:
+            issues.append(ConfigIssue("--only", f"no model named {missing} in the config (models: {sorted(known)})"))
+        models = tuple(m for m in models if m.name in set(only))
+    chosen = pipeline.stages
+    if stages is not None:
+        for problem in check_stage_list(stages):
+            issues.append(ConfigIssue("--stages", problem))
+        chosen = tuple(stages)
+    if issues:
+        raise ConfigError(pipeline.path, issues)
+    return Pipeline(pipeline.path, pipeline.store, pipeline.storage_options, chosen, models, pipeline.raw)

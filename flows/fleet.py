@@ -1,0 +1,121 @@
+"""The fleet flow: every model of a config through the pipeline; one model's failure never stops the rest.
+
+Runners: `local` runs the model flows one after another in this process; `process` runs them
+in N worker processes (Prefect's ProcessPoolTaskRunner, spawn); `dask` uses prefect-dask's
+DaskTaskRunner on a LocalCluster of processes or an existing cluster's address. Never threads:
+torch.export is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, Failed
+
+from flows import runtime
+from flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
+from flows.pipeline import RunContext, export_model_flow, new_run_id
+
+RUNNERS = ("local", "process", "dask")
+
+# Compact the index at the end of a run once it holds this many files.
+AUTO_COMPACT_FILES = 256
+
+
+def _model_result(state: Any, model: ResolvedModel) -> dict[str, Any]:
+    try:
+        value = state.result(raise_on_failure=False)
+    except Exception as exc:  # the flow crashed before it could report
+        value = exc
+    if isinstance(value, dict) and "name" in value:
+        return value
+    return crashed_result(model.name, f"the model flow ended without a result: {value!r}")
+
+
+def crashed_result(name: str, message: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "status": "failed",
+        "failed_stage": None,
+        "error_class": "internal",
+        "error": message,
+        "stages": {},
+        "artifacts": {"serialized": None, "compiled": None},
+        "validation": None,
+    }
+
+
+@task(name="export-model", cache_policy=NO_CACHE, persist_result=False)
+def model_task(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
+    """Runs the model flow inside a worker (process pool or Dask worker)."""
+    state = export_model_flow(model, ctx, return_state=True)
+    return _model_result(state, model)
+
+
+def _task_runner(runner: str, workers: int, dask_address: str | None) -> Any:
+    if runner == "process":
+        from prefect.task_runners import ProcessPoolTaskRunner
+
+        return ProcessPoolTaskRunner(max_workers=workers)
+    if runner == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if dask_address:
+            return DaskTaskRunner(address=dask_address)
+        return DaskTaskRunner(
+            cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True, "dashboard_address": None}
+        )
+    raise ValueError(f"unknown runner {runner!r}")
+
+
+def _run_parallel(models: Sequence[ResolvedModel], ctx: RunContext, runner: str, workers: int, dask_address: str | None) -> list[dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    with _task_runner(runner, workers, dask_address) as task_runner:
+        futures = [(m, task_runner.submit(model_task, parameters={"model": m, "ctx": ctx})) for m in models]
+        for model, future in futures:
+            try:
+                results[model.name] = future.result()
+            except Exception as exc:  # the worker died (killed, out of memory) or the runner broke
+                results[model.name] = crashed_result(model.name, f"worker failed: {type(exc).__name__}: {exc}")
+    return [results[m.name] for m in models]
+
+
+@flow(name="pt2flow-fleet", validate_parameters=False, persist_result=False)
+def fleet_flow(
+    config_path: str,
+    store: str | None = None,
+    only: list[str] | None = None,
+    stages: list[str] | None = None,
+    force: bool = False,
+    runner: str = "local",
+    workers: int = 1,
+    dask_address: str | None = None,
+    run_id: str | None = None,
+) -> Any:
+    """Export every model of the config (or `only` those); returns the run document of DESIGN.md section 4."""
+    started = time.perf_counter()
+    pipeline = apply_overrides(load_config(config_path), only=only or (), stages=stages)
+    store_url = resolve_store_url(store or pipeline.store)
+    if not runtime.storage_options(store_url) and pipeline.storage_options:
+        runtime.set_storage_options(store_url, pipeline.storage_options)
+    ctx = RunContext(run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force)
+    if runner == "local":
+        results = [_model_result(export_model_flow(m, ctx, return_state=True), m) for m in pipeline.models]
+    else:
+        results = _run_parallel(pipeline.models, ctx, runner, max(1, workers), dask_address)
+    store_obj = runtime.open_store(store_url)
+    if len(store_obj.index.files()) >= AUTO_COMPACT_FILES:
+        store_obj.index.compact()
+    ok = sum(1 for r in results if r["status"] == "ok")
+    document = {
+        "run_id": ctx.run_id,
+        "store": store_obj.url,
+        "summary": {"ok": ok, "failed": len(results) - ok, "seconds": round(time.perf_counter() - started, 3)},
+        "models": results,
+    }
+    if ok != len(results):
+        return Failed(message=f"{len(results) - ok} of {len(results)} models failed", data=document)
+    return Completed(data=document)

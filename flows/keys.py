@@ -1,0 +1,76 @@
+"""Identities: canonical JSON, derivation keys (the cache keys) and the run environment.
+
+Derivation key = sha256(stage, stage version, parent identities, canonical options,
+environment). Program stages take their parent's program fingerprint as identity, so a re-trace
+that yields an identical program reuses everything downstream (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import socket
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Mapping, Sequence
+
+from stages import STAGE_VERSIONS
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON: sorted keys, no whitespace, tuples as lists."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False)
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return str(value)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What changes results besides the inputs: torch version and device go into every key."""
+
+    torch_version: str
+    python_version: str
+    pt2flow_version: str
+    host: str
+
+    @classmethod
+    def current(cls) -> "Environment":
+        return cls(
+            torch_version=_version("torch"),
+            python_version=platform.python_version(),
+            pt2flow_version=_version("pt2flow"),
+            host=socket.gethostname(),
+        )
+
+    def key_part(self, device: str) -> dict[str, str]:
+        py = ".".join(self.python_version.split(".")[:2])
+        return {"torch": self.torch_version, "python": py, "device": device}
+
+
+def derivation_key(stage: str, parents: Sequence[str], options: Any, env: Mapping[str, str]) -> str:
+    payload = {
+        "stage": stage,
+        "version": STAGE_VERSIONS[stage],
+        "parents": list(parents),
+        "options": options,
+        "env": dict(env),
+    }
+    return sha256_text(canonical_json(payload))

@@ -1,0 +1,610 @@
+"""One model through the stages: a Prefect flow that runs one Prefect task per stage.
+
+Tasks pass digests and keys, never nn.Modules: each task loads what it needs from the store
+(verified) or from this process's small memo of programs it just built. Before a stage runs,
+its derivation key is looked up in the index; an ok record whose blob verifies is reused.
+Every stage run, cached or not, failed or not, appends one index record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, Failed
+
+from flows import runtime
+from flows.config import ResolvedModel
+from flows.keys import Environment, canonical_json, derivation_key
+from flows.records import stage_record
+from storage import StorageError
+
+PROGRAM_STAGES = ("trace", "functionalize", "decompose")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every task of a run shares. Holds no secrets (storage options stay in the process env)."""
+
+    run_id: str
+    store_url: str
+    stages: tuple[str, ...]
+    force: bool = False
+
+
+class StageFailed(Exception):
+    """A stage ended in failure; `outcome` is what the run reports for it."""
+
+    def __init__(self, outcome: dict[str, Any]) -> None:
+        super().__init__(outcome.get("error") or "stage failed")
+        self.outcome = outcome
+
+
+# ---------------------------------------------------------------------------------------------
+# per-process memo of programs built by earlier tasks (saves a reload from the store)
+
+_PROGRAMS: "OrderedDict[str, Any]" = OrderedDict()
+_MEMO_SIZE = 4
+
+
+def _remember(digest: str, program: Any) -> None:
+    _PROGRAMS[digest] = program
+    _PROGRAMS.move_to_end(digest)
+    while len(_PROGRAMS) > _MEMO_SIZE:
+        _PROGRAMS.popitem(last=False)
+
+
+def _load_program(store: Any, outcome: Mapping[str, Any]) -> Any:
+    from stages.serialize import load_archive
+
+    digest = outcome["artifact"]
+    if digest in _PROGRAMS:
+        _PROGRAMS.move_to_end(digest)
+        return _PROGRAMS[digest]
+    program, _meta = load_archive(store.get_blob(digest, outcome.get("size")))
+    _remember(digest, program)
+    return program
+
+
+# ---------------------------------------------------------------------------------------------
+# building the model and its inputs from the source record
+
+
+def model_inputs(model: ResolvedModel) -> Any:
+    from stages.source import InputSpec, ModelInputs
+
+    return ModelInputs(
+        inputs={
+            name: InputSpec(tuple(spec.shape), spec.dtype, spec.low, spec.high, spec.value)
+            for name, spec in model.inputs.items()
+        },
+        dynamic={arg: dict(dims) for arg, dims in model.dynamic_shapes.items()},
+        dims=dict(model.dims),
+    )
+
+
+def model_builder(model: ResolvedModel, store: Any, source: Mapping[str, Any]) -> Callable[[], Any]:
+    """A function returning a fresh eager model (a TrainingStep in training mode), weights loaded."""
+    from stages.source import build_model, import_factory, load_state_dict, training_step
+
+    factory = import_factory(model.factory, model.search_path)
+    weights = source["details"].get("weights")
+    state = None
+    if weights:
+        state = load_state_dict(store.get_blob(weights["sha256"], weights["size"]), weights["filename"])
+
+    def build() -> Any:
+        module = build_model(factory, model.kwargs, state, training=model.training)
+        if model.training:
+            module = training_step(module, model.options["functionalize"].loss_output)  # type: ignore[attr-defined]
+        return module
+
+    return build
+
+
+# ---------------------------------------------------------------------------------------------
+# running one stage: key, cache lookup, compute, publish, record
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _options_json(model: ResolvedModel, stage: str) -> dict[str, Any]:
+    return model.options[stage].model_dump(mode="json")
+
+
+class StageRun:
+    """The bookkeeping around one stage of one model: timing, caching, publishing, recording."""
+
+    def __init__(self, stage: str, model: ResolvedModel, ctx: RunContext, key: str, parents: list[str]) -> None:
+        self.stage = stage
+        self.model = model
+        self.ctx = ctx
+        self.key = key
+        self.parents = parents
+        self.store = runtime.open_store(ctx.store_url)
+        self.env = Environment.current()
+        self.started = _now()
+        self.clock = time.perf_counter()
+
+    def cached(self) -> dict[str, Any] | None:
+        """The outcome of an earlier ok run of this exact key whose blob still verifies."""
+        if self.ctx.force:
+            return None
+        hit = find_cached(self.store, self.key)
+        if hit is None:
+            return None
+        outcome = {
+            "status": "ok",
+            "cached": True,
+            "seconds": round(time.perf_counter() - self.clock, 6),
+            "artifact": hit["sha256"],
+            "size": hit["size"],
+            "uri": hit["uri"],
+            "key": self.key,
+            "fingerprint": hit["fingerprint"],
+            "details": json.loads(hit["details"] or "{}"),
+            "warnings": [],
+        }
+        self._record(outcome, source_row=hit)
+        return outcome
+
+    def publish(self, data: bytes, *, fingerprint: str | None, details: Mapping[str, Any], warnings: tuple[str, ...] = ()) -> dict[str, Any]:
+        ref = self.store.put_blob(data)
+        outcome = {
+            "status": "ok",
+            "cached": False,
+            "seconds": round(time.perf_counter() - self.clock, 6),
+            "artifact": ref.digest,
+            "size": ref.size,
+            "uri": ref.uri,
+            "key": self.key,
+            "fingerprint": fingerprint or ref.digest,
+            "details": dict(details),
+            "warnings": list(warnings),
+        }
+        self._record(outcome)
+        return outcome
+
+    def fail(self, error_class: str, message: str, *, details: Mapping[str, Any] | None = None, report: bytes | None = None) -> StageFailed:
+        outcome: dict[str, Any] = {
+            "status": "failed",
+            "cached": False,
+            "seconds": round(time.perf_counter() - self.clock, 6),
+            "artifact": None,
+            "size": None,
+            "uri": None,
+            "key": self.key,
+            "fingerprint": None,
+            "details": dict(details or {}),
+            "warnings": [],
+            "error_class": error_class,
+            "error": message,
+        }
+        if report is not None:
+            try:
+                ref = self.store.put_blob(report)
+                outcome.update(artifact=ref.digest, size=ref.size, uri=ref.uri)
+                outcome["details"]["report_sha256"] = ref.digest
+            except StorageError:
+                pass  # the failure itself is what matters; the report is a bonus
+        try:
+            self._record(outcome)
+        except StorageError as exc:
+            outcome["error"] += f" (and its index record could not be written: {exc})"
+        return StageFailed(outcome)
+
+    def _record(self, outcome: Mapping[str, Any], source_row: Mapping[str, Any] | None = None) -> None:
+        record = stage_record(
+            run_id=self.ctx.run_id,
+            model=self.model,
+            stage=self.stage,
+            outcome=outcome,
+            parents=self.parents,
+            options=_options_json(self.model, self.stage) if self.stage in self.model.options else {},
+            env=self.env,
+            started=self.started,
+            ended=_now(),
+            source_row=source_row,
+        )
+        self.store.index.append([record])
+
+
+def find_cached(store: Any, key: str) -> dict[str, Any] | None:
+    """The newest ok record for `key` whose blob exists and verifies, else None."""
+    import pyarrow.compute as pc
+
+    table = store.index.read(None, filter=(pc.field("key") == key) & (pc.field("status") == "ok"))
+    if table.num_rows == 0:
+        return None
+    rows = sorted(table.to_pylist(), key=lambda r: r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc), reverse=True)
+    for row in rows:
+        if row["sha256"] and store.blob_status(row["sha256"], row["size"]) == "ok":
+            return row
+    return None
+
+
+def _guard(run: StageRun, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run a stage body; turn every failure into a recorded, classified StageFailed."""
+    from stages.errors import StageError
+
+    try:
+        return body()
+    except StageFailed:
+        raise
+    except StageError as exc:
+        report = exc.report.encode() if exc.report else None
+        if exc.details and run.stage == "validate":
+            report = json.dumps(exc.details, indent=1, default=str).encode()
+        details = {"attempts": list(exc.attempts)} if exc.attempts else {}
+        if run.stage == "validate" and exc.details:
+            details["validation"] = _validation_summary(exc.details)
+        raise run.fail(exc.error_class, exc.message, details=details, report=report) from None
+    except StorageError as exc:
+        raise run.fail("storage", str(exc)) from None
+    except MemoryError as exc:
+        raise run.fail("runtime", f"out of memory: {exc}") from None
+    except Exception as exc:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8))
+        raise run.fail("internal", f"pt2flow bug: {type(exc).__name__}: {exc}", details={"traceback": tb}) from None
+
+
+def _validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "passed": bool(report.get("passed")),
+        "max_abs_err": report.get("max_abs_err"),
+        "max_rel_err": report.get("max_rel_err"),
+        "samples": report.get("samples"),
+        "nondeterministic": bool(report.get("nondeterministic")),
+        "candidates": {
+            name: {"max_abs_err": c.get("max_abs_err"), "max_rel_err": c.get("max_rel_err")}
+            for name, c in (report.get("candidates") or {}).items()
+        },
+        **({"latency_ms": report["latency_ms"]} if "latency_ms" in report else {}),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the stage tasks
+
+_TASK_KW = dict(cache_policy=NO_CACHE, persist_result=False)
+
+
+def _resolve_weights_url(model: ResolvedModel) -> str:
+    url = str(model.weights)
+    if "://" in url or Path(url).is_absolute():
+        return url
+    return str(Path(model.search_path) / url)
+
+
+def _module_source_hash(model: ResolvedModel) -> tuple[str, str | None]:
+    import hashlib
+    import importlib.util
+    import sys
+
+    from stages.errors import StageError
+
+    module_name = model.factory.split(":", 1)[0]
+    added = model.search_path not in sys.path
+    if added:
+        sys.path.insert(0, model.search_path)
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        raise StageError("import", f"module {module_name!r} cannot be found: {exc}") from exc
+    finally:
+        if added:
+            sys.path.remove(model.search_path)
+    if spec is None:
+        raise StageError("import", f"module {module_name!r} not found")
+    origin = spec.origin if spec.origin and Path(spec.origin).is_file() else None
+    data = Path(origin).read_bytes() if origin else module_name.encode()
+    return hashlib.sha256(data).hexdigest(), origin
+
+
+@task(name="source", **_TASK_KW)
+def source_task(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
+    """Pin down what the model is made of: factory, kwargs, module source, weights, inputs.
+
+    The weights are copied into the store (so every artifact can be rebuilt from the store) and
+    the description is stored as a canonical JSON blob whose key is the source key.
+    """
+    from storage.fs import read_url
+
+    manifest: dict[str, Any] = {
+        "factory": model.factory,
+        "kwargs": dict(model.kwargs),
+        "inputs": {k: v.model_dump(mode="json") for k, v in model.inputs.items()},
+        "dynamic_shapes": {k: {str(i): d for i, d in v.items()} for k, v in model.dynamic_shapes.items()},
+        "dims": {k: list(v) for k, v in model.dims.items()},
+    }
+    run = StageRun("source", model, ctx, key="", parents=[])
+
+    def body() -> dict[str, Any]:
+        code_hash, origin = _module_source_hash(model)
+        manifest["code_hash"] = code_hash
+        weights = None
+        if model.weights:
+            url = _resolve_weights_url(model)
+            try:
+                data = read_url(url, runtime.storage_options(url) if "://" in url else {})
+            except FileNotFoundError as exc:
+                from stages.errors import StageError
+
+                raise StageError("weights", f"weights file not found: {model.weights}") from exc
+            ref = run.store.put_blob(data)
+            weights = {"sha256": ref.digest, "size": ref.size, "filename": Path(url.split("?")[0]).name}
+        manifest["weights"] = weights["sha256"] if weights else None
+        run.key = derivation_key("source", [], manifest, {})
+        details = {"manifest": manifest, "module_file": origin, "weights": weights, "weights_url": model.weights}
+        blob = canonical_json(manifest).encode()
+        outcome = run.publish(blob, fingerprint=None, details=details)
+        outcome["cached"] = find_previous_source(run.store, run.key, ctx.run_id)
+        return outcome
+
+    return _guard(run, body)
+
+
+def find_previous_source(store: Any, key: str, run_id: str) -> bool:
+    import pyarrow.compute as pc
+
+    table = store.index.read(["run_id"], filter=(pc.field("key") == key) & (pc.field("run_id") != run_id))
+    return table.num_rows > 0
+
+
+def _program_stage(
+    stage: str,
+    model: ResolvedModel,
+    ctx: RunContext,
+    parent: Mapping[str, Any],
+    compute: Callable[[Any], Any],
+) -> dict[str, Any]:
+    """functionalize / decompose: program in, program out, keyed by the parent's fingerprint."""
+    from stages.serialize import program_bytes
+
+    env = Environment.current().key_part("cpu")
+    key = derivation_key(stage, [parent["fingerprint"]], _options_json(model, stage), env)
+    run = StageRun(stage, model, ctx, key, [parent["key"]])
+
+    def body() -> dict[str, Any]:
+        hit = run.cached()
+        if hit is not None:
+            return hit
+        result = compute(_load_program(run.store, parent))
+        data = program_bytes(result.output)
+        outcome = run.publish(data, fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
+        _remember(outcome["artifact"], result.output)
+        return outcome
+
+    return _guard(run, body)
+
+
+@task(name="trace", **_TASK_KW)
+def trace_task(model: ResolvedModel, ctx: RunContext, source: dict[str, Any]) -> dict[str, Any]:
+    from stages.serialize import program_bytes
+    from stages.trace import trace
+
+    options = {**_options_json(model, "trace"), "mode": model.options["functionalize"].mode}  # type: ignore[attr-defined]
+    if model.training:
+        options["loss_output"] = model.options["functionalize"].loss_output  # type: ignore[attr-defined]
+    key = derivation_key("trace", [source["key"]], options, Environment.current().key_part("cpu"))
+    run = StageRun("trace", model, ctx, key, [source["key"]])
+
+    def body() -> dict[str, Any]:
+        hit = run.cached()
+        if hit is not None:
+            return hit
+        build = model_builder(model, run.store, source)
+        result = trace(build(), model_inputs(model), model.options["trace"])
+        data = program_bytes(result.output)
+        outcome = run.publish(data, fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
+        _remember(outcome["artifact"], result.output)
+        return outcome
+
+    return _guard(run, body)
+
+
+@task(name="functionalize", **_TASK_KW)
+def functionalize_task(model: ResolvedModel, ctx: RunContext, parent: dict[str, Any]) -> dict[str, Any]:
+    from stages.functionalize import functionalize
+
+    return _program_stage("functionalize", model, ctx, parent, lambda ep: functionalize(ep, model.options["functionalize"]))
+
+
+@task(name="decompose", **_TASK_KW)
+def decompose_task(model: ResolvedModel, ctx: RunContext, parent: dict[str, Any]) -> dict[str, Any]:
+    from stages.decompose import decompose
+
+    return _program_stage("decompose", model, ctx, parent, lambda ep: decompose(ep, model.options["decompose"]))
+
+
+@task(name="serialize", **_TASK_KW)
+def serialize_task(model: ResolvedModel, ctx: RunContext, parent: dict[str, Any]) -> dict[str, Any]:
+    from stages.serialize import serialize
+
+    env = Environment.current()
+    key = derivation_key("serialize", [parent["fingerprint"]], _options_json(model, "serialize"), env.key_part("cpu"))
+    run = StageRun("serialize", model, ctx, key, [parent["key"]])
+
+    def body() -> dict[str, Any]:
+        hit = run.cached()
+        if hit is not None:
+            return hit
+        metadata = {
+            "pt2flow_version": env.pt2flow_version,
+            "torch_version": env.torch_version,
+            "program_fingerprint": parent["fingerprint"],
+            "derivation_key": key,
+            "parent_key": parent["key"],
+        }
+        result = serialize(_load_program(run.store, parent), metadata)
+        return run.publish(result.output, fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
+
+    return _guard(run, body)
+
+
+@task(name="aot_compile", **_TASK_KW)
+def aot_compile_task(model: ResolvedModel, ctx: RunContext, parent: dict[str, Any]) -> dict[str, Any]:
+    from stages.aot_compile import aot_compile
+
+    options = model.options["aot_compile"]
+    key = derivation_key("aot_compile", [parent["fingerprint"]], _options_json(model, "aot_compile"), Environment.current().key_part(options.device))  # type: ignore[attr-defined]
+    run = StageRun("aot_compile", model, ctx, key, [parent["key"]])
+
+    def body() -> dict[str, Any]:
+        hit = run.cached()
+        if hit is not None:
+            return hit
+        result = aot_compile(_load_program(run.store, parent), options)
+        return run.publish(result.output, fingerprint=None, details=result.metadata, warnings=result.warnings)
+
+    return _guard(run, body)
+
+
+@task(name="validate", **_TASK_KW)
+def validate_task(
+    model: ResolvedModel,
+    ctx: RunContext,
+    source: dict[str, Any],
+    trace_outcome: dict[str, Any],
+    serialized: dict[str, Any] | None,
+    compiled: dict[str, Any] | None,
+) -> dict[str, Any]:
+    from stages.validate import validate
+
+    device = model.options["aot_compile"].device  # type: ignore[attr-defined]
+    candidates = [c["artifact"] for c in (serialized, compiled) if c is not None]
+    parents = [source["key"]] + [c["key"] for c in (serialized, compiled) if c is not None]
+    key = derivation_key("validate", [source["key"], *candidates], _options_json(model, "validate"), Environment.current().key_part(device))
+    run = StageRun("validate", model, ctx, key, parents)
+
+    def body() -> dict[str, Any]:
+        hit = run.cached()
+        if hit is not None:
+            return hit
+        archive = run.store.get_blob(serialized["artifact"], serialized["size"]) if serialized else None
+        package = run.store.get_blob(compiled["artifact"], compiled["size"]) if compiled else None
+        result = validate(
+            model_builder(model, run.store, source),
+            model_inputs(model),
+            trace_outcome["details"].get("dims", {}),
+            model.options["validate"],
+            archive=archive,
+            package=package,
+            training=model.training,
+        )
+        report = json.dumps(result.output, indent=1, default=str).encode()
+        details = {"validation": _validation_summary(result.output)}
+        return run.publish(report, fingerprint=None, details=details, warnings=result.warnings)
+
+    return _guard(run, body)
+
+
+# ---------------------------------------------------------------------------------------------
+# the model flow
+
+
+def _stage_view(outcome: Mapping[str, Any]) -> dict[str, Any]:
+    view = {
+        "status": outcome["status"],
+        "cached": bool(outcome.get("cached")),
+        "seconds": outcome.get("seconds"),
+        "artifact": outcome.get("artifact") if outcome["status"] == "ok" else None,
+    }
+    if outcome.get("warnings"):
+        view["warnings"] = list(outcome["warnings"])
+    if outcome["status"] != "ok":
+        view["error_class"] = outcome.get("error_class")
+        view["error"] = outcome.get("error")
+        if outcome.get("artifact"):
+            view["report"] = outcome["artifact"]
+    return view
+
+
+def run_model(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
+    """Run the configured stages for one model; never raises for a model's own failure."""
+    logger = _logger()
+    result: dict[str, Any] = {
+        "name": model.name,
+        "status": "ok",
+        "failed_stage": None,
+        "error_class": None,
+        "error": None,
+        "stages": {},
+        "artifacts": {"serialized": None, "compiled": None},
+        "validation": None,
+    }
+    outcomes: dict[str, dict[str, Any]] = {}
+    current = "source"
+    try:
+        outcomes["source"] = source_task(model, ctx)
+        result["source"] = outcomes["source"]["artifact"]
+        program = None
+        for stage in ctx.stages:
+            current = stage
+            logger.info("%s: %s", model.name, stage)
+            if stage == "trace":
+                outcomes[stage] = program = trace_task(model, ctx, outcomes["source"])
+            elif stage == "functionalize":
+                outcomes[stage] = program = functionalize_task(model, ctx, program)
+            elif stage == "decompose":
+                outcomes[stage] = program = decompose_task(model, ctx, program)
+            elif stage == "serialize":
+                outcomes[stage] = serialize_task(model, ctx, program)
+                result["artifacts"]["serialized"] = outcomes[stage]["artifact"]
+            elif stage == "aot_compile":
+                outcomes[stage] = aot_compile_task(model, ctx, program)
+                result["artifacts"]["compiled"] = outcomes[stage]["artifact"]
+            elif stage == "validate":
+                outcomes[stage] = validate_task(
+                    model, ctx, outcomes["source"], outcomes["trace"], outcomes.get("serialize"), outcomes.get("aot_compile")
+                )
+            result["stages"][stage] = _stage_view(outcomes[stage])
+    except StageFailed as failure:
+        outcome = failure.outcome
+        if current != "source":
+            result["stages"][current] = _stage_view(outcome)
+        result.update(status="failed", failed_stage=current, error_class=outcome.get("error_class"), error=outcome.get("error"))
+        logger.warning("%s failed at %s (%s): %s", model.name, current, outcome.get("error_class"), outcome.get("error"))
+        outcomes[current] = outcome
+    validation = (outcomes.get("validate") or {}).get("details", {}).get("validation")
+    if validation:
+        result["validation"] = {
+            "passed": validation["passed"],
+            "max_abs_err": validation["max_abs_err"],
+            "max_rel_err": validation["max_rel_err"],
+            "samples": validation["samples"],
+        }
+    return result
+
+
+def _logger() -> Any:
+    try:
+        return get_run_logger()
+    except Exception:
+        import logging
+
+        return logging.getLogger("pt2flow")
+
+
+@flow(name="pt2flow-model", validate_parameters=False, persist_result=False)
+def export_model_flow(model: ResolvedModel, ctx: RunContext) -> Any:
+    """One model through the configured stages; the flow run fails when the model does."""
+    result = run_model(model, ctx)
+    if result["status"] != "ok":
+        return Failed(message=f"{model.name}: {result['error_class']} at {result['failed_stage']}", data=result)
+    return Completed(data=result)
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]

@@ -1,0 +1,21 @@
+"""The six export stages as plain functions on real torch APIs.
+
+Each stage takes its input and its options and returns a StageResult; none does I/O, logging
+or orchestration. `STAGES` is the contract order (DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+STAGES: tuple[str, ...] = ("trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
+
+# Bump a stage's version when its output for the same input changes: it is part of every
+# derivation key, so artifacts made by an older pt2flow are rebuilt instead of reused.
+STAGE_VERSIONS: dict[str, int] = {
+    "source": 1,
+    "trace": 1,
+    "functionalize": 1,
+    "decompose": 1,
+    "serialize": 1,
+    "aot_compile": 1,
+    "validate": 1,
+}

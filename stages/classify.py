@@ -1,0 +1,88 @@
+"""Assign an error class (DESIGN.md section 7) to an exception torch raised.
+
+The rules look at the exception's type first and its message second: torch raises plain
+RuntimeErrors for several distinct failures, and its messages are the only stable signal.
+"""
+
+from __future__ import annotations
+
+import re
+
+from stages.errors import StageError
+
+_DATA_DEPENDENT = re.compile(
+    r"data[- ]dependent|GuardOnDataDependentSymNode|Could not guard on data-dependent|"
+    r"Could not extract specialized integer from data-dependent",
+    re.IGNORECASE,
+)
+_DYNAMIC_SHAPE = re.compile(
+    r"Constraints violated|ConstraintViolation|specialized it to be a constant|"
+    r"marked .* as dynamic|Dim\(|dynamic_shapes",
+    re.IGNORECASE,
+)
+_PYTREE = re.compile(
+    r"register a pytree|not a known type|pytree|unrecognized type UserDefinedObjectVariable|"
+    r"UserDefinedObjectVariable|treespec",
+    re.IGNORECASE,
+)
+_UNSUPPORTED = re.compile(
+    r"not supported|Unsupported|no fake impl|doesn't support|does not support|"
+    r"Could not run '.*' with arguments from the '(Meta|Fake)' backend|"
+    r"NotImplementedError|cannot be traced|Tracing .* is not supported",
+    re.IGNORECASE,
+)
+
+
+def _type_names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def classify_trace_error(exc: BaseException) -> str:
+    """Error class of a failed torch.export.export call."""
+    if isinstance(exc, StageError):
+        return exc.error_class
+    names = _type_names(exc)
+    message = f"{type(exc).__name__}: {exc}"
+    error_type = str(getattr(exc, "error_type", ""))
+    if "GuardOnDataDependentSymNode" in names or "DYNAMIC_CONTROL_FLOW" in error_type:
+        return "data_dependent"
+    if "ConstraintViolationError" in names or "CONSTRAINT_VIOLATION" in error_type:
+        return "dynamic_shape"
+    if "Unsupported" in names and _DATA_DEPENDENT.search(message):
+        return "data_dependent"
+    if _PYTREE.search(message):
+        return "pytree"
+    if _DATA_DEPENDENT.search(message):
+        return "data_dependent"
+    if "Unsupported" in names or "UNSUPPORTED" in error_type or _UNSUPPORTED.search(message):
+        return "unsupported_op"
+    if "UserError" in names and ("INVALID_INPUT" in error_type or _DYNAMIC_SHAPE.search(message)):
+        return "dynamic_shape"
+    return "runtime"
+
+
+def classify_compile_error(exc: BaseException) -> str:
+    """Error class of a failed AOTInductor compile: a compile error unless torch says otherwise."""
+    if isinstance(exc, StageError):
+        return exc.error_class
+    if isinstance(exc, MemoryError):
+        return "runtime"
+    return "compile"
+
+
+def short_message(exc: BaseException, limit: int = 2000) -> str:
+    """The first meaningful part of an exception's message, without torch's boilerplate tail."""
+    text = str(exc).strip() or type(exc).__name__
+    for marker in (
+        "\n\nThe error above occurred when calling torch.export.export",
+        "\nFor more information about this error, see:",
+        "\n\nfrom user code:",
+        "\n\nSet TORCHDYNAMO_VERBOSE=1",
+    ):
+        cut = text.find(marker)
+        if cut > 0:
+            text = text[:cut]
+    text = text.strip()
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}"

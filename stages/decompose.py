@@ -1,0 +1,77 @@
+"""decompose: lower a functional program to core ATen (torch.export.default_decompositions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+import torch
+from torch.export import ExportedProgram
+
+from stages import program
+from stages.classify import short_message
+from stages.errors import StageError
+from stages.options import DecomposeOptions
+from stages.quiet import quiet_torch
+from stages.result import StageResult
+
+
+
+
+def resolve_op(name: str) -> torch._ops.OpOverload:
+    """`aten.linear.default` -> torch.ops.aten.linear.default."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        raise StageError("config", f"decompose.preserve: {name!r} is not of the form namespace.op.overload")
+    namespace, op, overload = parts
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    except (AttributeError, RuntimeError) as exc:
+        raise StageError("config", f"decompose.preserve: no operator {name!r}") from exc
+
+
+def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):  # type: ignore[no-untyped-def]
+    """aten.empty_permuted (left in backward graphs, not core ATen) as aten.empty + aten.permute."""
+    physical = [size[i] for i in physical_layout]
+    inverse = [list(physical_layout).index(i) for i in range(len(size))]
+    return torch.empty(physical, dtype=dtype, layout=layout, device=device, pin_memory=bool(pin_memory)).permute(inverse)
+
+
+# Non-core ops that torch's default table leaves in some programs, with core ATen equivalents.
+SUPPLEMENT = {torch.ops.aten.empty_permuted.default: _empty_permuted}
+
+
+def decomposition_table(preserve: tuple[str, ...]) -> tuple[Any, list[str]]:
+    """torch.export.default_decompositions() plus SUPPLEMENT, minus `preserve`; and warnings."""
+    warnings: list[str] = []
+    table = torch.export.default_decompositions()
+    for op, fn in SUPPLEMENT.items():
+        table[op] = fn
+    for name in preserve:
+        op = resolve_op(name)
+        if op in table:
+            table.pop(op)
+        else:
+            warnings.append(f"preserve: {name} is not decomposed by the core_aten table anyway")
+    return table, warnings
+
+
+def decompose(ep: ExportedProgram, options: DecomposeOptions) -> StageResult:
+    """Output: the program after decomposition. Invariant: only core ATen ops remain (but `preserve`)."""
+    if options.table == "none":
+        return StageResult(output=ep, metadata={**program.describe(ep), "table": "none", "preserved": []})
+    table, warnings = decomposition_table(options.preserve)
+    with quiet_torch() as sink:
+        try:
+            out = ep.run_decompositions(table)
+        except Exception as exc:
+            raise StageError("decomposition", f"run_decompositions failed: {short_message(exc)}") from exc
+    stray = program.non_core_ops(out, options.preserve)
+    if stray:
+        raise StageError(
+            "decomposition",
+            f"ops outside core ATen remain after decomposition: {', '.join(stray)} "
+            "(list them in decompose.preserve to keep them deliberately)",
+        )
+    metadata = {**program.describe(out), "table": options.table, "preserved": sorted(options.preserve)}
+    return StageResult(output=out, metadata=metadata, warnings=tuple(warnings) + sink.items)

@@ -1,0 +1,62 @@
+"""Errors raised by stages, each carrying one of the contract's error classes (DESIGN.md section 7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ERROR_CLASSES: tuple[str, ...] = (
+    "config",
+    "import",
+    "weights",
+    "data_dependent",
+    "dynamic_shape",
+    "unsupported_op",
+    "pytree",
+    "decomposition",
+    "serialization",
+    "compile",
+    "numeric_mismatch",
+    "nondeterministic",
+    "runtime",
+    "storage",
+    "timeout",
+    "internal",
+)
+
+
+class StageError(Exception):
+    """A stage failed for a reason the user can act on.
+
+    `error_class` is one of ERROR_CLASSES. `attempts` lists what was tried (the trace fallback
+    ladder); `report` is a diagnostic text worth keeping (a draft_export report, a validation
+    report) and `details` any structured data for the index record.
+    """
+
+    def __init__(
+        self,
+        error_class: str,
+        message: str,
+        *,
+        attempts: tuple[dict[str, Any], ...] = (),
+        report: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        if error_class not in ERROR_CLASSES:
+            raise ValueError(f"unknown error class {error_class!r}")
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+        self.attempts = attempts
+        self.report = report
+        self.details = details or {}
+
+    def __reduce__(self):  # keep keyword-only state across process boundaries (pickle)
+        return (_rebuild_stage_error, (self.error_class, self.message, self.attempts, self.report, self.details))
+
+
+def _rebuild_stage_error(error_class, message, attempts, report, details) -> StageError:
+    return StageError(error_class, message, attempts=attempts, report=report, details=details)
+
+
+class InternalError(Exception):
+    """A bug in pt2flow itself, not in the user's model or config."""

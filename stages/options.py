@@ -1,0 +1,68 @@
+"""Each stage's options, one pydantic model per stage (torch-free, so configs validate fast)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TraceOptions(_Options):
+    """strict: torch.export's strict (TorchDynamo) tracing; fallback: walk the ladder on failure."""
+
+    strict: bool = False
+    fallback: bool = True
+
+
+class FunctionalizeOptions(_Options):
+    """mode: inference (functional ATen) or training (joint forward+backward).
+
+    loss_output: in training mode, the index of the model's output leaf that is the scalar loss;
+    unset, pt2flow trains against the sum over floating outputs of mean(output**2).
+    """
+
+    mode: Literal["inference", "training"] = "inference"
+    loss_output: int | None = Field(default=None, ge=0)
+
+
+class DecomposeOptions(_Options):
+    """table: core_aten (torch's default decompositions) or none; preserve: ops kept as they are."""
+
+    table: Literal["core_aten", "none"] = "core_aten"
+    preserve: tuple[str, ...] = ()
+
+
+class SerializeOptions(_Options):
+    """torch.export.save has nothing to configure; the section exists for symmetry and future use."""
+
+
+class AotCompileOptions(_Options):
+    """device: where the package runs (cpu here; cuda where there is one); inductor_configs: passed through."""
+
+    device: str = "cpu"
+    inductor_configs: dict[str, Any] = Field(default_factory=dict)
+
+
+class ValidateOptions(_Options):
+    """Tolerances (allclose: |a-b| <= atol + rtol*|b|), sample count and seed, optional latency benchmark."""
+
+    atol: float = Field(default=1.0e-5, ge=0)
+    rtol: float = Field(default=1.0e-4, ge=0)
+    samples: int = Field(default=3, ge=1, le=1000)
+    seed: int = 0
+    benchmark: bool = False
+    benchmark_runs: int = Field(default=20, ge=1, le=10000)
+
+
+OPTIONS: dict[str, type[_Options]] = {
+    "trace": TraceOptions,
+    "functionalize": FunctionalizeOptions,
+    "decompose": DecomposeOptions,
+    "serialize": SerializeOptions,
+    "aot_compile": AotCompileOptions,
+    "validate": ValidateOptions,
+}

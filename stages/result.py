@@ -1,0 +1,20 @@
+"""The small frozen value every stage returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage produced.
+
+    output: the stage's product (an ExportedProgram, archive bytes, a package's bytes, a report).
+    metadata: JSON-able facts about it (op histogram, node count, signature, range constraints...).
+    warnings: human-readable warnings raised while the stage ran, de-duplicated.
+    """
+
+    output: Any
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()

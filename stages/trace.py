@@ -1,0 +1,146 @@
+"""trace: torch.export.export with the fallback ladder of DESIGN.md section 2."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from stages import program
+from stages.classify import classify_trace_error, short_message
+from stages.errors import StageError
+from stages.options import TraceOptions
+from stages.quiet import WarningSink, quiet_torch
+from stages.result import StageResult
+from stages.source import BoundInputs, ModelInputs, bind_inputs, export_dynamic_shapes
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+
+
+def _suggested_fixes(exc: BaseException, dynamic: Any) -> Any | None:
+    """torch's own suggested fixes for a dynamic-shape error, applied to our dynamic_shapes."""
+    text = str(exc)
+    if "Suggested fixes:" not in text:
+        return None
+    block = text.split("Suggested fixes:", 1)[1].strip().split("\n\n", 1)[0]
+    lines = [line for line in block.splitlines() if " = " in line]
+    if not lines:
+        return None
+    try:
+        return torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(
+            "Suggested fixes:\n" + "\n".join(lines), dynamic
+        )
+    except Exception:
+        return None
+
+
+def _describe_dynamic(dynamic: Any) -> Any:
+    if dynamic is None:
+        return None
+    out = []
+    for spec in dynamic:
+        if spec is None:
+            out.append(None)
+            continue
+        out.append({str(i): (d if isinstance(d, int) else getattr(d, "__name__", str(d))) for i, d in spec.items()})
+    return out
+
+
+def _export(model: torch.nn.Module, bound: BoundInputs, dynamic: Any, strict: bool) -> torch.export.ExportedProgram:
+    return torch.export.export(model, bound.args, bound.kwargs, dynamic_shapes=dynamic, strict=strict)
+
+
+def draft_report(model: torch.nn.Module, bound: BoundInputs, dynamic: Any) -> str:
+    """torch.export.draft_export's diagnostic report, for a model no strategy could export."""
+    try:
+        with quiet_torch():
+            draft = torch.export.draft_export(model, bound.args, bound.kwargs, dynamic_shapes=dynamic)
+        report = getattr(draft, "_report", None)
+        return _ANSI.sub("", str(report)) if report is not None else "draft_export produced no report"
+    except Exception as exc:
+        return f"draft_export itself failed: {short_message(exc)}"
+
+
+def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptions) -> StageResult:
+    """Export `model` on its example inputs. Output: the ExportedProgram (training IR).
+
+    Ladder: configured strictness; the other strictness; torch's suggested dynamic-shape fixes
+    (once); static shapes. The strategy that worked and every failed attempt go in metadata.
+    """
+    bound = bind_inputs(model, model_inputs, seed=0)
+    dynamic = export_dynamic_shapes(model_inputs, bound)
+    ladder: list[tuple[str, bool, Any]] = [("configured", options.strict, dynamic)]
+    if options.fallback:
+        ladder.append(("other_strictness", not options.strict, dynamic))
+    attempts: list[dict[str, Any]] = []
+    sink = WarningSink()
+    fixes_tried = False
+    index = 0
+    while index < len(ladder):
+        strategy, strict, dyn = ladder[index]
+        index += 1
+        try:
+            with quiet_torch(sink):
+                ep = _export(model, bound, dyn, strict)
+        except Exception as exc:
+            error_class = classify_trace_error(exc)
+            attempts.append(
+                {
+                    "strategy": strategy,
+                    "strict": strict,
+                    "dynamic_shapes": _describe_dynamic(dyn),
+                    "error_class": error_class,
+                    "error": short_message(exc, 1000),
+                }
+            )
+            if not options.fallback:
+                continue
+            if error_class == "dynamic_shape" and not fixes_tried and dyn is not None:
+                fixes_tried = True
+                refined = _suggested_fixes(exc, dyn)
+                if refined is not None:
+                    ladder.insert(index, ("suggested_fixes", strict, refined))
+            if index == len(ladder) and dynamic is not None and ladder[-1][0] != "static":
+                ladder.append(("static", options.strict, None))
+            continue
+        attempts.append({"strategy": strategy, "strict": strict, "dynamic_shapes": _describe_dynamic(dyn), "error_class": None, "error": None})
+        warnings = list(sink.items)
+        if strategy != "configured":
+            failed = "; ".join(f"{a['strategy']}: {a['error_class']}" for a in attempts[:-1])
+            warnings.insert(0, f"exported with fallback strategy {strategy!r} after {failed}")
+        dims = program.effective_dims(ep, bound.order, {k: dict(v) for k, v in model_inputs.dynamic.items()})
+        lost = sorted(name for name, d in dims.items() if d.get("static"))
+        if lost:
+            warnings.append(f"dynamic dims specialized to static sizes: {', '.join(lost)}")
+        metadata = {
+            **program.describe(ep),
+            "strategy": strategy,
+            "strict": strict,
+            "attempts": attempts,
+            "dims": dims,
+            "training": bool(model.training),
+        }
+        return StageResult(output=ep, metadata=metadata, warnings=tuple(warnings))
+
+    # every strategy failed: pick the most specific class, keep torch's draft_export report
+    classes = [a["error_class"] for a in attempts]
+    error_class = next((c for c in classes if c != "runtime"), classes[0])
+    first = next(a for a in attempts if a["error_class"] == error_class)
+    report = draft_report(model, bound, dynamic)
+    if error_class == "runtime":
+        try:
+            with quiet_torch(), torch.no_grad():
+                bound.call(model)
+        except Exception as exc:
+            first = {**first, "error": f"the model fails in eager mode on its example inputs: {short_message(exc, 1000)}"}
+    tried = ", ".join(a["strategy"] for a in attempts)
+    raise StageError(
+        error_class,
+        f"{first['error']} (tried: {tried})",
+        attempts=tuple(attempts),
+        report=report,
+        details={"attempts": attempts},
+    )

@@ -1,0 +1,274 @@
+"""validate: reload the artifacts and compare them with eager (DESIGN.md section 6).
+
+Reference: the eager model (eval mode, inference mode). Candidates: the serialized archive and
+the compiled package. Inputs: the example inputs, every dynamic dim at its min, then at its
+max, then random sizes in range: `samples` in all, from a fixed seed. Every output leaf is
+compared (structure, shape, dtype, allclose). A second eager copy tells a nondeterministic model
+from a bad export. Training mode compares the loss and every parameter gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.utils._pytree as pytree
+
+from stages.aot_compile import load_package
+from stages.classify import short_message
+from stages.errors import StageError
+from stages.options import ValidateOptions
+from stages.quiet import quiet_torch
+from stages.result import StageResult
+from stages.serialize import load_archive
+from stages.source import BoundInputs, ModelInputs, bind_inputs
+
+
+
+
+@dataclass(frozen=True)
+class Sample:
+    label: str
+    sizes: dict[str, int]
+
+
+def plan_samples(
+    dims: Mapping[str, Mapping[str, Any]],
+    configured: Mapping[str, tuple[int, int]],
+    samples: int,
+    seed: int,
+) -> list[Sample]:
+    """example, all dims at min, all at max, then random sizes; `samples` in all.
+
+    dims: what the exported program accepts (trace metadata); a dim it specialized stays at its
+    static value. configured: the config's (min, max), used where the program is unbounded.
+    """
+    ranges: dict[str, tuple[int, int]] = {}
+    for name, (cmin, cmax) in configured.items():
+        eff = dims.get(name, {})
+        if eff.get("static"):
+            continue
+        lo = eff.get("min") if eff.get("min") is not None else cmin
+        hi = eff.get("max") if eff.get("max") is not None else cmax
+        lo, hi = max(int(lo), int(cmin)), min(int(hi), int(cmax))
+        if lo <= hi:
+            ranges[name] = (lo, hi)
+    plan = [Sample("example", {})]
+    if ranges:
+        plan.append(Sample("min", {d: lo for d, (lo, _) in ranges.items()}))
+        plan.append(Sample("max", {d: hi for d, (_, hi) in ranges.items()}))
+    rng = random.Random(seed)
+    index = 1
+    while len(plan) < samples:
+        sizes = {d: rng.randint(lo, hi) for d, (lo, hi) in sorted(ranges.items())}
+        plan.append(Sample(f"random-{index}", sizes))
+        index += 1
+    return plan[:samples]
+
+
+def _clone(tree: Any) -> Any:
+    return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _leaves_by_path(tree: Any) -> dict[str, Any]:
+    flat, _ = pytree.tree_flatten_with_path(tree)
+    return {pytree.keystr(path) or "output": leaf for path, leaf in flat}
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    failures: list[str]
+
+
+def compare(candidate: Any, reference: Any, atol: float, rtol: float) -> Comparison:
+    """Structure, shape, dtype, then allclose, for every output leaf. Collects every failure.
+
+    max_rel_err is max |a-b| / max(|b|, atol), so that near-zero references do not explode it.
+    """
+    cand, ref = _leaves_by_path(candidate), _leaves_by_path(reference)
+    failures: list[str] = []
+    if set(cand) != set(ref):
+        missing, extra = sorted(set(ref) - set(cand)), sorted(set(cand) - set(ref))
+        failures.append(f"output structure differs: missing {missing}, unexpected {extra}")
+    worst_abs, worst_rel = 0.0, 0.0
+    for path in sorted(set(cand) & set(ref)):
+        a, b = cand[path], ref[path]
+        if not isinstance(b, torch.Tensor):
+            if a != b:
+                failures.append(f"{path}: {a!r} != {b!r}")
+            continue
+        if not isinstance(a, torch.Tensor):
+            failures.append(f"{path}: expected a tensor, got {type(a).__name__}")
+            continue
+        if tuple(a.shape) != tuple(b.shape):
+            failures.append(f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}")
+            continue
+        if a.dtype != b.dtype:
+            failures.append(f"{path}: dtype {a.dtype} != {b.dtype}")
+            continue
+        if b.numel() == 0:
+            continue
+        a64, b64 = a.detach().cpu().to(torch.float64), b.detach().cpu().to(torch.float64)
+        diff = (a64 - b64).abs()
+        both_nan = a64.isnan() & b64.isnan()
+        diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+        abs_err = float(diff.max())
+        rel_err = float((diff / b64.abs().clamp_min(max(atol, 1e-12))).max())
+        if abs_err != abs_err:  # NaN where the reference has none
+            abs_err = rel_err = float("inf")
+        worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
+        if not torch.allclose(a64, b64, atol=atol, rtol=rtol, equal_nan=True):
+            failures.append(f"{path}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g}")
+    return Comparison(not failures, worst_abs, worst_rel, failures)
+
+
+def _eager_training_step(step: torch.nn.Module, bound: BoundInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    step.zero_grad(set_to_none=True)
+    loss = bound.call(step)
+    loss.backward()
+    grads = {
+        name: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+        for name, p in step.named_parameters()
+        if p.requires_grad
+    }
+    return loss.detach(), grads
+
+
+def _run_eager(model: torch.nn.Module, bound: BoundInputs, training: bool) -> Any:
+    if training:
+        return _eager_training_step(model, bound)
+    with torch.inference_mode():
+        return bound.call(model)
+
+
+def _run_candidate(fn: Callable[..., Any], bound: BoundInputs, training: bool) -> Any:
+    with torch.no_grad():
+        out = fn(*_clone(bound.args), **_clone(bound.kwargs))
+    if training:  # (loss, {param: grad}) as tensors detached from any graph
+        out = pytree.tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
+    return out
+
+
+def _median_ms(fn: Callable[[], Any], runs: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(times)
+
+
+def validate(
+    build_reference: Callable[[], torch.nn.Module],
+    model_inputs: ModelInputs,
+    dims: Mapping[str, Mapping[str, Any]],
+    options: ValidateOptions,
+    *,
+    archive: bytes | None = None,
+    package: bytes | None = None,
+    training: bool = False,
+) -> StageResult:
+    """Output: the validation report (a dict). Raises StageError(numeric_mismatch | nondeterministic |
+    runtime) when the candidates disagree with eager, with the report attached as `details`."""
+    if archive is None and package is None:
+        raise StageError("config", "validate needs serialize or aot_compile to have produced a candidate")
+    plan = plan_samples(dims, model_inputs.dims, options.samples, options.seed)
+    with tempfile.TemporaryDirectory(prefix="pt2flow-validate-") as workdir, quiet_torch() as sink:
+        reference = build_reference()
+        twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
+        candidates: dict[str, Callable[..., Any]] = {}
+        try:
+            if archive is not None:
+                candidates["archive"] = load_archive(archive)[0].module()
+            if package is not None:
+                candidates["compiled"] = load_package(package, workdir)
+        except Exception as exc:
+            raise StageError("serialization", f"a candidate artifact does not load: {short_message(exc)}") from exc
+
+        report: dict[str, Any] = {
+            "passed": False,
+            "nondeterministic": False,
+            "training": training,
+            "atol": options.atol,
+            "rtol": options.rtol,
+            "samples": len(plan),
+            "plan": [{"label": s.label, "sizes": s.sizes} for s in plan],
+            "candidates": {name: {"max_abs_err": 0.0, "max_rel_err": 0.0, "samples": []} for name in candidates},
+        }
+        raised: list[str] = []
+        mismatches: list[str] = []
+        nondeterministic: list[str] = []
+        for i, sample in enumerate(plan):
+            bound = bind_inputs(reference, model_inputs, seed=options.seed + i, dim_sizes=sample.sizes)
+            try:
+                expected = _run_eager(reference, bound, training)
+                again = _run_eager(twin, bound, training)
+            except Exception as exc:
+                raise StageError("runtime", f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
+            self_check = compare(again, expected, options.atol, options.rtol)
+            if not self_check.ok:
+                nondeterministic.append(f"{sample.label}: " + "; ".join(self_check.failures[:3]))
+            for name, fn in candidates.items():
+                entry = report["candidates"][name]
+                try:
+                    got = _run_candidate(fn, bound, training)
+                except Exception as exc:
+                    text = f"{name} raised on sample {sample.label} {sample.sizes}: {short_message(exc, 500)}"
+                    raised.append(text)
+                    entry["samples"].append({"label": sample.label, "sizes": sample.sizes, "ok": False, "error": text})
+                    continue
+                result = compare(got, expected, options.atol, options.rtol)
+                entry["samples"].append(
+                    {
+                        "label": sample.label,
+                        "sizes": sample.sizes,
+                        "ok": result.ok,
+                        "max_abs_err": result.max_abs_err,
+                        "max_rel_err": result.max_rel_err,
+                        "failures": result.failures,
+                    }
+                )
+                entry["max_abs_err"] = max(entry["max_abs_err"], result.max_abs_err)
+                entry["max_rel_err"] = max(entry["max_rel_err"], result.max_rel_err)
+                mismatches.extend(f"{name} on {sample.label}: {f}" for f in result.failures)
+
+        report["max_abs_err"] = max((c["max_abs_err"] for c in report["candidates"].values()), default=0.0)
+        report["max_rel_err"] = max((c["max_rel_err"] for c in report["candidates"].values()), default=0.0)
+        report["nondeterministic"] = bool(nondeterministic)
+        report["passed"] = not (raised or mismatches or nondeterministic)
+        if options.benchmark and report["passed"]:
+            bound = bind_inputs(reference, model_inputs, seed=options.seed)
+            latency = {"eager": _median_ms(lambda: _run_eager(reference, bound, training), options.benchmark_runs)}
+            for name, fn in candidates.items():
+                latency[name] = _median_ms(lambda fn=fn: _run_candidate(fn, bound, training), options.benchmark_runs)
+            report["latency_ms"] = latency
+        report["warnings"] = list(sink.items)
+
+    if nondeterministic:
+        raise StageError(
+            "nondeterministic",
+            "the eager model disagrees with itself on the same input, so the export cannot be judged: "
+            + " | ".join(nondeterministic[:3]),
+            details=report,
+        )
+    if raised:
+        raise StageError("runtime", " | ".join(raised[:3]), details=report)
+    if mismatches:
+        shown = " | ".join(mismatches[:5])
+        more = f" (+{len(mismatches) - 5} more)" if len(mismatches) > 5 else ""
+        raise StageError(
+            "numeric_mismatch",
+            f"outputs differ beyond atol={options.atol:g}, rtol={options.rtol:g}: {shown}{more}",
+            details=report,
+        )
+    return StageResult(output=report, metadata={"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": report["max_rel_err"]}, warnings=tuple(report["warnings"]))

@@ -1,0 +1,246 @@
+"""The metadata index: append-only Parquet files under <store>/index/, readable by any Arrow tool.
+
+One new file per flush, so concurrent writers never touch the same file. Compaction writes
+the merged file first and deletes the small ones after; readers de-duplicate by record_id, so
+a crash at any point loses nothing and duplicates nothing. The schema lives in code, carries a
+schema_version column and only ever gains columns.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from storage.errors import StorageError
+from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point
+
+SCHEMA_VERSION = 1
+
+_TS = pa.timestamp("us", tz="UTC")
+
+SCHEMA = pa.schema(
+    [
+        pa.field("schema_version", pa.int16()),
+        pa.field("record_id", pa.string()),
+        pa.field("run_id", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("stage", pa.string()),
+        pa.field("status", pa.string()),  # ok | failed
+        pa.field("cached", pa.bool_()),
+        pa.field("key", pa.string()),  # derivation key (the cache key)
+        pa.field("parent_keys", pa.list_(pa.string())),
+        pa.field("sha256", pa.string()),  # content ID of the artifact (null if none)
+        pa.field("size", pa.int64()),
+        pa.field("uri", pa.string()),
+        pa.field("fingerprint", pa.string()),  # program fingerprint (stable across re-exports)
+        pa.field("op_histogram", pa.string()),  # JSON {op: count}
+        pa.field("node_count", pa.int64()),
+        pa.field("signature", pa.string()),  # JSON
+        pa.field("range_constraints", pa.string()),  # JSON {symbol: [min, max]}
+        pa.field("validation", pa.string()),  # JSON summary of the validation report
+        pa.field("passed", pa.bool_()),
+        pa.field("max_abs_err", pa.float64()),
+        pa.field("max_rel_err", pa.float64()),
+        pa.field("error_class", pa.string()),
+        pa.field("error_message", pa.string()),
+        pa.field("strategy", pa.string()),  # trace: the fallback strategy that worked
+        pa.field("options", pa.string()),  # JSON, canonical stage options
+        pa.field("warnings", pa.list_(pa.string())),
+        pa.field("seconds", pa.float64()),
+        pa.field("started_at", _TS),
+        pa.field("ended_at", _TS),
+        pa.field("torch_version", pa.string()),
+        pa.field("python_version", pa.string()),
+        pa.field("pt2flow_version", pa.string()),
+        pa.field("host", pa.string()),
+        pa.field("device", pa.string()),
+        pa.field("factory", pa.string()),
+        pa.field("kwargs", pa.string()),  # JSON
+        pa.field("code_hash", pa.string()),
+        pa.field("weights_digest", pa.string()),
+        pa.field("details", pa.string()),  # JSON: stage-specific metadata (dims, attempts, sizes...)
+    ]
+)
+
+COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+JSON_COLUMNS = frozenset({"op_histogram", "signature", "range_constraints", "validation", "options", "kwargs", "details"})
+
+
+
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    merged_files: int
+    records: int
+    written: str | None
+
+
+def records_to_table(records: Sequence[Mapping[str, Any]]) -> pa.Table:
+    unknown = {k for r in records for k in r} - set(COLUMNS)
+    if unknown:
+        raise StorageError(f"index records have fields the schema does not know: {sorted(unknown)}")
+    rows = [{"schema_version": SCHEMA_VERSION, **r} for r in records]
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def dedupe(table: pa.Table) -> pa.Table:
+    """Keep the first row of each record_id (duplicates exist only around a compaction)."""
+    if table.num_rows == 0 or pc.count_distinct(table["record_id"]).as_py() == table.num_rows:
+        return table
+    indexed = table.append_column("__row", pa.array(range(table.num_rows), pa.int64()))
+    first = indexed.group_by("record_id", use_threads=False).aggregate([("__row", "min")])
+    keep = pc.sort_indices(first["__row_min"])
+    return table.take(pc.take(first["__row_min"], keep))
+
+
+def _conform(table: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+    """Cast a file's table to the current schema: columns added since it was written read as null."""
+    names = list(columns) if columns else list(COLUMNS)
+    arrays = []
+    for name in names:
+        field = SCHEMA.field(name)
+        if name in table.column_names:
+            column = table[name]
+            arrays.append(column if column.type == field.type else column.cast(field.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(arrays, schema=pa.schema([SCHEMA.field(n) for n in names]))
+
+
+class MetadataIndex:
+    """Append records, read them back (filtered, de-duplicated), compact."""
+
+    def __init__(self, fs: Any, root: str, *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.retry = retry
+        self._file_cache: dict[str, pa.Table] = {}
+
+    # -- writing -------------------------------------------------------------------------
+    def append(self, records: Sequence[Mapping[str, Any]]) -> str | None:
+        """Write `records` as one new Parquet file; returns its path."""
+        if not records:
+            return None
+        table = records_to_table(records)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        path = f"{self.root}/part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
+        self._write_table(table, path)
+        return path
+
+    def _write_table(self, table: pa.Table, path: str, row_group_size: int = 65536) -> None:
+        sink = io.BytesIO()
+        pq.write_table(table, sink, row_group_size=row_group_size, compression="zstd")
+        data = sink.getvalue()
+        crash_point("before_index_append")
+        try:
+            self.retry.call("index append", lambda: atomic_write(self.fs, path, data, exclusive=True))
+        except Exception as exc:
+            raise StorageError(f"cannot write index file {path}: {type(exc).__name__}: {exc}") from exc
+
+    # -- reading -------------------------------------------------------------------------
+    def files(self) -> list[str]:
+        try:
+            if not self.fs.exists(self.root):
+                return []
+            names = self.retry.call("index list", lambda: self.fs.ls(self.root, detail=False))
+        except Exception as exc:
+            raise StorageError(f"cannot list index {self.root}: {exc}") from exc
+        out = []
+        for name in names:
+            base = name.rstrip("/").rsplit("/", 1)[-1]
+            if base.endswith(".parquet") and not base.startswith((".", "_")):
+                out.append(name)
+        return sorted(out)
+
+    def _read_file(self, path: str, columns: Sequence[str] | None) -> pa.Table | None:
+        try:
+            data = self.retry.call("index read", lambda: self.fs.cat_file(path))
+            table = pq.read_table(io.BytesIO(data), columns=None)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise StorageError(f"cannot read index file {path}: {type(exc).__name__}: {exc}") from exc
+        return _conform(table, columns)
+
+    def read(self, columns: Sequence[str] | None = None, filter: Any = None) -> pa.Table:
+        """Every record (or `columns` of it), de-duplicated; `filter` is a pyarrow compute expression.
+
+        Files are immutable, so each is read once per MetadataIndex and cached in memory.
+        """
+        cols = list(columns) if columns else list(COLUMNS)
+        if "record_id" not in cols:
+            cols = ["record_id", *cols]
+        tables = []
+        current = self.files()
+        for path in current:
+            table = self._file_cache.get(path)
+            if table is None:
+                table = self._read_file(path, None)
+                if table is None:  # deleted by a compaction since listing; its rows are in the merged file
+                    continue
+                self._file_cache[path] = table
+            if filter is not None:
+                table = table.filter(filter)
+            tables.append(table.select(cols))
+        for stale in set(self._file_cache) - set(current):
+            del self._file_cache[stale]
+        if not tables:
+            return _conform(pa.table({}), cols)
+        return dedupe(pa.concat_tables(tables))
+
+    def scan(self, columns: Sequence[str] | None = None, filter: Any = None) -> pa.Table:
+        """Like read(), but through pyarrow.dataset with predicate pushdown and no caching.
+
+        For one-shot queries on a large index (the CLI's ls, show, lineage).
+        """
+        import pyarrow.dataset as ds
+
+        cols = list(columns) if columns else list(COLUMNS)
+        if "record_id" not in cols:
+            cols = ["record_id", *cols]
+        paths = self.files()
+        if not paths:
+            return _conform(pa.table({}), cols)
+        try:
+            dataset = ds.dataset(paths, schema=SCHEMA, format="parquet", filesystem=self.fs)
+            table = dataset.to_table(columns=cols, filter=filter)
+        except FileNotFoundError:
+            return self.read(cols, filter)  # a compaction removed a file mid-scan: fall back
+        except Exception as exc:
+            raise StorageError(f"cannot read index {self.root}: {type(exc).__name__}: {exc}") from exc
+        return dedupe(table)
+
+    # -- compaction ----------------------------------------------------------------------
+    def compact(self, min_files: int = 2) -> CompactResult:
+        """Merge all current files into one (sorted by model, stage, time), then delete them."""
+        paths = self.files()
+        if len(paths) < min_files:
+            return CompactResult(0, 0, None)
+        tables = []
+        for path in paths:
+            table = self._read_file(path, None)
+            if table is not None:
+                tables.append(table)
+        merged = dedupe(pa.concat_tables(tables)) if tables else _conform(pa.table({}), None)
+        merged = merged.sort_by([("model", "ascending"), ("stage", "ascending"), ("ended_at", "ascending")])
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        target = f"{self.root}/compact-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
+        self._write_table(merged, target)
+        crash_point("mid_compaction")
+        for path in paths:
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                raise StorageError(f"compaction wrote {target} but could not delete {path}: {exc}") from exc
+            self._file_cache.pop(path, None)
+        return CompactResult(len(paths), merged.num_rows, target)

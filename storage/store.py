@@ -1,0 +1,166 @@
+"""Content-addressed artifact store on any fsspec backend (local disk, memory://, s3://).
+
+Layout (DESIGN.md section 5): <root>/blobs/sha256/<2 hex>/<64 hex>, immutable bytes named by
+their sha256, and <root>/index/ for the Parquet metadata index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterator, Mapping
+
+from storage.errors import BlobNotFound, IntegrityError, InvalidId, StorageError
+from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point, open_filesystem, redact_url
+from storage.index import MetadataIndex
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """A published blob: its digest, size and URI."""
+
+    digest: str
+    size: int
+    uri: str
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    digest: str
+    size: int
+    modified: datetime | None
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_digest(digest: str) -> str:
+    if not isinstance(digest, str) or not _HEX64.match(digest):
+        raise InvalidId(f"{digest!r} is not a sha256 hex digest")
+    return digest
+
+
+class ArtifactStore:
+    """Blobs by sha256 plus the metadata index, under one fsspec URL.
+
+    storage_options go to fsspec and are never written anywhere (records hold `url`, which is
+    the redacted URL).
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+        self.url = redact_url(str(url))
+        self.fs, self.root = open_filesystem(str(url), storage_options)
+        self.retry = retry
+        self.index = MetadataIndex(self.fs, f"{self.root}/index", retry=retry)
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.url!r})"
+
+    # -- paths ---------------------------------------------------------------------------
+    def blob_path(self, digest: str) -> str:
+        check_digest(digest)
+        return f"{self.root}/blobs/sha256/{digest[:2]}/{digest}"
+
+    def blob_uri(self, digest: str) -> str:
+        return f"{self.url.rstrip('/')}/blobs/sha256/{digest[:2]}/{digest}"
+
+    # -- writing -------------------------------------------------------------------------
+    def put_blob(self, data: bytes) -> BlobRef:
+        """Publish bytes atomically; an existing blob of the same digest is verified, not trusted."""
+        digest = sha256_hex(data)
+        path = self.blob_path(digest)
+        ref = BlobRef(digest, len(data), self.blob_uri(digest))
+        try:
+            if self.blob_status(digest, len(data)) == "ok":
+                return ref
+            written = self.retry.call("put", lambda: atomic_write(self.fs, path, data, exclusive=True))
+            if not written:
+                # lost a race to another writer, or a corrupt blob sits there: check, then replace
+                if self.blob_status(digest, len(data)) != "ok":
+                    self.retry.call("put", lambda: atomic_write(self.fs, path, data, exclusive=False))
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"cannot write blob {digest} to {self.url}: {type(exc).__name__}: {exc}") from exc
+        crash_point("after_blob_upload")
+        return ref
+
+    # -- reading -------------------------------------------------------------------------
+    def _read(self, digest: str) -> bytes:
+        path = self.blob_path(digest)
+        try:
+            return self.retry.call("get", lambda: self.fs.cat_file(path))
+        except FileNotFoundError as exc:
+            raise BlobNotFound(f"blob {digest} is missing from {self.url}") from exc
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"cannot read blob {digest} from {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    def get_blob(self, digest: str, size: int | None = None) -> bytes:
+        """The blob's bytes, after checking their size and sha256 (IntegrityError otherwise)."""
+        data = self._read(digest)
+        if size is not None and len(data) != size:
+            raise IntegrityError(f"blob {digest} is corrupt: {len(data)} bytes, the index records {size}")
+        actual = sha256_hex(data)
+        if actual != digest:
+            raise IntegrityError(f"blob {digest} is corrupt: its bytes hash to {actual}")
+        return data
+
+    def blob_status(self, digest: str, size: int | None = None) -> str:
+        """'ok', 'missing' or 'corrupt' (wrong size or hash)."""
+        try:
+            self.get_blob(digest, size)
+        except BlobNotFound:
+            return "missing"
+        except IntegrityError:
+            return "corrupt"
+        return "ok"
+
+    def has_blob(self, digest: str) -> bool:
+        try:
+            return bool(self.retry.call("exists", lambda: self.fs.exists(self.blob_path(digest))))
+        except Exception as exc:
+            raise StorageError(f"cannot check blob {digest} in {self.url}: {exc}") from exc
+
+    def list_blobs(self) -> Iterator[BlobInfo]:
+        """Every blob under blobs/sha256/ (names that are not digests, such as temp files, skipped)."""
+        base = f"{self.root}/blobs/sha256"
+        try:
+            if not self.fs.exists(base):
+                return
+            entries = self.fs.find(base, detail=True)
+        except Exception as exc:
+            raise StorageError(f"cannot list blobs in {self.url}: {exc}") from exc
+        for path, info in sorted(entries.items()):
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if not _HEX64.match(name):
+                continue
+            yield BlobInfo(name, int(info.get("size") or 0), _modified(info))
+
+    def delete_blob(self, digest: str) -> None:
+        try:
+            self.fs.rm_file(self.blob_path(digest))
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise StorageError(f"cannot delete blob {digest} from {self.url}: {exc}") from exc
+
+
+def _modified(info: Mapping[str, Any]) -> datetime | None:
+    for key in ("mtime", "LastModified", "last_modified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, datetime):
+            return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        try:
+            return datetime.fromtimestamp(float(value), tz=timezone.utc)
+        except (TypeError, ValueError):
+            continue
+    return None
