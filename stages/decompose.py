@@ -37,8 +37,21 @@ def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=No
     return torch.empty(physical, dtype=dtype, layout=layout, device=device, pin_memory=bool(pin_memory)).permute(inverse)
 
 
+def _like(factory):  # type: ignore[no-untyped-def]
+    """aten.rand_like / randn_like (not core ATen) as aten.rand / randn (core) on the input's shape."""
+
+    def decomposition(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):  # type: ignore[no-untyped-def]
+        return factory(self.shape, dtype=dtype or self.dtype, device=device or self.device)
+
+    return decomposition
+
+
 # Non-core ops that torch's default table leaves in some programs, with core ATen equivalents.
-SUPPLEMENT = {torch.ops.aten.empty_permuted.default: _empty_permuted}
+SUPPLEMENT = {
+    torch.ops.aten.empty_permuted.default: _empty_permuted,
+    torch.ops.aten.rand_like.default: _like(torch.rand),
+    torch.ops.aten.randn_like.default: _like(torch.randn),
+}
 
 
 def decomposition_table(preserve: tuple[str, ...]) -> tuple[Any, list[str]]:
