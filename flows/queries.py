@@ -1,10 +1,481 @@
-"""Index queries for the CLI: ls, show, lineage, diff, verify, gc (no torch, no Prefect)."""
+"""Index queries for the CLI: ls, show, lineage, diff, verify, gc. Storage only: no torch, no Prefect."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+import json
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Mapping
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_STORE = "./pt2-store"
+DEFAULT_GRACE_SECONDS = 3600
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from flows.cli import _parse_storage_options
+    from storage import ArtifactStore
+
+    url = args.store or os.environ.get("PT2FLOW_STORE") or DEFAULT_STORE
+    if "://" not in url:
+        url = os.path.abspath(url)
+        if not os.path.isdir(url):
+            raise _UsageError(f"no store at {url} (give --store URL or set PT2FLOW_STORE)")
+    return ArtifactStore(url, _parse_storage_options(args.storage_option or []))
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _dump(value: Any) -> None:
+    print(json.dumps(value, indent=1, default=str))
+
+
+def _short(digest: Any, n: int = 12) -> str:
+    return str(digest)[:n] if digest else "-"
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return str(value or "-")
+
+
+def _size(value: Any) -> str:
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)
+
+
+def _parse_time(text: str, flag: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise _UsageError(f"{flag}: {text!r} is not an ISO date or time (e.g. 2026-11-01 or 2026-11-01T03:00)") from exc
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Storage and ID errors become a clear one-line message and a non-zero exit."""
+
+    def run(args: argparse.Namespace) -> int:
+        from storage.errors import AmbiguousId, InvalidId, RecordNotFound, StorageError
+
+        try:
+            return fn(args)
+        except (_UsageError, InvalidId, AmbiguousId) as exc:
+            print(f"pt2flow {args.command}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except RecordNotFound as exc:
+            print(f"pt2flow {args.command}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        except StorageError as exc:
+            print(f"pt2flow {args.command}: storage error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# ls
+
+LS_COLUMNS = (
+    "record_id", "run_id", "model", "stage", "status", "cached", "sha256", "size", "seconds",
+    "error_class", "ended_at", "torch_version", "max_abs_err", "passed",
+)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    import pyarrow.compute as pc
+
+    from storage.lineage import decode
+
+    store = _store(args)
+    conditions = []
+    if args.model:
+        conditions.append(pc.field("model") == args.model)
+    if args.stage:
+        conditions.append(pc.field("stage") == args.stage)
+    if args.status:
+        conditions.append(pc.field("status") == args.status)
+    if args.torch:
+        conditions.append(pc.field("torch_version") == args.torch)
+    if args.run:
+        conditions.append(pc.field("run_id") == args.run)
+    if args.since:
+        conditions.append(pc.field("ended_at") >= _parse_time(args.since, "--since"))
+    if args.until:
+        conditions.append(pc.field("ended_at") <= _parse_time(args.until, "--until"))
+    expression = None
+    for condition in conditions:
+        expression = condition if expression is None else expression & condition
+    table = store.index.scan(None if args.json else LS_COLUMNS, filter=expression)
+    table = table.sort_by([("ended_at", "descending")])
+    total = table.num_rows
+    if args.limit and args.limit > 0:
+        table = table.slice(0, args.limit)
+    rows = table.to_pylist()
+    if args.json:
+        _dump([decode(r) for r in rows])
+        return EXIT_OK
+    from rich.table import Table
+
+    view = Table(title=f"{total} record(s) in {store.url}" + (f", newest {len(rows)} shown" if len(rows) < total else ""), title_justify="left")
+    for column in ("ended (UTC)", "model", "stage", "status", "artifact", "size", "seconds", "run"):
+        view.add_column(column, no_wrap=column in ("artifact", "ended (UTC)"))
+    for r in rows:
+        status = r["status"] if r["status"] != "ok" else ("ok (cached)" if r.get("cached") else "ok")
+        if r.get("error_class"):
+            status = f"{r['status']}: {r['error_class']}"
+        view.add_row(
+            _when(r["ended_at"]), r["model"], r["stage"], status, _short(r["sha256"]), _size(r["size"]),
+            f"{r['seconds']:.2f}" if r.get("seconds") is not None else "-", r.get("run_id") or "-",
+        )
+    _console().print(view)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# show
+
+
+def _report_of(store: Any, record: Mapping[str, Any]) -> Any:
+    """A validate record's stored report (verified by digest), or None."""
+    if record.get("stage") != "validate" or not record.get("sha256"):
+        return None
+    try:
+        return json.loads(store.get_blob(record["sha256"], record.get("size")))
+    except Exception as exc:  # noqa: BLE001 - shown to the user as part of the record
+        return {"error": f"report unavailable: {exc}"}
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from storage.lineage import decode, records_for_id
+
+    store = _store(args)
+    records = records_for_id(store.index, args.id)
+    record = decode(records[0])
+    record["recorded_in_runs"] = sorted({r["run_id"] for r in records if r.get("run_id")})
+    report = _report_of(store, records[0])
+    if report is not None:
+        record["report"] = report
+    if args.json:
+        _dump(record)
+        return EXIT_OK
+    from rich.table import Table
+
+    console = _console()
+    fields = Table(title=f"{record['stage']} of {record['model']} — {record['sha256']}", title_justify="left", show_header=False)
+    fields.add_column("field", style="bold")
+    fields.add_column("value", overflow="fold")
+    for key, value in record.items():
+        if key in ("op_histogram", "report") or value is None:
+            continue
+        shown = json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+        fields.add_row(key, shown if len(shown) < 2000 else shown[:2000] + " …")
+    console.print(fields)
+    histogram = record.get("op_histogram") or {}
+    if histogram:
+        ops = Table(title=f"op histogram ({sum(histogram.values())} calls, {len(histogram)} ops)", title_justify="left")
+        ops.add_column("op")
+        ops.add_column("count", justify="right")
+        for op, count in sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])):
+            ops.add_row(op, str(count))
+        console.print(ops)
+    if report is not None:
+        console.print("validation report:")
+        console.print_json(json.dumps(report, default=str))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# lineage
+
+
+def _brief(record: Mapping[str, Any]) -> str:
+    if record.get("stage") == "source":
+        weights = record.get("weights_digest")
+        return f"source {record.get('factory')} kwargs={record.get('kwargs') or '{}'} weights={_short(weights, 16) if weights else 'none (factory init)'}"
+    extra = f" [{record['error_class']}]" if record.get("error_class") else ""
+    return f"{record.get('stage')} {_short(record.get('sha256'), 16)} {record.get('status')}{extra} ({_size(record.get('size'))}, run {record.get('run_id')})"
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    from storage import lineage
+
+    store = _store(args)
+    if args.weights:
+        result = lineage.by_weights(store.index, args.weights)
+        if args.json:
+            _dump({"weights": result["weights"], "sources": [lineage.decode(r) for r in result["sources"]], "descendants": [lineage.decode(r) for r in result["descendants"]]})
+            return EXIT_OK
+        from rich.tree import Tree
+
+        tree = Tree(f"weights {result['weights']}")
+        for source in result["sources"]:
+            branch = tree.add(f"{source['model']}: {_brief(source)}")
+            for row in result["descendants"]:
+                if row["model"] == source["model"]:
+                    branch.add(_brief(row))
+        _console().print(tree)
+        return EXIT_OK
+    if not args.id:
+        raise _UsageError("give an artifact ID, or --weights DIGEST")
+    record = lineage.resolve(store.index, args.id)
+    chain = lineage.ancestors(store.index, record)
+    below = lineage.descendants(store.index, record) if args.descendants else []
+    if args.json:
+        _dump({"id": record["sha256"], "ancestors": [lineage.decode(r) for r in chain[:-1]], "record": lineage.decode(record), "descendants": [lineage.decode(r) for r in below]})
+        return EXIT_OK
+    from rich.tree import Tree
+
+    tree = Tree(f"[bold]{record['model']}[/bold] lineage of {record['sha256']}")
+    node = tree
+    for row in chain:
+        node = node.add(_brief(row) + ("  ◀" if row is chain[-1] else ""))
+    if below:
+        derived = tree.add("derived from it:")
+        for row in below:
+            derived.add(_brief(row))
+    _console().print(tree)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# diff
+
+
+def _histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]:
+    added = {op: b[op] for op in sorted(set(b) - set(a))}
+    removed = {op: a[op] for op in sorted(set(a) - set(b))}
+    changed = {op: [a[op], b[op]] for op in sorted(set(a) & set(b)) if a[op] != b[op]}
+    return {"added": added, "removed": removed, "changed": changed, "counts": {"added": len(added), "removed": len(removed), "changed": len(changed)}}
+
+
+def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """What differs between two decoded records (the fields `pt2flow diff` compares)."""
+    def pair(key: str) -> dict[str, Any]:
+        return {"a": a.get(key), "b": b.get(key), "same": a.get(key) == b.get(key)}
+
+    va, vb = a.get("validation") or {}, b.get("validation") or {}
+    return {
+        "a": {k: a.get(k) for k in ("sha256", "model", "stage", "run_id", "torch_version")},
+        "b": {k: b.get(k) for k in ("sha256", "model", "stage", "run_id", "torch_version")},
+        "signature": pair("signature"),
+        "op_histogram": _histogram_diff(a.get("op_histogram") or {}, b.get("op_histogram") or {}),
+        "node_count": pair("node_count"),
+        "range_constraints": pair("range_constraints"),
+        "size": pair("size"),
+        "fingerprint": pair("fingerprint"),
+        "validation": {"a": va.get("max_abs_err"), "b": vb.get("max_abs_err"), "a_passed": va.get("passed"), "b_passed": vb.get("passed")},
+        "seconds": pair("seconds"),
+    }
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from storage import lineage
+
+    store = _store(args)
+    a = lineage.decode(lineage.resolve(store.index, args.id_a))
+    b = lineage.decode(lineage.resolve(store.index, args.id_b))
+    result = diff_records(a, b)
+    if args.json:
+        _dump(result)
+        return EXIT_OK
+    from rich.table import Table
+
+    view = Table(title=f"diff {_short(a['sha256'])} ({a['model']}/{a['stage']}) → {_short(b['sha256'])} ({b['model']}/{b['stage']})", title_justify="left")
+    view.add_column("field", style="bold")
+    view.add_column("A")
+    view.add_column("B")
+    view.add_column("")
+    for key in ("node_count", "size", "seconds", "fingerprint"):
+        item = result[key]
+        view.add_row(key, str(item["a"]), str(item["b"]), "same" if item["same"] else "[yellow]changed")
+    sig = result["signature"]
+    view.add_row("signature", f"{len((sig['a'] or {}).get('inputs', []))} in / {len((sig['a'] or {}).get('outputs', []))} out",
+                 f"{len((sig['b'] or {}).get('inputs', []))} in / {len((sig['b'] or {}).get('outputs', []))} out", "same" if sig["same"] else "[yellow]changed")
+    rc = result["range_constraints"]
+    view.add_row("range constraints", json.dumps(rc["a"]), json.dumps(rc["b"]), "same" if rc["same"] else "[yellow]changed")
+    v = result["validation"]
+    view.add_row("validation max abs err", str(v["a"]), str(v["b"]), "")
+    counts = result["op_histogram"]["counts"]
+    view.add_row("op histogram", "", "", f"+{counts['added']} ops, -{counts['removed']} ops, {counts['changed']} changed")
+    console = _console()
+    console.print(view)
+    hist = result["op_histogram"]
+    for op, n in hist["added"].items():
+        console.print(f"  [green]+ {op}[/green] ×{n}")
+    for op, n in hist["removed"].items():
+        console.print(f"  [red]- {op}[/red] ×{n}")
+    for op, (x, y) in hist["changed"].items():
+        console.print(f"  [yellow]~ {op}[/yellow] {x} → {y}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# verify / gc
+
+
+def _referenced(store: Any) -> dict[str, dict[str, Any]]:
+    """digest -> {"size": recorded size, "records": [...]} for every blob a record points to."""
+    table = store.index.scan(["record_id", "run_id", "model", "stage", "sha256", "size", "weights_digest", "details"])
+    refs: dict[str, dict[str, Any]] = {}
+    for row in table.to_pylist():
+        who = {"record_id": row["record_id"], "model": row["model"], "stage": row["stage"], "run_id": row["run_id"]}
+        if row["sha256"]:
+            entry = refs.setdefault(row["sha256"], {"size": row["size"], "records": []})
+            entry["records"].append(who)
+        if row["weights_digest"]:
+            size = None
+            try:
+                size = (json.loads(row["details"] or "{}").get("weights") or {}).get("size")
+            except ValueError:
+                pass
+            entry = refs.setdefault(row["weights_digest"], {"size": size, "records": []})
+            entry["records"].append({**who, "as": "weights"})
+    return refs
+
+
+def verify_store(store: Any) -> dict[str, Any]:
+    """Re-hash every blob in the store and every blob the index references."""
+    refs = _referenced(store)
+    present = {b.digest: b for b in store.list_blobs()}
+    missing, corrupt = [], []
+    for digest in sorted(set(refs) | set(present)):
+        ref = refs.get(digest, {"size": None, "records": []})
+        if digest not in present:
+            missing.append({"sha256": digest, "records": ref["records"]})
+            continue
+        status = store.blob_status(digest, ref["size"])
+        if status != "ok":
+            corrupt.append({"sha256": digest, "status": status, "records": ref["records"]})
+    return {"checked": len(set(refs) | set(present)), "missing": missing, "corrupt": corrupt}
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    store = _store(args)
+    result = verify_store(store)
+    bad = result["missing"] or result["corrupt"]
+    if args.json:
+        _dump(result)
+    else:
+        print(f"checked {result['checked']} blob(s) in {store.url}: {len(result['missing'])} missing, {len(result['corrupt'])} corrupt")
+        for label in ("missing", "corrupt"):
+            for item in result[label]:
+                users = ", ".join(f"{r['model']}/{r['stage']} (run {r['run_id']})" for r in item["records"]) or "no record"
+                print(f"  {label}: {item['sha256']} — used by {users}")
+    return EXIT_FAILED if bad else EXIT_OK
+
+
+def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
+    """Delete blobs no record references and older than the grace period (a running export may
+    have published a blob whose record is not written yet)."""
+    refs = _referenced(store)
+    cutoff = datetime.now(timezone.utc) - timedelta(seconds=grace_seconds)
+    unreferenced, kept_young, freed = [], 0, 0
+    for blob in store.list_blobs():
+        if blob.digest in refs:
+            continue
+        if blob.modified is None or blob.modified > cutoff:
+            kept_young += 1
+            continue
+        unreferenced.append(blob)
+    for blob in unreferenced:
+        freed += blob.size
+        if not dry_run:
+            store.delete_blob(blob.digest)
+    return {"deleted" if not dry_run else "would_delete": [b.digest for b in unreferenced], "bytes": freed, "kept_within_grace": kept_young}
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    store = _store(args)
+    result = collect_garbage(store, dry_run=args.dry_run, grace_seconds=args.grace)
+    compacted = None
+    if args.compact and not args.dry_run:
+        compacted = store.index.compact()
+    if args.json:
+        if compacted is not None:
+            result["compacted"] = {"merged_files": compacted.merged_files, "records": compacted.records}
+        _dump(result)
+        return EXIT_OK
+    key = "would_delete" if args.dry_run else "deleted"
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {len(result[key])} unreferenced blob(s), {_size(result['bytes'])}; kept {result['kept_within_grace']} younger than the {args.grace:g} s grace period")
+    for digest in result[key]:
+        print(f"  {digest}")
+    if compacted is not None:
+        print(f"compacted {compacted.merged_files} index file(s) into one ({compacted.records} records)")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# parser
 
 
 def add_commands(sub: Any, store_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    return None
+    p = sub.add_parser("ls", help="list index records", description="List stage records, newest first, with filters.")
+    store_arg(p)
+    p.add_argument("--model", metavar="NAME")
+    p.add_argument("--stage", metavar="S", choices=["source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"])
+    p.add_argument("--status", choices=["ok", "failed"])
+    p.add_argument("--torch", metavar="VERSION", help="only records made with this torch version")
+    p.add_argument("--run", metavar="RUN_ID", help="only records of this run")
+    p.add_argument("--since", metavar="DATE", help="only records that ended at or after this ISO date/time (UTC)")
+    p.add_argument("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")
+    p.add_argument("--limit", type=int, default=100, help="show at most this many (newest first; 0 = all; default 100)")
+    p.add_argument("--json", action="store_true", help="a JSON array of records")
+    p.set_defaults(func=_guard(cmd_ls))
+
+    p = sub.add_parser("show", help="every field of one record", description="Show the newest record of artifact ID (a sha256 or a unique prefix of 8+ characters): every field, the op histogram and, for validate, the report.")
+    p.add_argument("id", metavar="ID")
+    store_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_guard(cmd_show))
+
+    p = sub.add_parser("lineage", help="where an artifact came from (or what was built from it)", description="The chain from the model's source (factory, kwargs, weights) to ID; --descendants adds everything derived from ID; --weights DIGEST lists everything built from a checkpoint.")
+    p.add_argument("id", metavar="ID", nargs="?")
+    store_arg(p)
+    p.add_argument("--descendants", action="store_true", help="also list everything derived from ID")
+    p.add_argument("--weights", metavar="DIGEST", help="everything built from this checkpoint (sha256 or prefix)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_guard(cmd_lineage))
+
+    p = sub.add_parser("diff", help="compare two artifacts' records", description="Compare graph signature, op histogram, node count, range constraints, sizes, validation errors and timings of two records.")
+    p.add_argument("id_a", metavar="ID_A")
+    p.add_argument("id_b", metavar="ID_B")
+    store_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_guard(cmd_diff))
+
+    p = sub.add_parser("verify", help="re-hash every blob", description="Re-hash every blob; exit 1 naming each missing or corrupt blob and the records that point to it.")
+    store_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_guard(cmd_verify))
+
+    p = sub.add_parser("gc", help="delete unreferenced blobs", description="Delete blobs that no index record references and that are older than the grace period (a run in progress never loses a blob it just wrote).")
+    store_arg(p)
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS", help=f"keep blobs younger than this (default {DEFAULT_GRACE_SECONDS})")
+    p.add_argument("--compact", action="store_true", help="also merge the index files into one")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_guard(cmd_gc))
+

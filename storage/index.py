@@ -135,6 +135,21 @@ class MetadataIndex:
         self._write_table(table, path)
         return path
 
+    def append_table(self, table: pa.Table) -> str:
+        """Write an Arrow table of records (bulk imports, benchmarks) as one new index file."""
+        missing = {"record_id"} - set(table.column_names)
+        if missing:
+            raise StorageError("index records need a record_id column")
+        if "schema_version" not in table.column_names:
+            table = table.append_column("schema_version", pa.array([SCHEMA_VERSION] * table.num_rows, pa.int16()))
+        unknown = set(table.column_names) - set(COLUMNS)
+        if unknown:
+            raise StorageError(f"index records have fields the schema does not know: {sorted(unknown)}")
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        path = f"{self.root}/part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
+        self._write_table(_conform(table, None), path)
+        return path
+
     def _write_table(self, table: pa.Table, path: str, row_group_size: int = 65536) -> None:
         sink = io.BytesIO()
         pq.write_table(table, sink, row_group_size=row_group_size, compression="zstd")
@@ -148,6 +163,7 @@ class MetadataIndex:
     # -- reading -------------------------------------------------------------------------
     def files(self) -> list[str]:
         try:
+            self.fs.invalidate_cache(self.root)  # other processes append too: never trust a cached listing
             if not self.fs.exists(self.root):
                 return []
             names = self.retry.call("index list", lambda: self.fs.ls(self.root, detail=False))
@@ -234,13 +250,56 @@ class MetadataIndex:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
         target = f"{self.root}/compact-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
         self._write_table(merged, target)
+        self._write_id_sidecar(merged, target)
         crash_point("mid_compaction")
         for path in paths:
-            try:
-                self.fs.rm_file(path)
-            except FileNotFoundError:
-                pass
-            except Exception as exc:
-                raise StorageError(f"compaction wrote {target} but could not delete {path}: {exc}") from exc
+            for victim in (path, _sidecar_of(path)):
+                try:
+                    self.fs.rm_file(victim)
+                except FileNotFoundError:
+                    pass
+                except Exception as exc:
+                    raise StorageError(f"compaction wrote {target} but could not delete {victim}: {exc}") from exc
             self._file_cache.pop(path, None)
         return CompactResult(len(paths), merged.num_rows, target)
+
+    # -- artifact ID lookups -------------------------------------------------------------
+    def _write_id_sidecar(self, merged: pa.Table, target: str) -> None:
+        """(sha256, model) sorted by sha256 beside a compacted file: an ID lookup then reads one
+        small row group instead of scanning the sha256 column of every record."""
+        ids = merged.select(["sha256", "model"]).filter(pc.is_valid(merged["sha256"]))
+        ids = ids.sort_by([("sha256", "ascending")])
+        self._write_table(ids, _sidecar_of(target), row_group_size=8192)
+
+    def models_for_digest(self, prefix: str) -> set[str]:
+        """Models having a record whose sha256 starts with `prefix` (to narrow a full scan)."""
+        import pyarrow.dataset as ds
+
+        upper = prefix + "g"  # every hex digest with this prefix sorts below prefix + 'g'
+        condition = (pc.field("sha256") >= prefix) & (pc.field("sha256") < upper)
+        models: set[str] = set()
+        plain: list[str] = []
+        try:
+            self.fs.invalidate_cache(self.root)
+            names = set(self.fs.ls(self.root, detail=False)) if self.fs.exists(self.root) else set()
+        except Exception as exc:
+            raise StorageError(f"cannot list index {self.root}: {exc}") from exc
+        sidecars = {n.rstrip("/").rsplit("/", 1)[-1] for n in names}
+        for path in self.files():
+            if _sidecar_of(path).rsplit("/", 1)[-1] in sidecars:
+                try:
+                    table = ds.dataset(_sidecar_of(path), format="parquet", filesystem=self.fs).to_table(columns=["model"], filter=condition)
+                except FileNotFoundError:
+                    continue
+                models.update(table["model"].to_pylist())
+            else:
+                plain.append(path)
+        if plain:
+            table = ds.dataset(plain, schema=SCHEMA, format="parquet", filesystem=self.fs).to_table(columns=["model"], filter=condition)
+            models.update(table["model"].to_pylist())
+        return {m for m in models if m is not None}
+
+
+def _sidecar_of(path: str) -> str:
+    head, _, name = path.rpartition("/")
+    return f"{head}/_ids-{name}"

@@ -124,7 +124,9 @@ class ArtifactStore:
 
     def has_blob(self, digest: str) -> bool:
         try:
-            return bool(self.retry.call("exists", lambda: self.fs.exists(self.blob_path(digest))))
+            path = self.blob_path(digest)
+            self.fs.invalidate_cache(path)
+            return bool(self.retry.call("exists", lambda: self.fs.exists(path)))
         except Exception as exc:
             raise StorageError(f"cannot check blob {digest} in {self.url}: {exc}") from exc
 
@@ -132,6 +134,7 @@ class ArtifactStore:
         """Every blob under blobs/sha256/ (names that are not digests, such as temp files, skipped)."""
         base = f"{self.root}/blobs/sha256"
         try:
+            self.fs.invalidate_cache(base)
             if not self.fs.exists(base):
                 return
             entries = self.fs.find(base, detail=True)

@@ -1,0 +1,85 @@
+"""Shared fixtures: a project-local Prefect home, a private Prefect server, CLI runner, config writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every test (and every subprocess it starts) uses a throwaway PREFECT_HOME, telemetry off."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK", "PREFECT_API_URL")}
+    os.environ["PREFECT_HOME"] = str(home)
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    os.environ["DO_NOT_TRACK"] = "1"
+    os.environ.pop("PREFECT_API_URL", None)
+    yield home
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[str]:
+    """One private Prefect API server for the in-process flow tests of the session."""
+    from flows import runtime
+
+    with runtime.prefect_api() as url:
+        yield url
+
+
+def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PREFECT_API_URL", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra or {})
+    return env
+
+
+def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`pt2flow ARGS` as a real subprocess (the installed console script)."""
+    return subprocess.run(
+        [str(BIN / "pt2flow"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(env),
+        cwd=str(cwd or ROOT),
+    )
+
+
+def run_json(args: Sequence[str], **kwargs: Any) -> tuple[int, dict[str, Any], str]:
+    """Run a `--json` command; returns (exit code, parsed stdout, stderr). stdout must be one JSON document."""
+    proc = run_cli([*args, "--json"], **kwargs)
+    try:
+        document = json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}\n--- stderr ---\n{proc.stderr[-4000:]}") from exc
+    return proc.returncode, document, proc.stderr
+
+
+def write_config(path: Path, models: list[dict[str, Any]], **top: Any) -> Path:
+    """Write a version-1 config; factories in tests.models resolve through PYTHONPATH=ROOT."""
+    config = {"version": 1, **top, "models": models}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def cli() -> Any:
+    return run_cli

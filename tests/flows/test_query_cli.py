@@ -1,0 +1,217 @@
+"""`pt2flow ls / show / lineage / diff / verify / gc` as real subprocesses on a store with real blobs.
+
+Bad input (bit-flipped, truncated, missing blob; unknown, ambiguous or short ID) gets a clear
+message and a non-zero exit, and the store is left byte-for-byte as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from storage import ArtifactStore
+from tests.conftest import run_cli, run_json
+from tests.records import CHAIN, h, make_chain
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def populated(tmp_path: Path) -> dict:
+    root = tmp_path / "store"
+    store = ArtifactStore(str(root))
+
+    def blob(name: str) -> tuple[str, int]:
+        ref = store.put_blob(f"artifact {name}".encode() * 50)
+        return ref.digest, ref.size
+
+    weights = store.put_blob(b"checkpoint bytes").digest
+    alpha = make_chain(store, "alpha", "run-1", weights, salt="v1", blob=blob)
+    beta = make_chain(store, "beta", "run-1", None, salt="v1", blob=blob)
+    report = {"passed": True, "max_abs_err": 3e-7, "samples": 3}
+    rep = store.put_blob(json.dumps(report).encode())
+    store.index.append([{**alpha["validate"], "record_id": "rep", "run_id": "run-2", "sha256": rep.digest, "size": rep.size,
+                         "validation": json.dumps(report), "passed": True, "max_abs_err": 3e-7}])
+    return {"root": root, "store": store, "alpha": alpha, "beta": beta, "weights": weights, "report": rep.digest}
+
+
+def test_ls_filters_and_json(populated: dict) -> None:
+    root = str(populated["root"])
+    code, rows, _ = run_json(["ls", "--store", root, "--model", "alpha", "--stage", "trace"])
+    assert code == 0
+    assert [(r["model"], r["stage"]) for r in rows] == [("alpha", "trace")]
+    assert rows[0]["sha256"] == populated["alpha"]["trace"]["sha256"]
+    code, rows, _ = run_json(["ls", "--store", root, "--run", "run-2"])
+    assert [r["record_id"] for r in rows] == ["rep"]
+    code, rows, _ = run_json(["ls", "--store", root, "--since", "2026-11-01T00:00:03", "--until", "2026-11-01T00:00:04", "--model", "beta"])
+    assert sorted(r["stage"] for r in rows) == ["decompose", "serialize"]
+    proc = run_cli(["ls", "--store", root, "--model", "beta"])
+    assert proc.returncode == 0 and "beta" in proc.stdout and "alpha" not in proc.stdout
+
+
+def test_show_prints_every_field_and_the_report(populated: dict) -> None:
+    root = str(populated["root"])
+    code, record, _ = run_json(["show", populated["report"][:10], "--store", root])
+    assert code == 0
+    assert record["sha256"] == populated["report"]
+    assert record["report"] == {"passed": True, "max_abs_err": 3e-7, "samples": 3}
+    assert record["validation"]["max_abs_err"] == 3e-7
+    assert record["recorded_in_runs"] == ["run-2"]
+    proc = run_cli(["show", populated["alpha"]["trace"]["sha256"][:12], "--store", root])
+    assert proc.returncode == 0 and populated["alpha"]["trace"]["sha256"] in proc.stdout
+
+
+def test_lineage_json_starts_at_the_source(populated: dict) -> None:
+    root = str(populated["root"])
+    target = populated["alpha"]["aot_compile"]["sha256"]
+    code, doc, _ = run_json(["lineage", target[:9], "--store", root])
+    assert code == 0
+    assert doc["id"] == target
+    assert [r["stage"] for r in doc["ancestors"]] == ["source", "trace", "functionalize", "decompose"]
+    assert doc["ancestors"][0]["factory"] == "zoo:net"
+    assert doc["ancestors"][0]["weights_digest"] == populated["weights"]
+    assert doc["descendants"] == []
+    code, doc, _ = run_json(["lineage", populated["alpha"]["decompose"]["sha256"], "--descendants", "--store", root])
+    assert sorted(r["stage"] for r in doc["descendants"]) == ["aot_compile", "serialize", "validate"]
+    proc = run_cli(["lineage", target[:9], "--store", root])
+    assert proc.returncode == 0
+    assert "zoo:net" in proc.stdout and populated["weights"][:16] in proc.stdout
+
+
+def test_lineage_by_weights(populated: dict) -> None:
+    code, doc, _ = run_json(["lineage", "--weights", populated["weights"][:10], "--store", str(populated["root"])])
+    assert code == 0
+    assert [s["model"] for s in doc["sources"]] == ["alpha"]
+    assert {r["stage"] for r in doc["descendants"]} == set(CHAIN[1:])
+
+
+def test_diff_reports_histogram_changes(tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "s"))
+    base = {"run_id": "r", "model": "m", "stage": "decompose", "status": "ok", "key": "k"}
+    store.index.append([
+        {**base, "record_id": "a", "sha256": h("a"), "size": 100, "node_count": 10, "seconds": 1.0,
+         "op_histogram": json.dumps({"aten.addmm.default": 2, "aten.relu.default": 1, "aten.gelu.default": 1}),
+         "signature": json.dumps({"inputs": [{"name": "x"}], "outputs": []})},
+        {**base, "record_id": "b", "sha256": h("b"), "size": 120, "node_count": 12, "seconds": 2.0,
+         "op_histogram": json.dumps({"aten.addmm.default": 3, "aten.relu.default": 1, "aten.tanh.default": 2}),
+         "signature": json.dumps({"inputs": [{"name": "x"}], "outputs": []})},
+    ])
+    code, doc, _ = run_json(["diff", h("a")[:8], h("b")[:8], "--store", str(tmp_path / "s")])
+    assert code == 0
+    assert doc["op_histogram"]["added"] == {"aten.tanh.default": 2}
+    assert doc["op_histogram"]["removed"] == {"aten.gelu.default": 1}
+    assert doc["op_histogram"]["changed"] == {"aten.addmm.default": [2, 3]}
+    assert doc["op_histogram"]["counts"] == {"added": 1, "removed": 1, "changed": 1}
+    assert doc["node_count"] == {"a": 10, "b": 12, "same": False}
+    assert doc["signature"]["same"] is True
+    proc = run_cli(["diff", h("a")[:8], h("b")[:8], "--store", str(tmp_path / "s")])
+    assert proc.returncode == 0 and "+ aten.tanh.default" in proc.stdout and "- aten.gelu.default" in proc.stdout
+
+
+def test_verify_clean_store(populated: dict) -> None:
+    code, doc, _ = run_json(["verify", "--store", str(populated["root"])])
+    assert code == 0
+    assert doc["missing"] == [] and doc["corrupt"] == []
+    assert doc["checked"] == len(list(populated["store"].list_blobs()))
+
+
+@pytest.mark.parametrize("damage", ["bit_flip", "truncate", "delete"])
+def test_verify_names_damaged_blobs_and_their_records(populated: dict, damage: str) -> None:
+    store, root = populated["store"], populated["root"]
+    victim = populated["alpha"]["serialize"]["sha256"]
+    path = Path(store.blob_path(victim))
+    data = path.read_bytes()
+    if damage == "bit_flip":
+        path.write_bytes(data[:10] + bytes([data[10] ^ 0x40]) + data[11:])
+    elif damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        path.unlink()
+    before = snapshot(root)
+    code, doc, _ = run_json(["verify", "--store", str(root)])
+    assert code == 1
+    bucket = doc["missing"] if damage == "delete" else doc["corrupt"]
+    assert [item["sha256"] for item in bucket] == [victim]
+    assert [(r["model"], r["stage"]) for r in bucket[0]["records"]] == [("alpha", "serialize")]
+    proc = run_cli(["verify", "--store", str(root)])
+    assert proc.returncode == 1 and victim in proc.stdout and "alpha/serialize" in proc.stdout
+    assert snapshot(root) == before  # verify changes nothing
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["show", "0123456789abcdef"], 1, "no artifact with ID"),
+        (["show", "abc"], 2, "at least 8"),
+        (["show", "not-hex-at-all"], 2, "not a hex"),
+        (["lineage", "0123456"], 2, "at least 8"),
+        (["lineage"], 2, "give an artifact ID"),
+        (["diff", "00000000", "11111111"], 1, "no artifact"),
+    ],
+)
+def test_bad_ids_exit_non_zero_and_change_nothing(populated: dict, args: list[str], code: int, message: str) -> None:
+    before = snapshot(populated["root"])
+    proc = run_cli([*args, "--store", str(populated["root"])])
+    assert proc.returncode == code, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert snapshot(populated["root"]) == before
+
+
+def test_ambiguous_prefix_exits_2(tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "s"))
+    base = {"run_id": "r", "model": "m", "stage": "trace", "status": "ok", "key": "k"}
+    store.index.append([{**base, "record_id": "1", "sha256": "deadbeef" + "0" * 56}, {**base, "record_id": "2", "sha256": "deadbeef" + "1" * 56}])
+    proc = run_cli(["show", "deadbeef", "--store", str(tmp_path / "s")])
+    assert proc.returncode == 2
+    assert "matches 2 artifacts" in proc.stderr
+
+
+def test_missing_store_is_a_usage_error(tmp_path: Path) -> None:
+    proc = run_cli(["ls", "--store", str(tmp_path / "nowhere")])
+    assert proc.returncode == 2 and "no store at" in proc.stderr
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_gc_deletes_only_old_unreferenced_blobs(populated: dict) -> None:
+    store, root = populated["store"], populated["root"]
+    orphan = store.put_blob(b"orphan: no record points here")
+    old = store.blob_path(orphan.digest)
+    os.utime(old, (1_000_000_000, 1_000_000_000))  # long past any grace period
+    young = store.put_blob(b"just published, record not written yet")
+    referenced = {b.digest for b in store.list_blobs()} - {orphan.digest, young.digest}
+
+    code, doc, _ = run_json(["gc", "--dry-run", "--store", str(root)])
+    assert code == 0 and doc["would_delete"] == [orphan.digest] and doc["kept_within_grace"] == 1
+    assert store.has_blob(orphan.digest)
+
+    code, doc, _ = run_json(["gc", "--store", str(root)])
+    assert doc["deleted"] == [orphan.digest]
+    remaining = {b.digest for b in store.list_blobs()}
+    assert remaining == referenced | {young.digest}  # weights and every recorded artifact kept
+    code, doc, _ = run_json(["verify", "--store", str(root)])
+    assert code == 0
+
+
+def test_gc_compact_merges_the_index(populated: dict) -> None:
+    root = populated["root"]
+    before = run_json(["ls", "--store", str(root), "--limit", "0"])[1]
+    code, doc, _ = run_json(["gc", "--compact", "--store", str(root)])
+    assert code == 0 and doc["compacted"]["records"] == len(before)
+    assert len(populated["store"].index.files()) == 1
+    after = run_json(["ls", "--store", str(root), "--limit", "0"])[1]
+    assert sorted(r["record_id"] for r in after) == sorted(r["record_id"] for r in before)
+
+
+def test_help_explains_each_command() -> None:
+    proc = run_cli(["--help"])
+    assert proc.returncode == 0
+    for command in ("run", "validate", "ls", "show", "lineage", "diff", "verify", "gc"):
+        assert command in proc.stdout
+    proc = run_cli(["lineage", "--help"])
+    assert "--descendants" in proc.stdout and "--weights" in proc.stdout

@@ -1,0 +1,136 @@
+"""Tiny models for the tests: each small enough to export in a second."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TinyMLP(nn.Module):
+    def __init__(self, features: int = 8, hidden: int = 16, out: int = 4) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(features, hidden)
+        self.fc2 = nn.Linear(hidden, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def tiny_mlp(features: int = 8, hidden: int = 16, out: int = 4) -> nn.Module:
+    return TinyMLP(features, hidden, out)
+
+
+class BufferCounter(nn.Module):
+    """Mutates two buffers per call; the output depends on the updated one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("ema", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        self.ema.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.proj(x) + self.ema
+
+
+def buffer_counter() -> nn.Module:
+    return BufferCounter()
+
+
+class DictOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.proj(x) * scale
+        return {"hidden": h, "pooled": h.mean(1), "argmax": h.argmax(-1)}
+
+
+def dict_out() -> nn.Module:
+    return DictOut()
+
+
+class Regressor(nn.Module):
+    """Returns a scalar loss: for training-mode export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.norm = nn.LayerNorm(8)
+        self.fc2 = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        pred = self.fc2(torch.tanh(self.norm(self.fc1(x)))).squeeze(-1)
+        return ((pred - y) ** 2).mean()
+
+
+def regressor() -> nn.Module:
+    return Regressor()
+
+
+class DataDependent(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+def data_dependent() -> nn.Module:
+    return DataDependent()
+
+
+class Holder:
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+class PythonObjectOut(nn.Module):
+    def forward(self, x: torch.Tensor) -> Holder:
+        return Holder(x + 1)
+
+
+def python_object_out() -> nn.Module:
+    return PythonObjectOut()
+
+
+class BatchOfFour(nn.Module):
+    """Specializes its batch to 4 (a reshape that bakes the size in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).reshape(4, 2, 4).sum(1)
+
+
+def batch_of_four() -> nn.Module:
+    return BatchOfFour()
+
+
+class NumpyRoundTrip(nn.Module):
+    """Calls .numpy() in forward: non-strict export fails, strict (TorchDynamo) handles it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(x.numpy() * 2) + x
+
+
+def numpy_round_trip() -> nn.Module:
+    return NumpyRoundTrip()
+
+
+class Noisy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        return y + 0.01 * torch.rand_like(y)
+
+
+def noisy() -> nn.Module:
+    return Noisy()

@@ -1,0 +1,153 @@
+"""MetadataIndex: append-only Parquet files, de-duplicating reads, compaction, schema evolution."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from storage import ArtifactStore, StorageError
+from storage.index import COLUMNS, SCHEMA, SCHEMA_VERSION, _sidecar_of
+
+T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+
+
+def record(model: str = "m", stage: str = "trace", **fields) -> dict:
+    base = {
+        "record_id": uuid.uuid4().hex,
+        "run_id": "run-1",
+        "model": model,
+        "stage": stage,
+        "status": "ok",
+        "cached": False,
+        "key": uuid.uuid4().hex,
+        "parent_keys": [],
+        "sha256": uuid.uuid4().hex + uuid.uuid4().hex,
+        "size": 10,
+        "ended_at": T0,
+    }
+    base.update(fields)
+    return base
+
+
+def test_append_then_read_round_trips_every_column_type(store: ArtifactStore) -> None:
+    rec = record(
+        parent_keys=["a", "b"],
+        warnings=["w1"],
+        seconds=1.5,
+        node_count=42,
+        passed=True,
+        max_abs_err=1e-7,
+        op_histogram='{"aten.addmm.default": 2}',
+        started_at=T0 - timedelta(seconds=2),
+    )
+    path = store.index.append([rec])
+    assert path is not None and path.endswith(".parquet")
+    table = store.index.read()
+    assert table.num_rows == 1
+    row = table.to_pylist()[0]
+    for key, value in rec.items():
+        assert row[key] == value, key
+    assert row["schema_version"] == SCHEMA_VERSION
+    assert table.schema.names == list(COLUMNS)
+
+
+def test_each_append_is_a_new_file(store: ArtifactStore) -> None:
+    for i in range(3):
+        store.index.append([record(model=f"m{i}")])
+    assert len(store.index.files()) == 3
+    assert sorted(store.index.read(["model"])["model"].to_pylist()) == ["m0", "m1", "m2"]
+
+
+def test_read_filters_and_columns(store: ArtifactStore) -> None:
+    store.index.append([record(model="a", stage="trace"), record(model="a", stage="validate"), record(model="b")])
+    table = store.index.read(["model", "stage"], filter=pc.field("model") == "a")
+    assert sorted(table["stage"].to_pylist()) == ["trace", "validate"]
+    assert table.column_names == ["record_id", "model", "stage"]
+    scanned = store.index.scan(["model"], filter=pc.field("stage") == "validate")
+    assert scanned["model"].to_pylist() == ["a"]
+
+
+def test_unknown_fields_are_rejected(store: ArtifactStore) -> None:
+    with pytest.raises(StorageError, match="not_a_column"):
+        store.index.append([record(not_a_column=1)])
+    assert store.index.files() == []
+
+
+def test_compaction_merges_and_keeps_every_record(store: ArtifactStore) -> None:
+    records = [record(model=f"m{i % 3}", stage="trace") for i in range(20)]
+    for rec in records:
+        store.index.append([rec])
+    before = sorted(store.index.read(["record_id"])["record_id"].to_pylist())
+    result = store.index.compact()
+    assert result.merged_files == 20
+    assert result.records == 20
+    files = store.index.files()
+    assert len(files) == 1 and files[0] == result.written
+    after = sorted(store.index.read(["record_id"])["record_id"].to_pylist())
+    assert after == before == sorted(r["record_id"] for r in records)
+    # sorted by model within the merged file
+    models = pq.read_table(io.BytesIO(store.fs.cat_file(files[0])), columns=["model"])["model"].to_pylist()
+    assert models == sorted(models)
+
+
+def test_crash_between_merge_and_delete_duplicates_nothing(store: ArtifactStore) -> None:
+    """The state a crash mid-compaction leaves: the merged file AND the small files."""
+    records = [record() for _ in range(5)]
+    for rec in records:
+        store.index.append([rec])
+    merged = store.index.read()
+    store.index._write_table(merged, f"{store.index.root}/compact-crashed.parquet")
+    assert len(store.index.files()) == 6
+    table = store.index.read()
+    assert table.num_rows == 5
+    assert sorted(table["record_id"].to_pylist()) == sorted(r["record_id"] for r in records)
+    assert store.index.scan(["record_id"]).num_rows == 5
+    # the next compaction converges to one file with each record once
+    store.index.compact()
+    assert store.index.read().num_rows == 5
+    assert len(store.index.files()) == 1
+
+
+def test_old_files_without_new_columns_read_as_null(store: ArtifactStore) -> None:
+    """Schema evolution: a file written before a column existed still reads, the column null."""
+    old_schema = pa.schema([SCHEMA.field(n) for n in ("schema_version", "record_id", "model", "stage", "status")])
+    old = pa.Table.from_pylist([{"schema_version": 0, "record_id": "r-old", "model": "legacy", "stage": "trace", "status": "ok"}], schema=old_schema)
+    sink = io.BytesIO()
+    pq.write_table(old, sink)
+    store.fs.makedirs(store.index.root, exist_ok=True)
+    store.fs.pipe_file(f"{store.index.root}/part-00000000T000000000000-old.parquet", sink.getvalue())
+    store.index.append([record(model="new")])
+    table = store.index.read()
+    rows = {r["model"]: r for r in table.to_pylist()}
+    assert set(rows) == {"legacy", "new"}
+    assert rows["legacy"]["sha256"] is None and rows["legacy"]["schema_version"] == 0
+    assert rows["new"]["sha256"] is not None
+    scanned = store.index.scan(["model", "sha256"], filter=pc.field("model") == "legacy")
+    assert scanned.to_pylist()[0]["sha256"] is None
+
+
+def test_id_lookup_uses_the_sidecar_after_compaction(store: ArtifactStore) -> None:
+    recs = [record(model=f"m{i}", sha256=f"{i:02x}" * 32) for i in range(40)]
+    store.index.append(recs[:20])
+    store.index.compact(min_files=1)
+    store.index.append(recs[20:])  # a plain file beside the compacted one
+    compacted = [p for p in store.index.files() if "compact-" in p][0]
+    assert store.fs.exists(_sidecar_of(compacted))
+    assert store.index.models_for_digest("05" * 4) == {"m5"}  # found through the sidecar
+    assert store.index.models_for_digest("1e" * 4) == {"m30"}  # found in the plain file
+    assert store.index.models_for_digest("ff" * 4) == set()
+
+
+def test_reads_see_files_appended_by_another_writer(store_url: str) -> None:
+    reader = ArtifactStore(store_url)
+    writer = ArtifactStore(store_url)
+    writer.index.append([record(model="first")])
+    assert reader.index.read(["model"])["model"].to_pylist() == ["first"]
+    writer.index.append([record(model="second")])
+    assert sorted(reader.index.read(["model"])["model"].to_pylist()) == ["first", "second"]
