@@ -9,6 +9,7 @@ factories are resolved with importlib's finder and an AST scan of the module's s
 from __future__ import annotations
 
 import ast
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -137,9 +138,9 @@ class ResolvedModel:
 class Pipeline:
     path: str
     store: str
-    storage_options: Mapping[str, Any]
-    stages: tuple[str, ...]
-    models: tuple[ResolvedModel, ...]
+    storage_options: Mapping[str, Any] = field(repr=False)  # may hold credentials
+    stages: tuple[str, ...] = ()
+    models: tuple[ResolvedModel, ...] = ()
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
     def model(self, name: str) -> ResolvedModel:
@@ -249,6 +250,17 @@ def _defines(tree: ast.Module, name: str) -> bool:
     return False
 
 
+def _find_spec_without_importing(module_name: str) -> importlib.machinery.ModuleSpec | None:
+    """importlib.util.find_spec, minus its side effect: for "a.b" it imports (runs) package a."""
+    parent_name, _, _ = module_name.rpartition(".")
+    if not parent_name or module_name in sys.modules:
+        return importlib.util.find_spec(module_name)
+    parent = _find_spec_without_importing(parent_name)
+    if parent is None or parent.submodule_search_locations is None:
+        return None
+    return importlib.machinery.PathFinder.find_spec(module_name, list(parent.submodule_search_locations))
+
+
 def resolve_factory_statically(factory: str, search_path: str) -> str | None:
     """Why `module:callable` cannot resolve, or None. Finds the module without executing it
     and looks for the name at the top level of its source."""
@@ -258,7 +270,7 @@ def resolve_factory_statically(factory: str, search_path: str) -> str | None:
         sys.path.insert(0, search_path)
     try:
         try:
-            spec = importlib.util.find_spec(module_name)
+            spec = _find_spec_without_importing(module_name)
         except (ImportError, ValueError) as exc:
             return f"module {module_name!r} cannot be found: {exc}"
         if spec is None:
@@ -306,6 +318,7 @@ def _check_model(
     search_path: str,
     lines: _Lines,
     issues: list[ConfigIssue],
+    check_options: bool = True,
 ) -> ResolvedModel | None:
     base = ("models", index)
     before = len(issues)
@@ -313,9 +326,9 @@ def _check_model(
     def add(path: tuple[Any, ...], message: str) -> None:
         issues.append(ConfigIssue(format_path(base + path), message, lines.line(base + path)))
 
-    if not NAME_PATTERN.match(model.name) or model.name in (".", "..") or ".." in model.name:
+    if not NAME_PATTERN.fullmatch(model.name) or model.name in (".", "..") or ".." in model.name:
         add(("name",), f"{model.name!r} is not a valid model name: use 1-128 of [A-Za-z0-9._-], no '..'")
-    if not FACTORY_PATTERN.match(model.factory):
+    if not FACTORY_PATTERN.fullmatch(model.factory):
         add(("factory",), f"{model.factory!r} is not of the form 'package.module:callable'")
     else:
         problem = resolve_factory_statically(model.factory, search_path)
@@ -352,7 +365,7 @@ def _check_model(
     for stage, overrides in model.stages.items():
         if stage not in STAGES:
             add(("stages", stage), f"unknown stage {stage!r}; per-model overrides are for {list(STAGES)}")
-    for stage in STAGES:
+    for stage in STAGES if check_options else ():
         merged = {**defaults.get(stage, {}), **model.stages.get(stage, {})}
         try:
             options[stage] = OPTIONS[stage](**merged)
@@ -376,6 +389,23 @@ def _check_model(
     )
 
 
+def _duplicate_names(data: Mapping[str, Any], lines: _Lines) -> list[ConfigIssue]:
+    """One issue per repeated `models[*].name`, read from the raw YAML data."""
+    found: list[ConfigIssue] = []
+    seen: dict[str, int] = {}
+    models = data.get("models")
+    for i, model in enumerate(models if isinstance(models, list) else []):
+        name = model.get("name") if isinstance(model, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            path = ("models", i, "name")
+            found.append(ConfigIssue(format_path(path), f"duplicate model name {name!r} (also models[{seen[name]}])", lines.line(path)))
+        else:
+            seen[name] = i
+    return found
+
+
 def parse_config(text: str, source: str = "<config>", base_dir: str | None = None) -> Pipeline:
     """Validate config text; raises ConfigError with every issue."""
     lines = _Lines(text)
@@ -391,13 +421,14 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
     if not isinstance(data, dict):
         raise ConfigError(source, [ConfigIssue("", f"expected a mapping at the top level, got {type(data).__name__}", 1)])
     issues: list[ConfigIssue] = []
-    if "version" in data and data["version"] != CONFIG_VERSION:
+    if "version" in data and (type(data["version"]) is not int or data["version"] != CONFIG_VERSION):
         issues.append(ConfigIssue("version", f"unsupported config version {data['version']!r}; this pt2flow reads version {CONFIG_VERSION}", lines.line(("version",))))
         raise ConfigError(source, issues)
     try:
         config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, _pydantic_issues(exc, (), lines)) from None
+        # schema errors stop the deeper checks, but duplicate names are still worth reporting now
+        raise ConfigError(source, _pydantic_issues(exc, (), lines) + _duplicate_names(data, lines)) from None
 
     folder = os.path.abspath(base_dir or ".")
     storage_options = _expand_env(config.storage_options, ("storage_options",), issues, lines)
@@ -405,24 +436,19 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         issues.append(ConfigIssue("stages", problem, lines.line(("stages",))))
 
     defaults = config.defaults.model_dump(by_alias=True)
+    before_defaults = len(issues)
     for stage, values in defaults.items():
         try:
             OPTIONS[stage](**values)
         except ValidationError as exc:
             issues.extend(_pydantic_issues(exc, ("defaults", stage), lines))
-    default_issues = len(issues)
+    defaults_valid = len(issues) == before_defaults
 
-    seen: dict[str, int] = {}
+    issues.extend(_duplicate_names(data, lines))
     resolved = []
     for i, model in enumerate(config.models):
-        if model.name in seen:
-            path = ("models", i, "name")
-            issues.append(ConfigIssue(format_path(path), f"duplicate model name {model.name!r} (also models[{seen[model.name]}])", lines.line(path)))
-        else:
-            seen[model.name] = i
-        if default_issues:
-            continue  # per-model option errors would only repeat the defaults' errors
-        r = _check_model(i, model, defaults, folder, lines, issues)
+        # with broken defaults, per-model option errors would only repeat the defaults' errors
+        r = _check_model(i, model, defaults, folder, lines, issues, check_options=defaults_valid)
         if r is not None:
             resolved.append(r)
     if issues:

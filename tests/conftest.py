@@ -83,3 +83,6 @@ def write_config(path: Path, models: list[dict[str, Any]], **top: Any) -> Path:
 @pytest.fixture
 def cli() -> Any:
     return run_cli
+
+
+from tests.s3 import moto_s3  # noqa: E402,F401  (session fixture shared by storage and integration tests)

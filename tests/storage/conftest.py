@@ -8,7 +8,6 @@ from typing import Iterator
 
 import pytest
 
-from tests.s3 import moto_s3  # noqa: F401  (session fixture)
 
 
 @pytest.fixture(params=["local", "memory", "s3"])

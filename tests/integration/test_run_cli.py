@@ -1,0 +1,179 @@
+"""`pt2flow run` end to end as a subprocess: the JSON contract, exit codes, blob digests, archives
+that load and match eager, cached re-runs, failure classification, and a run on S3."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from storage import ArtifactStore
+from tests import models
+from tests.conftest import ROOT, run_cli, run_json, write_config
+
+pytestmark = pytest.mark.integration
+
+STAGE_NAMES = ["trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"]
+
+
+def save_weights(path: Path, seed: int = 7) -> dict[str, torch.Tensor]:
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    state = {k: v.contiguous() for k, v in models.tiny_mlp().state_dict().items()}
+    save_file(state, str(path))
+    return state
+
+
+def mlp_entry(weights: str | None = None, name: str = "mlp") -> dict:
+    entry = {
+        "name": name,
+        "factory": "tests.models:tiny_mlp",
+        "inputs": {"x": {"shape": [3, 8]}},
+        "dynamic_shapes": {"x": {0: "batch"}},
+        "dims": {"batch": {"min": 1, "max": 16}},
+    }
+    if weights:
+        entry["weights"] = weights
+    return entry
+
+
+def assert_clean(stderr: str) -> None:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "database is locked" not in stderr
+
+
+def test_run_json_contract_digests_and_archive(tmp_path: Path) -> None:
+    state = save_weights(tmp_path / "mlp.safetensors")
+    config = write_config(
+        tmp_path / "pipeline.yaml",
+        [mlp_entry("mlp.safetensors"), {
+            "name": "dict-out",
+            "factory": "tests.models:dict_out",
+            "inputs": {"x": {"shape": [2, 5, 6]}, "scale": {"shape": [2, 5, 6], "value": 0.5}},
+            "dynamic_shapes": {"x": {0: "b", 1: "s"}, "scale": {0: "b", 1: "s"}},
+            "dims": {"b": {"min": 1, "max": 4}, "s": {"min": 2, "max": 9}},
+        }],
+        stages=["trace", "functionalize", "decompose", "serialize", "validate"],
+    )
+    store_dir = tmp_path / "store"
+    code, doc, stderr = run_json(["run", str(config), "--store", str(store_dir)])
+    assert code == 0, stderr[-3000:]
+    assert_clean(stderr)
+    assert set(doc) >= {"run_id", "store", "summary", "models"}
+    assert doc["summary"]["ok"] == 2 and doc["summary"]["failed"] == 0 and doc["summary"]["seconds"] > 0
+    assert doc["store"] == str(store_dir)
+    by_name = {m["name"]: m for m in doc["models"]}
+    mlp = by_name["mlp"]
+    assert mlp["status"] == "ok" and mlp["failed_stage"] is None and mlp["error_class"] is None and mlp["error"] is None
+    assert list(mlp["stages"]) == ["trace", "functionalize", "decompose", "serialize", "validate"]
+    for info in mlp["stages"].values():
+        assert info["status"] == "ok" and info["cached"] is False and info["seconds"] >= 0
+        blob = store_dir / "blobs" / "sha256" / info["artifact"][:2] / info["artifact"]
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == info["artifact"]
+    assert mlp["artifacts"]["serialized"] == mlp["stages"]["serialize"]["artifact"]
+    assert mlp["artifacts"]["compiled"] is None
+    assert mlp["validation"]["passed"] is True and mlp["validation"]["samples"] == 3
+    assert 0 <= mlp["validation"]["max_abs_err"] < 1e-5
+
+    # the archive, read back from the store, is the model with the configured weights
+    archive = ArtifactStore(str(store_dir)).get_blob(mlp["artifacts"]["serialized"])
+    program = torch.export.load(io.BytesIO(archive))
+    eager = models.tiny_mlp()
+    eager.load_state_dict(state)
+    eager.eval()
+    for batch in (1, 5, 16):
+        x = torch.randn(batch, 8)
+        torch.testing.assert_close(program.module()(x), eager(x), atol=1e-6, rtol=1e-5)
+
+    # a second run of the unchanged config does no stage work and returns the same IDs
+    code2, doc2, stderr2 = run_json(["run", str(config), "--store", str(store_dir)])
+    assert code2 == 0, stderr2[-3000:]
+    for model in doc2["models"]:
+        assert all(s["cached"] for s in model["stages"].values()), model["name"]
+        assert {k: v["artifact"] for k, v in model["stages"].items()} == {k: v["artifact"] for k, v in by_name[model["name"]]["stages"].items()}
+    assert doc2["run_id"] != doc["run_id"]
+
+
+def test_run_summary_table_without_json(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", [mlp_entry()], stages=["trace", "serialize", "validate"])
+    proc = run_cli(["run", str(config), "--store", str(tmp_path / "store")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_clean(proc.stderr)
+    assert "mlp" in proc.stdout and "passed" in proc.stdout and "1 ok, 0 failed" in proc.stdout
+
+
+def test_usage_errors_exit_2_and_run_nothing(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", [mlp_entry()])
+    store = tmp_path / "store"
+    for args in (["--only", "nope"], ["--stages", "validate,trace"], ["--workers", "0"], ["--dask-address", "tcp://x:1"]):
+        proc = run_cli(["run", str(config), "--store", str(store), *args])
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert not store.exists()
+
+
+@pytest.mark.compile
+def test_failure_fleet_is_classified_and_the_rest_completes(tmp_path: Path) -> None:
+    code, doc, stderr = run_json(["run", str(ROOT / "configs" / "failures.yaml"), "--store", str(tmp_path / "store")])
+    assert code == 1
+    assert_clean(stderr)
+    got = {m["name"]: (m["status"], m["failed_stage"], m["error_class"]) for m in doc["models"]}
+    assert got == {
+        "data-dependent": ("failed", "trace", "data_dependent"),
+        "missing-dependency": ("failed", "trace", "import"),
+        "python-class-output": ("failed", "trace", "pytree"),
+        "noisy": ("failed", "validate", "nondeterministic"),
+        "bf16-stack": ("failed", "validate", "numeric_mismatch"),
+        "fixed-batch-strict": ("failed", "trace", "dynamic_shape"),
+        "healthy": ("ok", None, None),
+    }
+    assert doc["summary"] == {**doc["summary"], "ok": 1, "failed": 6}
+    by_name = {m["name"]: m for m in doc["models"]}
+    mismatch = by_name["bf16-stack"]
+    assert mismatch["validation"]["passed"] is False and mismatch["validation"]["max_abs_err"] > 1e-2
+    assert "compiled" in mismatch["error"]
+    # every failure is on record, with its class, and the draft_export report is kept
+    code, rows, _ = run_json(["ls", "--store", str(tmp_path / "store"), "--status", "failed"])
+    assert sorted((r["model"], r["stage"], r["error_class"]) for r in rows) == sorted(
+        (n, s, c) for n, (status, s, c) in got.items() if status == "failed"
+    )
+    dd = next(r for r in rows if r["model"] == "data-dependent")
+    assert dd["sha256"] and "attempts" in dd["details"]
+    report = ArtifactStore(str(tmp_path / "store")).get_blob(dd["sha256"]).decode()
+    assert "data dependent" in report.lower() or "data-dependent" in report.lower()
+
+
+@pytest.mark.compile
+def test_run_on_s3_then_ls_lineage_verify(tmp_path: Path, moto_s3) -> None:
+    state = save_weights(tmp_path / "mlp.safetensors", seed=3)
+    del state
+    config = write_config(tmp_path / "c.yaml", [mlp_entry("mlp.safetensors")], stages=STAGE_NAMES)
+    store = f"s3://{moto_s3.bucket}/runs/{tmp_path.name}"
+    code, doc, stderr = run_json(["run", str(config), "--store", store], env=moto_s3.env)
+    assert code == 0, stderr[-3000:]
+    assert_clean(stderr)
+    model = doc["models"][0]
+    assert model["validation"]["passed"] is True
+    compiled = model["artifacts"]["compiled"]
+    assert compiled and model["stages"]["aot_compile"]["status"] == "ok"
+
+    code, rows, _ = run_json(["ls", "--store", store, "--model", "mlp"], env=moto_s3.env)
+    assert code == 0 and sorted(r["stage"] for r in rows) == sorted(["source", *STAGE_NAMES])
+
+    code, lineage, _ = run_json(["lineage", compiled[:12], "--store", store], env=moto_s3.env)
+    assert code == 0
+    stages = [r["stage"] for r in lineage["ancestors"]]
+    assert stages == ["source", "trace", "functionalize", "decompose"]
+    source = lineage["ancestors"][0]
+    weights_digest = hashlib.sha256((tmp_path / "mlp.safetensors").read_bytes()).hexdigest()
+    assert source["factory"] == "tests.models:tiny_mlp" and source["weights_digest"] == weights_digest
+    proc = run_cli(["lineage", compiled[:12], "--store", store], env=moto_s3.env)
+    assert "tests.models:tiny_mlp" in proc.stdout and weights_digest[:16] in proc.stdout
+
+    code, verified, _ = run_json(["verify", "--store", store], env=moto_s3.env)
+    assert code == 0 and verified["missing"] == [] and verified["corrupt"] == []
+    assert verified["checked"] >= 8  # 6 stage artifacts + source manifest + weights
