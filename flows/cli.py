@@ -118,8 +118,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         store = runtime.open_store(store_url)
         store.index.files()  # fail fast on an unreachable store
     except Exception as exc:
-        return _usage_error(f"store {store_url}: {exc}")
+        from storage.fs import redact_url
 
+        return _usage_error(f"store {redact_url(store_url)}: {exc}")
+
+    if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
+        os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
     from flows.pipeline import new_run_id
 
     run_id = new_run_id()
@@ -134,8 +138,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         dask_address=args.dask_address,
         run_id=run_id,
     )
-    if args.verbose:
-        os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
     if args.json:
         with _stdout_to_stderr() as real_stdout:
             document = _execute(parameters, store, pipeline, show_progress=False)
@@ -203,9 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
 
-    from flows import queries
+    from flows import queries, report
 
     queries.add_commands(sub, store_arg)
+    report.add_command(sub, store_arg)
     return parser
 
 

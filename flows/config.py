@@ -29,6 +29,9 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+# A config is walked recursively (pydantic, ${ENV} expansion, canonical JSON of kwargs): bound it.
+MAX_CONFIG_DEPTH = 100
+MAX_CONFIG_NODES = 1_000_000
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -160,7 +163,7 @@ class _Lines:
     def __init__(self, text: str) -> None:
         try:
             self.root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):
             self.root = None
 
     def line(self, path: Iterable[Any]) -> int | None:
@@ -406,11 +409,55 @@ def _duplicate_names(data: Mapping[str, Any], lines: _Lines) -> list[ConfigIssue
     return found
 
 
+class _TooLarge(Exception):
+    pass
+
+
+def _shape_problem(data: Any) -> str | None:
+    """Why the loaded YAML is unsafe to walk, or None: an alias that contains itself, nesting
+    deeper than MAX_CONFIG_DEPTH, or more than MAX_CONFIG_NODES values once aliases are expanded
+    (a "billion laughs" document is a few lines that expand to 10**9 values)."""
+    seen: dict[int, tuple[int, int]] = {}  # id -> (expanded size, height), for nodes shared by aliases
+    active: set[int] = set()
+
+    def walk(node: Any, depth: int) -> tuple[int, int]:
+        if not isinstance(node, (dict, list)):
+            return 1, 0
+        key = id(node)
+        if key in active:
+            raise _TooLarge("a YAML alias contains itself (a recursive structure)")
+        if key in seen:
+            size, height = seen[key]
+        else:
+            if depth > MAX_CONFIG_DEPTH:
+                raise _TooLarge(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+            active.add(key)
+            size, height = 1, 0
+            for child in (*node.keys(), *node.values()) if isinstance(node, dict) else node:
+                child_size, child_height = walk(child, depth + 1)
+                size, height = size + child_size, max(height, child_height + 1)
+                if size > MAX_CONFIG_NODES:
+                    raise _TooLarge(f"more than {MAX_CONFIG_NODES} values once YAML aliases are expanded")
+            active.discard(key)
+            seen[key] = (size, height)
+        if depth + height > MAX_CONFIG_DEPTH:
+            raise _TooLarge(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+        return size, height
+
+    try:
+        walk(data, 0)
+    except _TooLarge as exc:
+        return f"config rejected: {exc}"
+    return None
+
+
 def parse_config(text: str, source: str = "<config>", base_dir: str | None = None) -> Pipeline:
     """Validate config text; raises ConfigError with every issue."""
     lines = _Lines(text)
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(source, [ConfigIssue("", "YAML error: nested too deeply to parse", None)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -420,6 +467,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         raise ConfigError(source, [ConfigIssue("", message, line)]) from exc
     if not isinstance(data, dict):
         raise ConfigError(source, [ConfigIssue("", f"expected a mapping at the top level, got {type(data).__name__}", 1)])
+    shape_problem = _shape_problem(data)
+    if shape_problem:
+        raise ConfigError(source, [ConfigIssue("", shape_problem, None)])
     issues: list[ConfigIssue] = []
     if "version" in data and (type(data["version"]) is not int or data["version"] != CONFIG_VERSION):
         issues.append(ConfigIssue("version", f"unsupported config version {data['version']!r}; this pt2flow reads version {CONFIG_VERSION}", lines.line(("version",))))

@@ -83,6 +83,72 @@ def _run_parallel(models: Sequence[ResolvedModel], ctx: RunContext, runner: str,
     return [results[m.name] for m in models]
 
 
+def _fleet_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for m in document["models"]:
+        stages = m.get("stages") or {}
+        validation = m.get("validation") or {}
+        rows.append({
+            "model": m["name"],
+            "status": m["status"],
+            "failed_stage": m.get("failed_stage") or "",
+            "error_class": m.get("error_class") or "",
+            "stages_run": sum(1 for s in stages.values() if not s.get("cached")),
+            "stages_cached": sum(1 for s in stages.values() if s.get("cached")),
+            "seconds": round(sum(float(s.get("seconds") or 0) for s in stages.values()), 2),
+            "max_abs_err": validation.get("max_abs_err"),
+            "compiled": (m.get("artifacts") or {}).get("compiled") or "",
+        })
+    return rows
+
+
+def fleet_markdown(document: dict[str, Any], comparison: str | None = None) -> str:
+    """The fleet run as markdown: totals, failures with their class and stage, then the drift
+    against the previous run when there is one."""
+    summary = document["summary"]
+    rows = _fleet_rows(document)
+    cached = sum(1 for r in rows if r["status"] == "ok" and r["stages_run"] == 0)
+    lines = [
+        f"# pt2flow run `{document['run_id']}`",
+        "",
+        f"**{summary['ok']} ok**, **{summary['failed']} failed**, {cached} fully cached, {summary['seconds']:.1f} s; store `{document['store']}`",
+        "",
+    ]
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed:
+        lines += ["## Failed models", "", "| model | stage | error class | error |", "|---|---|---|---|"]
+        for r, m in ((r, next(x for x in document["models"] if x["name"] == r["model"])) for r in failed):
+            error = (m.get("error") or "").replace("|", "\\|").replace("\n", " ")[:200]
+            lines.append(f"| {r['model']} | {r['failed_stage'] or '-'} | {r['error_class'] or '-'} | {error} |")
+        lines.append("")
+    if comparison:
+        lines += [comparison, ""]
+    return "\n".join(lines)
+
+
+def _publish_artifacts(document: dict[str, Any], store_obj: Any, comparison: str | None = None) -> None:
+    """A table and a markdown summary of the fleet in the Prefect UI. Best effort: the run's
+    result does not depend on the UI."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    try:
+        create_table_artifact(table=_fleet_rows(document), key="pt2flow-fleet-models", description=f"pt2flow run {document['run_id']}: one row per model")
+        create_markdown_artifact(markdown=fleet_markdown(document, comparison), key="pt2flow-fleet-summary", description=f"pt2flow run {document['run_id']}")
+    except Exception as exc:  # the API being unreachable must not fail an otherwise finished fleet
+        runtime_logger().warning("could not publish the fleet artifacts: %s", exc)
+
+
+def runtime_logger() -> Any:
+    from prefect import get_run_logger
+
+    try:
+        return get_run_logger()
+    except Exception:
+        import logging
+
+        return logging.getLogger("pt2flow")
+
+
 @flow(name="pt2flow-fleet", validate_parameters=False, persist_result=False)
 def fleet_flow(
     config_path: str,
@@ -116,6 +182,7 @@ def fleet_flow(
         "summary": {"ok": ok, "failed": len(results) - ok, "seconds": round(time.perf_counter() - started, 3)},
         "models": results,
     }
+    _publish_artifacts(document, store_obj)
     if ok != len(results):
         return Failed(message=f"{len(results) - ok} of {len(results)} models failed", data=document)
     return Completed(data=document)

@@ -9,6 +9,8 @@ Every stage run, cached or not, failed or not, appends one index record.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 import traceback
 import uuid
@@ -27,6 +29,7 @@ from flows.config import ResolvedModel
 from flows.keys import Environment, canonical_json, derivation_key
 from flows.records import stage_record
 from storage import StorageError
+from storage.fs import is_transient
 
 PROGRAM_STAGES = ("trace", "functionalize", "decompose")
 
@@ -70,9 +73,27 @@ def _load_program(store: Any, outcome: Mapping[str, Any]) -> Any:
     if digest in _PROGRAMS:
         _PROGRAMS.move_to_end(digest)
         return _PROGRAMS[digest]
-    program, _meta = load_archive(store.get_blob(digest, outcome.get("size")))
+    program, _meta = load_archive(load_artifact(store, digest, outcome.get("size"), PROGRAM_STAGES, "program"))
     _remember(digest, program)
     return program
+
+
+def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, ...], what: str) -> bytes:
+    """The bytes of a zip artifact (program, .pt2 archive, AOTInductor package) about to go to a
+    torch loader: only a digest the index records as an ok output of one of `stages`, read with
+    its size and sha256 verified, and passed through the zip safety check (storage.safety)."""
+    import pyarrow.compute as pc
+
+    from storage.errors import RecordNotFound
+    from storage.safety import check_archive
+
+    rows = store.index.read(["stage", "size"], filter=(pc.field("sha256") == digest) & (pc.field("status") == "ok")).to_pylist()
+    rows = [r for r in rows if r["stage"] in stages]
+    if not rows:
+        raise RecordNotFound(f"{what} {digest} has no ok {'/'.join(stages)} record in the index of {store.url}: not loading it")
+    data = store.get_blob(digest, size if size is not None else rows[0]["size"])
+    check_archive(data, what=f"{what} {digest}")
+    return data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,14 +160,17 @@ class StageRun:
 
     def cached(self) -> dict[str, Any] | None:
         """The outcome of an earlier ok run of this exact key whose blob still verifies."""
-        if self.ctx.force:
-            return None
-        hit = find_cached(self.store, self.key)
+        # with --force, only this run's own record counts: an earlier attempt of this task
+        # (retried by Prefect) that did the work and recorded it
+        hit = find_cached(self.store, self.key, run_id=self.ctx.run_id if self.ctx.force else None)
         if hit is None:
+            return None
+        own = hit["run_id"] == self.ctx.run_id and hit["model"] == self.model.name and hit["stage"] == self.stage
+        if self.ctx.force and not own:
             return None
         outcome = {
             "status": "ok",
-            "cached": True,
+            "cached": bool(hit["cached"]) if own else True,
             "seconds": round(time.perf_counter() - self.clock, 6),
             "artifact": hit["sha256"],
             "size": hit["size"],
@@ -156,14 +180,17 @@ class StageRun:
             "details": json.loads(hit["details"] or "{}"),
             "warnings": [],
         }
-        self._record(outcome, source_row=hit)
+        if not own:  # a retried attempt does not record its stage a second time
+            self._record(outcome, source_row=hit)
         return outcome
 
-    def publish(self, data: bytes, *, fingerprint: str | None, details: Mapping[str, Any], warnings: tuple[str, ...] = ()) -> dict[str, Any]:
+    def publish(self, data: bytes, *, fingerprint: str | None, details: Mapping[str, Any], warnings: tuple[str, ...] = (), cached: bool = False) -> dict[str, Any]:
+        """Store `data` (verifying a copy already there) and record the stage. `cached` is for the
+        source stage, which is always re-hashed but is cached when an earlier run had its key."""
         ref = self.store.put_blob(data)
         outcome = {
             "status": "ok",
-            "cached": False,
+            "cached": cached,
             "seconds": round(time.perf_counter() - self.clock, 6),
             "artifact": ref.digest,
             "size": ref.size,
@@ -220,11 +247,14 @@ class StageRun:
         self.store.index.append([record])
 
 
-def find_cached(store: Any, key: str) -> dict[str, Any] | None:
-    """The newest ok record for `key` whose blob exists and verifies, else None."""
+def find_cached(store: Any, key: str, run_id: str | None = None) -> dict[str, Any] | None:
+    """The newest ok record for `key` (of run `run_id`, if given) whose blob exists and verifies, else None."""
     import pyarrow.compute as pc
 
-    table = store.index.read(None, filter=(pc.field("key") == key) & (pc.field("status") == "ok"))
+    condition = (pc.field("key") == key) & (pc.field("status") == "ok")
+    if run_id is not None:
+        condition = condition & (pc.field("run_id") == run_id)
+    table = store.index.read(None, filter=condition)
     if table.num_rows == 0:
         return None
     rows = sorted(table.to_pylist(), key=lambda r: r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc), reverse=True)
@@ -251,6 +281,8 @@ def _guard(run: StageRun, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
             details["validation"] = _validation_summary(exc.details)
         raise run.fail(exc.error_class, exc.message, details=details, report=report) from None
     except StorageError as exc:
+        if is_transient(exc) and _retries_left():
+            raise TransientStageError(str(exc)) from exc  # not recorded: the retry records the outcome
         raise run.fail("storage", str(exc)) from None
     except MemoryError as exc:
         raise run.fail("runtime", f"out of memory: {exc}") from None
@@ -277,7 +309,35 @@ def _validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # the stage tasks
 
-_TASK_KW = dict(cache_policy=NO_CACHE, persist_result=False)
+# A stage task is retried, by Prefect, only after a transient storage error (the store's own
+# RetryPolicy gave up: an outage longer than its backoff). The retry looks the stage up in the
+# index and the store again, so what the failed attempt already published is reused, not redone.
+STAGE_RETRIES = 2
+STAGE_RETRY_DELAY_SECONDS = 1.0
+
+
+class TransientStageError(Exception):
+    """A stage attempt hit a transient storage error and will be retried (never recorded)."""
+
+
+def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    return isinstance(state.data, TransientStageError)
+
+
+def _retries_left() -> bool:
+    from prefect.context import TaskRunContext
+
+    context = TaskRunContext.get()
+    return context is not None and context.task_run.run_count <= context.task.retries
+
+
+_TASK_KW = dict(
+    cache_policy=NO_CACHE,
+    persist_result=False,
+    retries=STAGE_RETRIES,
+    retry_delay_seconds=STAGE_RETRY_DELAY_SECONDS,
+    retry_condition_fn=_retry_transient,
+)
 
 
 def _resolve_weights_url(model: ResolvedModel) -> str:
@@ -348,9 +408,7 @@ def source_task(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
         run.key = derivation_key("source", [], manifest, {})
         details = {"manifest": manifest, "module_file": origin, "weights": weights, "weights_url": model.weights}
         blob = canonical_json(manifest).encode()
-        outcome = run.publish(blob, fingerprint=None, details=details)
-        outcome["cached"] = find_previous_source(run.store, run.key, ctx.run_id)
-        return outcome
+        return run.publish(blob, fingerprint=None, details=details, cached=find_previous_source(run.store, run.key, ctx.run_id))
 
     return _guard(run, body)
 
@@ -492,8 +550,8 @@ def validate_task(
         hit = run.cached()
         if hit is not None:
             return hit
-        archive = run.store.get_blob(serialized["artifact"], serialized["size"]) if serialized else None
-        package = run.store.get_blob(compiled["artifact"], compiled["size"]) if compiled else None
+        archive = load_artifact(run.store, serialized["artifact"], serialized["size"], ("serialize",), "archive") if serialized else None
+        package = load_artifact(run.store, compiled["artifact"], compiled["size"], ("aot_compile",), "package") if compiled else None
         result = validate(
             model_builder(model, run.store, source),
             model_inputs(model),
@@ -543,6 +601,7 @@ def run_model(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
         "stages": {},
         "artifacts": {"serialized": None, "compiled": None},
         "validation": None,
+        "worker": f"{socket.gethostname()}:{os.getpid()}",  # which process exported it
     }
     outcomes: dict[str, dict[str, Any]] = {}
     current = "source"

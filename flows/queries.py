@@ -391,7 +391,7 @@ def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float) -> dict[
     have published a blob whose record is not written yet)."""
     refs = _referenced(store)
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=grace_seconds)
-    unreferenced, kept_young, freed = [], 0, 0
+    unreferenced, kept_young = [], 0
     for blob in store.list_blobs():
         if blob.digest in refs:
             continue
@@ -399,11 +399,19 @@ def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float) -> dict[
             kept_young += 1
             continue
         unreferenced.append(blob)
-    for blob in unreferenced:
-        freed += blob.size
-        if not dry_run:
-            store.delete_blob(blob.digest)
-    return {"deleted" if not dry_run else "would_delete": [b.digest for b in unreferenced], "bytes": freed, "kept_within_grace": kept_young}
+    freed = sum(blob.size for blob in unreferenced)
+    # temp files of writers killed mid-write (local stores without O_TMPFILE), past the grace period
+    stale = [t for t in store.temp_files() if t.modified is not None and t.modified <= cutoff]
+    if not dry_run:
+        store.delete_blobs(b.digest for b in unreferenced)
+        for temp in stale:
+            store.delete_temp_file(temp.path)
+    return {
+        "deleted" if not dry_run else "would_delete": [b.digest for b in unreferenced],
+        "bytes": freed,
+        "kept_within_grace": kept_young,
+        "temp_files_deleted" if not dry_run else "temp_files_would_delete": len(stale),
+    }
 
 
 def cmd_gc(args: argparse.Namespace) -> int:

@@ -139,6 +139,7 @@ def prefect_api(timeout: float = 90.0) -> Iterator[str]:
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -151,6 +152,10 @@ def prefect_api(timeout: float = 90.0) -> Iterator[str]:
     if process is None:
         raise RuntimeError(f"the Prefect server did not start; see {log_path}")
     os.environ["PREFECT_API_URL"] = api_url
+    # Worker processes inherit the URL; none of them may start an ephemeral server of its own
+    # (an orphaned one would outlive the run and keep its stdout pipe open).
+    saved_ephemeral = os.environ.get("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE")
+    os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
     try:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -159,7 +164,23 @@ def prefect_api(timeout: float = 90.0) -> Iterator[str]:
     finally:
         _drain_prefect()
         os.environ.pop("PREFECT_API_URL", None)
+        if saved_ephemeral is None:
+            os.environ.pop("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", None)
+        else:
+            os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = saved_ephemeral
         _stop(process)
+
+
+def _die_with_parent() -> None:
+    """In the server's child process: SIGTERM it when pt2flow dies (even by SIGKILL), so no
+    private server outlives its run. Linux only; elsewhere the server is stopped on exit."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 def _drain_prefect(timeout: float = 15.0) -> None:

@@ -38,15 +38,27 @@ class WarningSink:
         return tuple(self._seen)
 
 
+# torch's structured-trace logger: it never prints (no propagation; its handler writes files only
+# under TORCH_TRACE), but torch.export.draft_export builds its report from the records it receives.
+_STRUCTURED_TRACE = "torch.__trace"
+
+
 @contextlib.contextmanager
-def quiet_torch(sink: WarningSink | None = None) -> Iterator[WarningSink]:
-    """Mute torch loggers and record warnings raised inside the block into `sink`."""
+def quiet_torch(sink: WarningSink | None = None, *, structured_trace: bool = False) -> Iterator[WarningSink]:
+    """Mute torch loggers and record warnings raised inside the block into `sink`.
+
+    structured_trace: keep torch's structured-trace records flowing (draft_export needs them;
+    muted, its report always reads "no issues found").
+    """
     sink = sink if sink is not None else WarningSink()
     saved: list[tuple[logging.Logger, int]] = []
     manager = logging.root.manager
     for name in ["torch", *[n for n in list(manager.loggerDict) if n.startswith("torch.")]]:
         logger = logging.getLogger(name)
-        if name == "torch" or logger.level != logging.NOTSET:
+        if name == _STRUCTURED_TRACE and structured_trace:
+            saved.append((logger, logger.level))
+            logger.setLevel(logging.DEBUG)
+        elif name == "torch" or logger.level != logging.NOTSET:
             saved.append((logger, logger.level))
             logger.setLevel(logging.CRITICAL + 1)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import io
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -17,6 +18,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from stages.errors import StageError
+
+# dotted module path, a colon, dotted attribute path: nothing else (no calls, no '..', no slashes)
+_FACTORY_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -68,9 +72,9 @@ class BoundInputs:
 
 def import_factory(path: str, search_path: str | None = None) -> Callable[..., Any]:
     """Import `module:callable`, with `search_path` (the config's folder) first on sys.path."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
+    if not isinstance(path, str) or not _FACTORY_PATH.fullmatch(path):  # checked before anything is imported
         raise StageError("config", f"factory {path!r} is not of the form 'module:callable'")
+    module_name, _, attr = path.partition(":")
     added = False
     if search_path and search_path not in sys.path:
         sys.path.insert(0, search_path)
@@ -113,10 +117,9 @@ def load_state_dict(data: bytes, filename: str) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
-        detail = str(exc).split("\n")[0][:300]
         raise StageError(
             "weights",
-            f"{filename}: refused to load (torch.load with weights_only=True): {type(exc).__name__}: {detail}. "
+            f"{filename}: refused to load (torch.load with weights_only=True): {_unpickling_reason(exc)}. "
             "Checkpoints must hold only tensors; save a state_dict or use .safetensors",
         ) from exc
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
@@ -124,6 +127,22 @@ def load_state_dict(data: bytes, filename: str) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise StageError("weights", f"{filename}: expected a state_dict of tensors, got {type(state).__name__}")
     return state
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _unpickling_reason(exc: Exception) -> str:
+    """What a torch.load failure refused, without torch's boilerplate (which opens with advice to
+    retry with weights_only=False: exactly what must not be done with an untrusted file)."""
+    text = _ANSI.sub("", str(exc))
+    text = text.split("WeightsUnpickler error:", 1)[-1]
+    boilerplate = ("Weights only load failed", "(1)", "(2)", "Check the documentation", "Please file an issue")
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(boilerplate):
+            return f"{type(exc).__name__}: {line.split(' Please use ', 1)[0][:300].rstrip('. ')}"
+    return type(exc).__name__
 
 
 def build_model(

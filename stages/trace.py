@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from typing import Any
 
@@ -50,13 +52,15 @@ def _describe_dynamic(dynamic: Any) -> Any:
 
 
 def _export(model: torch.nn.Module, bound: BoundInputs, dynamic: Any, strict: bool) -> torch.export.ExportedProgram:
-    return torch.export.export(model, bound.args, bound.kwargs, dynamic_shapes=dynamic, strict=strict)
+    # on failure torch.export print()s the partial FX graph to sys.stderr; stages never print
+    with contextlib.redirect_stderr(io.StringIO()):
+        return torch.export.export(model, bound.args, bound.kwargs, dynamic_shapes=dynamic, strict=strict)
 
 
 def draft_report(model: torch.nn.Module, bound: BoundInputs, dynamic: Any) -> str:
     """torch.export.draft_export's diagnostic report, for a model no strategy could export."""
     try:
-        with quiet_torch():
+        with quiet_torch(structured_trace=True), contextlib.redirect_stderr(io.StringIO()):
             draft = torch.export.draft_export(model, bound.args, bound.kwargs, dynamic_shapes=dynamic)
         report = getattr(draft, "_report", None)
         return _ANSI.sub("", str(report)) if report is not None else "draft_export produced no report"

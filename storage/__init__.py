@@ -3,7 +3,7 @@
 Knows fsspec and pyarrow only; never imports torch, Prefect or the stages.
 """
 
-from storage.errors import AmbiguousId, BlobNotFound, IntegrityError, InvalidId, RecordNotFound, StorageError
+from storage.errors import AmbiguousId, BlobNotFound, IntegrityError, InvalidId, RecordNotFound, StorageError, UnsafeArchive
 from storage.store import ArtifactStore, BlobRef, sha256_hex
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "InvalidId",
     "RecordNotFound",
     "StorageError",
+    "UnsafeArchive",
     "sha256_hex",
 ]

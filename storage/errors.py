@@ -27,3 +27,16 @@ class AmbiguousId(StorageError, LookupError):
 
 class InvalidId(StorageError, ValueError):
     """Not a usable artifact ID (hex, at least 8 characters)."""
+
+
+class UnsafeArchive(StorageError):
+    """A zip artifact (.pt2 archive, AOTInductor package) that is not safe to hand to a loader:
+    entry names escaping the folder, duplicates, too many entries, too large uncompressed."""
+
+
+class StorageFull(StorageError):
+    """The backend refused the bytes for lack of space (disk full, quota, file size limit)."""
+
+
+class TransientStorageError(StorageError):
+    """A failure worth retrying later (an injected fault in the reliability tests, a backend outage)."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import random
 import re
+import signal
 import time
 import uuid
 from typing import Any, Callable, Mapping, TypeVar
@@ -13,7 +15,7 @@ from typing import Any, Callable, Mapping, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from storage.errors import StorageError
+from storage.errors import StorageError, StorageFull, TransientStorageError
 
 T = TypeVar("T")
 
@@ -49,6 +51,9 @@ def _scrub(text: str, options: Mapping[str, Any]) -> str:
     return text
 
 
+# Errors that mean "no room": never retried, reported as StorageFull.
+_FULL_ERRNOS: tuple[int, ...] = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
 # Errors worth retrying: the backend was reachable before and may be again.
 _TRANSIENT_NAMES = {
     "ConnectionError",
@@ -72,12 +77,16 @@ _TRANSIENT_TEXT = re.compile(
 
 
 def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError)):
+    if isinstance(exc, TransientStorageError):
+        return True
+    if isinstance(exc, (StorageFull, FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError)):
         return False
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS):
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS + (errno.EROFS,):
         return False
     seen: BaseException | None = exc
     while seen is not None:
+        if isinstance(seen, TransientStorageError):
+            return True
         if type(seen).__name__ in _TRANSIENT_NAMES or _TRANSIENT_TEXT.search(str(seen)):
             return True
         seen = seen.__cause__ or seen.__context__
@@ -85,7 +94,11 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class RetryPolicy:
-    """Bounded retries with exponential backoff and jitter for transient backend errors."""
+    """Bounded retries with exponential backoff and jitter for transient backend errors.
+
+    The only retry layer pt2flow adds: `attempts` tries in all, then the error goes up. (botocore
+    and s3fs retry on their own too unless storage_options turn that off; see README.)
+    """
 
     def __init__(self, attempts: int = 5, base_delay: float = 0.2, max_delay: float = 5.0) -> None:
         self.attempts = max(1, attempts)
@@ -96,17 +109,77 @@ class RetryPolicy:
         for attempt in range(1, self.attempts + 1):
             try:
                 return fn()
-            except StorageError:
-                raise
+            except StorageError as exc:
+                if attempt >= self.attempts or not isinstance(exc, TransientStorageError):
+                    raise
             except Exception as exc:
                 if attempt >= self.attempts or not is_transient(exc):
                     raise
-                delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
-                time.sleep(delay * (0.5 + random.random() / 2))
+            delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
+            time.sleep(delay * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
 
 
 DEFAULT_RETRY = RetryPolicy()
+
+
+# ---------------------------------------------------------------------------------------------
+# crash and fault points (crash-consistency and retry tests)
+
+# Every named point in the publish, index, compaction and gc paths. PT2FLOW_CRASH_AT=<point>
+# SIGKILLs the process there (no cleanup, no finally blocks, no atexit); <point>@N waits for the
+# Nth time this process reaches it. PT2FLOW_FAULT_AT=<point>[@N] raises a TransientStorageError
+# there instead, once per process (what a retried Prefect task must survive).
+CRASH_POINTS: tuple[str, ...] = (
+    "mid_blob_write",  # local: half of a blob's bytes are in its (unnamed) temp file
+    "before_blob_publish",  # local: a blob's bytes are complete and fsynced, not yet linked at their name
+    "after_blob_upload",  # a blob is published; the record that points to it is not written
+    "before_index_append",  # an index file is serialized in memory; nothing written
+    "mid_index_write",  # local: half of an index file's bytes are in its temp file
+    "before_index_publish",  # local: an index file is complete and fsynced, not yet linked
+    "after_index_append",  # an index file is published; its writer has not returned
+    "mid_compaction",  # the merged index file (and its sidecar) is written; no small file deleted
+    "mid_compaction_delete",  # some of the merged small index files are deleted, not all
+    "mid_gc",  # gc deleted some unreferenced blobs, not all
+    "mid_multipart_upload",  # S3: some parts of a multipart upload are sent; it is not completed
+)
+
+_hits: dict[str, int] = {}
+_faults_fired: set[str] = set()
+
+
+def _armed(variable: str, name: str) -> str | None:
+    """The spec of `variable` if it names this point and this hit is the one it waits for."""
+    spec = os.environ.get(variable)
+    if not spec:
+        return None
+    point, _, nth = spec.partition("@")
+    if point != name or not (nth.isdigit() or nth == ""):
+        return None
+    count = _hits.get(f"{variable}:{name}", 0) + 1
+    _hits[f"{variable}:{name}"] = count
+    return spec if count == (int(nth) if nth else 1) else None
+
+
+def crash_point(name: str) -> None:
+    """Die here, without cleanup, when PT2FLOW_CRASH_AT arms this point; raise a transient
+    storage error here, once, when PT2FLOW_FAULT_AT does."""
+    if _armed("PT2FLOW_CRASH_AT", name):
+        os.kill(os.getpid(), signal.SIGKILL)
+    spec = _armed("PT2FLOW_FAULT_AT", name)
+    if spec and spec not in _faults_fired:
+        _faults_fired.add(spec)
+        raise TransientStorageError(f"injected transient fault at {name} (PT2FLOW_FAULT_AT={spec})")
+
+
+def reset_points() -> None:
+    """Forget how often each point was reached (tests that arm points in-process)."""
+    _hits.clear()
+    _faults_fired.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# local atomic publish
 
 
 def _fsync_dir(path: str) -> None:
@@ -122,28 +195,107 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+TEMP_MARKER = ".tmp-"
+
+
 def _temp_name(path: str) -> str:
     head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}.tmp-{uuid.uuid4().hex}")
+    return os.path.join(head, f".{tail}{TEMP_MARKER}{uuid.uuid4().hex}")
 
 
-def crash_point(name: str) -> None:
-    """Die here, without cleanup, when PT2FLOW_CRASH_AT names this point (crash-consistency tests)."""
-    armed = os.environ.get("PT2FLOW_CRASH_AT")
-    if armed and armed == name:
-        os.kill(os.getpid(), 9)
+def is_temp_name(name: str) -> bool:
+    """A named temp file of an unfinished (or killed) local write: never a blob or index file."""
+    return name.startswith(".") and TEMP_MARKER in name
 
 
-def _local_write(path: str, data: bytes, exclusive: bool) -> bool:
+def _write_all(fd: int, data: bytes, kind: str) -> None:
+    """Write every byte (os.write may write less than asked), then fsync. The crash points sit
+    after the first half (a torn write) and after the fsync (complete but unpublished)."""
+    view = memoryview(data)
+    half = len(view) // 2
+    for chunk, point in ((view[:half], f"mid_{kind}_write"), (view[half:], None)):
+        while len(chunk):
+            written = os.write(fd, chunk)
+            chunk = chunk[written:]
+        if point:
+            crash_point(point)
+    os.fsync(fd)
+    crash_point(f"before_{kind}_publish")
+
+
+class _NoUnnamedTemp(Exception):
+    """This filesystem (or kernel) cannot link an O_TMPFILE file into place."""
+
+
+_libc: Any = None
+_unnamed_ok: bool | None = None  # learned on first use: O_TMPFILE + linkat works here
+
+
+def _link_fd(fd: int, path: str) -> None:
+    """Give the unnamed file behind `fd` the name `path` (create-if-absent: FileExistsError)."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, at_empty_path = -100, 0x1000
+    if _libc.linkat(fd, b"", at_fdcwd, os.fsencode(path), at_empty_path) == 0:
+        return
+    code = ctypes.get_errno()
+    if code == errno.EEXIST:
+        raise FileExistsError(code, os.strerror(code), path)
+    if code in _FULL_ERRNOS:
+        raise OSError(code, os.strerror(code), path)
+    try:  # without CAP_DAC_READ_SEARCH on older kernels: the /proc route
+        os.link(f"/proc/self/fd/{fd}", path, follow_symlinks=True)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno in _FULL_ERRNOS:
+            raise
+        raise _NoUnnamedTemp(str(exc)) from exc
+
+
+def _write_unnamed(path: str, data: bytes, exclusive: bool, kind: str) -> bool:
+    """O_TMPFILE: the bytes live in a file with no name until linked, so a crash at any point
+    leaves nothing behind (the kernel frees the inode with the last descriptor)."""
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    try:
+        fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOTSUP):
+            raise _NoUnnamedTemp(str(exc)) from exc
+        raise
+    try:
+        _write_all(fd, data, kind)
+        if exclusive:
+            try:
+                _link_fd(fd, path)
+            except FileExistsError:
+                return False
+        else:
+            tmp = _temp_name(path)
+            _link_fd(fd, tmp)
+            try:
+                os.replace(tmp, path)
+            finally:
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+    finally:
+        os.close(fd)
+    _fsync_dir(directory)
+    return True
+
+
+def _write_named(path: str, data: bytes, exclusive: bool, kind: str) -> bool:
+    """The portable way: a dot-named temp file in the same directory, then link/replace. A crash
+    can leave the temp file (never listed as a blob or index file; gc removes old ones)."""
+    directory = os.path.dirname(path)
     tmp = _temp_name(path)
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            crash_point("mid_write")
-            handle.flush()
-            os.fsync(handle.fileno())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            _write_all(fd, data, kind)
+        finally:
+            os.close(fd)
         if exclusive:
             try:
                 os.link(tmp, path)  # atomic create-if-absent
@@ -154,29 +306,122 @@ def _local_write(path: str, data: bytes, exclusive: bool) -> bool:
         _fsync_dir(directory)
         return True
     finally:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
 
 
-def atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, exclusive: bool) -> bool:
+def _local_write(path: str, data: bytes, exclusive: bool, kind: str) -> bool:
+    global _unnamed_ok
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if _unnamed_ok is not False and hasattr(os, "O_TMPFILE"):
+            try:
+                written = _write_unnamed(path, data, exclusive, kind)
+                _unnamed_ok = True
+                return written
+            except _NoUnnamedTemp:
+                _unnamed_ok = False
+        return _write_named(path, data, exclusive, kind)
+    except OSError as exc:
+        if exc.errno in _FULL_ERRNOS:
+            raise StorageFull(
+                f"disk full: cannot write {path} ({len(data)} bytes): {os.strerror(exc.errno)} "
+                f"(no space, quota or file size limit); nothing was published"
+            ) from exc
+        raise
+
+
+def unnamed_temp_files_supported(directory: str) -> bool:
+    """Whether local writes under `directory` use unnamed (O_TMPFILE) temp files (tests ask)."""
+    if not hasattr(os, "O_TMPFILE"):
+        return False
+    os.makedirs(directory, exist_ok=True)
+    probe = os.path.join(directory, f".probe{TEMP_MARKER}{uuid.uuid4().hex}")
+    try:
+        fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o644)
+    except OSError:
+        return False
+    try:
+        _link_fd(fd, probe)
+        return True
+    except (OSError, _NoUnnamedTemp):
+        return False
+    finally:
+        os.close(fd)
+        if os.path.lexists(probe):
+            os.unlink(probe)
+
+
+# ---------------------------------------------------------------------------------------------
+# S3 multipart publish
+
+# Blobs of this size or more go to S3 as a multipart upload of MULTIPART_PART_SIZE parts (S3's
+# minimum part size is 5 MiB). The object appears only when the upload is completed; a writer
+# killed before that leaves no object (the parts are invisible and an S3 lifecycle rule for
+# incomplete uploads reclaims them); a writer that fails aborts the upload.
+MULTIPART_THRESHOLD = 64 * 2**20
+MULTIPART_PART_SIZE = 16 * 2**20
+
+
+def _is_precondition_failed(exc: BaseException) -> bool:
+    return isinstance(exc, FileExistsError) or "PreconditionFailed" in str(exc) or "412" in str(exc)
+
+
+def _s3_multipart(fs: Any, path: str, data: bytes, exclusive: bool) -> bool:
+    bucket, key, _ = fs.split_path(path)
+    upload_id = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+    parts = []
+    try:
+        for number, start in enumerate(range(0, len(data), MULTIPART_PART_SIZE), 1):
+            if number > 1:
+                crash_point("mid_multipart_upload")
+            out = fs.call_s3(
+                "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                Body=data[start : start + MULTIPART_PART_SIZE],
+            )
+            parts.append({"PartNumber": number, "ETag": out["ETag"]})
+        match = {"IfNoneMatch": "*"} if exclusive else {}
+        fs.call_s3(
+            "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
+            MultipartUpload={"Parts": parts}, **match,
+        )
+    except BaseException as exc:
+        try:
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+        except Exception:
+            pass  # the parts stay invisible; a lifecycle rule reclaims them
+        if exclusive and isinstance(exc, Exception) and _is_precondition_failed(exc):
+            return False
+        raise
+    finally:
+        fs.invalidate_cache(path)
+    return True
+
+
+def atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, exclusive: bool, kind: str = "blob") -> bool:
     """Publish `data` at `path` so that no reader ever sees part of it.
 
     exclusive: create only if absent; returns False when something is already there.
-    Local: temp file in the same directory, fsync, link/replace. S3: one PUT (If-None-Match: *
-    when exclusive) or a completed multipart upload. Memory: a single dict assignment.
+    kind ("blob" or "index") names the crash points on the way.
+    Local: an unnamed (O_TMPFILE) or dot-named temp file in the same directory, fsync, then
+    link/replace; ENOSPC/EFBIG/EDQUOT raise StorageFull. S3: one PUT (If-None-Match: * when
+    exclusive) or, from MULTIPART_THRESHOLD bytes, a multipart upload that is visible only once
+    completed. Memory: a single dict assignment.
     """
     if is_local(fs):
-        return _local_write(path, data, exclusive)
+        return _local_write(path, data, exclusive, kind)
+    if hasattr(fs, "call_s3") and len(data) >= MULTIPART_THRESHOLD:
+        if exclusive and fs.exists(path):
+            return False
+        return _s3_multipart(fs, path, data, exclusive)
     if exclusive:
         try:
             if fs.exists(path):
                 return False
             fs.pipe_file(path, data, mode="create")
             return True
-        except FileExistsError:
-            return False
         except Exception as exc:
-            if "PreconditionFailed" in str(exc) or "412" in str(exc):
+            if _is_precondition_failed(exc):
                 return False
             raise
     fs.pipe_file(path, data)

@@ -76,6 +76,10 @@ JSON_COLUMNS = frozenset({"op_histogram", "signature", "range_constraints", "val
 
 
 
+class _NameTaken(StorageError):
+    """Another writer's index file already has this name."""
+
+
 @dataclass(frozen=True)
 class CompactResult:
     merged_files: int
@@ -129,11 +133,7 @@ class MetadataIndex:
         """Write `records` as one new Parquet file; returns its path."""
         if not records:
             return None
-        table = records_to_table(records)
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-        path = f"{self.root}/part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
-        self._write_table(table, path)
-        return path
+        return self._write_new(records_to_table(records), "part")
 
     def append_table(self, table: pa.Table) -> str:
         """Write an Arrow table of records (bulk imports, benchmarks) as one new index file."""
@@ -145,20 +145,38 @@ class MetadataIndex:
         unknown = set(table.column_names) - set(COLUMNS)
         if unknown:
             raise StorageError(f"index records have fields the schema does not know: {sorted(unknown)}")
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-        path = f"{self.root}/part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
-        self._write_table(_conform(table, None), path)
-        return path
+        return self._write_new(_conform(table, None), "part")
+
+    def _write_new(self, table: pa.Table, prefix: str, **kwargs: Any) -> str:
+        """Write `table` under a fresh name: never over another writer's file."""
+        for _attempt in range(5):
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+            path = f"{self.root}/{prefix}-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
+            try:
+                self._write_table(table, path, **kwargs)
+                return path
+            except _NameTaken:
+                continue
+        raise StorageError(f"cannot find a free index file name under {self.root}")
 
     def _write_table(self, table: pa.Table, path: str, row_group_size: int = 65536) -> None:
+        """Create `path` (never replace it). A file already there with the same bytes is this
+        writer's own (a retried PUT whose first response was lost); other bytes raise _NameTaken."""
         sink = io.BytesIO()
         pq.write_table(table, sink, row_group_size=row_group_size, compression="zstd")
         data = sink.getvalue()
         crash_point("before_index_append")
         try:
-            self.retry.call("index append", lambda: atomic_write(self.fs, path, data, exclusive=True))
+            written = self.retry.call("index append", lambda: atomic_write(self.fs, path, data, exclusive=True, kind="index"))
+            if not written:
+                existing = self.retry.call("index read", lambda: self.fs.cat_file(path))
+                if existing != data:
+                    raise _NameTaken(path)
+        except StorageError:
+            raise  # _NameTaken, StorageFull: already say what and where
         except Exception as exc:
             raise StorageError(f"cannot write index file {path}: {type(exc).__name__}: {exc}") from exc
+        crash_point("after_index_append")
 
     # -- reading -------------------------------------------------------------------------
     def files(self) -> list[str]:
@@ -247,12 +265,12 @@ class MetadataIndex:
                 tables.append(table)
         merged = dedupe(pa.concat_tables(tables)) if tables else _conform(pa.table({}), None)
         merged = merged.sort_by([("model", "ascending"), ("stage", "ascending"), ("ended_at", "ascending")])
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-        target = f"{self.root}/compact-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
-        self._write_table(merged, target)
+        target = self._write_new(merged, "compact")
         self._write_id_sidecar(merged, target)
         crash_point("mid_compaction")
-        for path in paths:
+        for number, path in enumerate(paths):
+            if number:
+                crash_point("mid_compaction_delete")
             for victim in (path, _sidecar_of(path)):
                 try:
                     self.fs.rm_file(victim)

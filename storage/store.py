@@ -10,10 +10,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from storage.errors import BlobNotFound, IntegrityError, InvalidId, StorageError
-from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point, open_filesystem, redact_url
+from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point, is_local, is_temp_name, open_filesystem, redact_url
 from storage.index import MetadataIndex
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -31,6 +31,13 @@ class BlobRef:
 @dataclass(frozen=True)
 class BlobInfo:
     digest: str
+    size: int
+    modified: datetime | None
+
+
+@dataclass(frozen=True)
+class TempFile:
+    path: str
     size: int
     modified: datetime | None
 
@@ -153,6 +160,45 @@ class ArtifactStore:
             pass
         except Exception as exc:
             raise StorageError(f"cannot delete blob {digest} from {self.url}: {exc}") from exc
+
+    def delete_blobs(self, digests: Iterable[str]) -> int:
+        """Delete blobs one by one (gc); a crash between two deletions leaves whole blobs only."""
+        count = 0
+        for digest in digests:
+            if count:
+                crash_point("mid_gc")
+            self.delete_blob(digest)
+            count += 1
+        return count
+
+    def temp_files(self) -> list[TempFile]:
+        """Named temp files of local writes that never finished (a writer was killed). Unnamed
+        (O_TMPFILE) temp files never show up; object stores have none."""
+        if not is_local(self.fs):
+            return []
+        found = []
+        for base in (f"{self.root}/blobs", f"{self.root}/index"):
+            try:
+                self.fs.invalidate_cache(base)
+                if not self.fs.exists(base):
+                    continue
+                entries = self.fs.find(base, detail=True)
+            except Exception as exc:
+                raise StorageError(f"cannot list {base}: {exc}") from exc
+            for path, info in sorted(entries.items()):
+                if is_temp_name(path.rstrip("/").rsplit("/", 1)[-1]):
+                    found.append(TempFile(path, int(info.get("size") or 0), _modified(info)))
+        return found
+
+    def delete_temp_file(self, path: str) -> None:
+        if not is_temp_name(path.rstrip("/").rsplit("/", 1)[-1]):
+            raise StorageError(f"{path} is not a temp file")
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise StorageError(f"cannot delete {path}: {exc}") from exc
 
 
 def _modified(info: Mapping[str, Any]) -> datetime | None:

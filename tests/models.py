@@ -134,3 +134,29 @@ class Noisy(nn.Module):
 
 def noisy() -> nn.Module:
     return Noisy()
+
+
+class GraphBreak(nn.Module):
+    """Calls torch._dynamo.graph_break(): strict export (TorchDynamo) fails, non-strict traces it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + 1
+        torch._dynamo.graph_break()
+        return y * 2
+
+
+def graph_break() -> nn.Module:
+    return GraphBreak()
+
+
+class BranchOnBatch(nn.Module):
+    """Branches on its batch size: a dynamic batch must be capped at 4 (torch suggests the cap)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:
+            return x * 2
+        return x + 1
+
+
+def branch_on_batch() -> nn.Module:
+    return BranchOnBatch()

@@ -1,0 +1,65 @@
+"""Shared helpers for the stage tests: inputs of the tiny models and the stage chain up to a point."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from stages.decompose import decompose
+from stages.functionalize import functionalize
+from stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions
+from stages.result import StageResult
+from stages.source import InputSpec, ModelInputs, build_model, training_step
+from stages.trace import trace
+
+
+def mlp_inputs(lo: int = 1, hi: int = 16) -> ModelInputs:
+    """tiny_mlp's x: [4, 8] with a dynamic batch in [lo, hi]."""
+    return ModelInputs({"x": InputSpec((4, 8))}, {"x": {0: "batch"}}, {"batch": (lo, hi)})
+
+
+def static_inputs(*shape: int, name: str = "x") -> ModelInputs:
+    return ModelInputs({name: InputSpec(tuple(shape))})
+
+
+def regressor_inputs() -> ModelInputs:
+    """Regressor's (x, y) with a batch shared by both, in [2, 16]."""
+    return ModelInputs(
+        {"x": InputSpec((4, 4)), "y": InputSpec((4,))},
+        {"x": {0: "batch"}, "y": {0: "batch"}},
+        {"batch": (2, 16)},
+    )
+
+
+def builder(factory: Callable[..., torch.nn.Module], *, training: bool = False, loss_output: int | None = None) -> Callable[[], torch.nn.Module]:
+    """What flows.pipeline.model_builder returns: a fresh, seeded model (a TrainingStep in training mode)."""
+
+    def build() -> torch.nn.Module:
+        module = build_model(factory, {}, training=training)
+        return training_step(module, loss_output) if training else module
+
+    return build
+
+
+def traced(build: Callable[[], torch.nn.Module], inputs: ModelInputs, **options: Any) -> StageResult:
+    return trace(build(), inputs, TraceOptions(**options))
+
+
+def functional(build: Callable[[], torch.nn.Module], inputs: ModelInputs, mode: str = "inference") -> StageResult:
+    return functionalize(traced(build, inputs).output, FunctionalizeOptions(mode=mode))
+
+
+def decomposed(build: Callable[[], torch.nn.Module], inputs: ModelInputs, mode: str = "inference") -> tuple[StageResult, StageResult]:
+    """(trace result, decompose result) of the chain trace -> functionalize -> decompose(core_aten)."""
+    tr = traced(build, inputs)
+    fn = functionalize(tr.output, FunctionalizeOptions(mode=mode))
+    return tr, decompose(fn.output, DecomposeOptions())
+
+
+def call_targets(ep: torch.export.ExportedProgram) -> list[Any]:
+    return [n.target for n in ep.graph.nodes if n.op == "call_function"]
+
+
+def op_overloads(ep: torch.export.ExportedProgram) -> list[torch._ops.OpOverload]:
+    return [t for t in call_targets(ep) if isinstance(t, torch._ops.OpOverload)]

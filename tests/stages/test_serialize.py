@@ -1,0 +1,136 @@
+"""serialize: torch.export.save bytes, pt2flow metadata in extra_files, a checked round trip."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import zipfile
+
+import pytest
+import torch
+
+from stages import program
+from stages import serialize as serialize_module
+from stages.errors import StageError
+from stages.serialize import METADATA_FILE, load_archive, program_bytes, roundtrip_differences, serialize
+from tests import models
+from tests.stages.helpers import builder, decomposed, functional, mlp_inputs, regressor_inputs
+
+METADATA = {"pt2flow_version": "0.0.test", "program_fingerprint": "ab" * 32, "nested": {"k": [1, 2]}}
+
+
+@pytest.fixture(scope="module")
+def mlp_program() -> torch.export.ExportedProgram:
+    return decomposed(builder(models.tiny_mlp), mlp_inputs(1, 16))[1].output
+
+
+def test_archive_loads_back_with_torch_export_load(mlp_program: torch.export.ExportedProgram) -> None:
+    result = serialize(mlp_program, METADATA)
+    data = result.output
+    assert isinstance(data, bytes) and zipfile.is_zipfile(io.BytesIO(data))
+    extra = {METADATA_FILE: ""}
+    loaded = torch.export.load(io.BytesIO(data), extra_files=extra)
+    assert json.loads(extra[METADATA_FILE]) == METADATA
+    # same program: ops, signature, dynamic range, weights; same function at any batch in range
+    assert program.op_histogram(loaded) == program.op_histogram(mlp_program)
+    assert program.range_constraints(loaded) == program.range_constraints(mlp_program)
+    assert list(program.range_constraints(loaded).values()) == [[1, 16]]
+    for batch in (1, 5, 16):
+        x = torch.randn(batch, 8)
+        torch.testing.assert_close(loaded.module()(x), mlp_program.module()(x), rtol=0, atol=0)
+
+
+def test_metadata_file_sits_in_the_archive(mlp_program: torch.export.ExportedProgram) -> None:
+    data = serialize(mlp_program, METADATA).output
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        names = [n for n in archive.namelist() if n.endswith("/" + METADATA_FILE)]
+        assert len(names) == 1 and "/extra/" in names[0]
+        assert json.loads(archive.read(names[0])) == METADATA
+
+
+def test_result_metadata(mlp_program: torch.export.ExportedProgram) -> None:
+    result = serialize(mlp_program, METADATA)
+    assert result.metadata["size"] == len(result.output)
+    assert result.metadata["fingerprint"] == program.fingerprint(mlp_program)
+    loaded, meta = load_archive(result.output)
+    assert meta == METADATA
+    assert program.fingerprint(loaded) == result.metadata["fingerprint"]  # stable across save/load
+    assert result.metadata["op_histogram"] == {"aten.addmm.default": 2, "aten.permute.default": 2, "aten.relu.default": 1}
+
+
+def test_program_bytes_have_no_pt2flow_metadata(mlp_program: torch.export.ExportedProgram) -> None:
+    loaded, meta = load_archive(program_bytes(mlp_program))
+    assert meta == {}
+    assert program.fingerprint(loaded) == program.fingerprint(mlp_program)
+
+
+def test_buffer_mutations_survive_the_round_trip() -> None:
+    ep = functional(builder(models.buffer_counter), mlp_inputs()).output
+    loaded, _ = load_archive(serialize(ep, {}).output)
+    assert program.mutated_buffers_in_signature(loaded) == {"calls", "ema"}
+    eager, module = builder(models.buffer_counter)(), loaded.module()
+    for batch in (4, 3):
+        x = torch.randn(batch, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(module(x), eager(x))
+    torch.testing.assert_close(module.ema, eager.ema)
+
+
+def test_joint_program_round_trip_returns_loss_and_gradients() -> None:
+    joint = functional(builder(models.regressor, training=True, loss_output=0), regressor_inputs(), mode="training").output
+    loaded, _ = load_archive(serialize(joint, {}).output)
+    x, y = torch.randn(6, 4), torch.randn(6)
+    loss, grads = loaded.module()(x, y)
+    ref_loss, ref_grads = joint.module()(x, y)
+    torch.testing.assert_close(loss, ref_loss)
+    assert sorted(grads) == sorted(ref_grads) and len(grads) == 6
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name])
+
+
+def test_roundtrip_differences_names_what_changed(mlp_program: torch.export.ExportedProgram) -> None:
+    assert roundtrip_differences(mlp_program, mlp_program) == []
+    other = copy.deepcopy(mlp_program)
+    with torch.no_grad():
+        other.state_dict["fc1.weight"].add_(1.0)
+    assert roundtrip_differences(mlp_program, other) == ["state_dict[fc1.weight]"]
+    undecomposed = functional(builder(models.tiny_mlp), mlp_inputs(1, 16)).output
+    problems = roundtrip_differences(mlp_program, undecomposed)
+    assert problems and problems[0].startswith("op histogram")
+    assert "aten.linear.default" in problems[0]
+
+
+def test_a_round_trip_that_changes_the_program_is_a_serialization_error(
+    monkeypatch: pytest.MonkeyPatch, mlp_program: torch.export.ExportedProgram
+) -> None:
+    undecomposed = functional(builder(models.tiny_mlp), mlp_inputs(1, 16)).output
+    monkeypatch.setattr(serialize_module, "load_archive", lambda data: (undecomposed, METADATA))
+    with pytest.raises(StageError) as info:
+        serialize(mlp_program, METADATA)
+    assert info.value.error_class == "serialization"
+    assert "differs from the saved one" in info.value.message
+    assert "op histogram" in info.value.message
+
+
+def test_lost_metadata_is_a_serialization_error(
+    monkeypatch: pytest.MonkeyPatch, mlp_program: torch.export.ExportedProgram
+) -> None:
+    monkeypatch.setattr(serialize_module, "load_archive", lambda data: (mlp_program, {}))
+    with pytest.raises(StageError) as info:
+        serialize(mlp_program, METADATA)
+    assert info.value.error_class == "serialization"
+    assert "metadata" in info.value.message
+
+
+def test_a_save_failure_is_a_serialization_error(
+    monkeypatch: pytest.MonkeyPatch, mlp_program: torch.export.ExportedProgram
+) -> None:
+    def broken_save(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(torch.export, "save", broken_save)
+    with pytest.raises(StageError) as info:
+        serialize(mlp_program, METADATA)
+    assert info.value.error_class == "serialization"
+    assert "disk on fire" in info.value.message
