@@ -175,6 +175,144 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
 
 
 # ---------------------------------------------------------------------------------------------
+# serve: the fleet flow as a scheduled Prefect deployment
+
+
+SERVER_HINT = (
+    "start one with `prefect server start` (SQLite by default; PostgreSQL via "
+    "PREFECT_API_DATABASE_CONNECTION_URL) and point pt2flow at it: "
+    "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+)
+
+
+def _prefect_api_url() -> str | None:
+    """PREFECT_API_URL from the environment, else from the active Prefect profile."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        return url
+    try:
+        from prefect.settings import get_current_settings
+
+        return get_current_settings().api.url or None
+    except Exception:
+        return None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    user_log_level = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL")
+    from flows import runtime
+    from flows.config import ConfigError, apply_overrides, load_config, resolve_store_url
+
+    # A served deployment is a service: show Prefect's INFO lines (runs submitted, finished)
+    # unless the user chose a level. Set before Prefect is imported.
+    os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = user_log_level or "INFO"
+    try:
+        pipeline = load_config(args.config)
+        stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+        pipeline = apply_overrides(pipeline, only=args.only or (), stages=stages)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_USAGE
+    if args.workers < 1:
+        return _usage_error("--workers must be at least 1")
+    if args.dask_address and args.runner != "dask":
+        return _usage_error("--dask-address needs --runner dask")
+    if args.interval is not None and not args.interval > 0:
+        return _usage_error("--interval must be a positive number of seconds")
+    if args.timezone:
+        import zoneinfo
+
+        try:
+            zoneinfo.ZoneInfo(args.timezone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            return _usage_error(f"--timezone: unknown time zone {args.timezone!r} (IANA names, e.g. Europe/Berlin)")
+    runner = args.runner or ("process" if args.workers > 1 else "local")
+
+    timezone = args.timezone or "UTC"
+    from prefect.schedules import Cron, Interval
+
+    try:
+        if args.cron is not None:
+            schedule = Cron(args.cron, timezone=timezone)
+            when = f"cron {args.cron!r} ({timezone})"
+        else:
+            schedule = Interval(args.interval, timezone=timezone)
+            when = f"every {args.interval:g} s"
+    except ValueError as exc:
+        return _usage_error(f"--cron: {exc}")
+
+    from storage.fs import redact_url as _redact
+
+    api_url = _prefect_api_url()
+    if not api_url:
+        return _usage_error(
+            "pt2flow serve needs a running Prefect server (schedules do not run on an ephemeral one) "
+            f"and PREFECT_API_URL is not set; {SERVER_HINT}"
+        )
+    # Never fall back to a temporary server, in this process or in the flow runs it starts.
+    os.environ["PREFECT_API_URL"] = api_url
+    os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if problem is not None:
+        return _usage_error(f"no Prefect server answers at PREFECT_API_URL={_redact(api_url)} ({type(problem).__name__}: {problem}); {SERVER_HINT}")
+
+    store_url = resolve_store_url(args.store or pipeline.store)
+    if _redact(store_url) != store_url:
+        return _usage_error(
+            "the store URL holds credentials, which would be saved in the deployment's parameters; "
+            "pass them with --storage-option, the config's storage_options or the environment"
+        )
+    if store_url.startswith("memory://"):
+        return _usage_error("a memory:// store lives in one process; scheduled runs need a store that outlives them")
+    # Storage options (credentials included) travel only in this process' environment, which
+    # the flow-run subprocesses inherit; never in the deployment's parameters.
+    options = _merge(dict(pipeline.storage_options), _parse_storage_options(args.storage_option or []))
+    runtime.set_storage_options(store_url, options)
+    try:
+        runtime.open_store(store_url).index.files()  # fail fast on an unreachable store
+    except Exception as exc:
+        return _usage_error(f"store {_redact(store_url)}: {exc}")
+
+    from flows.fleet import fleet_flow
+
+    # JSON-only parameters; no run_id, so that every scheduled run gets a new one.
+    parameters: dict[str, Any] = {
+        "config_path": os.path.abspath(args.config),
+        "store": store_url,
+        "force": args.force,
+        "runner": runner,
+        "workers": args.workers,
+    }
+    if args.only:
+        parameters["only"] = list(args.only)
+    if stages is not None:
+        parameters["stages"] = list(pipeline.stages)
+    if args.dask_address:
+        parameters["dask_address"] = args.dask_address
+    name = args.name or os.path.splitext(os.path.basename(args.config))[0]
+    print(f"pt2flow serve: deployment {fleet_flow.name}/{name}, {when}, on {_redact(api_url)}; Ctrl-C stops", file=sys.stderr)
+
+    from prefect.types.entrypoint import EntrypointType
+
+    fleet_flow.serve(
+        name=name,
+        schedule=schedule,
+        parameters=parameters,
+        tags=["pt2flow"],
+        # one fleet run at a time: a run that is still going when the next one is due delays it
+        limit=1,
+        # when serving stops nobody runs the schedule: pause it rather than pile up late runs
+        pause_on_shutdown=True,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+    print(f"pt2flow serve: stopped; the schedule of {fleet_flow.name}/{name} is paused until the next serve", file=sys.stderr)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
 # parser
 
 
@@ -204,6 +342,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", metavar="CONFIG")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve the fleet as a scheduled Prefect deployment (needs `prefect server start`)",
+        description="Register CONFIG's fleet as a Prefect deployment with a cron or interval schedule and serve it: "
+        "scheduled runs execute here, one at a time, until Ctrl-C (exit 0; the schedule is paused). Needs PREFECT_API_URL "
+        "pointing at a running Prefect server (`prefect server start`). The config is read again at every run; "
+        "storage options stay in this process' environment, never in the deployment. Exit 2: bad config, usage or no server.",
+    )
+    p.add_argument("config", metavar="CONFIG", help="pipeline config (YAML, schema version 1)")
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR", help='cron schedule, e.g. "0 3 * * *" (03:00 every day)')
+    when.add_argument("--interval", type=float, metavar="SECONDS", help="run every SECONDS seconds")
+    p.add_argument("--timezone", metavar="TZ", help="IANA time zone of the schedule (default UTC)")
+    store_arg(p)
+    p.add_argument("--only", metavar="NAME", action="append", help="run only this model (repeatable)")
+    p.add_argument("--stages", metavar="a,b,...", help="run these stages instead of the config's")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="models in parallel per run, each in its own process (default 1)")
+    p.add_argument("--runner", choices=["local", "process", "dask"], help="as for `run` (default: local, or process when --workers > 1)")
+    p.add_argument("--dask-address", metavar="ADDR", help="scheduler address of an existing Dask cluster (with --runner dask)")
+    p.add_argument("--force", action="store_true", help="re-run every stage at every scheduled run (default: cached stages are reused)")
+    p.add_argument("--name", metavar="DEPLOYMENT", help="deployment name (default: the config file's stem); the full name is pt2flow-fleet/NAME")
+    p.set_defaults(func=cmd_serve)
 
     from flows import queries, report
 

@@ -126,6 +126,22 @@ def fleet_markdown(document: dict[str, Any], comparison: str | None = None) -> s
     return "\n".join(lines)
 
 
+def _drift_markdown(store_obj: Any, run_id: str) -> str | None:
+    """This run against the store's previous one (regressions flagged), or None for a first run."""
+    from flows.report import compare_with_previous, to_markdown
+
+    try:
+        comparison = compare_with_previous(store_obj.index, run_id)
+    except Exception as exc:  # a report problem must not fail a finished fleet
+        runtime_logger().warning("could not compare with the previous run: %s", exc)
+        return None
+    if comparison is None:
+        return None
+    for regression in comparison.get("regressions", []):
+        runtime_logger().warning("regression: %s: %s", regression["model"], regression["message"])
+    return to_markdown(comparison)
+
+
 def _publish_artifacts(document: dict[str, Any], store_obj: Any, comparison: str | None = None) -> None:
     """A table and a markdown summary of the fleet in the Prefect UI. Best effort: the run's
     result does not depend on the UI."""
@@ -182,7 +198,7 @@ def fleet_flow(
         "summary": {"ok": ok, "failed": len(results) - ok, "seconds": round(time.perf_counter() - started, 3)},
         "models": results,
     }
-    _publish_artifacts(document, store_obj)
+    _publish_artifacts(document, store_obj, _drift_markdown(store_obj, ctx.run_id))
     if ok != len(results):
         return Failed(message=f"{len(results) - ok} of {len(results)} models failed", data=document)
     return Completed(data=document)

@@ -112,3 +112,13 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
     assert document["run_id"] in markdown.data
     assert "**1 ok**, **1 failed**" in markdown.data
     assert "| branchy | trace | data_dependent |" in markdown.data
+    assert "drift report" not in markdown.data  # the store's first run has nothing to compare with
+
+    # a second run of the same fleet: its summary compares with the first, nothing regressed
+    code, _, second, stderr = _run(["run", str(_fleet(tmp_path)), "--store", str(store), "--only", "mlp", "--only", "branchy"])
+    assert code == 1, stderr[-3000:]
+    with runtime.prefect_api():
+        markdown = asyncio.run(latest("pt2flow-fleet-summary"))
+    assert second["run_id"] in markdown.data
+    assert f"`{document['run_id']}` → `{second['run_id']}`" in markdown.data
+    assert "No regressions" in markdown.data
