@@ -156,6 +156,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_progress: bool) -> dict[str, Any]:
     from flows import runtime
 
+    if not parameters["force"] and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
+        document = _nothing_to_build(parameters)
+        if document is not None:
+            return document
     with runtime.prefect_api():
         from flows.fleet import fleet_flow
 
@@ -172,6 +176,19 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
     if not isinstance(document, dict):
         raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
     return document
+
+
+def _nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
+    """When every model is already built (each stage's key has an ok record whose blob verifies),
+    settle the run from the index without starting Prefect: the cached records are written under
+    this run's id, as a flow would. None when there is work to do."""
+    from flows.fleet import NeedsFlow, fleet_context, run_fleet
+
+    pipeline, ctx = fleet_context(parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"])
+    try:
+        return run_fleet(pipeline, ctx, in_flow=False)
+    except NeedsFlow:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,6 +260,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from storage.fs import redact_url as _redact
 
+    store_url = resolve_store_url(args.store or pipeline.store)
+    if _redact(store_url) != store_url:
+        return _usage_error(
+            "the store URL holds credentials, which would be saved in the deployment's parameters; "
+            "pass them with --storage-option, the config's storage_options or the environment"
+        )
+    if store_url.startswith("memory://"):
+        return _usage_error("a memory:// store lives in one process; scheduled runs need a store that outlives them")
+
     api_url = _prefect_api_url()
     if not api_url:
         return _usage_error(
@@ -259,14 +285,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problem is not None:
         return _usage_error(f"no Prefect server answers at PREFECT_API_URL={_redact(api_url)} ({type(problem).__name__}: {problem}); {SERVER_HINT}")
 
-    store_url = resolve_store_url(args.store or pipeline.store)
-    if _redact(store_url) != store_url:
-        return _usage_error(
-            "the store URL holds credentials, which would be saved in the deployment's parameters; "
-            "pass them with --storage-option, the config's storage_options or the environment"
-        )
-    if store_url.startswith("memory://"):
-        return _usage_error("a memory:// store lives in one process; scheduled runs need a store that outlives them")
     # Storage options (credentials included) travel only in this process' environment, which
     # the flow-run subprocesses inherit; never in the deployment's parameters.
     options = _merge(dict(pipeline.storage_options), _parse_storage_options(args.storage_option or []))
@@ -293,23 +311,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.dask_address:
         parameters["dask_address"] = args.dask_address
     name = args.name or os.path.splitext(os.path.basename(args.config))[0]
-    print(f"pt2flow serve: deployment {fleet_flow.name}/{name}, {when}, on {_redact(api_url)}; Ctrl-C stops", file=sys.stderr)
+    full_name = f"{fleet_flow.name}/{name}"
+    _serve_forever(fleet_flow, name, schedule, parameters, f"{when}, on the Prefect server at {_redact(api_url)}")
+    print(f"pt2flow serve: stopped; the schedule of {full_name} is paused until the next serve", file=sys.stderr)
+    return EXIT_OK
 
+
+def _serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, Any], where: str) -> None:
+    """Register the deployment and run its scheduled runs here until Ctrl-C or SIGTERM, both of
+    which stop the same way: in-flight runs end, the schedule is paused."""
+    import asyncio
+
+    from prefect.runner import Runner
     from prefect.types.entrypoint import EntrypointType
 
-    fleet_flow.serve(
-        name=name,
-        schedule=schedule,
-        parameters=parameters,
-        tags=["pt2flow"],
-        # one fleet run at a time: a run that is still going when the next one is due delays it
-        limit=1,
-        # when serving stops nobody runs the schedule: pause it rather than pile up late runs
-        pause_on_shutdown=True,
-        entrypoint_type=EntrypointType.MODULE_PATH,
+    serving: list[asyncio.Task[Any]] = []
+
+    class ServeRunner(Runner):
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            # prefect 3.8.8 calls stop() without awaiting it and exits halfway through the
+            # shutdown (the schedule stays active); stop as Ctrl-C does: cancel the serving task.
+            self._logger.info("SIGTERM received, shutting down...")
+            if serving and not serving[0].done():
+                serving[0].get_loop().call_soon_threadsafe(serving[0].cancel)
+
+    # one fleet run at a time: a run that is due while one is still going waits for it; when
+    # serving stops nobody runs the schedule, so it is paused rather than left to pile up late runs
+    runner = ServeRunner(name=name, pause_on_shutdown=True, limit=1)
+    deployment_id = runner.add_flow(
+        flow, name=name, schedule=schedule, parameters=parameters, tags=["pt2flow"], entrypoint_type=EntrypointType.MODULE_PATH
     )
-    print(f"pt2flow serve: stopped; the schedule of {fleet_flow.name}/{name} is paused until the next serve", file=sys.stderr)
-    return EXIT_OK
+    print(
+        f"pt2flow serve: serving deployment {flow.name}/{name} ({deployment_id}), {where}; Ctrl-C stops.\n"
+        f"  run it now: prefect deployment run '{flow.name}/{name}'",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    async def serve() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        serving.append(task)
+        await runner.start()
+
+    try:
+        asyncio.run(serve())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        pass
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ torch.export is not thread-safe.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Sequence
 
@@ -17,7 +18,7 @@ from prefect.states import Completed, Failed
 
 from flows import runtime
 from flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
-from flows.pipeline import RunContext, export_model_flow, new_run_id
+from flows.pipeline import RunContext, export_model_flow, fully_cached, new_run_id, run_model
 
 RUNNERS = ("local", "process", "dask")
 
@@ -165,6 +166,55 @@ def runtime_logger() -> Any:
         return logging.getLogger("pt2flow")
 
 
+class NeedsFlow(RuntimeError):
+    """run_fleet was asked to settle a fleet outside a flow, but some model has work to do."""
+
+
+def fleet_context(config_path: str, store: str | None, only: list[str] | None, stages: list[str] | None, force: bool, run_id: str | None) -> tuple[Any, RunContext]:
+    pipeline = apply_overrides(load_config(config_path), only=only or (), stages=stages)
+    store_url = resolve_store_url(store or pipeline.store)
+    if not runtime.storage_options(store_url) and pipeline.storage_options:
+        runtime.set_storage_options(store_url, pipeline.storage_options)
+    return pipeline, RunContext(run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force)
+
+
+def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: int = 1, dask_address: str | None = None, *, in_flow: bool = True) -> dict[str, Any]:
+    """The run document of DESIGN.md section 4. Models whose every stage is cached are settled
+    here, by index lookups, without a worker or a Prefect task run; the rest go to the runner.
+    Outside a flow (in_flow=False) every model must be fully cached."""
+    started = time.perf_counter()
+    models = list(pipeline.models)
+    cached = {m.name for m in models if fully_cached(m, ctx)}
+    to_run = [m for m in models if m.name not in cached]
+    if to_run and not in_flow:
+        raise NeedsFlow(f"{len(to_run)} model(s) to build")
+    results: dict[str, dict[str, Any]] = {m.name: run_model(m, ctx, direct=True) for m in models if m.name in cached}
+    if to_run:
+        if workers > 1:
+            # N models compile side by side: one compile thread each instead of N x cores
+            os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        if runner == "local":
+            for m in to_run:
+                results[m.name] = _model_result(export_model_flow(m, ctx, return_state=True), m)
+        else:
+            for m, r in zip(to_run, _run_parallel(to_run, ctx, runner, max(1, workers), dask_address)):
+                results[m.name] = r
+    ordered = [results[m.name] for m in models]
+    store_obj = runtime.open_store(ctx.store_url)
+    if len(store_obj.index.files()) >= AUTO_COMPACT_FILES:
+        store_obj.index.compact()
+    ok = sum(1 for r in ordered if r["status"] == "ok")
+    document = {
+        "run_id": ctx.run_id,
+        "store": store_obj.url,
+        "summary": {"ok": ok, "failed": len(ordered) - ok, "seconds": round(time.perf_counter() - started, 3)},
+        "models": ordered,
+    }
+    if in_flow:
+        _publish_artifacts(document, store_obj, _drift_markdown(store_obj, ctx.run_id))
+    return document
+
+
 @flow(name="pt2flow-fleet", validate_parameters=False, persist_result=False)
 def fleet_flow(
     config_path: str,
@@ -178,27 +228,10 @@ def fleet_flow(
     run_id: str | None = None,
 ) -> Any:
     """Export every model of the config (or `only` those); returns the run document of DESIGN.md section 4."""
-    started = time.perf_counter()
-    pipeline = apply_overrides(load_config(config_path), only=only or (), stages=stages)
-    store_url = resolve_store_url(store or pipeline.store)
-    if not runtime.storage_options(store_url) and pipeline.storage_options:
-        runtime.set_storage_options(store_url, pipeline.storage_options)
-    ctx = RunContext(run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force)
-    if runner == "local":
-        results = [_model_result(export_model_flow(m, ctx, return_state=True), m) for m in pipeline.models]
-    else:
-        results = _run_parallel(pipeline.models, ctx, runner, max(1, workers), dask_address)
-    store_obj = runtime.open_store(store_url)
-    if len(store_obj.index.files()) >= AUTO_COMPACT_FILES:
-        store_obj.index.compact()
-    ok = sum(1 for r in results if r["status"] == "ok")
-    document = {
-        "run_id": ctx.run_id,
-        "store": store_obj.url,
-        "summary": {"ok": ok, "failed": len(results) - ok, "seconds": round(time.perf_counter() - started, 3)},
-        "models": results,
-    }
-    _publish_artifacts(document, store_obj, _drift_markdown(store_obj, ctx.run_id))
-    if ok != len(results):
-        return Failed(message=f"{len(results) - ok} of {len(results)} models failed", data=document)
+    pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id)
+    document = run_fleet(pipeline, ctx, runner, workers, dask_address)
+    ok = document["summary"]["ok"]
+    total = len(document["models"])
+    if ok != total:
+        return Failed(message=f"{total - ok} of {total} models failed", data=document)
     return Completed(data=document)

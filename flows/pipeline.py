@@ -184,13 +184,12 @@ class StageRun:
             self._record(outcome, source_row=hit)
         return outcome
 
-    def publish(self, data: bytes, *, fingerprint: str | None, details: Mapping[str, Any], warnings: tuple[str, ...] = (), cached: bool = False) -> dict[str, Any]:
-        """Store `data` (verifying a copy already there) and record the stage. `cached` is for the
-        source stage, which is always re-hashed but is cached when an earlier run had its key."""
+    def publish(self, data: bytes, *, fingerprint: str | None, details: Mapping[str, Any], warnings: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Store `data` (verifying a copy already there) and record the stage."""
         ref = self.store.put_blob(data)
         outcome = {
             "status": "ok",
-            "cached": cached,
+            "cached": False,
             "seconds": round(time.perf_counter() - self.clock, 6),
             "artifact": ref.digest,
             "size": ref.size,
@@ -372,6 +371,87 @@ def _module_source_hash(model: ResolvedModel) -> tuple[str, str | None]:
     return hashlib.sha256(data).hexdigest(), origin
 
 
+def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[dict[str, Any], str | None]:
+    """What the source key covers: factory, kwargs, inputs, dynamic shapes, dims, the factory
+    module's source (hashed) and the weights' sha256. Returns (manifest, module file)."""
+    code_hash, origin = _module_source_hash(model)
+    manifest: dict[str, Any] = {
+        "factory": model.factory,
+        "kwargs": dict(model.kwargs),
+        "inputs": {k: v.model_dump(mode="json") for k, v in model.inputs.items()},
+        "dynamic_shapes": {k: {str(i): d for i, d in v.items()} for k, v in model.dynamic_shapes.items()},
+        "dims": {k: list(v) for k, v in model.dims.items()},
+        "code_hash": code_hash,
+        "weights": weights_digest,
+    }
+    return manifest, origin
+
+
+def _read_weights(model: ResolvedModel) -> tuple[bytes, str]:
+    from stages.errors import StageError
+    from storage.fs import read_url
+
+    url = _resolve_weights_url(model)
+    try:
+        return read_url(url, runtime.storage_options(url) if "://" in url else {}), url
+    except FileNotFoundError as exc:
+        raise StageError("weights", f"weights file not found: {model.weights}") from exc
+
+
+def trace_key(model: ResolvedModel, source: Mapping[str, Any]) -> str:
+    options = {**_options_json(model, "trace"), "mode": model.options["functionalize"].mode}  # type: ignore[attr-defined]
+    if model.training:
+        options["loss_output"] = model.options["functionalize"].loss_output  # type: ignore[attr-defined]
+    return derivation_key("trace", [source["key"]], options, Environment.current().key_part("cpu"))
+
+
+def program_key(stage: str, model: ResolvedModel, parent: Mapping[str, Any]) -> str:
+    """functionalize, decompose, serialize, aot_compile: keyed by the parent program's fingerprint."""
+    device = model.options["aot_compile"].device if stage == "aot_compile" else "cpu"  # type: ignore[attr-defined]
+    return derivation_key(stage, [parent["fingerprint"]], _options_json(model, stage), Environment.current().key_part(device))
+
+
+def validate_key(model: ResolvedModel, source: Mapping[str, Any], candidates: list[str]) -> str:
+    device = model.options["aot_compile"].device  # type: ignore[attr-defined]
+    return derivation_key("validate", [source["key"], *candidates], _options_json(model, "validate"), Environment.current().key_part(device))
+
+
+def fully_cached(model: ResolvedModel, ctx: RunContext) -> bool:
+    """Whether every stage of `model` has an ok record whose blob verifies: the same key chain
+    the tasks compute, read from the index without torch. Such a model needs no worker."""
+    if ctx.force:
+        return False
+    try:
+        store = runtime.open_store(ctx.store_url)
+        digest = None
+        if model.weights:
+            import hashlib
+
+            digest = hashlib.sha256(_read_weights(model)[0]).hexdigest()
+        manifest, _ = source_manifest(model, digest)
+        source = {"key": derivation_key("source", [], manifest, {})}
+        if find_cached(store, source["key"]) is None:
+            return False
+        program: Mapping[str, Any] = source
+        artifacts: dict[str, str] = {}
+        for stage in ctx.stages:
+            if stage == "trace":
+                key = trace_key(model, source)
+            elif stage == "validate":
+                key = validate_key(model, source, [artifacts[s] for s in ("serialize", "aot_compile") if s in artifacts])
+            else:
+                key = program_key(stage, model, program)
+            hit = find_cached(store, key)
+            if hit is None:
+                return False
+            if stage in ("trace", "functionalize", "decompose"):
+                program = hit
+            artifacts[stage] = hit["sha256"]
+        return True
+    except Exception:  # anything odd: let the real tasks find out and report it
+        return False
+
+
 @task(name="source", **_TASK_KW)
 def source_task(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
     """Pin down what the model is made of: factory, kwargs, module source, weights, inputs.
@@ -379,45 +459,22 @@ def source_task(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
     The weights are copied into the store (so every artifact can be rebuilt from the store) and
     the description is stored as a canonical JSON blob whose key is the source key.
     """
-    from storage.fs import read_url
-
-    manifest: dict[str, Any] = {
-        "factory": model.factory,
-        "kwargs": dict(model.kwargs),
-        "inputs": {k: v.model_dump(mode="json") for k, v in model.inputs.items()},
-        "dynamic_shapes": {k: {str(i): d for i, d in v.items()} for k, v in model.dynamic_shapes.items()},
-        "dims": {k: list(v) for k, v in model.dims.items()},
-    }
     run = StageRun("source", model, ctx, key="", parents=[])
 
     def body() -> dict[str, Any]:
-        code_hash, origin = _module_source_hash(model)
-        manifest["code_hash"] = code_hash
         weights = None
         if model.weights:
-            url = _resolve_weights_url(model)
-            try:
-                data = read_url(url, runtime.storage_options(url) if "://" in url else {})
-            except FileNotFoundError as exc:
-                from stages.errors import StageError
-
-                raise StageError("weights", f"weights file not found: {model.weights}") from exc
+            data, url = _read_weights(model)
             ref = run.store.put_blob(data)
             weights = {"sha256": ref.digest, "size": ref.size, "filename": Path(url.split("?")[0]).name}
-        manifest["weights"] = weights["sha256"] if weights else None
+        manifest, origin = source_manifest(model, weights["sha256"] if weights else None)
         run.key = derivation_key("source", [], manifest, {})
         details = {"manifest": manifest, "module_file": origin, "weights": weights, "weights_url": model.weights}
         blob = canonical_json(manifest).encode()
-        return run.publish(blob, fingerprint=None, details=details, cached=find_previous_source(run.store, run.key, ctx.run_id))
+        # the same source seen before (or by an earlier attempt of this task): reuse its record
+        return run.cached() or run.publish(blob, fingerprint=None, details=details)
 
     return _guard(run, body)
-
-
-def find_previous_source(store: Any, key: str, run_id: str) -> bool:
-    import pyarrow.compute as pc
-
-    table = store.index.read(["run_id"], filter=(pc.field("key") == key) & (pc.field("run_id") != run_id))
-    return table.num_rows > 0
 
 
 def _program_stage(
@@ -428,16 +485,14 @@ def _program_stage(
     compute: Callable[[Any], Any],
 ) -> dict[str, Any]:
     """functionalize / decompose: program in, program out, keyed by the parent's fingerprint."""
-    from stages.serialize import program_bytes
-
-    env = Environment.current().key_part("cpu")
-    key = derivation_key(stage, [parent["fingerprint"]], _options_json(model, stage), env)
-    run = StageRun(stage, model, ctx, key, [parent["key"]])
+    run = StageRun(stage, model, ctx, program_key(stage, model, parent), [parent["key"]])
 
     def body() -> dict[str, Any]:
         hit = run.cached()
         if hit is not None:
             return hit
+        from stages.serialize import program_bytes
+
         result = compute(_load_program(run.store, parent))
         data = program_bytes(result.output)
         outcome = run.publish(data, fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
@@ -449,19 +504,15 @@ def _program_stage(
 
 @task(name="trace", **_TASK_KW)
 def trace_task(model: ResolvedModel, ctx: RunContext, source: dict[str, Any]) -> dict[str, Any]:
-    from stages.serialize import program_bytes
-    from stages.trace import trace
-
-    options = {**_options_json(model, "trace"), "mode": model.options["functionalize"].mode}  # type: ignore[attr-defined]
-    if model.training:
-        options["loss_output"] = model.options["functionalize"].loss_output  # type: ignore[attr-defined]
-    key = derivation_key("trace", [source["key"]], options, Environment.current().key_part("cpu"))
-    run = StageRun("trace", model, ctx, key, [source["key"]])
+    run = StageRun("trace", model, ctx, trace_key(model, source), [source["key"]])
 
     def body() -> dict[str, Any]:
         hit = run.cached()
         if hit is not None:
             return hit
+        from stages.serialize import program_bytes
+        from stages.trace import trace
+
         build = model_builder(model, run.store, source)
         result = trace(build(), model_inputs(model), model.options["trace"])
         data = program_bytes(result.output)
@@ -474,30 +525,36 @@ def trace_task(model: ResolvedModel, ctx: RunContext, source: dict[str, Any]) ->
 
 @task(name="functionalize", **_TASK_KW)
 def functionalize_task(model: ResolvedModel, ctx: RunContext, parent: dict[str, Any]) -> dict[str, Any]:
-    from stages.functionalize import functionalize
+    def compute(ep: Any) -> Any:
+        from stages.functionalize import functionalize
 
-    return _program_stage("functionalize", model, ctx, parent, lambda ep: functionalize(ep, model.options["functionalize"]))
+        return functionalize(ep, model.options["functionalize"])
+
+    return _program_stage("functionalize", model, ctx, parent, compute)
 
 
 @task(name="decompose", **_TASK_KW)
 def decompose_task(model: ResolvedModel, ctx: RunContext, parent: dict[str, Any]) -> dict[str, Any]:
-    from stages.decompose import decompose
+    def compute(ep: Any) -> Any:
+        from stages.decompose import decompose
 
-    return _program_stage("decompose", model, ctx, parent, lambda ep: decompose(ep, model.options["decompose"]))
+        return decompose(ep, model.options["decompose"])
+
+    return _program_stage("decompose", model, ctx, parent, compute)
 
 
 @task(name="serialize", **_TASK_KW)
 def serialize_task(model: ResolvedModel, ctx: RunContext, parent: dict[str, Any]) -> dict[str, Any]:
-    from stages.serialize import serialize
-
     env = Environment.current()
-    key = derivation_key("serialize", [parent["fingerprint"]], _options_json(model, "serialize"), env.key_part("cpu"))
+    key = program_key("serialize", model, parent)
     run = StageRun("serialize", model, ctx, key, [parent["key"]])
 
     def body() -> dict[str, Any]:
         hit = run.cached()
         if hit is not None:
             return hit
+        from stages.serialize import serialize
+
         metadata = {
             "pt2flow_version": env.pt2flow_version,
             "torch_version": env.torch_version,
@@ -513,16 +570,15 @@ def serialize_task(model: ResolvedModel, ctx: RunContext, parent: dict[str, Any]
 
 @task(name="aot_compile", **_TASK_KW)
 def aot_compile_task(model: ResolvedModel, ctx: RunContext, parent: dict[str, Any]) -> dict[str, Any]:
-    from stages.aot_compile import aot_compile
-
     options = model.options["aot_compile"]
-    key = derivation_key("aot_compile", [parent["fingerprint"]], _options_json(model, "aot_compile"), Environment.current().key_part(options.device))  # type: ignore[attr-defined]
-    run = StageRun("aot_compile", model, ctx, key, [parent["key"]])
+    run = StageRun("aot_compile", model, ctx, program_key("aot_compile", model, parent), [parent["key"]])
 
     def body() -> dict[str, Any]:
         hit = run.cached()
         if hit is not None:
             return hit
+        from stages.aot_compile import aot_compile
+
         result = aot_compile(_load_program(run.store, parent), options)
         return run.publish(result.output, fingerprint=None, details=result.metadata, warnings=result.warnings)
 
@@ -538,18 +594,16 @@ def validate_task(
     serialized: dict[str, Any] | None,
     compiled: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    from stages.validate import validate
-
-    device = model.options["aot_compile"].device  # type: ignore[attr-defined]
     candidates = [c["artifact"] for c in (serialized, compiled) if c is not None]
     parents = [source["key"]] + [c["key"] for c in (serialized, compiled) if c is not None]
-    key = derivation_key("validate", [source["key"], *candidates], _options_json(model, "validate"), Environment.current().key_part(device))
-    run = StageRun("validate", model, ctx, key, parents)
+    run = StageRun("validate", model, ctx, validate_key(model, source, candidates), parents)
 
     def body() -> dict[str, Any]:
         hit = run.cached()
         if hit is not None:
             return hit
+        from stages.validate import validate
+
         archive = load_artifact(run.store, serialized["artifact"], serialized["size"], ("serialize",), "archive") if serialized else None
         package = load_artifact(run.store, compiled["artifact"], compiled["size"], ("aot_compile",), "package") if compiled else None
         result = validate(
@@ -589,9 +643,19 @@ def _stage_view(outcome: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
-def run_model(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
-    """Run the configured stages for one model; never raises for a model's own failure."""
+def _call(task_obj: Any, direct: bool) -> Callable[..., Any]:
+    return task_obj.fn if direct else task_obj
+
+
+def run_model(model: ResolvedModel, ctx: RunContext, *, direct: bool = False) -> dict[str, Any]:
+    """Run the configured stages for one model; never raises for a model's own failure.
+
+    direct: call the task functions without Prefect task runs (for a model `fully_cached`
+    found cached: every stage is an index lookup, and Prefect's per-task cost would dominate).
+    """
     logger = _logger()
+    if direct:
+        logger.info("%s: every stage cached", model.name)
     result: dict[str, Any] = {
         "name": model.name,
         "status": "ok",
@@ -606,26 +670,26 @@ def run_model(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
     outcomes: dict[str, dict[str, Any]] = {}
     current = "source"
     try:
-        outcomes["source"] = source_task(model, ctx)
+        outcomes["source"] = _call(source_task, direct)(model, ctx)
         result["source"] = outcomes["source"]["artifact"]
         program = None
         for stage in ctx.stages:
             current = stage
             logger.info("%s: %s", model.name, stage)
             if stage == "trace":
-                outcomes[stage] = program = trace_task(model, ctx, outcomes["source"])
+                outcomes[stage] = program = _call(trace_task, direct)(model, ctx, outcomes["source"])
             elif stage == "functionalize":
-                outcomes[stage] = program = functionalize_task(model, ctx, program)
+                outcomes[stage] = program = _call(functionalize_task, direct)(model, ctx, program)
             elif stage == "decompose":
-                outcomes[stage] = program = decompose_task(model, ctx, program)
+                outcomes[stage] = program = _call(decompose_task, direct)(model, ctx, program)
             elif stage == "serialize":
-                outcomes[stage] = serialize_task(model, ctx, program)
+                outcomes[stage] = _call(serialize_task, direct)(model, ctx, program)
                 result["artifacts"]["serialized"] = outcomes[stage]["artifact"]
             elif stage == "aot_compile":
-                outcomes[stage] = aot_compile_task(model, ctx, program)
+                outcomes[stage] = _call(aot_compile_task, direct)(model, ctx, program)
                 result["artifacts"]["compiled"] = outcomes[stage]["artifact"]
             elif stage == "validate":
-                outcomes[stage] = validate_task(
+                outcomes[stage] = _call(validate_task, direct)(
                     model, ctx, outcomes["source"], outcomes["trace"], outcomes.get("serialize"), outcomes.get("aot_compile")
                 )
             result["stages"][stage] = _stage_view(outcomes[stage])
