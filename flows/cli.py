@@ -160,7 +160,7 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
         document = _nothing_to_build(parameters)
         if document is not None:
             return document
-    with runtime.prefect_api():
+    with runtime.prefect_api(while_starting=_preload_torch if parameters["runner"] == "local" else None):
         from flows.fleet import fleet_flow
 
         progress: Any = contextlib.nullcontext()
@@ -176,6 +176,11 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
     if not isinstance(document, dict):
         raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
     return document
+
+
+def _preload_torch() -> None:
+    """Import torch (and the stages) while the Prefect server starts: the local runner needs them."""
+    import stages.trace  # noqa: F401
 
 
 def _nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
@@ -216,6 +221,9 @@ def _prefect_api_url() -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """Register the fleet flow as a deployment with a cron or interval schedule on a running Prefect
+    server and execute its scheduled runs in this process' children until Ctrl-C or SIGTERM (exit 0).
+    Exit 2, before anything is registered: a bad config or option, no server, an unreachable store."""
     user_log_level = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL")
     from flows import runtime
     from flows.config import ConfigError, apply_overrides, load_config, resolve_store_url

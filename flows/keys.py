@@ -7,6 +7,7 @@ that yields an identical program reuses everything downstream (DESIGN.md section
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -53,6 +54,10 @@ class Environment:
 
     @classmethod
     def current(cls) -> "Environment":
+        return _current_environment()
+
+    @classmethod
+    def _probe(cls) -> "Environment":
         return cls(
             torch_version=_version("torch"),
             python_version=platform.python_version(),
@@ -63,6 +68,12 @@ class Environment:
     def key_part(self, device: str) -> dict[str, str]:
         py = ".".join(self.python_version.split(".")[:2])
         return {"torch": self.torch_version, "python": py, "device": device}
+
+
+@functools.lru_cache(maxsize=1)
+def _current_environment() -> Environment:
+    """Read once per process: installed versions do not change under a running interpreter."""
+    return Environment._probe()
 
 
 def derivation_key(stage: str, parents: Sequence[str], options: Any, env: Mapping[str, str]) -> str:

@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Callable, Any, Iterator, Mapping
 
 _OPTIONS_ENV = "PT2FLOW_STORAGE_OPTIONS"
 
@@ -105,7 +105,7 @@ def server_log_path() -> Path:
 
 
 @contextlib.contextmanager
-def prefect_api(timeout: float = 90.0) -> Iterator[str]:
+def prefect_api(timeout: float = 90.0, while_starting: Callable[[], Any] | None = None) -> Iterator[str]:
     """Use PREFECT_API_URL when set; otherwise run a private ephemeral Prefect server for this run.
 
     One server serves every worker process (they inherit PREFECT_API_URL), instead of each
@@ -142,6 +142,9 @@ def prefect_api(timeout: float = 90.0) -> Iterator[str]:
             preexec_fn=_die_with_parent,
         )
         log.close()
+        if while_starting is not None:  # useful work while the server boots on another core
+            while_starting()
+            while_starting = None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and process.poll() is None and not _healthy(api_url):
             time.sleep(0.1)

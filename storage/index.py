@@ -127,6 +127,7 @@ class MetadataIndex:
         self.root = root.rstrip("/")
         self.retry = retry
         self._file_cache: dict[str, pa.Table] = {}
+        self._combined: tuple[tuple[str, ...], pa.Table] | None = None
 
     # -- writing -------------------------------------------------------------------------
     def append(self, records: Sequence[Mapping[str, Any]]) -> str | None:
@@ -212,8 +213,21 @@ class MetadataIndex:
         cols = list(columns) if columns else list(COLUMNS)
         if "record_id" not in cols:
             cols = ["record_id", *cols]
-        tables = []
         current = self.files()
+        combined = self._combined_table(current)
+        if combined is None:
+            return _conform(pa.table({}), cols)
+        if filter is not None:
+            combined = combined.filter(filter)
+        return dedupe(combined.select(cols))
+
+    def _combined_table(self, current: list[str]) -> pa.Table | None:
+        """Every file's rows in one table (files are immutable: each is read once, and the
+        concatenation is rebuilt only when the set of files changes)."""
+        key = tuple(current)
+        if self._combined is not None and self._combined[0] == key:
+            return self._combined[1]
+        tables = []
         for path in current:
             table = self._file_cache.get(path)
             if table is None:
@@ -221,14 +235,12 @@ class MetadataIndex:
                 if table is None:  # deleted by a compaction since listing; its rows are in the merged file
                     continue
                 self._file_cache[path] = table
-            if filter is not None:
-                table = table.filter(filter)
-            tables.append(table.select(cols))
+            tables.append(table)
         for stale in set(self._file_cache) - set(current):
             del self._file_cache[stale]
-        if not tables:
-            return _conform(pa.table({}), cols)
-        return dedupe(pa.concat_tables(tables))
+        combined = pa.concat_tables(tables).combine_chunks() if tables else None
+        self._combined = (key, combined) if combined is not None else None
+        return combined
 
     def scan(self, columns: Sequence[str] | None = None, filter: Any = None) -> pa.Table:
         """Like read(), but through pyarrow.dataset with predicate pushdown and no caching.

@@ -245,7 +245,7 @@ def test_serve_runs_the_fleet_on_schedule(tmp_path: Path, real_server: str) -> N
 
 def test_serve_on_s3_with_credentials_only_in_storage_options(tmp_path: Path, real_server: str, moto_s3: Any) -> None:
     """The served runs reach an S3 store whose endpoint and credentials exist only as --storage-option
-    values of the serve process (not in its AWS_* environment): they travel to the flow-run process
+    values of the serve process (its AWS_* environment has no credentials and a dead endpoint): they travel to the flow-run process
     through the environment, never through the deployment, the flow runs or the logs. Ctrl-C stops it."""
     url = real_server
     _tiny_config(tmp_path / "work" / "fleet.yaml")
@@ -254,7 +254,9 @@ def test_serve_on_s3_with_credentials_only_in_storage_options(tmp_path: Path, re
     serve, serve_log, deployment, completed = _serve_until(
         url, tmp_path, ["fleet.yaml", "--interval", "5", "--store", store, *[a for o in options for a in ("--storage-option", o)]],
         name=f"sched-s3-{uuid.uuid4().hex[:8]}", runs=1,
-        drop_env=("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+        # nothing listens there: without the options a run fails fast, and never leaves the machine
+        env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}"},
+        drop_env=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
     )
     try:
         assert deployment["parameters"]["store"] == store
