@@ -95,9 +95,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from flows import runtime
-    from flows.config import ConfigError, apply_overrides, load_config, resolve_store_url
+def _load_for_run(args: argparse.Namespace) -> Any:
+    """The config with --only/--stages applied, or the exit code of a usage error (printed)."""
+    from flows.config import ConfigError, apply_overrides, load_config
 
     try:
         pipeline = load_config(args.config)
@@ -110,6 +110,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _usage_error("--workers must be at least 1")
     if args.dask_address and args.runner != "dask":
         return _usage_error("--dask-address needs --runner dask")
+    return pipeline
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flows import runtime
+    from flows.config import resolve_store_url
+
+    pipeline = _load_for_run(args)
+    if isinstance(pipeline, int):
+        return pipeline
     runner = args.runner or ("process" if args.workers > 1 else "local")
     store_url = resolve_store_url(args.store or pipeline.store)
     options = _merge(dict(pipeline.storage_options), _parse_storage_options(args.storage_option or []))
@@ -226,22 +236,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     Exit 2, before anything is registered: a bad config or option, no server, an unreachable store."""
     user_log_level = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL")
     from flows import runtime
-    from flows.config import ConfigError, apply_overrides, load_config, resolve_store_url
+    from flows.config import resolve_store_url
 
     # A served deployment is a service: show Prefect's INFO lines (runs submitted, finished)
     # unless the user chose a level. Set before Prefect is imported.
     os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = user_log_level or "INFO"
-    try:
-        pipeline = load_config(args.config)
-        stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
-        pipeline = apply_overrides(pipeline, only=args.only or (), stages=stages)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
-        return EXIT_USAGE
-    if args.workers < 1:
-        return _usage_error("--workers must be at least 1")
-    if args.dask_address and args.runner != "dask":
-        return _usage_error("--dask-address needs --runner dask")
+    pipeline = _load_for_run(args)
+    if isinstance(pipeline, int):
+        return pipeline
     if args.interval is not None and not args.interval > 0:
         return _usage_error("--interval must be a positive number of seconds")
     if args.timezone:

@@ -17,6 +17,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from flows.queries import _size
 from storage.errors import AmbiguousId, RecordNotFound
 
 STAGES = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
@@ -482,17 +483,6 @@ def regressions(
 
 # ---------------------------------------------------------------------------------------------
 # formatting helpers
-
-
-def _size(value: Any) -> str:
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(value)
 
 
 def _secs(value: Any) -> str:
