@@ -95,6 +95,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+CREDENTIALS_IN_URL = (
+    "the store URL holds credentials, which would be saved in Prefect's flow parameters; "
+    "pass them with --storage-option, the config's storage_options or the environment"
+)
+
+
+def _holds_credentials(url: str) -> bool:
+    from storage.fs import redact_url
+
+    return redact_url(url) != url
+
+
 def _load_for_run(args: argparse.Namespace) -> Any:
     """The config with --only/--stages applied, or the exit code of a usage error (printed)."""
     from flows.config import ConfigError, apply_overrides, load_config
@@ -122,6 +134,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return pipeline
     runner = args.runner or ("process" if args.workers > 1 else "local")
     store_url = resolve_store_url(args.store or pipeline.store)
+    if _holds_credentials(store_url):
+        return _usage_error(CREDENTIALS_IN_URL)
     options = _merge(dict(pipeline.storage_options), _parse_storage_options(args.storage_option or []))
     runtime.set_storage_options(store_url, options)
     try:
@@ -258,6 +272,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     timezone = args.timezone or "UTC"
     from prefect.schedules import Cron, Interval
 
+    from storage.fs import redact_url
+
     try:
         if args.cron is not None:
             schedule = Cron(args.cron, timezone=timezone)
@@ -268,14 +284,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _usage_error(f"--cron: {exc}")
 
-    from storage.fs import redact_url as _redact
-
     store_url = resolve_store_url(args.store or pipeline.store)
-    if _redact(store_url) != store_url:
-        return _usage_error(
-            "the store URL holds credentials, which would be saved in the deployment's parameters; "
-            "pass them with --storage-option, the config's storage_options or the environment"
-        )
+    if _holds_credentials(store_url):
+        return _usage_error(CREDENTIALS_IN_URL)
     if store_url.startswith("memory://"):
         return _usage_error("a memory:// store lives in one process; scheduled runs need a store that outlives them")
 
@@ -293,7 +304,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with get_client(sync_client=True) as client:
         problem = client.api_healthcheck()
     if problem is not None:
-        return _usage_error(f"no Prefect server answers at PREFECT_API_URL={_redact(api_url)} ({type(problem).__name__}: {problem}); {SERVER_HINT}")
+        return _usage_error(f"no Prefect server answers at PREFECT_API_URL={redact_url(api_url)} ({type(problem).__name__}: {problem}); {SERVER_HINT}")
 
     # Storage options (credentials included) travel only in this process' environment, which
     # the flow-run subprocesses inherit; never in the deployment's parameters.
@@ -302,7 +313,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         runtime.open_store(store_url).index.files()  # fail fast on an unreachable store
     except Exception as exc:
-        return _usage_error(f"store {_redact(store_url)}: {exc}")
+        return _usage_error(f"store {redact_url(store_url)}: {exc}")
 
     from flows.fleet import fleet_flow
 
@@ -316,13 +327,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     }
     if args.only:
         parameters["only"] = list(args.only)
-    if stages is not None:
+    if args.stages:  # only when asked: otherwise each run follows the config's own list
         parameters["stages"] = list(pipeline.stages)
     if args.dask_address:
         parameters["dask_address"] = args.dask_address
     name = args.name or os.path.splitext(os.path.basename(args.config))[0]
     full_name = f"{fleet_flow.name}/{name}"
-    _serve_forever(fleet_flow, name, schedule, parameters, f"{when}, on the Prefect server at {_redact(api_url)}")
+    _serve_forever(fleet_flow, name, schedule, parameters, f"{when}, on the Prefect server at {redact_url(api_url)}")
     print(f"pt2flow serve: stopped; the schedule of {full_name} is paused until the next serve", file=sys.stderr)
     return EXIT_OK
 

@@ -114,6 +114,10 @@ def test_usage_errors_exit_2_and_run_nothing(tmp_path: Path) -> None:
         proc = run_cli(["run", str(config), "--store", str(store), *args])
         assert proc.returncode == 2, (args, proc.stderr)
         assert not store.exists()
+    # credentials in the store URL would land in Prefect's flow parameters: refused, not echoed
+    proc = run_cli(["run", str(config), "--store", "s3://AKIAEXAMPLE:s3cr3t-sentinel@bucket/prefix"])
+    assert proc.returncode == 2
+    assert "holds credentials" in proc.stderr and "s3cr3t-sentinel" not in proc.stderr
 
 
 @pytest.mark.compile
