@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stages import STAGES
 from stages.options import OPTIONS
+from storage.fs import redact_url
 
 CONFIG_VERSION = 1
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -341,6 +342,8 @@ def _check_model(
         plain = model.weights.split("?", 1)[0].lower()
         if not plain.endswith(WEIGHT_SUFFIXES):
             add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")
+        if "://" in model.weights and redact_url(model.weights) != model.weights:
+            add(("weights",), "the weights URL holds credentials, which would be stored in the index and Prefect's parameters; use storage_options or the environment")
     if not model.inputs:
         add(("inputs",), "at least one input is required")
 

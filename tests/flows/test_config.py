@@ -911,3 +911,13 @@ def test_cli_run_with_bad_overrides_exits_2_and_creates_no_store(tmp_path: Path,
     assert proc.returncode == 2
     assert fragment in proc.stderr
     assert not store.exists()
+
+
+def test_a_weights_url_with_credentials_is_refused_without_echoing_them() -> None:
+    text = "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n"
+    text += "    weights: https://reader:t0ken-sentinel@example.com/w.safetensors\n    inputs: {x: {shape: [3, 8]}}\n"
+    with pytest.raises(ConfigError) as caught:
+        parse(text)
+    rendered = caught.value.render()
+    assert "models[0].weights: the weights URL holds credentials" in rendered
+    assert "t0ken-sentinel" not in rendered
