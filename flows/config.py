@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stages import STAGES
+from stages.importing import search_path_first
 from stages.options import OPTIONS
 from storage.fs import redact_url
 
@@ -269,10 +270,7 @@ def resolve_factory_statically(factory: str, search_path: str) -> str | None:
     """Why `module:callable` cannot resolve, or None. Finds the module without executing it
     and looks for the name at the top level of its source."""
     module_name, _, attr = factory.partition(":")
-    added = search_path not in sys.path
-    if added:
-        sys.path.insert(0, search_path)
-    try:
+    with search_path_first(search_path):
         try:
             spec = _find_spec_without_importing(module_name)
         except (ImportError, ValueError) as exc:
@@ -289,12 +287,6 @@ def resolve_factory_statically(factory: str, search_path: str) -> str | None:
         if not _defines(tree, attr.split(".")[0]):
             return f"{attr.split('.')[0]!r} is not defined at the top level of {origin}"
         return None
-    finally:
-        if added:
-            try:
-                sys.path.remove(search_path)
-            except ValueError:
-                pass
 
 
 def check_stage_list(stages: Sequence[str]) -> list[str]:

@@ -10,7 +10,6 @@ import importlib
 import inspect
 import io
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,6 +17,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from stages.errors import StageError
+from stages.importing import search_path_first
 
 # dotted module path, a colon, dotted attribute path: nothing else (no calls, no '..', no slashes)
 _FACTORY_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -75,20 +75,11 @@ def import_factory(path: str, search_path: str | None = None) -> Callable[..., A
     if not isinstance(path, str) or not _FACTORY_PATH.fullmatch(path):  # checked before anything is imported
         raise StageError("config", f"factory {path!r} is not of the form 'module:callable'")
     module_name, _, attr = path.partition(":")
-    added = False
-    if search_path and search_path not in sys.path:
-        sys.path.insert(0, search_path)
-        added = True
     try:
-        module = importlib.import_module(module_name)
+        with search_path_first(search_path):
+            module = importlib.import_module(module_name)
     except Exception as exc:  # an ImportError inside the module, a SyntaxError, anything it raises
         raise StageError("import", f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        if added:
-            try:
-                sys.path.remove(search_path)
-            except ValueError:
-                pass
     target: Any = module
     for part in attr.split("."):
         try:
