@@ -125,26 +125,39 @@ def _load_for_run(args: argparse.Namespace) -> Any:
     return pipeline
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from flows import runtime
-    from flows.config import resolve_store_url
+def _runner(args: argparse.Namespace) -> str:
+    return args.runner or ("process" if args.workers > 1 else "local")
 
-    pipeline = _load_for_run(args)
-    if isinstance(pipeline, int):
-        return pipeline
-    runner = args.runner or ("process" if args.workers > 1 else "local")
-    store_url = resolve_store_url(args.store or pipeline.store)
-    if _holds_credentials(store_url):
-        return _usage_error(CREDENTIALS_IN_URL)
+
+def _open_checked_store(store_url: str, pipeline: Any, args: argparse.Namespace) -> Any:
+    """Set the run's storage options (config, then --storage-option) in this process'
+    environment and open the store; the exit code of a usage error (printed) if it is unreachable."""
+    from flows import runtime
+    from storage.fs import redact_url
+
     options = _merge(dict(pipeline.storage_options), _parse_storage_options(args.storage_option or []))
     runtime.set_storage_options(store_url, options)
     try:
         store = runtime.open_store(store_url)
         store.index.files()  # fail fast on an unreachable store
     except Exception as exc:
-        from storage.fs import redact_url
-
         return _usage_error(f"store {redact_url(store_url)}: {exc}")
+    return store
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flows.config import resolve_store_url
+
+    pipeline = _load_for_run(args)
+    if isinstance(pipeline, int):
+        return pipeline
+    runner = _runner(args)
+    store_url = resolve_store_url(args.store or pipeline.store)
+    if _holds_credentials(store_url):
+        return _usage_error(CREDENTIALS_IN_URL)
+    store = _open_checked_store(store_url, pipeline, args)
+    if isinstance(store, int):
+        return store
 
     if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
@@ -249,7 +262,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server and execute its scheduled runs in this process' children until Ctrl-C or SIGTERM (exit 0).
     Exit 2, before anything is registered: a bad config or option, no server, an unreachable store."""
     user_log_level = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL")
-    from flows import runtime
     from flows.config import resolve_store_url
 
     # A served deployment is a service: show Prefect's INFO lines (runs submitted, finished)
@@ -267,7 +279,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             zoneinfo.ZoneInfo(args.timezone)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             return _usage_error(f"--timezone: unknown time zone {args.timezone!r} (IANA names, e.g. Europe/Berlin)")
-    runner = args.runner or ("process" if args.workers > 1 else "local")
+    runner = _runner(args)
 
     timezone = args.timezone or "UTC"
     from prefect.schedules import Cron, Interval
@@ -308,12 +320,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # Storage options (credentials included) travel only in this process' environment, which
     # the flow-run subprocesses inherit; never in the deployment's parameters.
-    options = _merge(dict(pipeline.storage_options), _parse_storage_options(args.storage_option or []))
-    runtime.set_storage_options(store_url, options)
-    try:
-        runtime.open_store(store_url).index.files()  # fail fast on an unreachable store
-    except Exception as exc:
-        return _usage_error(f"store {redact_url(store_url)}: {exc}")
+    checked = _open_checked_store(store_url, pipeline, args)
+    if isinstance(checked, int):
+        return checked
 
     from flows.fleet import fleet_flow
 
@@ -393,14 +402,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--store", metavar="URL", help="store URL (local path, file://, memory://, s3://bucket/prefix); overrides the config's")
         p.add_argument("--storage-option", metavar="KEY=VALUE", action="append", help="fsspec storage option (repeatable; dotted keys nest)")
 
+    def fleet_args(p: argparse.ArgumentParser) -> None:
+        """What to run and where: the options `run` and `serve` share."""
+        store_arg(p)
+        p.add_argument("--only", metavar="NAME", action="append", help="run only this model (repeatable)")
+        p.add_argument("--stages", metavar="a,b,...", help="run these stages instead of the config's (pipeline order; trace required)")
+        p.add_argument("--workers", type=int, default=1, metavar="N", help="models in parallel, each in its own process (default 1)")
+        p.add_argument("--runner", choices=["local", "process", "dask"], help="local: in this process; process: a pool of N processes; dask: a Dask cluster (default: local, or process when --workers > 1)")
+        p.add_argument("--dask-address", metavar="ADDR", help="scheduler address of an existing Dask cluster (tcp://host:8786); default: a LocalCluster")
+
     p = sub.add_parser("run", help="export every model of a config", description="Run the pipeline on every model of CONFIG. Exit 0: all ok; 1: a model failed (the others still ran); 2: bad config or usage.")
     p.add_argument("config", metavar="CONFIG", help="pipeline config (YAML, schema version 1)")
-    store_arg(p)
-    p.add_argument("--only", metavar="NAME", action="append", help="run only this model (repeatable)")
-    p.add_argument("--stages", metavar="a,b,...", help="run these stages instead of the config's (pipeline order; trace required)")
-    p.add_argument("--workers", type=int, default=1, metavar="N", help="models in parallel, each in its own process (default 1)")
-    p.add_argument("--runner", choices=["local", "process", "dask"], help="local: in this process; process: a pool of N processes; dask: a Dask cluster (default: local, or process when --workers > 1)")
-    p.add_argument("--dask-address", metavar="ADDR", help="scheduler address of an existing Dask cluster (tcp://host:8786); default: a LocalCluster")
+    fleet_args(p)
     p.add_argument("--force", action="store_true", help="ignore cached results and re-run every stage")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (logs go to stderr)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
@@ -425,12 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--cron", metavar="EXPR", help='cron schedule, e.g. "0 3 * * *" (03:00 every day)')
     when.add_argument("--interval", type=float, metavar="SECONDS", help="run every SECONDS seconds")
     p.add_argument("--timezone", metavar="TZ", help="IANA time zone of the schedule (default UTC)")
-    store_arg(p)
-    p.add_argument("--only", metavar="NAME", action="append", help="run only this model (repeatable)")
-    p.add_argument("--stages", metavar="a,b,...", help="run these stages instead of the config's")
-    p.add_argument("--workers", type=int, default=1, metavar="N", help="models in parallel per run, each in its own process (default 1)")
-    p.add_argument("--runner", choices=["local", "process", "dask"], help="as for `run` (default: local, or process when --workers > 1)")
-    p.add_argument("--dask-address", metavar="ADDR", help="scheduler address of an existing Dask cluster (with --runner dask)")
+    fleet_args(p)
     p.add_argument("--force", action="store_true", help="re-run every stage at every scheduled run (default: cached stages are reused)")
     p.add_argument("--name", metavar="DEPLOYMENT", help="deployment name (default: the config file's stem); the full name is pt2flow-fleet/NAME")
     p.set_defaults(func=cmd_serve)

@@ -18,7 +18,7 @@ from prefect.states import Completed, Failed
 
 from flows import runtime
 from flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
-from flows.pipeline import RunContext, export_model_flow, fully_cached, new_run_id, run_model
+from flows.pipeline import RunContext, export_model_flow, fully_cached, new_run_id, run_logger, run_model
 
 RUNNERS = ("local", "process", "dask")
 
@@ -115,12 +115,12 @@ def fleet_markdown(document: dict[str, Any], comparison: str | None = None) -> s
         f"**{summary['ok']} ok**, **{summary['failed']} failed**, {cached} fully cached, {summary['seconds']:.1f} s; store `{document['store']}`",
         "",
     ]
-    failed = [r for r in rows if r["status"] != "ok"]
+    failed = [m for m in document["models"] if m["status"] != "ok"]
     if failed:
         lines += ["## Failed models", "", "| model | stage | error class | error |", "|---|---|---|---|"]
-        for r, m in ((r, next(x for x in document["models"] if x["name"] == r["model"])) for r in failed):
+        for m in failed:
             error = (m.get("error") or "").replace("|", "\\|").replace("\n", " ")[:200]
-            lines.append(f"| {r['model']} | {r['failed_stage'] or '-'} | {r['error_class'] or '-'} | {error} |")
+            lines.append(f"| {m['name']} | {m.get('failed_stage') or '-'} | {m.get('error_class') or '-'} | {error} |")
         lines.append("")
     if comparison:
         lines += [comparison, ""]
@@ -134,12 +134,12 @@ def _drift_markdown(store_obj: Any, run_id: str) -> str | None:
     try:
         comparison = compare_with_previous(store_obj.index, run_id)
     except Exception as exc:  # a report problem must not fail a finished fleet
-        runtime_logger().warning("could not compare with the previous run: %s", exc)
+        run_logger().warning("could not compare with the previous run: %s", exc)
         return None
     if comparison is None:
         return None
     for regression in comparison.get("regressions", []):
-        runtime_logger().warning("regression: %s: %s", regression["model"], regression["message"])
+        run_logger().warning("regression: %s: %s", regression["model"], regression["message"])
     return to_markdown(comparison)
 
 
@@ -152,18 +152,7 @@ def _publish_artifacts(document: dict[str, Any], store_obj: Any, comparison: str
         create_table_artifact(table=_fleet_rows(document), key="pt2flow-fleet-models", description=f"pt2flow run {document['run_id']}: one row per model")
         create_markdown_artifact(markdown=fleet_markdown(document, comparison), key="pt2flow-fleet-summary", description=f"pt2flow run {document['run_id']}")
     except Exception as exc:  # the API being unreachable must not fail an otherwise finished fleet
-        runtime_logger().warning("could not publish the fleet artifacts: %s", exc)
-
-
-def runtime_logger() -> Any:
-    from prefect import get_run_logger
-
-    try:
-        return get_run_logger()
-    except Exception:
-        import logging
-
-        return logging.getLogger("pt2flow")
+        run_logger().warning("could not publish the fleet artifacts: %s", exc)
 
 
 class NeedsFlow(RuntimeError):
@@ -184,10 +173,13 @@ def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: in
     Outside a flow (in_flow=False) every model must be fully cached."""
     started = time.perf_counter()
     models = list(pipeline.models)
-    cached = {m.name for m in models if fully_cached(m, ctx)}
+    cached: set[str] = set()
+    for m in models:
+        if fully_cached(m, ctx):
+            cached.add(m.name)
+        elif not in_flow:  # the flow will look again: stop at the first model with work
+            raise NeedsFlow(f"model {m.name} has stages to build")
     to_run = [m for m in models if m.name not in cached]
-    if to_run and not in_flow:
-        raise NeedsFlow(f"{len(to_run)} model(s) to build")
     results: dict[str, dict[str, Any]] = {m.name: run_model(m, ctx, direct=True) for m in models if m.name in cached}
     if to_run:
         if workers > 1:

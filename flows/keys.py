@@ -53,11 +53,9 @@ class Environment:
     host: str
 
     @classmethod
+    @functools.lru_cache(maxsize=1)
     def current(cls) -> "Environment":
-        return _current_environment()
-
-    @classmethod
-    def _probe(cls) -> "Environment":
+        """Read once per process: installed versions do not change under a running interpreter."""
         return cls(
             torch_version=_version("torch"),
             python_version=platform.python_version(),
@@ -68,12 +66,6 @@ class Environment:
     def key_part(self, device: str) -> dict[str, str]:
         py = ".".join(self.python_version.split(".")[:2])
         return {"torch": self.torch_version, "python": py, "device": device}
-
-
-@functools.lru_cache(maxsize=1)
-def _current_environment() -> Environment:
-    """Read once per process: installed versions do not change under a running interpreter."""
-    return Environment._probe()
 
 
 def derivation_key(stage: str, parents: Sequence[str], options: Any, env: Mapping[str, str]) -> str:

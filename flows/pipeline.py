@@ -8,6 +8,7 @@ Every stage run, cached or not, failed or not, appends one index record.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -87,8 +88,8 @@ def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, 
     from storage.errors import RecordNotFound
     from storage.safety import check_archive
 
-    rows = store.index.read(["stage", "size"], filter=(pc.field("sha256") == digest) & (pc.field("status") == "ok")).to_pylist()
-    rows = [r for r in rows if r["stage"] in stages]
+    condition = (pc.field("sha256") == digest) & (pc.field("status") == "ok") & pc.field("stage").isin(list(stages))
+    rows = store.index.read(["size"], filter=condition).to_pylist()
     if not rows:
         raise RecordNotFound(f"{what} {digest} has no ok {'/'.join(stages)} record in the index of {store.url}: not loading it")
     data = store.get_blob(digest, size if size is not None else rows[0]["size"])
@@ -347,23 +348,17 @@ def _resolve_weights_url(model: ResolvedModel) -> str:
 
 
 def _module_source_hash(model: ResolvedModel) -> tuple[str, str | None]:
-    import hashlib
     import importlib.util
-    import sys
 
     from stages.errors import StageError
+    from stages.importing import search_path_first
 
     module_name = model.factory.split(":", 1)[0]
-    added = model.search_path not in sys.path
-    if added:
-        sys.path.insert(0, model.search_path)
     try:
-        spec = importlib.util.find_spec(module_name)
+        with search_path_first(model.search_path):
+            spec = importlib.util.find_spec(module_name)
     except (ImportError, ValueError) as exc:
         raise StageError("import", f"module {module_name!r} cannot be found: {exc}") from exc
-    finally:
-        if added:
-            sys.path.remove(model.search_path)
     if spec is None:
         raise StageError("import", f"module {module_name!r} not found")
     origin = spec.origin if spec.origin and Path(spec.origin).is_file() else None
@@ -425,8 +420,6 @@ def fully_cached(model: ResolvedModel, ctx: RunContext) -> bool:
         store = runtime.open_store(ctx.store_url)
         digest = None
         if model.weights:
-            import hashlib
-
             digest = hashlib.sha256(_read_weights(model)[0]).hexdigest()
         manifest, _ = source_manifest(model, digest)
         source = {"key": derivation_key("source", [], manifest, {})}
@@ -444,7 +437,7 @@ def fully_cached(model: ResolvedModel, ctx: RunContext) -> bool:
             hit = find_cached(store, key)
             if hit is None:
                 return False
-            if stage in ("trace", "functionalize", "decompose"):
+            if stage in PROGRAM_STAGES:
                 program = hit
             artifacts[stage] = hit["sha256"]
         return True
@@ -653,7 +646,7 @@ def run_model(model: ResolvedModel, ctx: RunContext, *, direct: bool = False) ->
     direct: call the task functions without Prefect task runs (for a model `fully_cached`
     found cached: every stage is an index lookup, and Prefect's per-task cost would dominate).
     """
-    logger = _logger()
+    logger = run_logger()
     if direct:
         logger.info("%s: every stage cached", model.name)
     result: dict[str, Any] = {
@@ -711,7 +704,8 @@ def run_model(model: ResolvedModel, ctx: RunContext, *, direct: bool = False) ->
     return result
 
 
-def _logger() -> Any:
+def run_logger() -> Any:
+    """The Prefect run logger inside a flow or task run, else the plain `pt2flow` logger."""
     try:
         return get_run_logger()
     except Exception:

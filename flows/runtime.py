@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable, Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 _OPTIONS_ENV = "PT2FLOW_STORAGE_OPTIONS"
 

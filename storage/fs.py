@@ -331,6 +331,15 @@ def _local_write(path: str, data: bytes, exclusive: bool, kind: str) -> bool:
         raise
 
 
+def remove_file(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Delete `path`; one that is already gone is fine (deletion is idempotent: another gc or
+    compaction may have got there first). Other errors go up to the caller to name."""
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        pass
+
+
 def unnamed_temp_files_supported(directory: str) -> bool:
     """Whether local writes under `directory` use unnamed (O_TMPFILE) temp files (tests ask)."""
     if not hasattr(os, "O_TMPFILE"):

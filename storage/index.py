@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage.errors import StorageError
-from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point
+from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point, remove_file
 
 SCHEMA_VERSION = 1
 
@@ -285,9 +285,7 @@ class MetadataIndex:
                 crash_point("mid_compaction_delete")
             for victim in (path, _sidecar_of(path)):
                 try:
-                    self.fs.rm_file(victim)
-                except FileNotFoundError:
-                    pass
+                    remove_file(self.fs, victim)
                 except Exception as exc:
                     raise StorageError(f"compaction wrote {target} but could not delete {victim}: {exc}") from exc
             self._file_cache.pop(path, None)

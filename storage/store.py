@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator, Mapping
 
 from storage.errors import BlobNotFound, IntegrityError, InvalidId, StorageError
-from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point, is_local, is_temp_name, open_filesystem, redact_url
+from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point, is_local, is_temp_name, open_filesystem, redact_url, remove_file
 from storage.index import MetadataIndex
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -139,15 +139,7 @@ class ArtifactStore:
 
     def list_blobs(self) -> Iterator[BlobInfo]:
         """Every blob under blobs/sha256/ (names that are not digests, such as temp files, skipped)."""
-        base = f"{self.root}/blobs/sha256"
-        try:
-            self.fs.invalidate_cache(base)
-            if not self.fs.exists(base):
-                return
-            entries = self.fs.find(base, detail=True)
-        except Exception as exc:
-            raise StorageError(f"cannot list blobs in {self.url}: {exc}") from exc
-        for path, info in sorted(entries.items()):
+        for path, info in self._find(f"{self.root}/blobs/sha256"):
             name = path.rstrip("/").rsplit("/", 1)[-1]
             if not _HEX64.match(name):
                 continue
@@ -155,9 +147,7 @@ class ArtifactStore:
 
     def delete_blob(self, digest: str) -> None:
         try:
-            self.fs.rm_file(self.blob_path(digest))
-        except FileNotFoundError:
-            pass
+            remove_file(self.fs, self.blob_path(digest))
         except Exception as exc:
             raise StorageError(f"cannot delete blob {digest} from {self.url}: {exc}") from exc
 
@@ -178,14 +168,7 @@ class ArtifactStore:
             return []
         found = []
         for base in (f"{self.root}/blobs", f"{self.root}/index"):
-            try:
-                self.fs.invalidate_cache(base)
-                if not self.fs.exists(base):
-                    continue
-                entries = self.fs.find(base, detail=True)
-            except Exception as exc:
-                raise StorageError(f"cannot list {base}: {exc}") from exc
-            for path, info in sorted(entries.items()):
+            for path, info in self._find(base):
                 if is_temp_name(path.rstrip("/").rsplit("/", 1)[-1]):
                     found.append(TempFile(path, int(info.get("size") or 0), _modified(info)))
         return found
@@ -194,11 +177,20 @@ class ArtifactStore:
         if not is_temp_name(path.rstrip("/").rsplit("/", 1)[-1]):
             raise StorageError(f"{path} is not a temp file")
         try:
-            self.fs.rm_file(path)
-        except FileNotFoundError:
-            pass
+            remove_file(self.fs, path)
         except Exception as exc:
             raise StorageError(f"cannot delete {path}: {exc}") from exc
+
+    def _find(self, base: str) -> list[tuple[str, Mapping[str, Any]]]:
+        """Every file under `base` with its details, sorted by path (none if `base` is absent);
+        the listing is fresh, since other processes write to the store too."""
+        try:
+            self.fs.invalidate_cache(base)
+            if not self.fs.exists(base):
+                return []
+            return sorted(self.fs.find(base, detail=True).items())
+        except Exception as exc:
+            raise StorageError(f"cannot list {base} in {self.url}: {exc}") from exc
 
 
 def _modified(info: Mapping[str, Any]) -> datetime | None:

@@ -64,25 +64,25 @@ def _check_fleet(document: dict[str, Any], store: Path) -> set[str]:
     return {m["worker"] for m in document["models"]}
 
 
-def test_two_worker_process_pool_with_a_failing_model(tmp_path: Path) -> None:
+def _two_worker_run(tmp_path: Path, runner: str) -> tuple[int, set[int]]:
+    """Run the fleet on 2 workers of `runner`, check it; the CLI's pid and the workers' pids."""
     store = tmp_path / "store"
-    code, pid, document, stderr = _run(["run", str(_fleet(tmp_path)), "--store", str(store), "--workers", "2", "--runner", "process"])
+    code, pid, document, stderr = _run(["run", str(_fleet(tmp_path)), "--store", str(store), "--workers", "2", "--runner", runner])
     assert code == 1, stderr[-3000:]
     assert "Traceback" not in stderr
     workers = _check_fleet(document, store)
-    pids = {int(w.rsplit(":", 1)[1]) for w in workers}
+    return pid, {int(w.rsplit(":", 1)[1]) for w in workers}
+
+
+def test_two_worker_process_pool_with_a_failing_model(tmp_path: Path) -> None:
+    pid, pids = _two_worker_run(tmp_path, "process")
     assert pid not in pids, "models ran in the CLI process, not in workers"
-    assert len(pids) == 2, workers  # two worker processes shared the four models
+    assert len(pids) == 2, pids  # two worker processes shared the four models
 
 
 def test_dask_local_cluster_with_a_failing_model(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    code, pid, document, stderr = _run(["run", str(_fleet(tmp_path)), "--store", str(store), "--workers", "2", "--runner", "dask"])
-    assert code == 1, stderr[-3000:]
-    assert "Traceback" not in stderr
-    workers = _check_fleet(document, store)
-    pids = {int(w.rsplit(":", 1)[1]) for w in workers}
-    assert pid not in pids and 1 <= len(pids) <= 2, workers
+    pid, pids = _two_worker_run(tmp_path, "dask")
+    assert pid not in pids and 1 <= len(pids) <= 2, pids
 
 
 def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> None:
