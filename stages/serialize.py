@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import io
 import json
-from typing import Any, Mapping
+import logging
+import re
+import zipfile
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch.export import ExportedProgram
@@ -16,15 +21,115 @@ from stages.quiet import quiet_torch
 from stages.result import StageResult
 
 METADATA_FILE = "pt2flow.json"
+PYTREE_MODULES = "pytree_modules"  # metadata key: modules a loading process must have imported
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_TORCH_PYTREE_HOMES = ("builtins", "collections", "torch", "typing")
 
 
-def load_archive(data: bytes) -> tuple[ExportedProgram, dict[str, Any]]:
-    """Load a .pt2 archive from bytes; returns the program and its pt2flow metadata."""
+def load_archive(data: bytes, *, import_pytree_modules: bool = False) -> tuple[ExportedProgram, dict[str, Any]]:
+    """Load a .pt2 archive from bytes; returns the program and its pt2flow metadata.
+
+    A program whose inputs or outputs hold pytree types registered outside torch (transformers'
+    ModelOutput classes, a user's dataclass) loads only in a process that has imported the modules
+    registering them. import_pytree_modules: first import those the archive's metadata names
+    (program_bytes_checked records them); only for archives from a store trusted to name modules.
+    Raises StageError('serialization') naming torch's reason when the archive does not load."""
+    if import_pytree_modules:
+        _import_modules(archive_metadata(data).get(PYTREE_MODULES, []))
     extra = {METADATA_FILE: ""}
-    with quiet_torch():
-        ep = torch.export.load(io.BytesIO(data), extra_files=extra)
+    with quiet_torch(), _load_failures() as causes:
+        try:
+            ep = torch.export.load(io.BytesIO(data), extra_files=extra)
+        except Exception as exc:
+            reason = short_message(causes[-1] if causes else exc)
+            raise StageError("serialization", f"the saved program does not load: {reason}") from exc
     raw = extra.get(METADATA_FILE) or "{}"
     return ep, json.loads(raw)
+
+
+@contextlib.contextmanager
+def _load_failures() -> Iterator[list[BaseException]]:
+    """What torch.export.load logs and swallows (it raises only "We ran into an error when
+    deserializing the saved file. Please check the warnings above"): the real exceptions."""
+    causes: list[BaseException] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info and record.exc_info[1] is not None:
+                causes.append(record.exc_info[1])
+
+    logger = logging.getLogger("torch.export")
+    saved = (logger.level, logger.propagate, logger.handlers)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False  # kept here, never printed
+    logger.handlers = [Keep(logging.WARNING)]
+    try:
+        yield causes
+    finally:
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        logger.handlers = saved[2]
+
+
+def archive_metadata(data: bytes) -> dict[str, Any]:
+    """The pt2flow metadata of an archive, read from the zip without loading the program."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            names = [n for n in archive.namelist() if n.endswith("/extra/" + METADATA_FILE)]
+            return json.loads(archive.read(names[0])) if names else {}
+    except (zipfile.BadZipFile, ValueError, KeyError) as exc:
+        raise StageError("serialization", f"not a readable .pt2 archive: {short_message(exc)}") from exc
+
+
+def _import_modules(names: Any) -> None:
+    for name in names if isinstance(names, list) else []:
+        if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
+            raise StageError("serialization", f"archive names {name!r} as a module to import; not a module name")
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise StageError("import", f"importing {name!r} (it registers a pytree type the program uses) failed: {short_message(exc)}") from exc
+
+
+def pytree_modules(ep: ExportedProgram) -> list[str]:
+    """Modules defining the pytree node types of the program's call specs that torch does not
+    register itself: what a process must import before this program's archive loads there."""
+    specs = [ep.call_spec.in_spec, ep.call_spec.out_spec]
+    for entry in ep.module_call_graph:
+        if entry.signature is not None:
+            specs += [entry.signature.in_spec, entry.signature.out_spec]
+    found: set[str] = set()
+    pending = [s for s in specs if s is not None]
+    while pending:
+        spec = pending.pop()
+        kind = spec.type
+        if kind is not None:
+            module = getattr(kind, "__module__", "") or ""
+            if module.partition(".")[0] not in _TORCH_PYTREE_HOMES:
+                found.add(module)
+        pending.extend(spec.children())
+    return sorted(found)
+
+
+def program_bytes_checked(ep: ExportedProgram) -> bytes:
+    """program_bytes, loaded back before it is returned, with the modules its pytree types need
+    recorded in its metadata. Raises StageError('serialization') naming the failure when the
+    program does not save or does not load back (it must never become a cache entry)."""
+    text = json.dumps({PYTREE_MODULES: pytree_modules(ep)}, sort_keys=True)
+    buffer = io.BytesIO()
+    with quiet_torch():
+        try:
+            torch.export.save(ep, buffer, extra_files={METADATA_FILE: text})
+        except Exception as exc:
+            raise StageError("serialization", f"torch.export.save failed: {short_message(exc)}") from exc
+    data = buffer.getvalue()
+    check_round_trip(data)
+    return data
+
+
+def check_round_trip(data: bytes) -> ExportedProgram:
+    """The program the bytes hold; StageError('serialization') naming the reason when they do not load."""
+    return load_archive(data)[0]
 
 
 def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
@@ -39,6 +144,8 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
     data = buffer.getvalue()
     try:
         reloaded, meta_back = load_archive(data)
+    except StageError:
+        raise
     except Exception as exc:
         raise StageError("serialization", f"the saved archive does not load: {short_message(exc)}") from exc
     if meta_back != json.loads(text):
