@@ -3,8 +3,8 @@ content) and which installed distributions (by name and version) a model was bui
 
 Which modules a model depends on (the rule). Seeds: the factory's module, the modules that define
 the built model's classes, every module newly imported while the model was built and traced
-(`record_imports`), and every loaded module whose file lies under the config's folder
-(`search_path`). From the seeds, the walk follows each *local* module's imports: the names its
+(`record_imports`), and every loaded module imported from the config's folder (`search_path`;
+not from a more specific sys.path entry inside it, such as a virtual environment's site-packages). From the seeds, the walk follows each *local* module's imports: the names its
 `import` statements name (read from its source, so `from layers import SCALE` counts) and the
 modules of the objects in its globals (so imports made by code that ran also count). A module
 is then one of
@@ -353,13 +353,13 @@ def dependency_modules(seeds: Iterable[Any], search_path: str | None = None) -> 
         name = _seed_name(seed)
         if name:
             pending.extend(_with_parents(name))
-    if search_path:
+    roots, owners = _import_roots(search_path), _top_level_owners()
+    if search_path:  # modules imported from the config's folder itself (not a site-packages inside it)
         folder = os.path.abspath(search_path)
         for name, module in modules.items():
             path = _module_file(module) if isinstance(module, ModuleType) else None
-            if path and _is_under(path, folder):
+            if path and _is_under(path, folder) and _home(path, roots) == folder:
                 pending.append(name)
-    roots, owners = _import_roots(search_path), _top_level_owners()
     kinds: dict[str, _Kind] = {}
     seen: set[str] = set()
     while pending:

@@ -205,3 +205,24 @@ def test_check_imports_neither_torch_nor_user_modules(project: Project) -> None:
     changes, imported = out.stdout.splitlines()
     assert json.loads(changes) == [f"{project.layers}.py: content changed"]
     assert imported == "False False"
+
+
+def test_installed_modules_under_the_config_folder_count_only_when_used(project: Project) -> None:
+    """A virtual environment inside the config's folder: its loaded distributions are not all the
+    model's dependencies; only those the model's modules import are."""
+    other = project.site / f"other_{project.dist}"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    info = project.site / f"other_{project.dist}-3.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: other_{project.dist}\nVersion: 3.0\n")
+    (info / "top_level.txt").write_text(f"other_{project.dist}\n")
+    try:
+        importlib.import_module(f"other_{project.dist}")
+        importlib.import_module(project.models)
+        m = deps.manifest([project.models], str(project.folder.parent))
+        assert m["distributions"][project.dist] == "1.0"
+        assert f"other-{project.dist}" not in m["distributions"]
+        assert set(m["files"]) == {f"config/{project.models}.py", f"config/{project.layers}.py"}
+    finally:
+        sys.modules.pop(f"other_{project.dist}", None)
