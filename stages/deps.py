@@ -27,6 +27,16 @@ module that was already loaded and that lives outside the config's folder, and a
 fallback that starts succeeding). The manifest can hold more than a model needs (a sibling model's
 file in the same folder, once loaded): that costs a re-trace, never a stale artifact.
 
+Use (in the worker, around the model's build and trace):
+
+    with record_imports() as rec:
+        factory = import_factory(...); model = build_model(...); trace(...)
+    deps = manifest([factory_module, *rec.new_modules, *(type(m) for m in model.modules())], search_path)
+
+The manifest can differ with a worker's history (a first model in a fresh worker also records
+what torch imports lazily). A re-run should therefore check the manifest recorded by the last
+run (`changed_entries`), not compute a new one to look the key up.
+
 Checking a manifest (`changed_entries`) reads and hashes the files and reads the installed
 versions from the dist-info folder names on sys.path: it imports neither torch nor the user's
 modules, so a fully cached re-run decides cache hits without them.
@@ -88,7 +98,9 @@ def normalize_name(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Dist:
+class InstalledDistribution:
+    """One installed distribution, as its metadata folder on sys.path names it."""
+
     name: str
     version: str
     base: str  # the sys.path entry holding the metadata folder
@@ -108,10 +120,10 @@ def _path_state() -> tuple[tuple[str, int], ...]:
     return tuple(state)
 
 
-_dist_cache: dict[tuple[tuple[str, int], ...], dict[str, _Dist]] = {}
+_dist_cache: dict[tuple[tuple[str, int], ...], dict[str, InstalledDistribution]] = {}
 
 
-def installed_distributions() -> dict[str, _Dist]:
+def installed_distributions() -> dict[str, InstalledDistribution]:
     """Canonical name -> the distribution an import would see (the first on sys.path).
 
     Built from folder listings: `name-version.dist-info` names carry both; egg-info folders fall
@@ -120,7 +132,7 @@ def installed_distributions() -> dict[str, _Dist]:
     cached = _dist_cache.get(state)
     if cached is not None:
         return cached
-    table: dict[str, _Dist] = {}
+    table: dict[str, InstalledDistribution] = {}
     for folder, _ in state:
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -135,12 +147,12 @@ def installed_distributions() -> dict[str, _Dist]:
     return table
 
 
-def _dist_from_folder(base: str, name: str) -> _Dist | None:
+def _dist_from_folder(base: str, name: str) -> InstalledDistribution | None:
     path = os.path.join(base, name)
     if name.endswith(".dist-info"):
         match = re.fullmatch(r"(.+?)-(\d.*)", name[: -len(".dist-info")])
         if match:
-            return _Dist(match.group(1), match.group(2), base, path)
+            return InstalledDistribution(match.group(1), match.group(2), base, path)
     elif not name.endswith(".egg-info"):
         return None
     try:
@@ -149,10 +161,10 @@ def _dist_from_folder(base: str, name: str) -> _Dist | None:
         return None
     if not meta or not meta["Name"]:
         return None
-    return _Dist(meta["Name"], meta["Version"] or "unknown", base, path)
+    return InstalledDistribution(meta["Name"], meta["Version"] or "unknown", base, path)
 
 
-def _requirements(dist: _Dist) -> list[str]:
+def _requirements(dist: InstalledDistribution) -> list[str]:
     """Canonical names of what `dist` requires, extras left out."""
     try:
         requires = metadata.PathDistribution(Path(dist.path)).requires or []
@@ -247,30 +259,32 @@ def _is_under(path: str, folder: str) -> bool:
 
 
 @dataclass(frozen=True)
-class _Kind:
+class ModuleKind:
+    """What a loaded module is to a manifest."""
+
     kind: str  # "skip", "dist" or "file"
     value: str = ""  # the distribution's canonical name, or the file's absolute path
 
 
-def _classify(name: str, module: ModuleType, roots: tuple[str, ...], owners: Mapping[tuple[str, str], list[str]]) -> _Kind:
+def _classify(name: str, module: ModuleType, roots: tuple[str, ...], owners: Mapping[tuple[str, str], list[str]]) -> ModuleKind:
     top = name.partition(".")[0]
     if name in _SKIPPED_NAMES or top in sys.stdlib_module_names or top.startswith("__editable__"):
-        return _Kind("skip")
+        return ModuleKind("skip")
     path = _module_file(module)
     if path is None:  # builtin, frozen or namespace package: nothing on disk of its own
-        return _Kind("skip")
+        return ModuleKind("skip")
     if top in OWN_PACKAGES and _is_under(path, str(_OWN_ROOT)):
-        return _Kind("skip")
+        return ModuleKind("skip")
     home = _home(path, roots)
     if home is not None and home in _stdlib_dirs():
-        return _Kind("skip")
+        return ModuleKind("skip")
     if home is not None:
         found = owners.get((home, top))
         if found:
-            return _Kind("dist", found[0])
+            return ModuleKind("dist", found[0])
     if home is None and any(_is_under(path, d) for d in _stdlib_dirs()):
-        return _Kind("skip")
-    return _Kind("file", path)
+        return ModuleKind("skip")
+    return ModuleKind("file", path)
 
 
 _imports_cache: dict[tuple[str, int, int], tuple[tuple[str, tuple[str, ...]], ...]] = {}
@@ -342,7 +356,7 @@ def _seed_name(seed: Any) -> str | None:
     return owner if isinstance(owner, str) else None
 
 
-def dependency_modules(seeds: Iterable[Any], search_path: str | None = None) -> dict[str, _Kind]:
+def dependency_modules(seeds: Iterable[Any], search_path: str | None = None) -> dict[str, ModuleKind]:
     """The loaded modules the seeds depend on, by the rule of this module's docstring.
 
     Seeds are module names, modules, classes, functions or instances (their defining module).
@@ -360,7 +374,7 @@ def dependency_modules(seeds: Iterable[Any], search_path: str | None = None) -> 
             path = _module_file(module) if isinstance(module, ModuleType) else None
             if path and _is_under(path, folder) and _home(path, roots) == folder:
                 pending.append(name)
-    kinds: dict[str, _Kind] = {}
+    kinds: dict[str, ModuleKind] = {}
     seen: set[str] = set()
     while pending:
         name = pending.pop()

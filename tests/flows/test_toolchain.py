@@ -49,3 +49,18 @@ def test_facts_are_read_without_torch(tmp_path: Path) -> None:
     code = "import sys; from flows.toolchain import toolchain_facts; f = toolchain_facts('cpu'); print('torch' in sys.modules, bool(f['cpu_flags']))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_another_isa_setting_gets_its_own_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    names = [str(isa) for isa in valid_vec_isa_list()]
+    if "avx2" not in names or len(names) < 2:
+        pytest.skip(f"needs a CPU with avx2 and a wider ISA; this one offers {names}")
+    cache = tmp_path / "cache"
+    default = toolchain_identity("cpu", cache)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # what inductor reads to narrow its ISA
+    narrowed = toolchain_identity("cpu", cache)
+    assert narrowed["vec_isa"] == "avx2" != default["vec_isa"]
+    assert narrowed["cxx_version"] == default["cxx_version"]
+    assert len(list(cache.glob("toolchain-*.json"))) == 2
