@@ -31,7 +31,7 @@ Use (in the worker, around the model's build and trace):
 
     with record_imports() as rec:
         factory = import_factory(...); model = build_model(...); trace(...)
-    deps = manifest([factory_module, *rec.new_modules, *(type(m) for m in model.modules())], search_path)
+    recorded = manifest([factory_module, *rec.new_modules, *(type(m) for m in model.modules())], search_path)
 
 The manifest can differ with a worker's history (a first model in a fresh worker also records
 what torch imports lazily). A re-run should therefore check the manifest recorded by the last
