@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from typing import Any, Iterator, Sequence
 
@@ -118,7 +119,7 @@ def _load_for_run(args: argparse.Namespace) -> Any:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         return _usage_error("--workers must be at least 1")
     if args.dask_address and args.runner != "dask":
         return _usage_error("--dask-address needs --runner dask")
@@ -126,7 +127,7 @@ def _load_for_run(args: argparse.Namespace) -> Any:
 
 
 def _runner(args: argparse.Namespace) -> str:
-    return args.runner or ("process" if args.workers > 1 else "local")
+    return args.runner or "local"
 
 
 def _open_checked_store(store_url: str, pipeline: Any, args: argparse.Namespace) -> Any:
@@ -161,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
-    from flows.pipeline import new_run_id
+    from flows.engine.context import new_run_id
 
     run_id = new_run_id()
     parameters = dict(
@@ -174,6 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         workers=args.workers,
         dask_address=args.dask_address,
         run_id=run_id,
+        retry_failed=args.retry_failed,
     )
     if args.json:
         with _stdout_to_stderr() as real_stdout:
@@ -197,7 +199,10 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
         document = _nothing_to_build(parameters)
         if document is not None:
             return document
-    with runtime.prefect_api(while_starting=_preload_torch if parameters["runner"] == "local" else None):
+    starting = None
+    if parameters["runner"] != "dask":  # the workers import torch while the Prefect server starts
+        starting = lambda: _start_workers(parameters["workers"], len(pipeline.models))  # noqa: E731
+    with runtime.prefect_api(while_starting=starting):
         from flows.fleet import fleet_flow
 
         progress: Any = contextlib.nullcontext()
@@ -215,9 +220,10 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
     return document
 
 
-def _preload_torch() -> None:
-    """Import torch (and the stages) while the Prefect server starts: the local runner needs them."""
-    import stages.trace  # noqa: F401
+def _start_workers(workers: int | None, models: int) -> None:
+    from flows.engine.pool import default_workers, start_pool
+
+    start_pool(workers or default_workers(models))
 
 
 def _nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
@@ -226,7 +232,9 @@ def _nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
     this run's id, as a flow would. None when there is work to do."""
     from flows.fleet import NeedsFlow, fleet_context, run_fleet
 
-    pipeline, ctx = fleet_context(parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"])
+    pipeline, ctx = fleet_context(
+        parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"]
+    )
     try:
         return run_fleet(pipeline, ctx, in_flow=False)
     except NeedsFlow:
@@ -407,14 +415,27 @@ def build_parser() -> argparse.ArgumentParser:
         store_arg(p)
         p.add_argument("--only", metavar="NAME", action="append", help="run only this model (repeatable)")
         p.add_argument("--stages", metavar="a,b,...", help="run these stages instead of the config's (pipeline order; trace required)")
-        p.add_argument("--workers", type=int, default=1, metavar="N", help="models in parallel, each in its own process (default 1)")
-        p.add_argument("--runner", choices=["local", "process", "dask"], help="local: in this process; process: a pool of N processes; dask: a Dask cluster (default: local, or process when --workers > 1)")
+        p.add_argument(
+            "--workers", type=int, default=None, metavar="N",
+            help="models in parallel, each in a supervised worker process (default: one per core, at most one per model "
+            "and per 3 GiB of free memory; the run says how many it used)",
+        )
+        p.add_argument(
+            "--runner", choices=["local", "process", "dask"],
+            help="local (default; `process` is the same): N supervised worker processes on this machine; "
+            "dask: a Dask cluster, each Dask worker with a supervised worker process of its own",
+        )
         p.add_argument("--dask-address", metavar="ADDR", help="scheduler address of an existing Dask cluster (tcp://host:8786); default: a LocalCluster")
 
     p = sub.add_parser("run", help="export every model of a config", description="Run the pipeline on every model of CONFIG. Exit 0: all ok; 1: a model failed (the others still ran); 2: bad config or usage.")
     p.add_argument("config", metavar="CONFIG", help="pipeline config (YAML, schema version 1)")
     fleet_args(p)
     p.add_argument("--force", action="store_true", help="ignore cached results and re-run every stage")
+    p.add_argument(
+        "--retry-failed", action="store_true",
+        help="re-run stages whose cached outcome is a deterministic failure (data_dependent, decomposition, ...); "
+        "without it, an unchanged model that failed that way is reported again from the index",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (logs go to stderr)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--verbose", "-v", action="store_true", help="show Prefect's log lines")
@@ -456,11 +477,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops a run as Ctrl-C does
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
-        print("pt2flow: interrupted", file=sys.stderr)
+        _stop_workers()
+        print("pt2flow: interrupted; worker processes stopped", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_workers() -> None:
+    """Stop the worker processes (and their compilers) of an interrupted run, if any started."""
+    pool = sys.modules.get("flows.engine.pool")
+    if pool is not None:
+        pool.stop_pool()
 
 
 if __name__ == "__main__":

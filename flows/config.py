@@ -14,7 +14,7 @@ import importlib.util
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -29,6 +29,7 @@ from storage.fs import redact_url
 CONFIG_VERSION = 1
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+DEFAULT_TIMEOUT_S = 3600.0  # a model's default time limit: far above any healthy export here
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 # A config is walked recursively (pydantic, ${ENV} expansion, canonical JSON of kwargs): bound it.
@@ -87,6 +88,48 @@ class DimConfig(_Strict):
     max: int = Field(ge=1, le=2**31 - 1)
 
 
+class LimitsConfig(_Strict):
+    """What one model may take (a worker over it is stopped): wall-clock seconds for the whole
+    model, seconds per stage, and GiB of resident memory of its worker process tree."""
+
+    timeout_s: float | None = Field(default=None, gt=0, description=f"seconds for the whole model (default {DEFAULT_TIMEOUT_S:g})")
+    stage_timeout_s: dict[str, float] = Field(default_factory=dict, description="seconds per stage, e.g. {aot_compile: 600}")
+    memory_gb: float | None = Field(default=None, gt=0, description="GiB for the worker and its compilers (default: 90% of the machine's memory)")
+
+    @field_validator("stage_timeout_s")
+    @classmethod
+    def _known_stages(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - set(STAGES) - {"source"})
+        if unknown:
+            raise ValueError(f"unknown stage(s) {unknown}; stages are {list(STAGES)}")
+        if any(not (v > 0) for v in value.values()):
+            raise ValueError("stage time limits must be > 0 seconds")
+        return value
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A model's resolved limits (None: no limit of that kind)."""
+
+    timeout_s: float | None = None
+    stage_timeout_s: Mapping[str, float] = field(default_factory=dict)
+    memory_gb: float | None = None
+
+    def stage_budget(self, stage: str) -> float | None:
+        return self.stage_timeout_s.get(stage)
+
+
+def resolve_limits(defaults: Mapping[str, Any], model: "LimitsConfig | None") -> Limits:
+    """Model limits over the config's defaults, field by field; stage limits merged."""
+    own = model.model_dump(exclude_unset=True) if model is not None else {}
+    timeout = own.get("timeout_s", defaults.get("timeout_s"))
+    return Limits(
+        timeout_s=DEFAULT_TIMEOUT_S if timeout is None else float(timeout),
+        stage_timeout_s={**(defaults.get("stage_timeout_s") or {}), **own.get("stage_timeout_s", {})},
+        memory_gb=own.get("memory_gb", defaults.get("memory_gb")),
+    )
+
+
 class StageDefaults(_Strict):
     trace: dict[str, Any] = Field(default_factory=dict)
     functionalize: dict[str, Any] = Field(default_factory=dict)
@@ -94,6 +137,7 @@ class StageDefaults(_Strict):
     serialize: dict[str, Any] = Field(default_factory=dict)
     aot_compile: dict[str, Any] = Field(default_factory=dict)
     validate_: dict[str, Any] = Field(default_factory=dict, alias="validate")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
 
 class ModelConfig(_Strict):
@@ -105,6 +149,7 @@ class ModelConfig(_Strict):
     dynamic_shapes: dict[str, dict[int, str]] = Field(default_factory=dict)
     dims: dict[str, DimConfig] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    limits: LimitsConfig | None = None
 
 
 class PipelineConfig(_Strict):
@@ -133,6 +178,7 @@ class ResolvedModel:
     dims: Mapping[str, tuple[int, int]]
     options: Mapping[str, BaseModel]  # stage -> its options model
     search_path: str  # the config's folder, first on sys.path when the factory is imported
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def training(self) -> bool:
@@ -481,6 +527,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         issues.append(ConfigIssue("stages", problem, lines.line(("stages",))))
 
     defaults = config.defaults.model_dump(by_alias=True)
+    default_limits = defaults.pop("limits")
     before_defaults = len(issues)
     for stage, values in defaults.items():
         try:
@@ -495,7 +542,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         # with broken defaults, per-model option errors would only repeat the defaults' errors
         r = _check_model(i, model, defaults, folder, lines, issues, check_options=defaults_valid)
         if r is not None:
-            resolved.append(r)
+            resolved.append(replace(r, limits=resolve_limits(default_limits, model.limits)))
     if issues:
         raise ConfigError(source, issues)
     return Pipeline(

@@ -1,14 +1,14 @@
 """The fleet flow: every model of a config through the pipeline; one model's failure never stops the rest.
 
-Runners: `local` runs the model flows one after another in this process; `process` runs them
-in N worker processes (Prefect's ProcessPoolTaskRunner, spawn); `dask` uses prefect-dask's
-DaskTaskRunner on a LocalCluster of processes or an existing cluster's address. Never threads:
-torch.export is not thread-safe.
+Runners: `local` (and `process`, its older name) runs the model flows from N threads of this
+process, each model's stage work in one of N supervised worker processes (flows/engine/pool.py);
+`dask` runs the model flows on prefect-dask's DaskTaskRunner (a LocalCluster of processes or an
+existing cluster's address), each Dask worker with a supervised worker process of its own.
+torch.export is not thread-safe: torch only ever runs in the worker processes.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Sequence
 
@@ -18,7 +18,9 @@ from prefect.states import Completed, Failed
 
 from flows import runtime
 from flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
-from flows.pipeline import RunContext, export_model_flow, fully_cached, new_run_id, run_logger, run_model
+from flows.engine.context import RunContext, new_run_id
+from flows.engine.model_flow import empty_result, export_model_flow, run_logger, run_model
+from flows.engine.planner import Plan, plan_model
 
 RUNNERS = ("local", "process", "dask")
 
@@ -37,30 +39,22 @@ def _model_result(state: Any, model: ResolvedModel) -> dict[str, Any]:
 
 
 def crashed_result(name: str, message: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "status": "failed",
-        "failed_stage": None,
-        "error_class": "internal",
-        "error": message,
-        "stages": {},
-        "artifacts": {"serialized": None, "compiled": None},
-        "validation": None,
-    }
+    return {**empty_result(name), "status": "failed", "error_class": "internal", "error": message}
 
 
 @task(name="export-model", cache_policy=NO_CACHE, persist_result=False)
-def model_task(model: ResolvedModel, ctx: RunContext) -> dict[str, Any]:
-    """Runs the model flow inside a worker (process pool or Dask worker)."""
-    state = export_model_flow(model, ctx, return_state=True)
+def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> dict[str, Any]:
+    """One model's flow, from a thread of the orchestrator (local) or on a Dask worker, whose
+    stage work goes to that process's supervised worker pool."""
+    state = export_model_flow(model, ctx, plan, return_state=True)
     return _model_result(state, model)
 
 
 def _task_runner(runner: str, workers: int, dask_address: str | None) -> Any:
-    if runner == "process":
-        from prefect.task_runners import ProcessPoolTaskRunner
+    if runner in ("local", "process"):
+        from prefect.task_runners import ThreadPoolTaskRunner
 
-        return ProcessPoolTaskRunner(max_workers=workers)
+        return ThreadPoolTaskRunner(max_workers=workers)  # threads only wait on worker processes
     if runner == "dask":
         from prefect_dask import DaskTaskRunner
 
@@ -72,14 +66,18 @@ def _task_runner(runner: str, workers: int, dask_address: str | None) -> Any:
     raise ValueError(f"unknown runner {runner!r}")
 
 
-def _run_parallel(models: Sequence[ResolvedModel], ctx: RunContext, runner: str, workers: int, dask_address: str | None) -> list[dict[str, Any]]:
+def _run_models(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext, runner: str, workers: int, dask_address: str | None) -> list[dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
+    if runner != "dask":
+        from flows.engine.pool import start_pool
+
+        start_pool(workers)
     with _task_runner(runner, workers, dask_address) as task_runner:
-        futures = [(m, task_runner.submit(model_task, parameters={"model": m, "ctx": ctx})) for m in models]
+        futures = [(m, task_runner.submit(model_task, parameters={"model": m, "ctx": ctx, "plan": plans[m.name]})) for m in models]
         for model, future in futures:
             try:
                 results[model.name] = future.result()
-            except Exception as exc:  # the worker died (killed, out of memory) or the runner broke
+            except Exception as exc:  # the runner itself broke (a Dask worker lost, a cluster gone)
                 results[model.name] = crashed_result(model.name, f"worker failed: {type(exc).__name__}: {exc}")
     return [results[m.name] for m in models]
 
@@ -159,38 +157,48 @@ class NeedsFlow(RuntimeError):
     """run_fleet was asked to settle a fleet outside a flow, but some model has work to do."""
 
 
-def fleet_context(config_path: str, store: str | None, only: list[str] | None, stages: list[str] | None, force: bool, run_id: str | None) -> tuple[Any, RunContext]:
+def fleet_context(
+    config_path: str, store: str | None, only: list[str] | None, stages: list[str] | None, force: bool, run_id: str | None, retry_failed: bool = False
+) -> tuple[Any, RunContext]:
     pipeline = apply_overrides(load_config(config_path), only=only or (), stages=stages)
     store_url = resolve_store_url(store or pipeline.store)
     if not runtime.storage_options(store_url) and pipeline.storage_options:
         runtime.set_storage_options(store_url, pipeline.storage_options)
-    return pipeline, RunContext(run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force)
+    return pipeline, RunContext(run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force, retry_failed=retry_failed)
 
 
-def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: int = 1, dask_address: str | None = None, *, in_flow: bool = True) -> dict[str, Any]:
-    """The run document of DESIGN.md section 4. Models whose every stage is cached are settled
-    here, by index lookups, without a worker or a Prefect task run; the rest go to the runner.
-    Outside a flow (in_flow=False) every model must be fully cached."""
+def plan_fleet(models: Sequence[ResolvedModel], ctx: RunContext, *, stop_at_work: bool = False) -> dict[str, Plan]:
+    """Every model's plan (stop_at_work: raise NeedsFlow at the first model with work)."""
+    plans = {}
+    for m in models:
+        plans[m.name] = plan_model(m, ctx)
+        if stop_at_work and not plans[m.name].fully_cached:
+            raise NeedsFlow(f"model {m.name} has stages to build")
+    return plans
+
+
+def resolve_workers(workers: int | None, models_with_work: int) -> int:
+    from flows.engine.pool import default_workers
+
+    return max(1, workers) if workers else default_workers(max(1, models_with_work))
+
+
+def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None, *, in_flow: bool = True) -> dict[str, Any]:
+    """The run document of DESIGN.md section 4. Models the planner finds fully cached are
+    settled here, by index lookups, without a worker or a Prefect task run; the rest go to the
+    runner's supervised worker processes. Outside a flow (in_flow=False) every model must be
+    fully cached."""
     started = time.perf_counter()
     models = list(pipeline.models)
-    cached: set[str] = set()
-    for m in models:
-        if fully_cached(m, ctx):
-            cached.add(m.name)
-        elif not in_flow:  # the flow will look again: stop at the first model with work
-            raise NeedsFlow(f"model {m.name} has stages to build")
-    to_run = [m for m in models if m.name not in cached]
-    results: dict[str, dict[str, Any]] = {m.name: run_model(m, ctx, direct=True) for m in models if m.name in cached}
+    plans = plan_fleet(models, ctx, stop_at_work=not in_flow)
+    to_run = [m for m in models if not plans[m.name].fully_cached]
+    results: dict[str, dict[str, Any]] = {m.name: run_model(m, ctx, plans[m.name], direct=True) for m in models if plans[m.name].fully_cached}
+    used = 0
     if to_run:
-        if workers > 1:
-            # N models compile side by side: one compile thread each instead of N x cores
-            os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-        if runner == "local":
-            for m in to_run:
-                results[m.name] = _model_result(export_model_flow(m, ctx, return_state=True), m)
-        else:
-            for m, r in zip(to_run, _run_parallel(to_run, ctx, runner, max(1, workers), dask_address)):
-                results[m.name] = r
+        used = resolve_workers(workers, len(to_run))
+        run_logger().info("%d model(s) to build on %d worker process(es) (%s runner)", len(to_run), used, runner)
+        for m, r in zip(to_run, _run_models(to_run, plans, ctx, runner, used, dask_address)):
+            results[m.name] = r
     ordered = [results[m.name] for m in models]
     store_obj = runtime.open_store(ctx.store_url)
     if len(store_obj.index.files()) >= AUTO_COMPACT_FILES:
@@ -201,6 +209,7 @@ def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: in
         "store": store_obj.url,
         "summary": {"ok": ok, "failed": len(ordered) - ok, "seconds": round(time.perf_counter() - started, 3)},
         "models": ordered,
+        "workers": used,
     }
     if in_flow:
         _publish_artifacts(document, store_obj, _drift_markdown(store_obj, ctx.run_id))
@@ -215,13 +224,19 @@ def fleet_flow(
     stages: list[str] | None = None,
     force: bool = False,
     runner: str = "local",
-    workers: int = 1,
+    workers: int | None = None,
     dask_address: str | None = None,
     run_id: str | None = None,
+    retry_failed: bool = False,
 ) -> Any:
     """Export every model of the config (or `only` those); returns the run document of DESIGN.md section 4."""
-    pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id)
-    document = run_fleet(pipeline, ctx, runner, workers, dask_address)
+    pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed)
+    try:
+        document = run_fleet(pipeline, ctx, runner, workers, dask_address)
+    finally:
+        from flows.engine.pool import stop_pool
+
+        stop_pool()  # a served deployment runs many fleets in one process: free the workers
     ok = document["summary"]["ok"]
     total = len(document["models"])
     if ok != total:

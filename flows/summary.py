@@ -67,6 +67,7 @@ def render_run(document: Mapping[str, Any], console: Console) -> None:
     console.print(
         f"[green]{summary['ok']} ok[/green], [red]{summary['failed']} failed[/red] in {summary['seconds']:.1f} s "
         f"(✓ ran, ● cached, ✗ failed) — store {document['store']}"
+        + (f", {document['workers']} worker process{'es' if document['workers'] != 1 else ''}" if document.get("workers") else "")
     )
     for model in document["models"]:
         if model["status"] != "ok":
@@ -74,3 +75,6 @@ def render_run(document: Mapping[str, Any], console: Console) -> None:
             head.append(f" [{model['error_class']}] at {model['failed_stage'] or 'setup'}:")
             console.print(head)
             console.print(Text("    " + str(model["error"]).replace("\n", "\n    ")))
+            if model.get("stderr_tail"):
+                tail = model["stderr_tail"].strip().splitlines()[-8:]
+                console.print(Text("    worker stderr (last lines):\n      " + "\n      ".join(tail), style="dim"))

@@ -11,7 +11,7 @@ STAGES: tuple[str, ...] = ("trace", "functionalize", "decompose", "serialize", "
 # Bump a stage's version when its output for the same input changes: it is part of every
 # derivation key, so artifacts made by an older pt2flow are rebuilt instead of reused.
 STAGE_VERSIONS: dict[str, int] = {
-    "source": 1,
+    "source": 2,  # 2: the dependency manifest of the model's code is part of the source key
     "trace": 1,
     "functionalize": 1,
     "decompose": 1,

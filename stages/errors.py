@@ -21,6 +21,9 @@ ERROR_CLASSES: tuple[str, ...] = (
     "storage",
     "timeout",
     "internal",
+    "crash",
+    "out_of_memory",
+    "incompatible",
 )
 
 

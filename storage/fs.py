@@ -129,7 +129,9 @@ DEFAULT_RETRY = RetryPolicy()
 # Every named point in the publish, index, compaction and gc paths. PT2FLOW_CRASH_AT=<point>
 # SIGKILLs the process there (no cleanup, no finally blocks, no atexit); <point>@N waits for the
 # Nth time this process reaches it. PT2FLOW_FAULT_AT=<point>[@N] raises a TransientStorageError
-# there instead, once per process (what a retried Prefect task must survive).
+# there instead, once per process (what a retried Prefect task must survive). With
+# PT2FLOW_CRASH_ONCE=<file>, only the first process to reach the armed point dies (it creates
+# the file): a replacement worker process, counting from zero again, does not.
 CRASH_POINTS: tuple[str, ...] = (
     "mid_blob_write",  # local: half of a blob's bytes are in its (unnamed) temp file
     "before_blob_publish",  # local: a blob's bytes are complete and fsynced, not yet linked at their name
@@ -164,12 +166,23 @@ def _armed(variable: str, name: str) -> str | None:
 def crash_point(name: str) -> None:
     """Die here, without cleanup, when PT2FLOW_CRASH_AT arms this point; raise a transient
     storage error here, once, when PT2FLOW_FAULT_AT does."""
-    if _armed("PT2FLOW_CRASH_AT", name):
+    if _armed("PT2FLOW_CRASH_AT", name) and _first_crash():
         os.kill(os.getpid(), signal.SIGKILL)
     spec = _armed("PT2FLOW_FAULT_AT", name)
     if spec and spec not in _faults_fired:
         _faults_fired.add(spec)
         raise TransientStorageError(f"injected transient fault at {name} (PT2FLOW_FAULT_AT={spec})")
+
+
+def _first_crash() -> bool:
+    marker = os.environ.get("PT2FLOW_CRASH_ONCE")
+    if not marker:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def reset_points() -> None:

@@ -5,7 +5,10 @@ blob that exists with its digest and size (re-hashed); no blob is half-visible u
 temp file is visible; every published index file parses. Then the same command, re-run without
 the crash, completes, loses no record written before the crash and duplicates none.
 
-Points are armed with PT2FLOW_CRASH_AT=<point>@<N>: the Nth time the process reaches the point.
+Points are armed with PT2FLOW_CRASH_AT=<point>@<N>: the Nth time a process reaches the point.
+Blobs are published by the worker process, index records by the orchestrating CLI process: a
+blob point kills the worker (its model fails as `crash`, the run goes on and reports), an index
+point kills the CLI itself (and its worker goes with it).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ MAINTENANCE_POINTS = {"mid_gc": 1, "mid_compaction": 1, "mid_compaction_delete":
 S3_POINTS = {"mid_multipart_upload": 1}
 
 KILLED = -signal.SIGKILL
+WORKER_POINTS = frozenset({"mid_blob_write", "before_blob_publish", "after_blob_upload"})  # the worker publishes blobs
 
 
 def _fleet_config(path: Path) -> Path:
@@ -80,14 +84,23 @@ def _expected_before(point: str, nth: int) -> tuple[int, int]:
 def test_fleet_killed_at_crash_point(point: str, tmp_path: Path, fleet_config: Path, prefect_env: dict[str, str]) -> None:
     store_dir = tmp_path / "store"
     nth = FLEET_POINTS[point]
-    args = ["run", str(fleet_config), "--store", str(store_dir), "--json"]
+    args = ["run", str(fleet_config), "--store", str(store_dir), "--json", "--workers", "1"]
+    marker = tmp_path / "crashed"
+    crash_env = {**prefect_env, "PT2FLOW_CRASH_AT": f"{point}@{nth}", "PT2FLOW_CRASH_ONCE": str(marker)}
 
-    crashed = run_cli(args, env={**prefect_env, "PT2FLOW_CRASH_AT": f"{point}@{nth}"}, timeout=300)
-    assert crashed.returncode == KILLED, f"not killed at {point}@{nth} (exit {crashed.returncode}):\n{crashed.stderr[-3000:]}"
-
-    before = check_local_store(store_dir)
-    blobs, records = _expected_before(point, nth)
-    assert (len(before["blobs"]), len(before["records"])) == (blobs, records), f"the crash did not happen where {point}@{nth} is"
+    crashed = run_cli(args, env=crash_env, timeout=300)
+    assert marker.exists(), f"no process reached {point}@{nth}:\n{crashed.stderr[-3000:]}"
+    if point in WORKER_POINTS:
+        # the worker died there; its model failed as a crash and the CLI reported the whole fleet
+        assert crashed.returncode == 1, f"exit {crashed.returncode}:\n{crashed.stderr[-3000:]}"
+        failed = [(m["error_class"], m["error"]) for m in json.loads(crashed.stdout)["models"] if m["status"] != "ok"]
+        assert len(failed) == 1 and failed[0][0] == "crash" and "SIGKILL" in failed[0][1], failed
+        before = check_local_store(store_dir)
+    else:
+        assert crashed.returncode == KILLED, f"not killed at {point}@{nth} (exit {crashed.returncode}):\n{crashed.stderr[-3000:]}"
+        before = check_local_store(store_dir)
+        blobs, records = _expected_before(point, nth)
+        assert (len(before["blobs"]), len(before["records"])) == (blobs, records), f"the crash did not happen where {point}@{nth} is"
     ids_before = {r["record_id"] for r in before["records"]}
 
     code, doc, stderr = run_json(args, env=prefect_env, timeout=300)

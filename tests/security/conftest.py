@@ -125,10 +125,13 @@ def call_validate(
     atol: float = 1e-5,
     source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The pipeline's validate task body (validate_task.fn: no Prefect server needed) on the given
-    artifact outcomes; returns the outcome, failed or not."""
+    """The validate stage on the given artifact outcomes, both halves in this process (so that
+    the torch-load spies see every load): the worker's compute (flows.engine.compute.run_stage)
+    and the orchestrator's bookkeeping (StageRun records it). Returns the outcome, failed or not."""
     from flows.config import parse_config
-    from flows.pipeline import RunContext, StageFailed, validate_task
+    from flows.engine import compute
+    from flows.engine.bookkeeping import StageRun
+    from flows.engine.context import RunContext
     from tests.conftest import ROOT
 
     text = (
@@ -137,8 +140,10 @@ def call_validate(
     )
     model = parse_config(text, source="security.yaml", base_dir=str(ROOT)).models[0]
     ctx = RunContext(run_id="security-test", store_url=store_url, stages=tuple(STAGES))
-    source = source or {"key": "security-source-key", "details": {}}
-    try:
-        return validate_task.fn(model, ctx, source, {"details": {}}, archive, package)
-    except StageFailed as failure:
-        return failure.outcome
+    inputs = {"source": source or {"key": "security-source-key", "details": {}}, "trace": {"details": {}}}
+    inputs.update({name: c for name, c in (("serialize", archive), ("aot_compile", package)) if c is not None})
+    status, payload = compute.run_stage("validate", model, ctx, inputs, "security-validate-key")
+    run = StageRun("validate", model, ctx, "security-validate-key", [c["key"] for c in (archive, package) if c])
+    if status == "ok":
+        return run.published(payload)
+    return run.fail(payload["error_class"], payload["error"], details=payload["details"], report=payload["report"]).outcome

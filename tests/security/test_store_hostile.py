@@ -120,7 +120,7 @@ def archive_blob(tmp_path: Path) -> tuple[str, ArtifactStore, str, int]:
 
 @pytest.mark.parametrize("vouch", ["no-record", "failed-record", "other-stage"])
 def test_an_archive_the_index_does_not_vouch_for_is_never_loaded(archive_blob, no_torch_loads: list[str], vouch: str) -> None:
-    from flows.pipeline import load_artifact
+    from flows.engine.artifacts import load_artifact
 
     url, store, digest, size = archive_blob
     if vouch == "failed-record":

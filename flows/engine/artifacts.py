@@ -1,0 +1,23 @@
+"""Loading artifacts for torch: only what the index vouches for, verified, zip-checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, ...], what: str) -> bytes:
+    """The bytes of a zip artifact (program, .pt2 archive, AOTInductor package) about to go to a
+    torch loader: only a digest the index records as an ok output of one of `stages`, read with
+    its size and sha256 verified, and passed through the zip safety check (storage.safety)."""
+    import pyarrow.compute as pc
+
+    from storage.errors import RecordNotFound
+    from storage.safety import check_archive
+
+    condition = (pc.field("sha256") == digest) & (pc.field("status") == "ok") & pc.field("stage").isin(list(stages))
+    rows = store.index.read(["size"], filter=condition).to_pylist()
+    if not rows:
+        raise RecordNotFound(f"{what} {digest} has no ok {'/'.join(stages)} record in the index of {store.url}: not loading it")
+    data = store.get_blob(digest, size if size is not None else rows[0]["size"])
+    check_archive(data, what=f"{what} {digest}")
+    return data

@@ -1,0 +1,59 @@
+"""What every stage of a run shares, and the failure that ends a model."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from flows.config import Limits  # noqa: F401  (re-exported: the engine's view of a model's limits)
+
+# A stage outcome: status, cached, seconds, artifact (sha256), size, uri, key, fingerprint,
+# details, warnings; for failures also error_class and error. Plain dicts: they cross process
+# boundaries (worker pipes, Dask) and become index records and the run document.
+Outcome = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every task of a run shares. Holds no secrets (storage options stay in the process env)."""
+
+    run_id: str
+    store_url: str
+    stages: tuple[str, ...]
+    force: bool = False
+    retry_failed: bool = False  # re-run stages whose cached outcome is a deterministic failure
+
+
+class StageFailed(Exception):
+    """A stage ended in failure; `outcome` is what the run reports for it."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.get("error") or "stage failed")
+        self.outcome = outcome
+
+
+class TransientStageError(Exception):
+    """A stage attempt hit a transient storage error and will be retried (never recorded)."""
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
+
+
+def failed_outcome(key: str, error_class: str, message: str, *, seconds: float, details: Mapping[str, Any] | None = None) -> Outcome:
+    return {
+        "status": "failed",
+        "cached": False,
+        "seconds": round(seconds, 6),
+        "artifact": None,
+        "size": None,
+        "uri": None,
+        "key": key,
+        "fingerprint": None,
+        "details": dict(details or {}),
+        "warnings": [],
+        "error_class": error_class,
+        "error": message,
+    }

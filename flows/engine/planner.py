@@ -1,0 +1,231 @@
+"""The planner: a model's key chain and cache decisions, computed once, without torch.
+
+`plan_model` walks the configured stages from the source, computing each key from the cached
+outcomes before it (registry.StageSpec.key) and looking it up in the index, until the first
+stage with no usable record. A plan whose every stage hits is settled without a worker and
+without Prefect; otherwise the model flow starts from the plan and looks up only the keys that
+depend on what it builds (docs/architecture.md, "Caching").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+from flows import runtime
+from flows.config import ResolvedModel
+from flows.engine.context import Outcome, RunContext
+from flows.engine.registry import STAGE_SPECS
+from flows.keys import derivation_key
+
+
+def resolve_weights_url(model: ResolvedModel) -> str:
+    url = str(model.weights)
+    if "://" in url or Path(url).is_absolute():
+        return url
+    return str(Path(model.search_path) / url)
+
+
+def read_weights(model: ResolvedModel) -> tuple[bytes, str]:
+    from stages.errors import StageError
+    from storage.fs import read_url
+
+    url = resolve_weights_url(model)
+    try:
+        return read_url(url, runtime.storage_options(url) if "://" in url else {}), url
+    except FileNotFoundError as exc:
+        raise StageError("weights", f"weights file not found: {model.weights}") from exc
+
+
+def _module_source_hash(model: ResolvedModel) -> tuple[str, str | None]:
+    import importlib.util
+
+    from stages.errors import StageError
+    from stages.importing import search_path_first
+
+    module_name = model.factory.split(":", 1)[0]
+    try:
+        with search_path_first(model.search_path):
+            spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        raise StageError("import", f"module {module_name!r} cannot be found: {exc}") from exc
+    if spec is None:
+        raise StageError("import", f"module {module_name!r} not found")
+    origin = spec.origin if spec.origin and Path(spec.origin).is_file() else None
+    data = Path(origin).read_bytes() if origin else module_name.encode()
+    return hashlib.sha256(data).hexdigest(), origin
+
+
+def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[dict[str, Any], str | None]:
+    """What the source key covers: factory, kwargs, inputs, dynamic shapes, dims, the factory
+    module's source (hashed) and the weights' sha256. Returns (manifest, module file)."""
+    code_hash, origin = _module_source_hash(model)
+    manifest: dict[str, Any] = {
+        "factory": model.factory,
+        "kwargs": dict(model.kwargs),
+        "inputs": {k: v.model_dump(mode="json") for k, v in model.inputs.items()},
+        "dynamic_shapes": {k: {str(i): d for i, d in v.items()} for k, v in model.dynamic_shapes.items()},
+        "dims": {k: list(v) for k, v in model.dims.items()},
+        "code_hash": code_hash,
+        "weights": weights_digest,
+    }
+    return manifest, origin
+
+
+def source_key(manifest: Mapping[str, Any]) -> str:
+    """The source key: the full manifest, the dependency manifest of the model's code included."""
+    return derivation_key("source", [], manifest, {})
+
+
+def request_key(static: Mapping[str, Any]) -> str:
+    """What the config and the weights say about a model (the manifest without its code's
+    dependencies): finds the source records whose dependency manifest a re-run checks."""
+    from flows.keys import canonical_json, sha256_text
+
+    return sha256_text("source-request:" + canonical_json(static))
+
+
+def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str, Any] | None:
+    """The newest ok source record of `model` made for `request` whose dependency manifest
+    still holds: every local file with the same content, every distribution at the same
+    version. Checked without importing torch or the model's code."""
+    import pyarrow.compute as pc
+
+    from stages.deps import changed_entries
+
+    condition = (pc.field("model") == model.name) & (pc.field("stage") == "source") & (pc.field("status") == "ok")
+    rows = store.index.read(["key", "details", "ended_at"], filter=condition).to_pylist()
+    for row in sorted(rows, key=lambda r: r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc), reverse=True):
+        details = json.loads(row["details"] or "{}")
+        if details.get("request") != request:
+            continue
+        deps = (details.get("manifest") or {}).get("deps")
+        if deps is None or changed_entries(deps, model.search_path):
+            return None  # the newest build of this request depends on code that has changed since
+        return row
+    return None
+
+
+# Failure classes that the same key always reproduces (the inputs, the code and the environment
+# that produced them are all in the key): reported again from the index instead of re-run.
+# The others (import, weights, runtime, storage, timeout, crash, out_of_memory, internal) depend
+# on things outside the key (a file appearing, a busy machine, a flaky store) and always re-run.
+DETERMINISTIC_FAILURES = frozenset({
+    "data_dependent", "dynamic_shape", "unsupported_op", "pytree", "decomposition",
+    "serialization", "compile", "numeric_mismatch", "nondeterministic",
+})
+
+
+def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bool = False) -> dict[str, Any] | None:
+    """The newest record for `key` (of run `run_id`, if given) that settles the stage: an ok
+    record whose blob exists and verifies, or (failures=True) a failure of a deterministic
+    class. Transient failures never settle a key. None if there is none."""
+    import pyarrow.compute as pc
+
+    condition = pc.field("key") == key
+    if run_id is not None:
+        condition = condition & (pc.field("run_id") == run_id)
+    table = store.index.read(None, filter=condition)
+    if table.num_rows == 0:
+        return None
+    rows = sorted(table.to_pylist(), key=lambda r: r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc), reverse=True)
+    for row in rows:
+        if row["status"] == "ok":
+            if row["sha256"] and store.blob_status(row["sha256"], row["size"]) == "ok":
+                return row
+        elif failures and row["error_class"] in DETERMINISTIC_FAILURES:
+            return row
+    return None
+
+
+def cached_outcome(row: Mapping[str, Any], key: str, *, own: bool, clock: float) -> Outcome:
+    """The outcome a stage reports for an index hit (`own`: this run's earlier attempt made it),
+    a cached failure included: its class and original message."""
+    outcome = {
+        "status": row["status"],
+        "cached": bool(row["cached"]) if own else True,
+        "seconds": round(time.perf_counter() - clock, 6),
+        "artifact": row["sha256"],
+        "size": row["size"],
+        "uri": row["uri"],
+        "key": key,
+        "fingerprint": row["fingerprint"],
+        "details": json.loads(row["details"] or "{}"),
+        "warnings": [],
+    }
+    if row["status"] != "ok":
+        outcome.update(error_class=row["error_class"], error=row["error_message"])
+    return outcome
+
+
+@dataclass
+class Plan:
+    """A model's source description and the cached prefix of its stage chain.
+
+    hits: stage -> (key, index row) for the stages settled by the index, in order (the last
+    one may be a cached failure, which settles the model);
+    first_miss: the first stage with work to do (None: the model is settled by the index).
+    """
+
+    model: ResolvedModel
+    manifest: dict[str, Any] | None = None  # the static part (config and weights); see request_key
+    module_file: str | None = None
+    source_key: str | None = None  # of the recorded source whose dependencies still hold
+    hits: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    first_miss: str | None = "source"
+    problem: str | None = None  # why planning stopped early (the model flow reports it properly)
+
+    @property
+    def fully_cached(self) -> bool:
+        return self.first_miss is None
+
+    def hit(self, stage: str, key: str) -> dict[str, Any] | None:
+        found = self.hits.get(stage)
+        return found[1] if found is not None and found[0] == key else None
+
+
+def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
+    """Key chain and cache decisions for `model`. Never raises: a model that cannot be planned
+    (weights missing, module gone) has work to do, and its model flow reports why."""
+    plan = Plan(model)
+    if ctx.force:
+        return plan
+    failures = not ctx.retry_failed
+    try:
+        digest = hashlib.sha256(read_weights(model)[0]).hexdigest() if model.weights else None
+        plan.manifest, plan.module_file = source_manifest(model, digest)
+        store = runtime.open_store(ctx.store_url)
+        recorded = recorded_source(store, model, request_key(plan.manifest))
+        if recorded is None:
+            return plan
+        plan.source_key = recorded["key"]
+        row = find_cached(store, plan.source_key)
+        if row is None:
+            return plan
+        plan.hits["source"] = (plan.source_key, row)
+        outcomes: dict[str, Outcome] = {"source": {"key": plan.source_key, **_facts(row)}}
+        for stage in ctx.stages:
+            spec = STAGE_SPECS[stage]
+            key = spec.key(model, spec.gather(outcomes))
+            row = find_cached(store, key, failures=failures)
+            if row is None:
+                plan.first_miss = stage
+                return plan
+            plan.hits[stage] = (key, row)
+            if row["status"] != "ok":  # a known failure: the model ends here, as it did before
+                break
+            outcomes[stage] = {"key": key, **_facts(row)}
+    except Exception as exc:  # weights missing, an unreadable index: the model flow meets it again and reports it
+        plan.problem = f"{type(exc).__name__}: {exc}"
+        return plan
+    plan.first_miss = None
+    return plan
+
+
+def _facts(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"artifact": row["sha256"], "fingerprint": row["fingerprint"], "size": row["size"]}

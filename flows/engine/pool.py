@@ -1,0 +1,350 @@
+"""Supervised worker processes: every stage of every model runs in one, never in the orchestrator.
+
+Why not a library: concurrent.futures' ProcessPoolExecutor (and Prefect's ProcessPoolTaskRunner,
+built on it) and loky fail every in-flight future when one worker dies (BrokenProcessPool /
+TerminatedWorkerError), so one segfault would fail healthy models; Dask's nanny restarts a dead
+worker, but has no per-task deadline, does not stop a task's compiler subprocesses, measures
+only the worker's own memory and reports neither the signal nor the stage. The supervisor here
+is small: a subprocess per worker in its own process group, a pipe, a deadline, psutil for the
+memory of the whole process tree (docs/architecture.md, "Isolation").
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import psutil
+
+POLL_SECONDS = 0.05
+MEMORY_SAMPLE_SECONDS = 0.2
+STARTUP_TIMEOUT = 300.0
+STDERR_TAIL_BYTES = 4000
+
+
+class WorkerLost(Exception):
+    """The worker stopped before it answered: `error_class` says why (crash, timeout, out_of_memory)."""
+
+    def __init__(self, error_class: str, message: str, stderr_tail: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+        self.stderr_tail = stderr_tail
+        self.returncode = returncode
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "is gone"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = " (the kernel's OOM killer sends SIGKILL when memory runs out)" if -returncode == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {returncode}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one call may use: an absolute deadline (time.monotonic) and a memory ceiling."""
+
+    deadline: float | None = None
+    deadline_reason: str = ""
+    memory_bytes: int | None = None
+
+
+class Worker:
+    """One worker process, started at once (it imports torch while the orchestrator does other
+    work) and used by one model at a time."""
+
+    def __init__(self, threads: int | None, env: dict[str, str] | None = None) -> None:
+        parent_sock, child_sock = socket.socketpair()
+        self.log = tempfile.TemporaryFile(prefix="pt2flow-worker-")
+        child_env = {**os.environ, **(env or {}), "PT2FLOW_WORKER": "1"}
+        if threads:
+            child_env["PT2FLOW_WORKER_THREADS"] = str(threads)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "flows.engine.worker", str(child_sock.fileno()), str(os.getpid())],
+            pass_fds=[child_sock.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            env=child_env,
+            start_new_session=True,  # its own process group: killing it stops its compilers too
+        )
+        child_sock.close()
+        self.conn = Connection(parent_sock.detach())
+        self.pid = self.process.pid
+        self.ready = False
+        self._offset = 0
+
+    # -- calls -------------------------------------------------------------------------------
+    def call(self, message: tuple[Any, ...], budget: Budget = Budget()) -> Any:
+        """Send `message`, wait for the answer within `budget`; WorkerLost if the worker dies,
+        runs out of time or memory (it is then killed, with its whole process tree)."""
+        self._offset = self._log_size()
+        if not self.ready:
+            self._wait(budget, startup=True)
+            self.ready = True
+        try:
+            self.conn.send(message)
+        except OSError:
+            raise self._lost("crash", "before the stage started") from None
+        return self._wait(budget)
+
+    def _wait(self, budget: Budget, startup: bool = False) -> Any:
+        next_sample = 0.0
+        startup_deadline = time.monotonic() + STARTUP_TIMEOUT if startup else None
+        while True:
+            try:
+                if self.conn.poll(POLL_SECONDS):
+                    return self.conn.recv()
+            except (EOFError, OSError):
+                raise self._lost("crash", "") from None
+            if self.process.poll() is not None:
+                raise self._lost("crash", "")
+            now = time.monotonic()
+            if budget.deadline is not None and now > budget.deadline:
+                self.kill(dump_stacks=True)
+                raise self._lost("timeout", budget.deadline_reason)
+            if startup_deadline is not None and now > startup_deadline:
+                self.kill()
+                raise self._lost("crash", f"did not start within {STARTUP_TIMEOUT:.0f} s")
+            if budget.memory_bytes is not None and now >= next_sample:
+                next_sample = now + MEMORY_SAMPLE_SECONDS
+                used = self.memory_bytes()
+                if used > budget.memory_bytes:
+                    self.kill(dump_stacks=True)
+                    raise self._lost(
+                        "out_of_memory", f"its processes used {used / 2**30:.2f} GiB, over the limit of {budget.memory_bytes / 2**30:.2f} GiB"
+                    )
+
+    def _lost(self, error_class: str, reason: str) -> WorkerLost:
+        try:
+            returncode = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            returncode = self.process.returncode
+        if error_class == "crash":
+            message = f"the worker process (pid {self.pid}) {describe_exit(returncode)}" + (f" {reason}" if reason else "")
+        else:
+            message = f"{reason}; its worker process (pid {self.pid}) and everything it started were stopped"
+        return WorkerLost(error_class, message, self.stderr_tail(), returncode)
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def memory_bytes(self) -> int:
+        """Resident memory of the worker and every process under it (compilers included)."""
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        total = 0
+        for proc in procs:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _log_size(self) -> int:
+        try:
+            return os.fstat(self.log.fileno()).st_size
+        except OSError:
+            return 0
+
+    def stderr_tail(self, limit: int = STDERR_TAIL_BYTES) -> str:
+        """What the worker wrote to stdout/stderr since the current call began (the end of it)."""
+        end = self._log_size()
+        start = max(self._offset, end - limit)
+        try:
+            data = os.pread(self.log.fileno(), end - start, start)
+        except OSError:
+            return ""
+        return data.decode("utf-8", "replace")
+
+    def kill(self, dump_stacks: bool = False) -> None:
+        """Stop the worker and every process it started, at once (dump_stacks: first have it
+        print where each of its threads is, for the stderr tail)."""
+        if dump_stacks and self.alive:
+            try:
+                os.kill(self.pid, signal.SIGUSR1)
+                time.sleep(0.3)
+            except ProcessLookupError:
+                pass
+        try:
+            descendants = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for proc in descendants:  # a compiler that left the group
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        if self.alive:
+            try:
+                self.conn.send(("stop",))
+                self.process.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        self.conn.close()
+        self.log.close()
+
+
+class WorkerPool:
+    """`size` workers, reused across models (torch is imported once per worker); a worker that
+    died or was stopped is replaced by a fresh one for the next model."""
+
+    def __init__(self, size: int, threads: int | None = None, env: dict[str, str] | None = None) -> None:
+        self.size = max(1, size)
+        self.threads = threads
+        self.env = dict(env or {})
+        self._idle: "queue.Queue[Worker]" = queue.Queue()
+        self._all: list[Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        for _ in range(self.size):
+            self._idle.put(self._spawn())
+
+    def _spawn(self) -> Worker:
+        worker = Worker(self.threads, self.env)
+        with self._lock:
+            self._all.append(worker)
+        return worker
+
+    def acquire(self) -> Worker:
+        worker = self._idle.get()
+        if not worker.alive:
+            self._retire(worker)
+            worker = self._spawn()
+        return worker
+
+    def release(self, worker: Worker) -> None:
+        if self._closed:
+            return
+        if worker.alive:
+            self._idle.put(worker)
+        else:  # replaced now, so the next model finds a worker already importing torch
+            self._retire(worker)
+            self._idle.put(self._spawn())
+
+    def _retire(self, worker: Worker) -> None:
+        worker.close()
+        with self._lock:
+            if worker in self._all:
+                self._all.remove(worker)
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.pid for w in self._all]
+
+    def shutdown(self) -> None:
+        """Stop every worker (and its compilers) now; in-flight calls end with WorkerLost."""
+        self._closed = True
+        with self._lock:
+            workers = list(self._all)
+            self._all.clear()
+        for worker in workers:
+            worker.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the process's pool: the orchestrator's (local runner) or a Dask worker's (one worker each)
+
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
+
+
+def default_workers(models: int) -> int:
+    """Worker processes for `models` models when --workers is not given: one per core, at most
+    one per model, and at most one per 3 GiB of available memory (a torch worker's working set)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    memory = psutil.virtual_memory().available // (3 * 2**30)
+    return max(1, min(models, cores, memory))
+
+
+def worker_threads(size: int) -> int:
+    """torch threads per worker: the cores shared out, at least one each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, size))
+
+
+def start_pool(size: int) -> WorkerPool:
+    """Start this process's pool of `size` workers (replacing a smaller one)."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None and _pool.size >= size and not _pool._closed:
+            return _pool
+        if _pool is not None:
+            _pool.shutdown()
+        env = {"TORCHINDUCTOR_COMPILE_THREADS": "1"} if size > 1 else {}  # N compiles side by side
+        _pool = WorkerPool(size, threads=worker_threads(size), env=env)
+        return _pool
+
+
+def shared_pool(size: int = 1) -> WorkerPool:
+    with _pool_lock:
+        existing = _pool
+    if existing is not None and not existing._closed:
+        return existing
+    return start_pool(size)
+
+
+def stop_pool() -> None:
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown()
+
+
+atexit.register(stop_pool)
+
+
+@dataclass
+class Lease:
+    """The worker a model's stages run on, acquired at its first stage with work and released
+    (or replaced, if it died) when the model is done."""
+
+    pool: WorkerPool
+    worker: Worker | None = None
+
+    def get(self) -> Worker:
+        if self.worker is None:
+            self.worker = self.pool.acquire()
+            self.worker.call(("new_model",))
+        return self.worker
+
+    def release(self) -> None:
+        if self.worker is not None:
+            self.pool.release(self.worker)
+            self.worker = None
+

@@ -1,0 +1,80 @@
+"""A worker process: `python -m flows.engine.worker FD` runs stages sent over the connection on
+file descriptor FD until told to stop or its parent goes away. Never imports Prefect.
+
+It leads its own process group (the supervisor starts it in a new session), so killing the
+group also stops the compiler subprocesses inductor starts. When the supervisor dies, the
+watchdog thread stops the whole group; SIGTERM does the same.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+
+def _stop_group(*_args: object) -> None:
+    """Kill this worker's process group (itself and its compilers), now."""
+    try:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    finally:
+        os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            _stop_group()
+
+
+def _set_threads() -> None:
+    threads = os.environ.get("PT2FLOW_WORKER_THREADS")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def main(fd: int, parent: int) -> int:
+    # a segfault prints the Python stack to stderr; SIGUSR1 (sent before a worker is stopped for
+    # time or memory) prints where every thread is: both end up in the failed model's stderr tail
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGTERM, _stop_group)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when a worker stops
+    threading.Thread(target=_watch_parent, args=(parent,), name="pt2flow-watchdog", daemon=True).start()
+    conn = Connection(fd)
+    import stages.trace  # noqa: F401  (torch and the stages: once per worker, before the first model)
+
+    from flows.engine import compute
+
+    _set_threads()
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return 0
+        kind = message[0]
+        if kind == "stop":
+            return 0
+        if kind == "stage":
+            _, stage, model, ctx, inputs, key = message
+            status, payload = compute.run_stage(stage, model, ctx, inputs, key)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            conn.send((status, payload))
+        elif kind == "new_model":
+            compute.forget_programs()
+            conn.send(("ok", None))
+        elif kind == "eval":  # tests and benchmarks: what this worker sees (pid, env)
+            conn.send(("ok", {"pid": os.getpid(), "threads": os.environ.get("PT2FLOW_WORKER_THREADS")}))
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

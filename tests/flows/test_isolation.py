@@ -1,0 +1,151 @@
+"""One model can never take the fleet down: a model that segfaults, one that calls os._exit, one
+that hangs past its time limit and one that runs over its memory limit, in a fleet with healthy
+models before and after them, with every runner. Real processes really die; nothing is mocked.
+
+Each run also checks that no process it started is left behind: every process of the run
+(CLI, Prefect server, worker processes, Dask workers) inherits a unique token in its
+environment, and none may carry it once the CLI has exited.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from storage import ArtifactStore
+from tests.conftest import run_json, write_config
+
+pytestmark = pytest.mark.integration
+
+STAGES = ["trace", "serialize", "validate"]
+X = {"x": {"shape": [3, 8]}}
+FLEET = [
+    {"name": "healthy-first", "factory": "tests.models:tiny_mlp", "inputs": X},
+    {"name": "segfault", "factory": "tests.hostile_models:segfault", "inputs": X},
+    {"name": "hard-exit", "factory": "tests.hostile_models:hard_exit", "inputs": X},
+    {"name": "hang", "factory": "tests.hostile_models:hang", "inputs": X, "limits": {"timeout_s": 6}},
+    {"name": "memory-hog", "factory": "tests.hostile_models:memory_hog", "inputs": X, "limits": {"memory_gb": 1.5}},
+    {"name": "healthy-last", "factory": "tests.models:tiny_mlp", "kwargs": {"hidden": 32}, "inputs": X},
+]
+
+
+def processes_with(token: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.environ().get("PT2FLOW_TEST_TOKEN") == token:
+                found.append(f"{proc.pid}: {' '.join(proc.info['cmdline'] or [])[:200]}")
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def assert_nothing_left(token: str, grace: float = 15.0) -> None:
+    deadline = time.monotonic() + grace
+    while (left := processes_with(token)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == [], f"processes left running after the CLI exited: {left}"
+
+
+@pytest.mark.parametrize("runner,workers", [("local", "1"), ("process", "2"), ("dask", "2")])
+def test_crashing_hanging_and_hoarding_models_fail_alone(tmp_path: Path, runner: str, workers: str) -> None:
+    config = write_config(tmp_path / "hostile.yaml", FLEET, stages=STAGES)
+    token = uuid.uuid4().hex
+    started = time.monotonic()
+    code, document, stderr = run_json(
+        ["run", str(config), "--store", str(tmp_path / "store"), "--runner", runner, "--workers", workers],
+        env={"PT2FLOW_TEST_TOKEN": token},
+        timeout=600,
+    )
+    elapsed = time.monotonic() - started
+    assert code == 1, stderr[-3000:]
+    by_name = {m["name"]: m for m in document["models"]}
+    assert [m["name"] for m in document["models"]] == [m["name"] for m in FLEET]
+    assert document["summary"] == {**document["summary"], "ok": 2, "failed": 4}
+    assert document["workers"] == int(workers)
+
+    for name in ("healthy-first", "healthy-last"):
+        assert by_name[name]["status"] == "ok", by_name[name]
+        assert by_name[name]["validation"]["passed"] is True
+        assert set(by_name[name]["stages"]) == set(STAGES)
+
+    expected = {
+        "segfault": ("crash", "was killed by SIGSEGV during trace"),
+        "hard-exit": ("crash", "exited with code 3 during trace"),
+        "hang": ("timeout", "trace: the model ran past its time limit of 6 s (limits.timeout_s)"),
+        "memory-hog": ("out_of_memory", "over the limit of 1.50 GiB"),
+    }
+    for name, (error_class, message) in expected.items():
+        model = by_name[name]
+        assert (model["status"], model["failed_stage"], model["error_class"]) == ("failed", "trace", error_class), model
+        assert message in model["error"], model["error"]
+        assert model["stages"]["trace"]["error_class"] == error_class
+    # where it died: faulthandler's stack in the stderr tail (the segfault itself; the hang and the
+    # hog were asked for their stacks before they were stopped)
+    for name in ("segfault", "hang", "memory-hog"):
+        assert "misbehave" in by_name[name]["stderr_tail"], by_name[name]["stderr_tail"][-2000:]
+    assert by_name["hang"]["stages"]["trace"]["seconds"] < 30
+
+    # every failure is in the index with its class and stage
+    records = ArtifactStore(str(tmp_path / "store")).index.read(["run_id", "model", "stage", "status", "error_class"]).to_pylist()
+    failed = {(r["model"], r["stage"], r["error_class"]) for r in records if r["run_id"] == document["run_id"] and r["status"] == "failed"}
+    assert failed == {(name, "trace", cls) for name, (cls, _) in expected.items()}
+
+    assert elapsed < 300, f"the run took {elapsed:.0f} s"
+    assert_nothing_left(token)
+
+
+def test_an_interrupted_run_stops_its_workers_and_their_children(tmp_path: Path) -> None:
+    """SIGTERM (as a scheduler or Ctrl-C would send) while a model hangs in its worker: the CLI
+    exits 130, and neither the worker nor anything else of the run is left."""
+    import signal
+    import subprocess
+
+    from tests.conftest import BIN, cli_env
+
+    config = write_config(tmp_path / "stuck.yaml", [FLEET[3] | {"limits": {"timeout_s": 600}}], stages=STAGES)
+    token = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        [str(BIN / "pt2flow"), "run", str(config), "--store", str(tmp_path / "store"), "--json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env({"PT2FLOW_TEST_TOKEN": token}),
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not _worker_running(proc.pid):
+            time.sleep(0.5)
+        assert _worker_running(proc.pid), "no worker process started"
+        time.sleep(3)  # the worker is inside the hanging forward now
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr
+    assert_nothing_left(token)
+
+
+def _worker_running(pid: int) -> bool:
+    try:
+        return any("flows.engine.worker" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return False
+
+
+def test_a_worker_is_reused_across_models_and_replaced_after_a_crash(tmp_path: Path) -> None:
+    """One worker, three models: the two healthy ones before the crash share its process (torch
+    imported once); the one after it runs in the replacement."""
+    fleet = [FLEET[0], {**FLEET[0], "name": "healthy-second"}, FLEET[1], FLEET[5]]
+    config = write_config(tmp_path / "reuse.yaml", fleet, stages=STAGES)
+    code, document, stderr = run_json(["run", str(config), "--store", str(tmp_path / "store"), "--workers", "1"])
+    assert code == 1, stderr[-3000:]
+    workers = [m["worker"] for m in document["models"]]
+    assert workers[0] == workers[1] == workers[2], workers  # the segfault killed the shared worker
+    assert workers[3] != workers[2]
+    assert int(workers[0].rsplit(":", 1)[1]) != os.getpid()
