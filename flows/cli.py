@@ -230,13 +230,13 @@ def _nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
     """When every model is already built (each stage's key has an ok record whose blob verifies),
     settle the run from the index without starting Prefect: the cached records are written under
     this run's id, as a flow would. None when there is work to do."""
-    from flows.fleet import NeedsFlow, fleet_context, run_fleet
+    from flows.engine.fleet import NeedsFlow, fleet_context, settle_fleet
 
     pipeline, ctx = fleet_context(
         parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"]
     )
     try:
-        return run_fleet(pipeline, ctx, in_flow=False)
+        return settle_fleet(pipeline, ctx)
     except NeedsFlow:
         return None
 

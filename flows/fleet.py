@@ -17,16 +17,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
 from flows import runtime
-from flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
-from flows.engine.context import RunContext, new_run_id
-from flows.engine.model_flow import empty_result, export_model_flow, run_logger, run_model
-from flows.engine.planner import Plan, plan_model
+from flows.config import ResolvedModel
+from flows.engine.context import RunContext
+from flows.engine.fleet import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
+from flows.engine.model_flow import export_model_flow
+from flows.engine.planner import Plan
+from flows.engine.runner import empty_result, run_logger
 
 RUNNERS = ("local", "process", "dask")
-
-# Compact the index at the end of a run once it holds this many files.
-AUTO_COMPACT_FILES = 256
-
 
 def _model_result(state: Any, model: ResolvedModel) -> dict[str, Any]:
     try:
@@ -153,66 +151,22 @@ def _publish_artifacts(document: dict[str, Any], store_obj: Any, comparison: str
         run_logger().warning("could not publish the fleet artifacts: %s", exc)
 
 
-class NeedsFlow(RuntimeError):
-    """run_fleet was asked to settle a fleet outside a flow, but some model has work to do."""
-
-
-def fleet_context(
-    config_path: str, store: str | None, only: list[str] | None, stages: list[str] | None, force: bool, run_id: str | None, retry_failed: bool = False
-) -> tuple[Any, RunContext]:
-    pipeline = apply_overrides(load_config(config_path), only=only or (), stages=stages)
-    store_url = resolve_store_url(store or pipeline.store)
-    if not runtime.storage_options(store_url) and pipeline.storage_options:
-        runtime.set_storage_options(store_url, pipeline.storage_options)
-    return pipeline, RunContext(run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force, retry_failed=retry_failed)
-
-
-def plan_fleet(models: Sequence[ResolvedModel], ctx: RunContext, *, stop_at_work: bool = False) -> dict[str, Plan]:
-    """Every model's plan (stop_at_work: raise NeedsFlow at the first model with work)."""
-    plans = {}
-    for m in models:
-        plans[m.name] = plan_model(m, ctx)
-        if stop_at_work and not plans[m.name].fully_cached:
-            raise NeedsFlow(f"model {m.name} has stages to build")
-    return plans
-
-
-def resolve_workers(workers: int | None, models_with_work: int) -> int:
-    from flows.engine.pool import default_workers
-
-    return max(1, workers) if workers else default_workers(max(1, models_with_work))
-
-
-def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None, *, in_flow: bool = True) -> dict[str, Any]:
-    """The run document of DESIGN.md section 4. Models the planner finds fully cached are
-    settled here, by index lookups, without a worker or a Prefect task run; the rest go to the
-    runner's supervised worker processes. Outside a flow (in_flow=False) every model must be
-    fully cached."""
+def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None) -> dict[str, Any]:
+    """The run document of DESIGN.md section 4. Models the planner settles from the index need
+    no worker and no Prefect task run; the rest go to the runner's supervised worker processes."""
     started = time.perf_counter()
     models = list(pipeline.models)
-    plans = plan_fleet(models, ctx, stop_at_work=not in_flow)
-    to_run = [m for m in models if not plans[m.name].fully_cached]
-    results: dict[str, dict[str, Any]] = {m.name: run_model(m, ctx, plans[m.name], direct=True) for m in models if plans[m.name].fully_cached}
+    plans = plan_fleet(models, ctx)
+    results = settle_from_index(models, plans, ctx)
+    to_run = [m for m in models if m.name not in results]
     used = 0
     if to_run:
         used = resolve_workers(workers, len(to_run))
         run_logger().info("%d model(s) to build on %d worker process(es) (%s runner)", len(to_run), used, runner)
         for m, r in zip(to_run, _run_models(to_run, plans, ctx, runner, used, dask_address)):
             results[m.name] = r
-    ordered = [results[m.name] for m in models]
-    store_obj = runtime.open_store(ctx.store_url)
-    if len(store_obj.index.files()) >= AUTO_COMPACT_FILES:
-        store_obj.index.compact()
-    ok = sum(1 for r in ordered if r["status"] == "ok")
-    document = {
-        "run_id": ctx.run_id,
-        "store": store_obj.url,
-        "summary": {"ok": ok, "failed": len(ordered) - ok, "seconds": round(time.perf_counter() - started, 3)},
-        "models": ordered,
-        "workers": used,
-    }
-    if in_flow:
-        _publish_artifacts(document, store_obj, _drift_markdown(store_obj, ctx.run_id))
+    document = run_document(ctx, [results[m.name] for m in models], started, used)
+    _publish_artifacts(document, runtime.open_store(ctx.store_url), _drift_markdown(runtime.open_store(ctx.store_url), ctx.run_id))
     return document
 
 

@@ -8,11 +8,12 @@ schema_version column and only ever gains columns.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -128,6 +129,7 @@ class MetadataIndex:
         self.retry = retry
         self._file_cache: dict[str, pa.Table] = {}
         self._combined: tuple[tuple[str, ...], pa.Table] | None = None
+        self._pinned: list[str] | None = None  # the listing a snapshot() reuses
 
     # -- writing -------------------------------------------------------------------------
     def append(self, records: Sequence[Mapping[str, Any]]) -> str | None:
@@ -155,6 +157,9 @@ class MetadataIndex:
             path = f"{self.root}/{prefix}-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
             try:
                 self._write_table(table, path, **kwargs)
+                if self._pinned:  # a snapshot sees what this process itself appended
+                    self._pinned.append(path)
+                    self._pinned.sort()
                 return path
             except _NameTaken:
                 continue
@@ -180,7 +185,29 @@ class MetadataIndex:
         crash_point("after_index_append")
 
     # -- reading -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Within the block, reads use one listing of the index files, taken at its first read
+        (planning a fleet reads the index hundreds of times; records appended meanwhile by this
+        process are still seen). Outside it, every read lists the files afresh."""
+        outer = self._pinned is not None
+        if not outer:
+            self._pinned = []
+        try:
+            yield
+        finally:
+            if not outer:
+                self._pinned = None
+
     def files(self) -> list[str]:
+        if self._pinned:
+            return list(self._pinned)
+        listed = self._list_files()
+        if self._pinned is not None:
+            self._pinned.extend(listed)
+        return listed
+
+    def _list_files(self) -> list[str]:
         try:
             self.fs.invalidate_cache(self.root)  # other processes append too: never trust a cached listing
             if not self.fs.exists(self.root):

@@ -27,8 +27,9 @@ def _now() -> datetime:
 class StageRun:
     """The bookkeeping around one stage of one model."""
 
-    def __init__(self, stage: str, model: ResolvedModel, ctx: RunContext, key: str, parents: list[str]) -> None:
+    def __init__(self, stage: str, model: ResolvedModel, ctx: RunContext, key: str, parents: list[str], records: list[dict[str, Any]] | None = None) -> None:
         self.stage = stage
+        self.records = records  # None: append each record to the index at once
         self.model = model
         self.ctx = ctx
         self.key = key
@@ -106,4 +107,7 @@ class StageRun:
             ended=_now(),
             source_row=source_row,
         )
-        self.store.index.append([record])
+        if self.records is not None:
+            self.records.append(record)
+        else:
+            self.store.index.append([record])

@@ -1,0 +1,245 @@
+"""Running a model's stages: the orchestrator's side, without Prefect.
+
+`run_model` walks the configured stages; each stage's body (`run_stage`) computes its key, looks
+it up (the planner's hit first), and otherwise sends the work to the model's worker process
+(flows/engine/pool.py). A worker that crashes, runs past its time or over its memory fails only
+this model's current stage, recorded as `crash`, `timeout` or `out_of_memory` with the tail of its
+stderr. flows/engine/model_flow.py wraps each stage in a Prefect task; a model the planner
+settled from the index runs here directly, with no Prefect import at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from flows.config import ResolvedModel
+from flows.engine.bookkeeping import StageRun
+from flows.engine.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
+from flows.engine.planner import Plan, plan_model, source_key
+from flows.engine.pool import Budget, Lease, WorkerLost, WorkerPool
+from flows.engine.registry import SOURCE, STAGE_SPECS
+
+StageCall = Callable[[str, ResolvedModel, RunContext, Mapping[str, Outcome]], Outcome]
+
+
+@dataclass
+class ModelRun:
+    """What the stage tasks of one model share in this thread: its plan, its worker lease and
+    its time budget."""
+
+    plan: Plan
+    lease: Lease | None
+    limits: Limits
+    started: float
+    records: list[dict[str, Any]] | None = None  # collect index records here instead of appending each
+
+    def budget(self, stage: str) -> Budget:
+        deadlines = []
+        if self.limits.timeout_s is not None:
+            deadlines.append((self.started + self.limits.timeout_s, f"the model ran past its time limit of {self.limits.timeout_s:g} s (limits.timeout_s)"))
+        stage_limit = self.limits.stage_budget(stage)
+        if stage_limit is not None:
+            deadlines.append((time.monotonic() + stage_limit, f"{stage} ran past its time limit of {stage_limit:g} s (limits.stage_timeout_s.{stage})"))
+        deadline, reason = min(deadlines) if deadlines else (None, "")
+        memory_gb = self.limits.memory_gb if self.limits.memory_gb is not None else default_memory_gb()
+        memory = int(memory_gb * 2**30)
+        return Budget(deadline=deadline, deadline_reason=reason, memory_bytes=memory)
+
+
+def default_memory_gb() -> float:
+    """A worker tree may use 90% of the machine's memory unless `limits.memory_gb` says otherwise:
+    pt2flow stops it (out_of_memory) before the kernel's OOM killer picks a victim."""
+    import psutil
+
+    return 0.9 * psutil.virtual_memory().total / 2**30
+
+
+_current = threading.local()
+
+
+def _model_run() -> ModelRun:
+    run = getattr(_current, "run", None)
+    if run is None:
+        raise RuntimeError("stage tasks run inside run_model")
+    return run
+
+
+def _retries_left() -> bool:
+    """Whether the Prefect task running this stage will be retried after a transient error."""
+    if "prefect" not in sys.modules:  # a direct call: nobody retries
+        return False
+    from prefect.context import TaskRunContext
+
+    context = TaskRunContext.get()
+    return context is not None and context.task_run.run_count <= context.task.retries
+
+
+def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome]) -> Outcome:
+    """Key, cache lookup, then the worker: the body of every stage task. Every failure, the
+    orchestrator's own storage errors included, ends as a recorded StageFailed."""
+    from storage import StorageError
+    from storage.fs import is_transient
+
+    model_run = _model_run()
+    spec = SOURCE if stage == "source" else STAGE_SPECS[stage]
+    key = (model_run.plan.source_key or "") if stage == "source" else spec.key(model, inputs)
+    run = StageRun(stage, model, ctx, key, spec.parent_keys(inputs), records=model_run.records)
+    try:
+        return _attempt(run, model_run, inputs)
+    except StorageError as exc:
+        if is_transient(exc) and _retries_left():
+            raise TransientStageError(str(exc)) from exc  # not recorded: the retry records the outcome
+        raise run.fail("storage", str(exc)) from None
+
+
+def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome]) -> Outcome:
+    stage = run.stage
+    if run.key:
+        hit = run.cached(model_run.plan.hit(stage, run.key))
+        if hit is not None:
+            return hit
+    if model_run.lease is None:
+        raise run.fail("internal", f"pt2flow bug: {stage} of a model planned as fully cached has work to do")
+    try:
+        worker = model_run.lease.get()
+        status, payload = worker.call(("stage", stage, run.model, run.ctx, dict(inputs), run.key), model_run.budget(stage))
+    except WorkerLost as lost:
+        details = {"stderr_tail": lost.stderr_tail, "returncode": lost.returncode}
+        message = f"{lost.message} during {stage}" if lost.error_class == "crash" else f"{stage}: {lost.message}"
+        raise run.fail(lost.error_class, message, details=details) from None
+    if status == "ok":
+        if stage == "source":  # the manifest the worker read is the one the key must cover
+            run.key = source_key(payload["details"]["manifest"])
+        return run.published(payload)
+    if payload.get("transient") and _retries_left():
+        raise TransientStageError(payload["error"])  # not recorded: the retry records the outcome
+    details = dict(payload.get("details") or {})
+    tail = worker.stderr_tail()
+    if tail.strip():
+        details["stderr_tail"] = tail
+    raise run.fail(payload["error_class"], payload["error"], details=details, report=payload.get("report"))
+
+
+def _stage_view(outcome: Mapping[str, Any]) -> dict[str, Any]:
+    view = {
+        "status": outcome["status"],
+        "cached": bool(outcome.get("cached")),
+        "seconds": outcome.get("seconds"),
+        "artifact": outcome.get("artifact") if outcome["status"] == "ok" else None,
+    }
+    if outcome.get("warnings"):
+        view["warnings"] = list(outcome["warnings"])
+    if outcome["status"] != "ok":
+        view["error_class"] = outcome.get("error_class")
+        view["error"] = outcome.get("error")
+        if outcome.get("artifact"):
+            view["report"] = outcome["artifact"]
+    return view
+
+
+def empty_result(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "status": "ok",
+        "failed_stage": None,
+        "error_class": None,
+        "error": None,
+        "stages": {},
+        "artifacts": {"serialized": None, "compiled": None},
+        "validation": None,
+        "worker": None,
+    }
+
+
+def run_model(
+    model: ResolvedModel,
+    ctx: RunContext,
+    plan: Plan | None = None,
+    pool: WorkerPool | None = None,
+    *,
+    tasks: Mapping[str, StageCall] | None = None,
+    records: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Run the configured stages for one model; never raises for a model's own failure.
+
+    pool: where stage work goes (None: the plan must settle every stage from the index);
+    tasks: stage name -> callable wrapping run_stage (Prefect tasks); None calls it directly;
+    records: collect the index records here (the caller appends them at once) instead of
+    appending one file per stage.
+    """
+    logger = run_logger()
+    plan = plan or plan_model(model, ctx)
+    if pool is None:
+        logger.info("%s: settled from the index", model.name)
+    lease = None if pool is None else Lease(pool)
+    model_run = ModelRun(plan, lease, model.limits, time.monotonic(), records)
+    call: Callable[[str], StageCall] = (lambda s: run_stage) if tasks is None else (lambda s: tasks[s])
+    result = empty_result(model.name)
+    outcomes: dict[str, Outcome] = {}
+    current = "source"
+    _current.run = model_run
+    try:
+        outcomes["source"] = call("source")("source", model, ctx, {})
+        result["source"] = outcomes["source"]["artifact"]
+        for stage in ctx.stages:
+            current = stage
+            spec = STAGE_SPECS[stage]
+            logger.info("%s: %s", model.name, stage)
+            outcomes[stage] = call(stage)(stage, model, ctx, spec.gather(outcomes))
+            result["stages"][stage] = _stage_view(outcomes[stage])
+            if spec.slot:
+                result["artifacts"][spec.slot] = outcomes[stage]["artifact"]
+    except StageFailed as failure:
+        outcome = failure.outcome
+        if current != "source":
+            result["stages"][current] = _stage_view(outcome)
+        result.update(status="failed", failed_stage=current, error_class=outcome.get("error_class"), error=outcome.get("error"))
+        tail = (outcome.get("details") or {}).get("stderr_tail")
+        if tail:
+            result["stderr_tail"] = tail
+        logger.warning("%s failed at %s (%s): %s", model.name, current, outcome.get("error_class"), outcome.get("error"))
+        outcomes[current] = outcome
+    finally:
+        _current.run = None
+        if lease is not None:
+            if lease.worker is not None:
+                result["worker"] = f"{socket.gethostname()}:{lease.worker.pid}"
+            lease.release()
+    validation = (outcomes.get("validate") or {}).get("details", {}).get("validation")
+    if validation:
+        result["validation"] = {k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples")}
+    return result
+
+
+def call_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], pool: WorkerPool) -> Outcome:
+    """One stage outside a model flow and outside Prefect (tools, tests): the bookkeeping here,
+    the work on `pool`. A failure is recorded and returned as its outcome."""
+    from flows.engine.planner import Plan
+
+    lease = Lease(pool)
+    _current.run = ModelRun(Plan(model), lease, model.limits, time.monotonic())
+    try:
+        return run_stage(stage, model, ctx, inputs)
+    except StageFailed as failure:
+        return failure.outcome
+    finally:
+        _current.run = None
+        lease.release()
+
+
+def run_logger() -> Any:
+    """The Prefect run logger inside a flow or task run, else the plain `pt2flow` logger."""
+    if "prefect" in sys.modules:
+        try:
+            from prefect import get_run_logger
+
+            return get_run_logger()
+        except Exception:
+            pass
+    return logging.getLogger("pt2flow")
