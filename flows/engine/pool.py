@@ -30,7 +30,7 @@ import psutil
 POLL_SECONDS = 0.05
 MEMORY_SAMPLE_SECONDS = 0.2
 STARTUP_TIMEOUT = 300.0
-STDERR_TAIL_BYTES = 4000
+STDERR_TAIL_BYTES = 16000  # a faulthandler dump of a deep torch stack runs to ~10 kB
 
 
 class WorkerLost(Exception):
