@@ -1,18 +1,26 @@
-"""Fleet overhead benchmark: pt2flow against a bare torch loop doing the same six stages by hand.
+"""Fleet overhead benchmark: pt2flow against a bare torch loop doing the same stages by hand.
 
-    .venv/bin/python bench/fleet_overhead.py [--models 8] [--workdir /tmp/pt2-bench-fleet]
+    .venv/bin/python bench/fleet_overhead.py [--models 8] [--small 100] [--workdir /tmp/pt2-bench-fleet]
 
-Arms, back to back on this machine, each a whole process timed by wall clock (interpreter
-start-up and imports included), each with its own empty TORCHINDUCTOR_CACHE_DIR so that no arm
-reuses another's compiled kernels:
+Two fleets, each arm a whole process timed by wall clock (interpreter start-up and imports
+included), each with its own empty TORCHINDUCTOR_CACHE_DIR so that no arm reuses another's kernels:
 
+compile fleet: --models demo models through all six stages, plus two models that fail at trace
+(a data-dependent branch, an unregistered output class), as a nightly fleet has
   bare        one process: export -> run_decompositions({}) -> core ATen -> torch.export.save ->
               aoti_compile_and_package -> reload both, compare with eager at each dim's min/max
-  cold-1      `pt2flow run` on an empty store, 1 worker
-  warm        `pt2flow run` again on the same store (every stage cached)
-  cold-2      `pt2flow run --workers 2 --runner process` on another empty store
+              (a failing export is attempted and skipped)
+  cold-1      `pt2flow run --workers 1` on an empty store
+  warm        `pt2flow run` again on the same store (every stage cached, the failures included)
+  cold-2      `pt2flow run --workers 2` on another empty store
+small fleet: --small tiny MLPs (distinct sizes) through trace, functionalize, decompose,
+serialize and validate (no compile)
+  bare-small  the same stages by hand in one process
+  cold-small  `pt2flow run --workers 1` on an empty store
+  warm-small  `pt2flow run` again
 
-Goals (issue 4): cold-1 / bare <= 1.10; warm / cold-1 <= 0.05; cold-2 / cold-1 <= 0.65.
+Goals (issues 10 and 11): cold-1 / bare <= 1.05; cold-2 / cold-1 <= 0.62; warm / cold-1 <= 0.02;
+cold-small / bare-small <= 1.25; warm-small / bare-small <= 0.03.
 Prints one table and a JSON line with every figure (--json-out FILE also writes it).
 """
 
@@ -46,19 +54,37 @@ FLEET: list[tuple[str, str, dict[str, Any], dict[str, dict[str, Any]], dict[str,
     ("cnn-32", "small_cnn", {"channels": 32}, {"image": {"shape": [2, 3, 16, 16]}}, {"image": {0: "batch"}}, {"batch": (1, 8)}),
 ]
 
+# models that fail at trace, every night, until their code changes (known failures: cached)
+FAILING = [
+    ("data-dependent", "failure_models:data_dependent_branch", {}, {"x": {"shape": [2, 8]}}, {}, {}),
+    ("object-output", "failure_models:unregistered_output", {}, {"x": {"shape": [2, 8]}}, {}, {}),
+]
+
 STAGES = ["trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"]
+SMALL_STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 
 
-def write_config(folder: Path, count: int) -> Path:
+def small_fleet(count: int) -> list[tuple[str, str, dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[int, str]], dict[str, tuple[int, int]]]]:
+    return [(f"mlp-{i:03d}", "mlp", {"hidden": 8 + i}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}) for i in range(count)]
+
+
+def fleet_models(kind: str, count: int) -> list[Any]:
+    if kind == "small":
+        return small_fleet(count)
+    return [*FLEET[:count], *FAILING]
+
+
+def write_config(folder: Path, kind: str, count: int) -> Path:
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "configs" / "demo_models.py", folder / "demo_models.py")
+    for module in ("demo_models.py", "failure_models.py"):
+        shutil.copy(ROOT / "configs" / module, folder / module)
     models = []
-    for name, factory, kwargs, inputs, dynamic, dims in FLEET[:count]:
+    for name, factory, kwargs, inputs, dynamic, dims in fleet_models(kind, count):
         models.append({
             "name": name,
-            "factory": f"demo_models:{factory}",
+            "factory": factory if ":" in factory else f"demo_models:{factory}",
             "kwargs": kwargs,
             "inputs": inputs,
             "dynamic_shapes": dynamic,
@@ -66,7 +92,8 @@ def write_config(folder: Path, count: int) -> Path:
             "stages": {"validate": {"atol": 1e-4}},
         })
     path = folder / "fleet.yaml"
-    path.write_text(yaml.safe_dump({"version": 1, "stages": STAGES, "models": models}, sort_keys=False))
+    stages = SMALL_STAGES if kind == "small" else STAGES
+    path.write_text(yaml.safe_dump({"version": 1, "stages": stages, "models": models}, sort_keys=False))
     return path
 
 
@@ -89,39 +116,45 @@ def _tensor(spec: dict[str, Any], sizes: dict[str, int] | None, dims_of: dict[in
     return torch.randint(spec.get("low", 0), spec.get("high", 10), shape, dtype=dtype)
 
 
-def bare_loop(count: int, workdir: Path) -> dict[str, float]:
+def bare_loop(kind: str, count: int, workdir: Path) -> dict[str, float]:
     import copy
+    import importlib
 
     import torch
     from torch._inductor import aoti_compile_and_package, aoti_load_package
     from torch.export import Dim
 
     sys.path.insert(0, str(workdir))
-    import demo_models  # type: ignore[import-not-found]
-
+    compile_ = kind != "small"
     seconds: dict[str, float] = {}
-    for name, factory, kwargs, inputs, dynamic, dims in FLEET[:count]:
+    for name, factory, kwargs, inputs, dynamic, dims in fleet_models(kind, count):
         started = time.perf_counter()
+        module, _, attr = (factory if ":" in factory else f"demo_models:{factory}").partition(":")
         torch.manual_seed(0)
-        model = getattr(demo_models, factory)(**kwargs).eval()
+        model = getattr(importlib.import_module(module), attr)(**kwargs).eval()
         objects = {d: Dim(d.replace("-", "_"), min=lo, max=hi) for d, (lo, hi) in dims.items()}
         example = {k: _tensor(v, None, dynamic.get(k, {})) for k, v in inputs.items()}
         shapes = {k: {axis: objects[d] for axis, d in dynamic.get(k, {}).items()} for k in inputs}
         pristine = copy.deepcopy(model)
-        program = torch.export.export(model, (), kwargs=example, dynamic_shapes=shapes, strict=False)
+        try:
+            program = torch.export.export(model, (), kwargs=example, dynamic_shapes=shapes or None, strict=False)
+        except Exception:  # a model that cannot be exported: attempted, as every night
+            seconds[name] = time.perf_counter() - started
+            continue
         program = program.run_decompositions({})
         program = program.run_decompositions()
         buffer = io.BytesIO()
         torch.export.save(program, buffer)
         package = workdir / f"{name}.pt2"
-        aoti_compile_and_package(program, package_path=str(package))
+        if compile_:
+            aoti_compile_and_package(program, package_path=str(package))
         archive = torch.export.load(io.BytesIO(buffer.getvalue())).module()
-        compiled = aoti_load_package(str(package))
+        compiled = aoti_load_package(str(package)) if compile_ else None
         for pick in (None, 0, 1):
             sizes = None if pick is None else {d: (lo, hi)[pick] for d, (lo, hi) in dims.items()}
             sample = {k: _tensor(v, sizes, dynamic.get(k, {})) for k, v in inputs.items()}
             expected = copy.deepcopy(pristine)(**sample)
-            for candidate in (archive, compiled):
+            for candidate in (archive, compiled) if compile_ else (archive,):
                 got = candidate(**sample)
                 flat_e, _ = torch.utils._pytree.tree_flatten(expected)
                 flat_g, _ = torch.utils._pytree.tree_flatten(got)
@@ -129,7 +162,7 @@ def bare_loop(count: int, workdir: Path) -> dict[str, float]:
                     if e.dtype.is_floating_point:
                         torch.testing.assert_close(g, e, atol=1e-3, rtol=1e-3)
             archive = torch.export.load(io.BytesIO(buffer.getvalue())).module()  # fresh buffers each sample
-            compiled = aoti_load_package(str(package))
+            compiled = aoti_load_package(str(package)) if compile_ else None
         seconds[name] = time.perf_counter() - started
     return seconds
 
@@ -142,7 +175,7 @@ def _timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]
     started = time.perf_counter()
     proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
-    if proc.returncode != 0:
+    if proc.returncode not in (0, 1) or (proc.returncode == 1 and not proc.stdout.startswith("{")):
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return elapsed, proc.stdout
 
@@ -162,58 +195,87 @@ def _env(workdir: Path, arm: str) -> dict[str, str]:
     return env
 
 
+GOALS = {
+    "cold1_over_bare": 1.05,
+    "cold2_over_cold1": 0.62,
+    "warm_over_cold1": 0.02,
+    "cold_small_over_bare_small": 1.25,
+    "warm_small_over_bare_small": 0.03,
+}
+
+
+def _arm(label: str, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
+    seconds, out = _timed(argv, env, cwd)
+    print(f"  {label:11s} {seconds:7.1f} s", file=sys.stderr)
+    return seconds, out
+
+
+def _check(out: str, ok: int, cached: bool = False, failed: int = 0) -> dict[str, Any]:
+    document = json.loads(out)
+    assert (document["summary"]["ok"], document["summary"]["failed"]) == (ok, failed), document["summary"]
+    if cached:
+        assert all(s["cached"] for m in document["models"] for s in m["stages"].values()), "warm run did stage work"
+        assert document["workers"] == 0, "warm run started a worker"
+    return document
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=int, default=8, help=f"fleet size (at most {len(FLEET)}; default 8)")
+    parser.add_argument("--models", type=int, default=8, help=f"compile fleet size (at most {len(FLEET)}; default 8), plus {len(FAILING)} failing models")
+    parser.add_argument("--small", type=int, default=100, help="small fleet size (default 100; 0 skips it)")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "pt2-bench-fleet"))
     parser.add_argument("--json-out", metavar="FILE")
-    parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)  # the bare arm's child process
+    parser.add_argument("--bare", choices=["compile", "small"], help=argparse.SUPPRESS)  # a bare arm's child process
     args = parser.parse_args()
     workdir = Path(args.workdir)
     count = min(args.models, len(FLEET))
 
     if args.bare:
-        print(json.dumps(bare_loop(count, workdir / "fleet")))
+        size = count if args.bare == "compile" else args.small
+        print(json.dumps(bare_loop(args.bare, size, workdir / args.bare)))
         return 0
 
     shutil.rmtree(workdir, ignore_errors=True)
-    config = write_config(workdir / "fleet", count)
     pt2flow = str(Path(sys.executable).parent / "pt2flow")
-    figures: dict[str, Any] = {"models": count}
+    figures: dict[str, Any] = {"models": count, "failing": len(FAILING), "small": args.small, "cores": os.cpu_count()}
+    print(f"{count} + {len(FAILING)} failing compile models, {args.small} small models, {os.cpu_count()} cores; each arm a fresh process", file=sys.stderr)
 
-    print(f"fleet of {count} models, {os.cpu_count()} cores; each arm a fresh process with its own inductor cache", file=sys.stderr)
-    figures["bare_s"], out = _timed([sys.executable, __file__, "--bare", "--models", str(count), "--workdir", str(workdir)], _env(workdir, "bare"), ROOT)
+    config = write_config(workdir / "compile", "compile", count)
+    bare = [sys.executable, __file__, "--models", str(count), "--small", str(args.small), "--workdir", str(workdir), "--bare"]
+    figures["bare_s"], out = _arm("bare", [*bare, "compile"], _env(workdir, "bare"), ROOT)
     figures["bare_per_model_s"] = json.loads(out.strip().splitlines()[-1])
-    print(f"  bare      {figures['bare_s']:7.1f} s", file=sys.stderr)
-
     run = [pt2flow, "run", str(config), "--json"]
-    figures["cold1_s"], out = _timed([*run, "--store", str(workdir / "store-1")], _env(workdir, "cold1"), workdir)
-    document = json.loads(out)
-    assert document["summary"]["ok"] == count, document["summary"]
-    figures["cold1_stage_s"] = _stage_totals(document)
-    print(f"  cold-1    {figures['cold1_s']:7.1f} s", file=sys.stderr)
-
-    figures["warm_s"], out = _timed([*run, "--store", str(workdir / "store-1")], _env(workdir, "warm"), workdir)
-    warm = json.loads(out)
-    assert all(s["cached"] for m in warm["models"] for s in m["stages"].values()), "warm run did stage work"
-    print(f"  warm      {figures['warm_s']:7.1f} s", file=sys.stderr)
-
-    figures["cold2_s"], out = _timed([*run, "--store", str(workdir / "store-2"), "--workers", "2", "--runner", "process"], _env(workdir, "cold2"), workdir)
-    assert json.loads(out)["summary"]["ok"] == count
-    print(f"  cold-2    {figures['cold2_s']:7.1f} s", file=sys.stderr)
-
+    figures["cold1_s"], out = _arm("cold-1", [*run, "--store", str(workdir / "store-1"), "--workers", "1"], _env(workdir, "cold1"), workdir)
+    figures["cold1_stage_s"] = _stage_totals(_check(out, count, failed=len(FAILING)))
+    figures["warm_s"], out = _arm("warm", [*run, "--store", str(workdir / "store-1")], _env(workdir, "warm"), workdir)
+    _check(out, count, cached=True, failed=len(FAILING))
+    figures["cold2_s"], out = _arm("cold-2", [*run, "--store", str(workdir / "store-2"), "--workers", "2"], _env(workdir, "cold2"), workdir)
+    _check(out, count, failed=len(FAILING))
     figures["ratios"] = {
         "cold1_over_bare": round(figures["cold1_s"] / figures["bare_s"], 3),
-        "warm_over_cold1": round(figures["warm_s"] / figures["cold1_s"], 3),
         "cold2_over_cold1": round(figures["cold2_s"] / figures["cold1_s"], 3),
+        "warm_over_cold1": round(figures["warm_s"] / figures["cold1_s"], 4),
     }
-    goals = {"cold1_over_bare": 1.10, "warm_over_cold1": 0.05, "cold2_over_cold1": 0.65}
-    print("\nratio                 measured   goal", file=sys.stderr)
-    for key, goal in goals.items():
-        value = figures["ratios"][key]
-        print(f"  {key:18s} {value:8.3f}   <= {goal:.2f}  {'met' if value <= goal else 'MISSED'}", file=sys.stderr)
-    totals = figures["cold1_stage_s"]
-    print("\ncold-1 stage seconds (sum over models): " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()), file=sys.stderr)
+
+    if args.small:
+        small = write_config(workdir / "small", "small", args.small)
+        figures["bare_small_s"], _ = _arm("bare-small", [*bare, "small"], _env(workdir, "bare-small"), ROOT)
+        run = [pt2flow, "run", str(small), "--json", "--store", str(workdir / "store-small")]
+        figures["cold_small_s"], out = _arm("cold-small", [*run, "--workers", "1"], _env(workdir, "cold-small"), workdir)
+        figures["cold_small_stage_s"] = _stage_totals(_check(out, args.small))
+        figures["warm_small_s"], out = _arm("warm-small", run, _env(workdir, "warm-small"), workdir)
+        _check(out, args.small, cached=True)
+        figures["ratios"]["cold_small_over_bare_small"] = round(figures["cold_small_s"] / figures["bare_small_s"], 3)
+        figures["ratios"]["warm_small_over_bare_small"] = round(figures["warm_small_s"] / figures["bare_small_s"], 4)
+
+    print("\nratio                          measured   goal", file=sys.stderr)
+    for key, value in figures["ratios"].items():
+        goal = GOALS[key]
+        print(f"  {key:28s} {value:8.3f}   <= {goal:.2f}  {'met' if value <= goal else 'MISSED'}", file=sys.stderr)
+    for arm in ("cold1", "cold_small"):
+        if f"{arm}_stage_s" in figures:
+            totals = figures[f"{arm}_stage_s"]
+            print(f"{arm} stage seconds (sum over models): " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()), file=sys.stderr)
     line = json.dumps(figures)
     print(line)
     if args.json_out:
