@@ -1,6 +1,6 @@
 """Models that cannot be exported or verified, each for a different reason (see configs/failures.yaml).
 
-pt2flow must classify each failure (DESIGN.md section 7) and still finish the rest of the fleet.
+pt2flow must classify each failure (docs/architecture.md §7) and still finish the rest of the fleet.
 """
 
 from __future__ import annotations

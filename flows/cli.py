@@ -1,4 +1,4 @@
-"""The pt2flow command line (DESIGN.md section 4).
+"""The pt2flow command line (docs/architecture.md §4).
 
 Thin by design: torch and Prefect are imported only inside the commands that run pipelines,
 so that ls / show / lineage / diff / verify / gc answer fast on a large index.

@@ -1,4 +1,4 @@
-"""Pipeline config, schema version 1 (DESIGN.md section 3).
+"""Pipeline config, schema version 1 (docs/architecture.md §3).
 
 `load_config(path)` reads YAML with yaml.safe_load semantics, validates it with pydantic and a
 second semantic pass, and raises ConfigError listing every problem at once, each with the

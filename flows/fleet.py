@@ -159,7 +159,7 @@ def _publish_artifacts(document: dict[str, Any], store_obj: Any, comparison: str
 
 
 def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None) -> dict[str, Any]:
-    """The run document of DESIGN.md section 4. Models the planner settles from the index need
+    """The run document of docs/architecture.md §4. Models the planner settles from the index need
     no worker and no Prefect task run; the rest go to the runner's supervised worker processes."""
     started = time.perf_counter()
     models = list(pipeline.models)
@@ -190,7 +190,7 @@ def fleet_flow(
     run_id: str | None = None,
     retry_failed: bool = False,
 ) -> Any:
-    """Export every model of the config (or `only` those); returns the run document of DESIGN.md section 4."""
+    """Export every model of the config (or `only` those); returns the run document of docs/architecture.md §4."""
     pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed)
     try:
         document = run_fleet(pipeline, ctx, runner, workers, dask_address)

@@ -2,7 +2,7 @@
 
 Derivation key = sha256(stage, stage version, parent identities, canonical options,
 environment). Program stages take their parent's program fingerprint as identity, so a re-trace
-that yields an identical program reuses everything downstream (DESIGN.md section 5).
+that yields an identical program reuses everything downstream (docs/architecture.md §5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Index records (DESIGN.md section 5) built from stage outcomes."""
+"""Index records (docs/architecture.md §5) built from stage outcomes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The six export stages as plain functions on real torch APIs.
 
 Each stage takes its input and its options and returns a StageResult; none does I/O, logging
-or orchestration. `STAGES` is the contract order (DESIGN.md section 2).
+or orchestration. `STAGES` is the contract order (docs/architecture.md §2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Assign an error class (DESIGN.md section 7) to an exception torch raised.
+"""Assign an error class (docs/architecture.md §7) to an exception torch raised.
 
 The rules look at the exception's type first and its message second: torch raises plain
 RuntimeErrors for several distinct failures, and its messages are the only stable signal.

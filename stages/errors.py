@@ -1,4 +1,4 @@
-"""Errors raised by stages, each carrying one of the contract's error classes (DESIGN.md section 7)."""
+"""Errors raised by stages, each carrying one of the contract's error classes (docs/architecture.md §7)."""
 
 from __future__ import annotations
 

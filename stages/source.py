@@ -35,7 +35,7 @@ DTYPES: dict[str, torch.dtype] = {
 
 @dataclass(frozen=True)
 class InputSpec:
-    """How to make one forward() argument (DESIGN.md section 3, `inputs`)."""
+    """How to make one forward() argument (docs/architecture.md §3, `inputs`)."""
 
     shape: tuple[int, ...]
     dtype: str = "float32"

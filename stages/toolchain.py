@@ -1,6 +1,6 @@
 """What an AOTInductor package's native code depends on besides the program: the CPU vector ISA
 inductor targets, the C++ compiler and its version, and for CUDA the GPU architecture, the CUDA
-version and Triton. It goes into the aot_compile key (DESIGN.md section 5), so a store shared by
+version and Triton. It goes into the aot_compile key (docs/architecture.md §5), so a store shared by
 machines of different kinds never hands one a package built for another.
 
 Everything is read from inductor itself (the compiler it would call, the ISA it would pick), under

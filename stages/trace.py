@@ -1,4 +1,4 @@
-"""trace: torch.export.export with the fallback ladder of DESIGN.md section 2."""
+"""trace: torch.export.export with the fallback ladder of docs/architecture.md §2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""validate: reload the artifacts and compare them with eager (DESIGN.md section 6).
+"""validate: reload the artifacts and compare them with eager (docs/architecture.md §6).
 
 Reference: the eager model (eval mode, inference mode). Candidates: the serialized archive and
 the compiled package. Inputs: the example inputs, every dynamic dim at its min, then at its

@@ -1,6 +1,6 @@
 """Content-addressed artifact store on any fsspec backend (local disk, memory://, s3://).
 
-Layout (DESIGN.md section 5): <root>/blobs/sha256/<2 hex>/<64 hex>, immutable bytes named by
+Layout (docs/architecture.md §5): <root>/blobs/sha256/<2 hex>/<64 hex>, immutable bytes named by
 their sha256, and <root>/index/ for the Parquet metadata index.
 """
 

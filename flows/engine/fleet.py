@@ -62,7 +62,7 @@ def resolve_workers(workers: int | None, models_with_work: int) -> int:
 
 
 def run_document(ctx: RunContext, results: list[dict[str, Any]], started: float, workers: int) -> dict[str, Any]:
-    """The run document (DESIGN.md section 4); compacts the index once it has many files."""
+    """The run document (docs/architecture.md §4); compacts the index once it has many files."""
     store = runtime.open_store(ctx.store_url)
     if len(store.index.files()) >= AUTO_COMPACT_FILES:
         store.index.compact()

@@ -1,4 +1,4 @@
-"""The config loader (DESIGN.md section 3): every bad config is rejected before anything runs,
+"""The config loader (docs/architecture.md §3): every bad config is rejected before anything runs,
 with the key path, the YAML line and what was expected; good configs resolve to merged options."""
 
 from __future__ import annotations

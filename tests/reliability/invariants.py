@@ -1,4 +1,4 @@
-"""Store invariants checked after every injected crash or fault (DESIGN.md section 5)."""
+"""Store invariants checked after every injected crash or fault (docs/architecture.md §5)."""
 
 from __future__ import annotations
 
