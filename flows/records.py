@@ -22,6 +22,7 @@ _ARTIFACT_FACTS = (
     "max_rel_err",
     "strategy",
     "details",
+    "blob_stat",
 )
 
 
@@ -73,6 +74,7 @@ def stage_record(
         "pt2flow_version": env.pt2flow_version,
         "host": env.host,
         "device": device,
+        "blob_stat": outcome.get("blob_stat"),
     }
     if source_row is not None:
         for column in _ARTIFACT_FACTS:

@@ -67,6 +67,7 @@ SCHEMA = pa.schema(
         pa.field("code_hash", pa.string()),
         pa.field("weights_digest", pa.string()),
         pa.field("details", pa.string()),  # JSON: stage-specific metadata (dims, attempts, sizes...)
+        pa.field("blob_stat", pa.string()),  # the blob's stat signature when it was last verified (see ArtifactStore.blob_signature)
     ]
 )
 

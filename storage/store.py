@@ -19,6 +19,11 @@ from storage.index import MetadataIndex
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
+# Below this size a cache hit re-hashes the blob (cheap); from it on, an unchanged stat signature
+# is trusted (the cost of an unchanged re-run must not grow with artifact size).
+TRUST_STAT_MIN_BYTES = 8 * 2**20
+
+
 @dataclass(frozen=True)
 class BlobRef:
     """A published blob: its digest, size and URI."""
@@ -109,14 +114,21 @@ class ArtifactStore:
         except Exception as exc:
             raise StorageError(f"cannot read blob {digest} from {self.url}: {type(exc).__name__}: {exc}") from exc
 
-    def get_blob(self, digest: str, size: int | None = None) -> bytes:
-        """The blob's bytes, after checking their size and sha256 (IntegrityError otherwise)."""
+    def get_blob(self, digest: str, size: int | None = None, *, remove_corrupt: bool = False) -> bytes:
+        """The blob's bytes, after checking their size and sha256 (IntegrityError otherwise;
+        remove_corrupt: also delete a corrupt blob, so that lookups see it missing and the stage
+        that made it runs again instead of being trusted by its unchanged stat signature)."""
         data = self._read(digest)
+        problem = None
         if size is not None and len(data) != size:
-            raise IntegrityError(f"blob {digest} is corrupt: {len(data)} bytes, the index records {size}")
-        actual = sha256_hex(data)
-        if actual != digest:
-            raise IntegrityError(f"blob {digest} is corrupt: its bytes hash to {actual}")
+            problem = f"blob {digest} is corrupt: {len(data)} bytes, the index records {size}"
+        elif (actual := sha256_hex(data)) != digest:
+            problem = f"blob {digest} is corrupt: its bytes hash to {actual}"
+        if problem:
+            if remove_corrupt:
+                self.delete_blob(digest)
+                problem += "; removed it, so that the next run rebuilds it"
+            raise IntegrityError(problem)
         return data
 
     def blob_status(self, digest: str, size: int | None = None) -> str:
@@ -128,6 +140,39 @@ class ArtifactStore:
         except IntegrityError:
             return "corrupt"
         return "ok"
+
+    def blob_signature(self, digest: str) -> str | None:
+        """What the backend says about the blob without reading it (size plus mtime and inode on
+        local disk, the ETag on S3), or None if it is missing. Equal signatures mean the bytes
+        were not rewritten since the signature was taken, as git's index trusts stat data."""
+        path = self.blob_path(digest)
+        try:
+            self.fs.invalidate_cache(path)
+            info = self.retry.call("stat", lambda: self.fs.info(path))
+        except FileNotFoundError:
+            return None
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"cannot stat blob {digest} in {self.url}: {type(exc).__name__}: {exc}") from exc
+        parts = [f"size={info.get('size')}"]
+        for field in ("ETag", "mtime", "ino", "LastModified", "created"):
+            if info.get(field) is not None:
+                parts.append(f"{field}={info[field]}")
+        return ";".join(parts)
+
+    def blob_status_trusting(self, digest: str, size: int | None, signature: str | None) -> tuple[str, str | None]:
+        """(status, current signature): for a blob of TRUST_STAT_MIN_BYTES or more, 'ok' without
+        reading it when its signature is `signature` (taken when it was last verified); otherwise
+        a full blob_status (read and re-hash). Whoever reads a blob for use verifies it again
+        (get_blob, which also removes a corrupt one so that the next run rebuilds it), so a blob
+        corrupted under an unchanged signature never reaches a loader; `verify` re-hashes all."""
+        current = self.blob_signature(digest)
+        if current is None:
+            return "missing", None
+        if signature is not None and current == signature and (size or 0) >= TRUST_STAT_MIN_BYTES:
+            return "ok", current
+        return self.blob_status(digest, size), current
 
     def has_blob(self, digest: str) -> bool:
         try:

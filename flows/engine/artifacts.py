@@ -18,6 +18,6 @@ def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, 
     rows = store.index.read(["size"], filter=condition).to_pylist()
     if not rows:
         raise RecordNotFound(f"{what} {digest} has no ok {'/'.join(stages)} record in the index of {store.url}: not loading it")
-    data = store.get_blob(digest, size if size is not None else rows[0]["size"])
+    data = store.get_blob(digest, size if size is not None else rows[0]["size"], remove_corrupt=True)
     check_archive(data, what=f"{what} {digest}")
     return data

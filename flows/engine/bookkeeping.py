@@ -75,6 +75,7 @@ class StageRun:
             "fingerprint": produced.get("fingerprint") or produced["artifact"],
             "details": dict(produced.get("details") or {}),
             "warnings": list(produced.get("warnings") or []),
+            "blob_stat": produced.get("blob_stat"),
         }
         self.record(outcome)
         return outcome

@@ -64,6 +64,7 @@ def _publish(store: Any, data: bytes, *, fingerprint: str | None, details: Mappi
         "artifact": ref.digest,
         "size": ref.size,
         "uri": ref.uri,
+        "blob_stat": store.blob_signature(ref.digest),  # just written and verified: later hits trust it
         "fingerprint": fingerprint or ref.digest,
         "details": dict(details),
         "warnings": list(warnings),

@@ -136,8 +136,13 @@ def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bo
     rows = sorted(table.to_pylist(), key=lambda r: r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc), reverse=True)
     for row in rows:
         if row["status"] == "ok":
-            if row["sha256"] and store.blob_status(row["sha256"], row["size"]) == "ok":
-                return row
+            if not row["sha256"]:
+                continue
+            # the blob's stat signature as it was last verified: unchanged, it is not re-read
+            # (a cache hit costs no I/O proportional to the artifact); changed, it is re-hashed
+            status, signature = store.blob_status_trusting(row["sha256"], row["size"], row.get("blob_stat"))
+            if status == "ok":
+                return {**row, "blob_stat": signature}
         elif failures and row["error_class"] in DETERMINISTIC_FAILURES:
             return row
     return None
