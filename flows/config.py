@@ -101,8 +101,13 @@ class ModelConfig(_Strict):
     factory: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     weights: str | None = None
-    inputs: dict[str, InputConfig]
-    dynamic_shapes: dict[str, dict[int, str]] = Field(default_factory=dict)
+    # forward() argument name -> input tree (see parse_inputs); checked by parse_inputs, which
+    # reports problems at their YAML path together with the schema's
+    inputs: Any = None
+    inputs_factory: str | None = None
+    inputs_file: str | None = None
+    # argument -> dims tree mirroring the input (see _check_dynamic)
+    dynamic_shapes: dict[str, Any] = Field(default_factory=dict)
     dims: dict[str, DimConfig] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
@@ -128,11 +133,13 @@ class ResolvedModel:
     factory: str
     kwargs: Mapping[str, Any]
     weights: str | None
-    inputs: Mapping[str, InputConfig]
-    dynamic_shapes: Mapping[str, Mapping[int, str]]
+    inputs: Mapping[str, Any]  # argument -> input tree (InputConfig at tensors; see parse_inputs)
+    dynamic_shapes: Mapping[str, Any]  # argument -> dims tree ({dim index: dim name} at tensors)
     dims: Mapping[str, tuple[int, int]]
     options: Mapping[str, BaseModel]  # stage -> its options model
     search_path: str  # the config's folder, first on sys.path when the factory is imported
+    inputs_factory: str | None = None  # "module:callable" returning (args, kwargs) for forward()
+    inputs_file: str | None = None  # safetensors or torch.save file of example inputs
 
     @property
     def training(self) -> bool:
@@ -217,6 +224,180 @@ def _pydantic_issues(exc: ValidationError, prefix: tuple[Any, ...], lines: _Line
             message = f"{message} (got {shown})"
         issues.append(ConfigIssue(format_path(loc), message, lines.line(loc)))
     return issues
+
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs: a tree per forward() argument
+
+# YAML spellings of the containers that a plain mapping or list cannot express
+TUPLE_KEY = "tuple"  # {tuple: [a, b]} is the tuple (a, b)
+DICT_KEY = "dict"  # {dict: {...}} is a dict, whatever its keys (shape, tuple, dict included)
+INPUT_FILE_SUFFIXES = (".safetensors", ".pt", ".pth")
+
+
+def parse_input(value: Any, path: tuple[Any, ...], lines: _Lines, issues: list[ConfigIssue]) -> Any:
+    """One input tree from YAML: a mapping with `shape` is a tensor spec (InputConfig);
+    {tuple: [...]} a tuple; {dict: {...}} or any other mapping a dict; a list a list; int, float,
+    bool, str and null are passed as they are."""
+
+    def add(message: str, where: tuple[Any, ...] = path) -> None:
+        issues.append(ConfigIssue(format_path(where), message, lines.line(where)))
+
+    if isinstance(value, dict):
+        if "shape" in value:
+            try:
+                return InputConfig.model_validate(value)
+            except ValidationError as exc:
+                issues.extend(_pydantic_issues(exc, path, lines))
+                return None
+        special = [k for k in (TUPLE_KEY, DICT_KEY) if k in value]
+        if special and len(value) > 1:
+            add(f"a mapping with key {special[0]!r} spells a {special[0]} and takes no other keys; for a dict with that key write {{dict: {{...}}}}")
+            return None
+        if TUPLE_KEY in value:
+            items = value[TUPLE_KEY]
+            if not isinstance(items, list):
+                add(f"{{tuple: ...}} takes a list of the tuple's items, got {type(items).__name__}", path + (TUPLE_KEY,))
+                return None
+            return tuple(parse_input(v, path + (TUPLE_KEY, i), lines, issues) for i, v in enumerate(items))
+        if DICT_KEY in value:
+            if not isinstance(value[DICT_KEY], dict):
+                add(f"{{dict: ...}} takes a mapping, got {type(value[DICT_KEY]).__name__}", path + (DICT_KEY,))
+                return None
+            return _parse_dict(value[DICT_KEY], path + (DICT_KEY,), lines, issues)
+        return _parse_dict(value, path, lines, issues)
+    if isinstance(value, list):
+        return [parse_input(v, path + (i,), lines, issues) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    add(f"an input is a tensor spec (a mapping with shape), a number, a bool, a string, null, or a list, {{tuple: [...]}} or dict of these; got {type(value).__name__}")
+    return None
+
+
+def _parse_dict(value: dict[Any, Any], path: tuple[Any, ...], lines: _Lines, issues: list[ConfigIssue]) -> dict[Any, Any]:
+    out = {}
+    for key, item in value.items():
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            issues.append(ConfigIssue(format_path(path + (key,)), f"dict keys must be strings or integers, got {type(key).__name__}", lines.line(path)))
+            continue
+        out[key] = parse_input(item, path + (key,), lines, issues)
+    return out
+
+
+def parse_inputs(value: Any, path: tuple[Any, ...], lines: _Lines, issues: list[ConfigIssue]) -> dict[str, Any] | None:
+    """A model's `inputs`: forward() argument name -> input tree."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        issues.append(ConfigIssue(format_path(path), f"expected a mapping of forward() argument names to inputs, got {type(value).__name__}", lines.line(path)))
+        return None
+    out = {}
+    for name, item in value.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            issues.append(ConfigIssue(format_path(path + (name,)), f"{name!r} is not a forward() argument name (a Python identifier)", lines.line(path + (name,))))
+            continue
+        out[name] = parse_input(item, path + (name,), lines, issues)
+    return out
+
+
+def _dim_index(key: Any) -> int | None:
+    if isinstance(key, bool):
+        return None
+    if isinstance(key, int):
+        return key
+    if isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key.strip()):
+        return int(key)
+    return None
+
+
+def _check_dynamic(
+    tree: Any,
+    dyn: Any,
+    path: tuple[Any, ...],
+    input_path: tuple[Any, ...],
+    dims: Mapping[str, DimConfig],
+    add: Any,
+) -> Any:
+    """The dims tree `dyn` for input `tree`, normalized ({int: name} at tensors, lists at
+    sequences), with every problem reported at its path. None where static or broken."""
+    if dyn is None:
+        return None
+    if isinstance(tree, InputConfig):
+        if not isinstance(dyn, dict):
+            add(path, f"a tensor input takes {{dim index: dim name}}, got {type(dyn).__name__}")
+            return None
+        out = {}
+        rank = len(tree.shape)
+        for key, dim_name in dyn.items():
+            index = _dim_index(key)
+            if index is None:
+                add(path + (key,), f"dim index {key!r} is not an integer")
+                continue
+            if not isinstance(dim_name, str):
+                add(path + (index,), f"expected a dim name, got {dim_name!r}")
+                continue
+            if not 0 <= index < rank:
+                add(path + (index,), f"dim index {index} is out of range for a rank-{rank} input")
+                continue
+            if dim_name not in dims:
+                add(path + (index,), f"dim {dim_name!r} has no definition under dims")
+                continue
+            spec = dims[dim_name]
+            size = tree.shape[index]
+            if not spec.min <= size <= spec.max:
+                add(input_path + ("shape",), f"example size {size} of dim {dim_name!r} is outside its range [{spec.min}, {spec.max}]")
+                continue
+            out[index] = dim_name
+        return out or None
+    if isinstance(tree, (list, tuple)):
+        if not isinstance(dyn, list) or len(dyn) != len(tree):
+            add(path, f"a {type(tree).__name__} of {len(tree)} takes a list of {len(tree)} dims entries (null where static), got {dyn!r}")
+            return None
+        sub = TUPLE_KEY if isinstance(tree, tuple) else None
+        items = [
+            _check_dynamic(t, d, path + (i,), input_path + ((sub, i) if sub else (i,)), dims, add)
+            for i, (t, d) in enumerate(zip(tree, dyn))
+        ]
+        return items if any(i is not None for i in items) else None
+    if isinstance(tree, dict):
+        if not isinstance(dyn, dict):
+            add(path, f"a dict input takes a mapping of its keys to dims entries, got {type(dyn).__name__}")
+            return None
+        out = {}
+        for key, d in dyn.items():
+            if key not in tree:
+                add(path + (key,), f"the dict input has no key {key!r} (keys: {sorted(map(str, tree))})")
+                continue
+            checked = _check_dynamic(tree[key], d, path + (key,), input_path + (key,), dims, add)
+            if checked is not None:
+                out[key] = checked
+        return out or None
+    add(path, f"a {type(tree).__name__} input has no dims to make dynamic")
+    return None
+
+
+def _check_dims_named(dyn: Any, path: tuple[Any, ...], dims: Mapping[str, DimConfig], add: Any) -> Any:
+    """For inputs not written in the config (inputs_factory, inputs_file): the dims tree's dim
+    names must be defined; its structure is checked against the real inputs at trace time."""
+    if isinstance(dyn, list):
+        return [_check_dims_named(d, path + (i,), dims, add) for i, d in enumerate(dyn)]
+    if isinstance(dyn, dict):
+        if dyn and all(isinstance(v, str) for v in dyn.values()):
+            out = {}
+            for key, name in dyn.items():
+                index = _dim_index(key)
+                if index is None or index < 0:
+                    add(path + (key,), f"dim index {key!r} is not a non-negative integer")
+                elif name not in dims:
+                    add(path + (index,), f"dim {name!r} has no definition under dims")
+                else:
+                    out[index] = name
+            return out
+        return {k: _check_dims_named(v, path + (k,), dims, add) for k, v in dyn.items()}
+    if dyn is not None:
+        add(path, f"expected {{dim index: dim name}}, a list or a mapping of these, or null; got {dyn!r}")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,6 +491,7 @@ def check_stage_list(stages: Sequence[str]) -> list[str]:
 def _check_model(
     index: int,
     model: ModelConfig,
+    inputs: dict[str, Any] | None,
     defaults: Mapping[str, dict[str, Any]],
     search_path: str,
     lines: _Lines,
@@ -336,25 +518,46 @@ def _check_model(
             add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")
         if "://" in model.weights and redact_url(model.weights) != model.weights:
             add(("weights",), "the weights URL holds credentials, which would be stored in the index and Prefect's parameters; use storage_options or the environment")
-    if not model.inputs:
-        add(("inputs",), "at least one input is required")
+    sources = [k for k in ("inputs", "inputs_factory", "inputs_file") if getattr(model, k) is not None]
+    if len(sources) > 1:
+        add((sources[1],), f"give the example inputs one way: {' or '.join(sources)}, not both")
+    if model.inputs_factory is not None:
+        if not FACTORY_PATTERN.fullmatch(model.inputs_factory):
+            add(("inputs_factory",), f"{model.inputs_factory!r} is not of the form 'package.module:callable'")
+        else:
+            problem = resolve_factory_statically(model.inputs_factory, search_path)
+            if problem:
+                add(("inputs_factory",), problem)
+    if model.inputs_file is not None:
+        plain = model.inputs_file.split("?", 1)[0].lower()
+        if not plain.endswith(INPUT_FILE_SUFFIXES):
+            add(("inputs_file",), f"inputs_file must be a .safetensors file or a torch.save file ending in one of {list(INPUT_FILE_SUFFIXES[1:])}")
+        elif "://" in model.inputs_file and redact_url(model.inputs_file) != model.inputs_file:
+            add(("inputs_file",), "the inputs_file URL holds credentials; use storage_options or the environment")
+        elif "://" not in model.inputs_file and not (Path(search_path) / model.inputs_file).is_file():
+            add(("inputs_file",), f"file not found: {Path(search_path) / model.inputs_file}")
 
-    for arg, per_dim in model.dynamic_shapes.items():
-        if arg not in model.inputs:
-            add(("dynamic_shapes", arg), f"no input named {arg!r} (inputs: {sorted(model.inputs)})")
-            continue
-        rank = len(model.inputs[arg].shape)
-        for dim_index, dim_name in per_dim.items():
-            if not 0 <= dim_index < rank:
-                add(("dynamic_shapes", arg, dim_index), f"dim index {dim_index} is out of range for a rank-{rank} input")
+    dynamic: dict[str, Any] = {}
+    if model.inputs is not None:
+        if isinstance(model.inputs, dict) and not model.inputs:
+            add(("inputs",), "at least one input is required")
+        inputs = inputs or {}
+        for arg, per_arg in model.dynamic_shapes.items():
+            if arg in inputs and inputs[arg] is None and model.inputs.get(arg) is not None:
+                continue  # the input itself is broken, reported already
+            if arg not in inputs:
+                add(("dynamic_shapes", arg), f"no input named {arg!r} (inputs: {sorted(inputs)})")
                 continue
-            if dim_name not in model.dims:
-                add(("dynamic_shapes", arg, dim_index), f"dim {dim_name!r} has no definition under dims")
-                continue
-            spec = model.dims[dim_name]
-            size = model.inputs[arg].shape[dim_index]
-            if not spec.min <= size <= spec.max:
-                add(("inputs", arg, "shape"), f"example size {size} of dim {dim_name!r} is outside its range [{spec.min}, {spec.max}]")
+            checked = _check_dynamic(inputs[arg], per_arg, ("dynamic_shapes", arg), ("inputs", arg), model.dims, add)
+            if checked is not None:
+                dynamic[arg] = checked
+    elif sources:
+        for arg, per_arg in model.dynamic_shapes.items():
+            checked = _check_dims_named(per_arg, ("dynamic_shapes", arg), model.dims, add)
+            if checked is not None:
+                dynamic[arg] = checked
+    else:
+        add(("inputs",), "required key is missing")
     for dim_name, spec in model.dims.items():
         if spec.min > spec.max:
             add(("dims", dim_name), f"min {spec.min} is greater than max {spec.max}")
@@ -370,7 +573,7 @@ def _check_model(
         except ValidationError as exc:
             issues.extend(_pydantic_issues(exc, base + ("stages", stage), lines))
     validate_options = options.get("validate")
-    if validate_options is not None and model.dynamic_shapes and validate_options.samples < 3:  # type: ignore[attr-defined]
+    if validate_options is not None and dynamic and validate_options.samples < 3:  # type: ignore[attr-defined]
         add(("stages", "validate", "samples"), "must be >= 3 for a model with dynamic dims (example, min and max)")
     if len(issues) != before:
         return None
@@ -379,12 +582,25 @@ def _check_model(
         factory=model.factory,
         kwargs=dict(model.kwargs),
         weights=model.weights,
-        inputs=dict(model.inputs),
-        dynamic_shapes={k: dict(v) for k, v in model.dynamic_shapes.items()},
+        inputs=dict(inputs or {}),
+        dynamic_shapes=dynamic,
         dims={k: (v.min, v.max) for k, v in model.dims.items()},
         options=options,
         search_path=search_path,
+        inputs_factory=model.inputs_factory,
+        inputs_file=model.inputs_file,
     )
+
+
+def _parse_all_inputs(data: Mapping[str, Any], lines: _Lines, issues: list[ConfigIssue]) -> dict[int, dict[str, Any] | None]:
+    """parse_inputs for every model, before the schema pass, so that input problems are
+    reported together with schema problems."""
+    models = data.get("models")
+    parsed: dict[int, dict[str, Any] | None] = {}
+    for i, model in enumerate(models if isinstance(models, list) else []):
+        if isinstance(model, dict):
+            parsed[i] = parse_inputs(model.get("inputs"), ("models", i, "inputs"), lines, issues)
+    return parsed
 
 
 def _duplicate_names(data: Mapping[str, Any], lines: _Lines) -> list[ConfigIssue]:
@@ -469,11 +685,12 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
     if "version" in data and (type(data["version"]) is not int or data["version"] != CONFIG_VERSION):
         issues.append(ConfigIssue("version", f"unsupported config version {data['version']!r}; this pt2flow reads version {CONFIG_VERSION}", lines.line(("version",))))
         raise ConfigError(source, issues)
+    parsed_inputs = _parse_all_inputs(data, lines, issues)
     try:
         config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
         # schema errors stop the deeper checks, but duplicate names are still worth reporting now
-        raise ConfigError(source, _pydantic_issues(exc, (), lines) + _duplicate_names(data, lines)) from None
+        raise ConfigError(source, _pydantic_issues(exc, (), lines) + issues + _duplicate_names(data, lines)) from None
 
     folder = os.path.abspath(base_dir or ".")
     storage_options = _expand_env(config.storage_options, ("storage_options",), issues, lines)
@@ -493,7 +710,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
     resolved = []
     for i, model in enumerate(config.models):
         # with broken defaults, per-model option errors would only repeat the defaults' errors
-        r = _check_model(i, model, defaults, folder, lines, issues, check_options=defaults_valid)
+        r = _check_model(i, model, parsed_inputs.get(i), defaults, folder, lines, issues, check_options=defaults_valid)
         if r is not None:
             resolved.append(r)
     if issues:

@@ -102,16 +102,9 @@ def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, 
 
 
 def model_inputs(model: ResolvedModel) -> Any:
-    from stages.source import InputSpec, ModelInputs
+    from flows.inputs import model_inputs as build_inputs
 
-    return ModelInputs(
-        inputs={
-            name: InputSpec(tuple(spec.shape), spec.dtype, spec.low, spec.high, spec.value)
-            for name, spec in model.inputs.items()
-        },
-        dynamic={arg: dict(dims) for arg, dims in model.dynamic_shapes.items()},
-        dims=dict(model.dims),
-    )
+    return build_inputs(model)
 
 
 def model_builder(model: ResolvedModel, store: Any, source: Mapping[str, Any]) -> Callable[[], Any]:
@@ -369,12 +362,13 @@ def _module_source_hash(model: ResolvedModel) -> tuple[str, str | None]:
 def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[dict[str, Any], str | None]:
     """What the source key covers: factory, kwargs, inputs, dynamic shapes, dims, the factory
     module's source (hashed) and the weights' sha256. Returns (manifest, module file)."""
+    from flows.inputs import inputs_manifest
+
     code_hash, origin = _module_source_hash(model)
     manifest: dict[str, Any] = {
         "factory": model.factory,
         "kwargs": dict(model.kwargs),
-        "inputs": {k: v.model_dump(mode="json") for k, v in model.inputs.items()},
-        "dynamic_shapes": {k: {str(i): d for i, d in v.items()} for k, v in model.dynamic_shapes.items()},
+        **inputs_manifest(model),  # inputs, dynamic_shapes; inputs_factory / inputs_file where set
         "dims": {k: list(v) for k, v in model.dims.items()},
         "code_hash": code_hash,
         "weights": weights_digest,

@@ -263,8 +263,13 @@ def _resized(shape: tuple[int, ...], dyn: Any, dim_sizes: Mapping[str, int] | No
 
 def _aligned_dynamic(value: Any, dyn: Any, path: str) -> Any:
     """The dims tree `dyn` checked against the input `value` and shaped like it (tuple for a
-    tuple, list for a list, dict for a dict, {index: name} for a tensor, None elsewhere)."""
+    tuple, list for a list, dict for a dict, {index: name} for a tensor, None elsewhere).
+    torch.export wants a container's spec to mirror it even where nothing in it is dynamic."""
     if dyn is None:
+        if isinstance(value, (list, tuple)):
+            return type(value)(_aligned_dynamic(v, None, path) for v in value)
+        if isinstance(value, dict):
+            return {k: _aligned_dynamic(v, None, path) for k, v in value.items()}
         return None
     if isinstance(value, (InputSpec, torch.Tensor)):
         rank = len(value.shape)
@@ -277,13 +282,11 @@ def _aligned_dynamic(value: Any, dyn: Any, path: str) -> Any:
     if isinstance(value, (list, tuple)):
         if not isinstance(dyn, (list, tuple)) or len(dyn) != len(value):
             raise StageError("config", f"dynamic_shapes.{path}: a {type(value).__name__} of {len(value)} takes a list of {len(value)} dims trees (null where static), got {dyn!r}")
-        items = [_aligned_dynamic(v, d, f"{path}[{i}]") for i, (v, d) in enumerate(zip(value, dyn))]
-        return type(value)(items) if any(i is not None for i in items) else None
+        return type(value)(_aligned_dynamic(v, d, f"{path}[{i}]") for i, (v, d) in enumerate(zip(value, dyn)))
     if isinstance(value, dict):
         if not isinstance(dyn, Mapping) or set(dyn) - set(value):
             raise StageError("config", f"dynamic_shapes.{path}: a dict input takes a mapping of its keys {sorted(map(str, value))} to dims trees, got {dyn!r}")
-        items = {k: _aligned_dynamic(v, dyn.get(k), f"{path}.{k}") for k, v in value.items()}
-        return items if any(i is not None for i in items.values()) else None
+        return {k: _aligned_dynamic(v, dyn.get(k), f"{path}.{k}") for k, v in value.items()}
     raise StageError("config", f"dynamic_shapes.{path}: a {type(value).__name__} input has no dims to make dynamic")
 
 
@@ -405,7 +408,7 @@ def export_dynamic_shapes(model_inputs: ModelInputs, bound: BoundInputs) -> tupl
     """dynamic_shapes for torch.export: a tuple aligned with the bound arguments (signature
     order), each mirroring its argument's structure. One torch.export.Dim per dim name, shared
     by every tensor that names it."""
-    if not any(d is not None for d in bound.dynamic):
+    if not any(per for _, _, per in bound.tensor_leaves()):
         return None
     dims = {
         name: torch.export.Dim(_dim_identifier(name), min=lo, max=hi) for name, (lo, hi) in model_inputs.dims.items()
@@ -470,3 +473,46 @@ def training_step(model: torch.nn.Module, loss_output: int | None = None) -> Tra
     step = step_cls(model, loss_output)
     step.train(model.training)
     return step
+
+
+def _check_input_leaves(tree: Any, path: str) -> None:
+    if isinstance(tree, (list, tuple)):
+        for i, item in enumerate(tree):
+            _check_input_leaves(item, f"{path}[{i}]")
+    elif isinstance(tree, dict):
+        for key, item in tree.items():
+            _check_input_leaves(item, f"{path}[{key!r}]")
+    elif not (tree is None or isinstance(tree, (torch.Tensor, bool, int, float, str))):
+        raise StageError("config", f"{path}: {type(tree).__name__} is not a forward() input pt2flow can pass (tensors, scalars, str, None, containers of these)")
+
+
+def check_inputs_call(result: Any, what: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) from an inputs factory's return value or an inputs file, checked."""
+    if isinstance(result, dict):
+        args, kwargs = (), result
+    elif isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], (tuple, list)) and isinstance(result[1], dict):
+        args, kwargs = tuple(result[0]), result[1]
+    else:
+        raise StageError("config", f"{what} must give (args, kwargs) for forward(), or a dict of arguments by name; got {type(result).__name__}")
+    if not all(isinstance(k, str) for k in kwargs):
+        raise StageError("config", f"{what}: keyword argument names must be strings")
+    _check_input_leaves((args, kwargs), what)
+    return tuple(args), dict(kwargs)
+
+
+def load_example_inputs(data: bytes, filename: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Example inputs from a file: safetensors (tensors by forward() argument name), or a
+    torch.save file read with torch.load(weights_only=True) holding (args, kwargs) or a dict of
+    arguments by name (containers, scalars and strings allowed; never arbitrary objects)."""
+    if filename.lower().endswith(".safetensors"):
+        try:
+            from safetensors.torch import load as load_safetensors
+
+            return (), dict(load_safetensors(data))
+        except Exception as exc:
+            raise StageError("config", f"{filename}: not a readable safetensors file: {exc}") from exc
+    try:
+        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise StageError("config", f"{filename}: refused to load example inputs (torch.load with weights_only=True): {_unpickling_reason(exc)}") from exc
+    return check_inputs_call(loaded, filename)
