@@ -196,7 +196,7 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
     if not parameters["force"] and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
         document = _nothing_to_build(parameters)
         if document is not None:
-            return document
+            return _with_trace_strategy(document, store)
     with runtime.prefect_api(while_starting=_preload_torch if parameters["runner"] == "local" else None):
         from flows.fleet import fleet_flow
 
@@ -212,7 +212,13 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
         document = state.result(raise_on_failure=False)
     if not isinstance(document, dict):
         raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
-    return document
+    return _with_trace_strategy(document, store)
+
+
+def _with_trace_strategy(document: dict[str, Any], store: Any) -> dict[str, Any]:
+    from flows.fallback import annotate_trace_strategy
+
+    return annotate_trace_strategy(document, store)
 
 
 def _preload_torch() -> None:
