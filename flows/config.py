@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stages import STAGES
 from stages.importing import search_path_first
-from stages.options import OPTIONS
+from stages.options import OPTIONS, UNION_TAGS
 from storage.fs import redact_url
 
 CONFIG_VERSION = 1
@@ -210,7 +210,7 @@ def format_path(parts: Iterable[Any]) -> str:
 def _pydantic_issues(exc: ValidationError, prefix: tuple[Any, ...], lines: _Lines) -> list[ConfigIssue]:
     issues = []
     for err in exc.errors():
-        loc = tuple("validate" if p == "validate_" else p for p in err["loc"])
+        loc = tuple("validate" if p == "validate_" else p for p in err["loc"] if p not in UNION_TAGS)
         loc = prefix + loc
         message = err["msg"]
         if err["type"] == "extra_forbidden":

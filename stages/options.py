@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
 class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# pydantic tags of the two spellings of trace.fallback; config error paths leave them out
+_BOOL_TAG = "<bool>"
+_RUNGS_TAG = "<rungs>"
+UNION_TAGS = frozenset({_BOOL_TAG, _RUNGS_TAG})
 
 
 class FallbackOptions(_Options):
@@ -28,7 +34,10 @@ class TraceOptions(_Options):
     (true), never (false), or only the rungs a mapping allows (`{static: false}`)."""
 
     strict: bool = False
-    fallback: bool | FallbackOptions = True
+    fallback: Annotated[
+        Union[Annotated[bool, Tag(_BOOL_TAG)], Annotated[FallbackOptions, Tag(_RUNGS_TAG)]],
+        Discriminator(lambda v: _RUNGS_TAG if isinstance(v, (dict, FallbackOptions)) else _BOOL_TAG),
+    ] = True
 
     def allows(self, rung: str) -> bool:
         """Whether the fallback ladder may use `rung` (other_strictness, suggested_fixes, static)."""
