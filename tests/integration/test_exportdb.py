@@ -94,9 +94,15 @@ def test_escape_hatches_inputs_factory_and_files(exportdb_run: dict[str, Any]) -
     for name in ("fn_with_kwargs-inputs-factory", "pytree_flatten-inputs-file", "dictionary-safetensors"):
         assert models[name]["status"] == "ok", models[name]
         assert models[name]["validation"]["passed"] is True
-    # the same model with the same example tensors from a factory as from the YAML spec: one graph
-    rc, record, _ = run_json(["show", models["fn_with_kwargs-inputs-factory"]["stages"]["trace"]["artifact"], "--store", str(exportdb_run["store"])])
-    assert rc == 0 and record["stage"] == "trace"
+    # the same model traced on inputs from a factory / a file as on the YAML spec of the same
+    # structure and shapes: the same program (graph, signature, weights)
+    def fingerprint(name: str) -> str:
+        rc, record, _ = run_json(["show", models[name]["stages"]["trace"]["artifact"], "--store", str(exportdb_run["store"])])
+        assert rc == 0 and record["stage"] == "trace" and record["model"] == name
+        return record["fingerprint"]
+
+    for variant, yaml_case in (("fn_with_kwargs-inputs-factory", "fn_with_kwargs"), ("pytree_flatten-inputs-file", "pytree_flatten"), ("dictionary-safetensors", "dictionary")):
+        assert fingerprint(variant) == fingerprint(yaml_case), variant
 
 
 def test_unbounded_symbols_are_recorded_as_open_bounds(exportdb_run: dict[str, Any]) -> None:
