@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from flows.input_schema import (  # noqa: F401  (InputConfig stays importable from flows.config)
+    INPUT_FILE_SUFFIXES,
+    InputConfig,
+    check_dims_named,
+    check_dynamic,
+    parse_inputs,
+)
 from stages import STAGES
 from stages.importing import search_path_first
 from stages.options import OPTIONS, UNION_TAGS
@@ -67,21 +74,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class InputConfig(_Strict):
-    shape: list[int] = Field(description="example shape; [] is a 0-d tensor")
-    dtype: Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "bool"] = "float32"
-    low: float | None = None
-    high: float | None = None
-    value: float | None = None
-
-    @field_validator("shape")
-    @classmethod
-    def _non_negative(cls, shape: list[int]) -> list[int]:
-        if any(d < 0 for d in shape):
-            raise ValueError("sizes must be >= 0")
-        return shape
-
-
 class DimConfig(_Strict):
     min: int = Field(ge=1)
     max: int = Field(ge=1, le=2**31 - 1)
@@ -101,12 +93,12 @@ class ModelConfig(_Strict):
     factory: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     weights: str | None = None
-    # forward() argument name -> input tree (see parse_inputs); checked by parse_inputs, which
+    # forward() argument name -> input tree, checked by flows.input_schema.parse_inputs, which
     # reports problems at their YAML path together with the schema's
     inputs: Any = None
     inputs_factory: str | None = None
     inputs_file: str | None = None
-    # argument -> dims tree mirroring the input (see _check_dynamic)
+    # argument -> dims tree mirroring the input (flows.input_schema.check_dynamic)
     dynamic_shapes: dict[str, Any] = Field(default_factory=dict)
     dims: dict[str, DimConfig] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -225,179 +217,6 @@ def _pydantic_issues(exc: ValidationError, prefix: tuple[Any, ...], lines: _Line
         issues.append(ConfigIssue(format_path(loc), message, lines.line(loc)))
     return issues
 
-
-
-# ---------------------------------------------------------------------------------------------
-# inputs: a tree per forward() argument
-
-# YAML spellings of the containers that a plain mapping or list cannot express
-TUPLE_KEY = "tuple"  # {tuple: [a, b]} is the tuple (a, b)
-DICT_KEY = "dict"  # {dict: {...}} is a dict, whatever its keys (shape, tuple, dict included)
-INPUT_FILE_SUFFIXES = (".safetensors", ".pt", ".pth")
-
-
-def parse_input(value: Any, path: tuple[Any, ...], lines: _Lines, issues: list[ConfigIssue]) -> Any:
-    """One input tree from YAML: a mapping with `shape` is a tensor spec (InputConfig);
-    {tuple: [...]} a tuple; {dict: {...}} or any other mapping a dict; a list a list; int, float,
-    bool, str and null are passed as they are."""
-
-    def add(message: str, where: tuple[Any, ...] = path) -> None:
-        issues.append(ConfigIssue(format_path(where), message, lines.line(where)))
-
-    if isinstance(value, dict):
-        if "shape" in value:
-            try:
-                return InputConfig.model_validate(value)
-            except ValidationError as exc:
-                issues.extend(_pydantic_issues(exc, path, lines))
-                return None
-        special = [k for k in (TUPLE_KEY, DICT_KEY) if k in value]
-        if special and len(value) > 1:
-            add(f"a mapping with key {special[0]!r} spells a {special[0]} and takes no other keys; for a dict with that key write {{dict: {{...}}}}")
-            return None
-        if TUPLE_KEY in value:
-            items = value[TUPLE_KEY]
-            if not isinstance(items, list):
-                add(f"{{tuple: ...}} takes a list of the tuple's items, got {type(items).__name__}", path + (TUPLE_KEY,))
-                return None
-            return tuple(parse_input(v, path + (TUPLE_KEY, i), lines, issues) for i, v in enumerate(items))
-        if DICT_KEY in value:
-            if not isinstance(value[DICT_KEY], dict):
-                add(f"{{dict: ...}} takes a mapping, got {type(value[DICT_KEY]).__name__}", path + (DICT_KEY,))
-                return None
-            return _parse_dict(value[DICT_KEY], path + (DICT_KEY,), lines, issues)
-        return _parse_dict(value, path, lines, issues)
-    if isinstance(value, list):
-        return [parse_input(v, path + (i,), lines, issues) for i, v in enumerate(value)]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    add(f"an input is a tensor spec (a mapping with shape), a number, a bool, a string, null, or a list, {{tuple: [...]}} or dict of these; got {type(value).__name__}")
-    return None
-
-
-def _parse_dict(value: dict[Any, Any], path: tuple[Any, ...], lines: _Lines, issues: list[ConfigIssue]) -> dict[Any, Any]:
-    out = {}
-    for key, item in value.items():
-        if isinstance(key, bool) or not isinstance(key, (str, int)):
-            issues.append(ConfigIssue(format_path(path + (key,)), f"dict keys must be strings or integers, got {type(key).__name__}", lines.line(path)))
-            continue
-        out[key] = parse_input(item, path + (key,), lines, issues)
-    return out
-
-
-def parse_inputs(value: Any, path: tuple[Any, ...], lines: _Lines, issues: list[ConfigIssue]) -> dict[str, Any] | None:
-    """A model's `inputs`: forward() argument name -> input tree."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        issues.append(ConfigIssue(format_path(path), f"expected a mapping of forward() argument names to inputs, got {type(value).__name__}", lines.line(path)))
-        return None
-    out = {}
-    for name, item in value.items():
-        if not isinstance(name, str) or not name.isidentifier():
-            issues.append(ConfigIssue(format_path(path + (name,)), f"{name!r} is not a forward() argument name (a Python identifier)", lines.line(path + (name,))))
-            continue
-        out[name] = parse_input(item, path + (name,), lines, issues)
-    return out
-
-
-def _dim_index(key: Any) -> int | None:
-    if isinstance(key, bool):
-        return None
-    if isinstance(key, int):
-        return key
-    if isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key.strip()):
-        return int(key)
-    return None
-
-
-def _check_dynamic(
-    tree: Any,
-    dyn: Any,
-    path: tuple[Any, ...],
-    input_path: tuple[Any, ...],
-    dims: Mapping[str, DimConfig],
-    add: Any,
-) -> Any:
-    """The dims tree `dyn` for input `tree`, normalized ({int: name} at tensors, lists at
-    sequences), with every problem reported at its path. None where static or broken."""
-    if dyn is None:
-        return None
-    if isinstance(tree, InputConfig):
-        if not isinstance(dyn, dict):
-            add(path, f"a tensor input takes {{dim index: dim name}}, got {type(dyn).__name__}")
-            return None
-        out = {}
-        rank = len(tree.shape)
-        for key, dim_name in dyn.items():
-            index = _dim_index(key)
-            if index is None:
-                add(path + (key,), f"dim index {key!r} is not an integer")
-                continue
-            if not isinstance(dim_name, str):
-                add(path + (index,), f"expected a dim name, got {dim_name!r}")
-                continue
-            if not 0 <= index < rank:
-                add(path + (index,), f"dim index {index} is out of range for a rank-{rank} input")
-                continue
-            if dim_name not in dims:
-                add(path + (index,), f"dim {dim_name!r} has no definition under dims")
-                continue
-            spec = dims[dim_name]
-            size = tree.shape[index]
-            if not spec.min <= size <= spec.max:
-                add(input_path + ("shape",), f"example size {size} of dim {dim_name!r} is outside its range [{spec.min}, {spec.max}]")
-                continue
-            out[index] = dim_name
-        return out or None
-    if isinstance(tree, (list, tuple)):
-        if not isinstance(dyn, list) or len(dyn) != len(tree):
-            add(path, f"a {type(tree).__name__} of {len(tree)} takes a list of {len(tree)} dims entries (null where static), got {dyn!r}")
-            return None
-        sub = TUPLE_KEY if isinstance(tree, tuple) else None
-        items = [
-            _check_dynamic(t, d, path + (i,), input_path + ((sub, i) if sub else (i,)), dims, add)
-            for i, (t, d) in enumerate(zip(tree, dyn))
-        ]
-        return items if any(i is not None for i in items) else None
-    if isinstance(tree, dict):
-        if not isinstance(dyn, dict):
-            add(path, f"a dict input takes a mapping of its keys to dims entries, got {type(dyn).__name__}")
-            return None
-        out = {}
-        for key, d in dyn.items():
-            if key not in tree:
-                add(path + (key,), f"the dict input has no key {key!r} (keys: {sorted(map(str, tree))})")
-                continue
-            checked = _check_dynamic(tree[key], d, path + (key,), input_path + (key,), dims, add)
-            if checked is not None:
-                out[key] = checked
-        return out or None
-    add(path, f"a {type(tree).__name__} input has no dims to make dynamic")
-    return None
-
-
-def _check_dims_named(dyn: Any, path: tuple[Any, ...], dims: Mapping[str, DimConfig], add: Any) -> Any:
-    """For inputs not written in the config (inputs_factory, inputs_file): the dims tree's dim
-    names must be defined; its structure is checked against the real inputs at trace time."""
-    if isinstance(dyn, list):
-        return [_check_dims_named(d, path + (i,), dims, add) for i, d in enumerate(dyn)]
-    if isinstance(dyn, dict):
-        if dyn and all(isinstance(v, str) for v in dyn.values()):
-            out = {}
-            for key, name in dyn.items():
-                index = _dim_index(key)
-                if index is None or index < 0:
-                    add(path + (key,), f"dim index {key!r} is not a non-negative integer")
-                elif name not in dims:
-                    add(path + (index,), f"dim {name!r} has no definition under dims")
-                else:
-                    out[index] = name
-            return out
-        return {k: _check_dims_named(v, path + (k,), dims, add) for k, v in dyn.items()}
-    if dyn is not None:
-        add(path, f"expected {{dim index: dim name}}, a list or a mapping of these, or null; got {dyn!r}")
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -548,12 +367,12 @@ def _check_model(
             if arg not in inputs:
                 add(("dynamic_shapes", arg), f"no input named {arg!r} (inputs: {sorted(inputs)})")
                 continue
-            checked = _check_dynamic(inputs[arg], per_arg, ("dynamic_shapes", arg), ("inputs", arg), model.dims, add)
+            checked = check_dynamic(inputs[arg], per_arg, ("dynamic_shapes", arg), ("inputs", arg), model.dims, add)
             if checked is not None:
                 dynamic[arg] = checked
     elif sources:
         for arg, per_arg in model.dynamic_shapes.items():
-            checked = _check_dims_named(per_arg, ("dynamic_shapes", arg), model.dims, add)
+            checked = check_dims_named(per_arg, ("dynamic_shapes", arg), model.dims, add)
             if checked is not None:
                 dynamic[arg] = checked
     else:
@@ -595,11 +414,17 @@ def _check_model(
 def _parse_all_inputs(data: Mapping[str, Any], lines: _Lines, issues: list[ConfigIssue]) -> dict[int, dict[str, Any] | None]:
     """parse_inputs for every model, before the schema pass, so that input problems are
     reported together with schema problems."""
+    def add(path: tuple[Any, ...], message: str) -> None:
+        issues.append(ConfigIssue(format_path(path), message, lines.line(path)))
+
+    def add_schema(exc: ValidationError, path: tuple[Any, ...]) -> None:
+        issues.extend(_pydantic_issues(exc, path, lines))
+
     models = data.get("models")
     parsed: dict[int, dict[str, Any] | None] = {}
     for i, model in enumerate(models if isinstance(models, list) else []):
         if isinstance(model, dict):
-            parsed[i] = parse_inputs(model.get("inputs"), ("models", i, "inputs"), lines, issues)
+            parsed[i] = parse_inputs(model.get("inputs"), ("models", i, "inputs"), add, add_schema)
     return parsed
 
 

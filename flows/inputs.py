@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from flows import runtime
-from flows.config import DICT_KEY, TUPLE_KEY, InputConfig, ResolvedModel
+from flows.config import ResolvedModel
+from flows.input_schema import DICT_KEY, TUPLE_KEY, InputConfig
 
 
 def to_stage_tree(tree: Any) -> Any:
