@@ -94,7 +94,9 @@ def dynamic_json(dyn: Any) -> Any:
     return dyn
 
 
-def _module_hash(factory: str, search_path: str) -> str:
+def module_source_hash(factory: str, search_path: str) -> tuple[str, str | None]:
+    """(sha256 of the source of `module:callable`'s module, its file), found with the config's
+    folder first on sys.path; the module name's hash for a module without a source file."""
     from stages.errors import StageError
     from stages.importing import search_path_first
 
@@ -107,7 +109,7 @@ def _module_hash(factory: str, search_path: str) -> str:
     if spec is None:
         raise StageError("import", f"module {module_name!r} not found")
     origin = spec.origin if spec.origin and Path(spec.origin).is_file() else None
-    return hashlib.sha256(Path(origin).read_bytes() if origin else module_name.encode()).hexdigest()
+    return hashlib.sha256(Path(origin).read_bytes() if origin else module_name.encode()).hexdigest(), origin
 
 
 def inputs_manifest(model: ResolvedModel) -> dict[str, Any]:
@@ -119,7 +121,7 @@ def inputs_manifest(model: ResolvedModel) -> dict[str, Any]:
         "dynamic_shapes": {k: dynamic_json(v) for k, v in model.dynamic_shapes.items()},
     }
     if model.inputs_factory:
-        manifest["inputs_factory"] = {"factory": model.inputs_factory, "code_hash": _module_hash(model.inputs_factory, model.search_path)}
+        manifest["inputs_factory"] = {"factory": model.inputs_factory, "code_hash": module_source_hash(model.inputs_factory, model.search_path)[0]}
     if model.inputs_file:
         data, _ = read_inputs_file(model)
         manifest["inputs_file"] = {"path": model.inputs_file, "sha256": hashlib.sha256(data).hexdigest()}
