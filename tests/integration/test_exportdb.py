@@ -32,6 +32,21 @@ NOT_SUPPORTED_OUTCOMES = {
 
 STATIC_FORBIDDEN = "dynamic_shape_round-no-static"
 
+# a detection-style signature written in YAML, with a dynamic batch on the tensors inside a list
+NESTED = {
+    "name": "nested-inputs",
+    "factory": "tests.models:nested_inputs",
+    "inputs": {
+        "images": [{"shape": [3, 4]}, {"shape": [3, 4]}],
+        "meta": {"bias": {"shape": [3]}},
+        "pair": {"tuple": [{"shape": [3]}, 2.0]},
+        "scale": 0.5,
+        "mode": "with-pair",
+    },
+    "dynamic_shapes": {"images": [{0: "batch"}, {0: "batch"}]},
+    "dims": {"batch": {"min": 1, "max": 12}},
+}
+
 
 @pytest.fixture(scope="module")
 def exportdb_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -39,7 +54,7 @@ def exportdb_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     extra = exportdb.write_escape_hatches(folder)
     forbidden, _ = exportdb.entry("dynamic_shape_round", exportdb.cases()["dynamic_shape_round"])
     forbidden = {**forbidden, "name": STATIC_FORBIDDEN, "stages": {"trace": {"fallback": {"static": False}}}}
-    config = exportdb.write_fleet(folder, extra=[*extra, forbidden])
+    config = exportdb.write_fleet(folder, extra=[*extra, forbidden, NESTED])
     store = folder / "store"
     code, document, stderr = run_json(["run", str(config), "--store", str(store)], timeout=1200)
     assert "Traceback" not in stderr, stderr[-4000:]
@@ -172,3 +187,14 @@ def test_a_few_cases_compile_and_their_packages_match_eager(tmp_path: Path) -> N
         report = json.loads((tmp_path / "store" / "blobs" / "sha256" / digest[:2] / digest).read_text())
         assert set(report["candidates"]) == {"archive", "compiled"}
         assert all(s["ok"] for s in report["candidates"]["compiled"]["samples"]), report["candidates"]["compiled"]
+
+
+def test_a_dynamic_dim_inside_a_list_through_the_cli(exportdb_run: dict[str, Any]) -> None:
+    outcome = _by_name(exportdb_run)["nested-inputs"]
+    assert outcome["status"] == "ok", outcome
+    assert outcome["trace_strategy"] == "configured" and outcome["static_fallback"] is False
+    digest = outcome["stages"]["validate"]["artifact"]
+    report = json.loads((exportdb_run["store"] / "blobs" / "sha256" / digest[:2] / digest).read_text())
+    # validated at the example batch, at the dim's min and at its max
+    assert [p["sizes"] for p in report["plan"]] == [{}, {"batch": 1}, {"batch": 12}]
+    assert report["passed"] is True
