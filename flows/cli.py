@@ -14,6 +14,8 @@ import signal
 import sys
 from typing import Any, Iterator, Sequence
 
+from flows.options import UsageError, merge_options, parse_storage_options
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 DESCRIPTION = """\
@@ -24,42 +26,9 @@ index you can query (ls, show, lineage, diff).
 """
 
 
-def _parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(_usage_error(f"--storage-option expects KEY=VALUE, got {pair!r}"))
-        parsed: Any = value
-        if value.lower() in ("true", "false"):
-            parsed = value.lower() == "true"
-        else:
-            try:
-                parsed = int(value)
-            except ValueError:
-                pass
-        # nested keys: client_kwargs.endpoint_url=...
-        target = options
-        parts = key.split(".")
-        for part in parts[:-1]:
-            target = target.setdefault(part, {})
-        target[parts[-1]] = parsed
-    return options
-
-
 def _usage_error(message: str) -> int:
     print(f"pt2flow: error: {message}", file=sys.stderr)
     return EXIT_USAGE
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 @contextlib.contextmanager
@@ -136,7 +105,7 @@ def _open_checked_store(store_url: str, pipeline: Any, args: argparse.Namespace)
     from flows import runtime
     from storage.fs import redact_url
 
-    options = _merge(dict(pipeline.storage_options), _parse_storage_options(args.storage_option or []))
+    options = merge_options(dict(pipeline.storage_options), parse_storage_options(args.storage_option or []))
     runtime.set_storage_options(store_url, options)
     try:
         store = runtime.open_store(store_url)
@@ -480,6 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops a run as Ctrl-C does
     try:
         return int(args.func(args))
+    except UsageError as exc:
+        return _usage_error(str(exc))
     except KeyboardInterrupt:
         _stop_workers()
         print("pt2flow: interrupted; worker processes stopped", file=sys.stderr)

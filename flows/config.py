@@ -21,15 +21,22 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from flows.input_schema import (  # noqa: F401  (InputConfig stays importable from flows.config)
+    INPUT_FILE_SUFFIXES,
+    InputConfig,
+    check_dims_named,
+    check_dynamic,
+    parse_inputs,
+)
+from flows.limits import Limits, LimitsConfig, resolve_limits  # noqa: F401  (Limits: part of ResolvedModel)
 from stages import STAGES
 from stages.importing import search_path_first
-from stages.options import OPTIONS
+from stages.options import OPTIONS, UNION_TAGS
 from storage.fs import redact_url
 
 CONFIG_VERSION = 1
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-DEFAULT_TIMEOUT_S = 3600.0  # a model's default time limit: far above any healthy export here
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 # A config is walked recursively (pydantic, ${ENV} expansion, canonical JSON of kwargs): bound it.
@@ -68,66 +75,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class InputConfig(_Strict):
-    shape: list[int] = Field(description="example shape; [] is a 0-d tensor")
-    dtype: Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "bool"] = "float32"
-    low: float | None = None
-    high: float | None = None
-    value: float | None = None
-
-    @field_validator("shape")
-    @classmethod
-    def _non_negative(cls, shape: list[int]) -> list[int]:
-        if any(d < 0 for d in shape):
-            raise ValueError("sizes must be >= 0")
-        return shape
-
-
 class DimConfig(_Strict):
     min: int = Field(ge=1)
     max: int = Field(ge=1, le=2**31 - 1)
-
-
-class LimitsConfig(_Strict):
-    """What one model may take (a worker over it is stopped): wall-clock seconds for the whole
-    model, seconds per stage, and GiB of resident memory of its worker process tree."""
-
-    timeout_s: float | None = Field(default=None, gt=0, description=f"seconds for the whole model (default {DEFAULT_TIMEOUT_S:g})")
-    stage_timeout_s: dict[str, float] = Field(default_factory=dict, description="seconds per stage, e.g. {aot_compile: 600}")
-    memory_gb: float | None = Field(default=None, gt=0, description="GiB for the worker and its compilers (default: 90% of the machine's memory)")
-
-    @field_validator("stage_timeout_s")
-    @classmethod
-    def _known_stages(cls, value: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(value) - set(STAGES) - {"source"})
-        if unknown:
-            raise ValueError(f"unknown stage(s) {unknown}; stages are {list(STAGES)}")
-        if any(not (v > 0) for v in value.values()):
-            raise ValueError("stage time limits must be > 0 seconds")
-        return value
-
-
-@dataclass(frozen=True)
-class Limits:
-    """A model's resolved limits (None: no limit of that kind)."""
-
-    timeout_s: float | None = None
-    stage_timeout_s: Mapping[str, float] = field(default_factory=dict)
-    memory_gb: float | None = None
-
-    def stage_budget(self, stage: str) -> float | None:
-        return self.stage_timeout_s.get(stage)
-
-
-def resolve_limits(defaults: Mapping[str, Any], model: "LimitsConfig | None") -> Limits:
-    """Model limits over the config's defaults, field by field; stage limits merged."""
-    own = model.model_dump(exclude_unset=True) if model is not None else {}
-    timeout = own.get("timeout_s", defaults.get("timeout_s"))
-    return Limits(
-        timeout_s=DEFAULT_TIMEOUT_S if timeout is None else float(timeout),
-        stage_timeout_s={**(defaults.get("stage_timeout_s") or {}), **own.get("stage_timeout_s", {})},
-        memory_gb=own.get("memory_gb", defaults.get("memory_gb")),
-    )
 
 
 class StageDefaults(_Strict):
@@ -145,8 +95,13 @@ class ModelConfig(_Strict):
     factory: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     weights: str | None = None
-    inputs: dict[str, InputConfig]
-    dynamic_shapes: dict[str, dict[int, str]] = Field(default_factory=dict)
+    # forward() argument name -> input tree, checked by flows.input_schema.parse_inputs, which
+    # reports problems at their YAML path together with the schema's
+    inputs: Any = None
+    inputs_factory: str | None = None
+    inputs_file: str | None = None
+    # argument -> dims tree mirroring the input (flows.input_schema.check_dynamic)
+    dynamic_shapes: dict[str, Any] = Field(default_factory=dict)
     dims: dict[str, DimConfig] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
     limits: LimitsConfig | None = None
@@ -173,11 +128,13 @@ class ResolvedModel:
     factory: str
     kwargs: Mapping[str, Any]
     weights: str | None
-    inputs: Mapping[str, InputConfig]
-    dynamic_shapes: Mapping[str, Mapping[int, str]]
+    inputs: Mapping[str, Any]  # argument -> input tree (InputConfig at tensors; see parse_inputs)
+    dynamic_shapes: Mapping[str, Any]  # argument -> dims tree ({dim index: dim name} at tensors)
     dims: Mapping[str, tuple[int, int]]
     options: Mapping[str, BaseModel]  # stage -> its options model
     search_path: str  # the config's folder, first on sys.path when the factory is imported
+    inputs_factory: str | None = None  # "module:callable" returning (args, kwargs) for forward()
+    inputs_file: str | None = None  # safetensors or torch.save file of example inputs
     limits: Limits = field(default_factory=Limits)
 
     @property
@@ -249,7 +206,7 @@ def format_path(parts: Iterable[Any]) -> str:
 def _pydantic_issues(exc: ValidationError, prefix: tuple[Any, ...], lines: _Lines) -> list[ConfigIssue]:
     issues = []
     for err in exc.errors():
-        loc = tuple("validate" if p == "validate_" else p for p in err["loc"])
+        loc = tuple("validate" if p == "validate_" else p for p in err["loc"] if p not in UNION_TAGS)
         loc = prefix + loc
         message = err["msg"]
         if err["type"] == "extra_forbidden":
@@ -263,6 +220,7 @@ def _pydantic_issues(exc: ValidationError, prefix: tuple[Any, ...], lines: _Line
             message = f"{message} (got {shown})"
         issues.append(ConfigIssue(format_path(loc), message, lines.line(loc)))
     return issues
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +314,7 @@ def check_stage_list(stages: Sequence[str]) -> list[str]:
 def _check_model(
     index: int,
     model: ModelConfig,
+    inputs: dict[str, Any] | None,
     defaults: Mapping[str, dict[str, Any]],
     search_path: str,
     lines: _Lines,
@@ -382,25 +341,46 @@ def _check_model(
             add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")
         if "://" in model.weights and redact_url(model.weights) != model.weights:
             add(("weights",), "the weights URL holds credentials, which would be stored in the index and Prefect's parameters; use storage_options or the environment")
-    if not model.inputs:
-        add(("inputs",), "at least one input is required")
+    sources = [k for k in ("inputs", "inputs_factory", "inputs_file") if getattr(model, k) is not None]
+    if len(sources) > 1:
+        add((sources[1],), f"give the example inputs one way: {' or '.join(sources)}, not both")
+    if model.inputs_factory is not None:
+        if not FACTORY_PATTERN.fullmatch(model.inputs_factory):
+            add(("inputs_factory",), f"{model.inputs_factory!r} is not of the form 'package.module:callable'")
+        else:
+            problem = resolve_factory_statically(model.inputs_factory, search_path)
+            if problem:
+                add(("inputs_factory",), problem)
+    if model.inputs_file is not None:
+        plain = model.inputs_file.split("?", 1)[0].lower()
+        if not plain.endswith(INPUT_FILE_SUFFIXES):
+            add(("inputs_file",), f"inputs_file must be a .safetensors file or a torch.save file ending in one of {list(INPUT_FILE_SUFFIXES[1:])}")
+        elif "://" in model.inputs_file and redact_url(model.inputs_file) != model.inputs_file:
+            add(("inputs_file",), "the inputs_file URL holds credentials; use storage_options or the environment")
+        elif "://" not in model.inputs_file and not (Path(search_path) / model.inputs_file).is_file():
+            add(("inputs_file",), f"file not found: {Path(search_path) / model.inputs_file}")
 
-    for arg, per_dim in model.dynamic_shapes.items():
-        if arg not in model.inputs:
-            add(("dynamic_shapes", arg), f"no input named {arg!r} (inputs: {sorted(model.inputs)})")
-            continue
-        rank = len(model.inputs[arg].shape)
-        for dim_index, dim_name in per_dim.items():
-            if not 0 <= dim_index < rank:
-                add(("dynamic_shapes", arg, dim_index), f"dim index {dim_index} is out of range for a rank-{rank} input")
+    dynamic: dict[str, Any] = {}
+    if model.inputs is not None:
+        if isinstance(model.inputs, dict) and not model.inputs:
+            add(("inputs",), "at least one input is required")
+        inputs = inputs or {}
+        for arg, per_arg in model.dynamic_shapes.items():
+            if arg in inputs and inputs[arg] is None and model.inputs.get(arg) is not None:
+                continue  # the input itself is broken, reported already
+            if arg not in inputs:
+                add(("dynamic_shapes", arg), f"no input named {arg!r} (inputs: {sorted(inputs)})")
                 continue
-            if dim_name not in model.dims:
-                add(("dynamic_shapes", arg, dim_index), f"dim {dim_name!r} has no definition under dims")
-                continue
-            spec = model.dims[dim_name]
-            size = model.inputs[arg].shape[dim_index]
-            if not spec.min <= size <= spec.max:
-                add(("inputs", arg, "shape"), f"example size {size} of dim {dim_name!r} is outside its range [{spec.min}, {spec.max}]")
+            checked = check_dynamic(inputs[arg], per_arg, ("dynamic_shapes", arg), ("inputs", arg), model.dims, add)
+            if checked is not None:
+                dynamic[arg] = checked
+    elif sources:
+        for arg, per_arg in model.dynamic_shapes.items():
+            checked = check_dims_named(per_arg, ("dynamic_shapes", arg), model.dims, add)
+            if checked is not None:
+                dynamic[arg] = checked
+    else:
+        add(("inputs",), "required key is missing")
     for dim_name, spec in model.dims.items():
         if spec.min > spec.max:
             add(("dims", dim_name), f"min {spec.min} is greater than max {spec.max}")
@@ -416,7 +396,7 @@ def _check_model(
         except ValidationError as exc:
             issues.extend(_pydantic_issues(exc, base + ("stages", stage), lines))
     validate_options = options.get("validate")
-    if validate_options is not None and model.dynamic_shapes and validate_options.samples < 3:  # type: ignore[attr-defined]
+    if validate_options is not None and dynamic and validate_options.samples < 3:  # type: ignore[attr-defined]
         add(("stages", "validate", "samples"), "must be >= 3 for a model with dynamic dims (example, min and max)")
     if len(issues) != before:
         return None
@@ -425,12 +405,31 @@ def _check_model(
         factory=model.factory,
         kwargs=dict(model.kwargs),
         weights=model.weights,
-        inputs=dict(model.inputs),
-        dynamic_shapes={k: dict(v) for k, v in model.dynamic_shapes.items()},
+        inputs=dict(inputs or {}),
+        dynamic_shapes=dynamic,
         dims={k: (v.min, v.max) for k, v in model.dims.items()},
         options=options,
         search_path=search_path,
+        inputs_factory=model.inputs_factory,
+        inputs_file=model.inputs_file,
     )
+
+
+def _parse_all_inputs(data: Mapping[str, Any], lines: _Lines, issues: list[ConfigIssue]) -> dict[int, dict[str, Any] | None]:
+    """parse_inputs for every model, before the schema pass, so that input problems are
+    reported together with schema problems."""
+    def add(path: tuple[Any, ...], message: str) -> None:
+        issues.append(ConfigIssue(format_path(path), message, lines.line(path)))
+
+    def add_schema(exc: ValidationError, path: tuple[Any, ...]) -> None:
+        issues.extend(_pydantic_issues(exc, path, lines))
+
+    models = data.get("models")
+    parsed: dict[int, dict[str, Any] | None] = {}
+    for i, model in enumerate(models if isinstance(models, list) else []):
+        if isinstance(model, dict):
+            parsed[i] = parse_inputs(model.get("inputs"), ("models", i, "inputs"), add, add_schema)
+    return parsed
 
 
 def _duplicate_names(data: Mapping[str, Any], lines: _Lines) -> list[ConfigIssue]:
@@ -515,11 +514,12 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
     if "version" in data and (type(data["version"]) is not int or data["version"] != CONFIG_VERSION):
         issues.append(ConfigIssue("version", f"unsupported config version {data['version']!r}; this pt2flow reads version {CONFIG_VERSION}", lines.line(("version",))))
         raise ConfigError(source, issues)
+    parsed_inputs = _parse_all_inputs(data, lines, issues)
     try:
         config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
         # schema errors stop the deeper checks, but duplicate names are still worth reporting now
-        raise ConfigError(source, _pydantic_issues(exc, (), lines) + _duplicate_names(data, lines)) from None
+        raise ConfigError(source, _pydantic_issues(exc, (), lines) + issues + _duplicate_names(data, lines)) from None
 
     folder = os.path.abspath(base_dir or ".")
     storage_options = _expand_env(config.storage_options, ("storage_options",), issues, lines)
@@ -540,7 +540,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
     resolved = []
     for i, model in enumerate(config.models):
         # with broken defaults, per-model option errors would only repeat the defaults' errors
-        r = _check_model(i, model, defaults, folder, lines, issues, check_options=defaults_valid)
+        r = _check_model(i, model, parsed_inputs.get(i), defaults, folder, lines, issues, check_options=defaults_valid)
         if r is not None:
             resolved.append(replace(r, limits=resolve_limits(default_limits, model.limits)))
     if issues:

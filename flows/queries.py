@@ -19,7 +19,7 @@ DEFAULT_GRACE_SECONDS = 3600
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from flows.cli import _parse_storage_options
+    from flows.options import UsageError, parse_storage_options
     from storage import ArtifactStore
 
     url = args.store or os.environ.get("PT2FLOW_STORE") or DEFAULT_STORE
@@ -27,7 +27,11 @@ def _store(args: argparse.Namespace) -> Any:
         url = os.path.abspath(url)
         if not os.path.isdir(url):
             raise _UsageError(f"no store at {url} (give --store URL or set PT2FLOW_STORE)")
-    return ArtifactStore(url, _parse_storage_options(args.storage_option or []))
+    try:
+        options = parse_storage_options(args.storage_option or [])
+    except UsageError as exc:
+        raise _UsageError(str(exc)) from None
+    return ArtifactStore(url, options)
 
 
 class _UsageError(Exception):

@@ -181,6 +181,7 @@ def _state(stages: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any] | N
     first = stages[failed[0]] if failed else None
     ran = [s for s in STAGES if s in stages and s != "source"]
     message = (first or {}).get("error_message")
+    strategy = (stages.get("trace") or {}).get("strategy")
     return {
         "status": "failed" if failed else "ok",
         "failed_stage": failed[0] if failed else None,
@@ -188,6 +189,9 @@ def _state(stages: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any] | N
         "error": (message[:300] + " …") if message and len(message) > 300 else message,
         "stages": ran,
         "cached": bool(ran) and all(stages[s].get("cached") for s in ran),
+        # the trace ladder gave up the dynamic dims: the program takes only the example's shapes
+        "trace_strategy": strategy,
+        "static_fallback": strategy == "static",
     }
 
 
@@ -280,6 +284,8 @@ def _compare_model(
         "weights": {"a": src_a.get("weights_digest"), "b": src_b.get("weights_digest"),
                     "changed": bool(src_a) and bool(src_b) and src_a.get("weights_digest") != src_b.get("weights_digest")},
     }
+    static_a, static_b = bool(state_a and state_a["static_fallback"]), bool(state_b and state_b["static_fallback"])
+    entry["static_fallback"] = {"a": static_a, "b": static_b, "changed": state_a is not None and state_b is not None and static_a != static_b}
     entry["keys_changed"] = [s for s in STAGES if s in a and s in b and a[s].get("key") and b[s].get("key") and a[s]["key"] != b[s]["key"]]
 
     graph_a, graph_b = _graph(a), _graph(b)
@@ -336,6 +342,8 @@ def _changes(entry: Mapping[str, Any]) -> list[str]:
     for field in ("factory", "kwargs", "code_hash", "weights"):
         if entry["source"][field]["changed"]:
             out.append(field)
+    if entry.get("static_fallback", {}).get("changed"):
+        out.append("static_fallback")
     if entry["torch_version"]["changed"]:
         out.append("torch_version")
     graph = entry["graph"]
@@ -449,9 +457,10 @@ def regressions(
 ) -> list[dict[str, Any]]:
     """The changes that need a person: a model that stopped exporting, a validation error that
     grew more than `validation_growth` times (from at least `validation_floor`), compile time or
-    archive/package size up more than `cost_growth` - 1. Each: {model, rule, a, b, ratio,
-    message}; rule is stopped_exporting | validation_error_grew | compile_time_up |
-    archive_size_up | package_size_up; message says what happened, without the model's name."""
+    archive/package size up more than `cost_growth` - 1, a model that exported with dynamic dims
+    and now falls back to static shapes. Each: {model, rule, a, b, ratio, message}; rule is
+    stopped_exporting | validation_error_grew | compile_time_up | archive_size_up |
+    package_size_up | static_fallback; message says what happened, without the model's name."""
     found: list[dict[str, Any]] = []
 
     def flag(model: str, rule: str, a: Any, b: Any, message: str) -> None:
@@ -465,6 +474,9 @@ def regressions(
             after = status["b"]
             flag(name, "stopped_exporting", "ok", after["status"],
                  f"stopped exporting: fails at {after['failed_stage']} ({after['error_class']})")
+        if entry.get("static_fallback", {}).get("changed") and entry["static_fallback"]["b"] and status["change"] == "ok":
+            flag(name, "static_fallback", "dynamic", "static",
+                 "exported with static shapes: every dynamic strategy failed, so the program takes only the example's sizes")
         err = entry.get("validation", {}).get("max_abs_err", {})
         a, b = err.get("a"), err.get("b")
         if a is not None and b is not None and b > validation_growth * max(a, validation_floor):
@@ -533,7 +545,8 @@ def _status_text(entry: Mapping[str, Any]) -> str:
         if state is None:
             return "absent"
         if state["status"] == "ok":
-            return "ok (cached)" if state.get("cached") else "ok"
+            text = "ok (cached)" if state.get("cached") else "ok"
+            return text + (" static!" if state.get("static_fallback") else "")
         return f"failed at {state['failed_stage']} ({state['error_class']})"
 
     if change == "ok":

@@ -47,6 +47,8 @@ def render_run(document: Mapping[str, Any], console: Console) -> None:
         status = Text("ok", style="green") if model["status"] == "ok" else Text(
             f"{model['error_class']} @ {model['failed_stage'] or 'setup'}", style="red"
         )
+        if model.get("static_fallback"):
+            status.append(" static!", style="yellow")
         validation = model.get("validation") or {}
         verdict = "-" if not validation else ("passed" if validation.get("passed") else "FAILED")
         seconds = sum((s.get("seconds") or 0.0) for s in model["stages"].values())
@@ -69,6 +71,13 @@ def render_run(document: Mapping[str, Any], console: Console) -> None:
         f"(✓ ran, ● cached, ✗ failed) — store {document['store']}"
         + (f", {document['workers']} worker process{'es' if document['workers'] != 1 else ''}" if document.get("workers") else "")
     )
+    static = [m["name"] for m in document["models"] if m.get("static_fallback")]
+    if static:
+        console.print(
+            f"[yellow]static! {len(static)} model(s) exported with static shapes: every dynamic-shape strategy failed, "
+            f"so the program accepts only the example's sizes ({', '.join(static)}); "
+            "set trace: {fallback: {static: false}} to fail instead[/yellow]"
+        )
     for model in document["models"]:
         if model["status"] != "ok":
             head = Text(f"✗ {model['name']}", style="red")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 
 import torch
@@ -69,22 +69,52 @@ def decomposition_table(preserve: tuple[str, ...]) -> tuple[Any, list[str]]:
     return table, warnings
 
 
+# Rounds of looking up leftover ops in torch's full registry: a decomposition can itself produce
+# another non-core op, which the next round looks up.
+MAX_REGISTRY_ROUNDS = 4
+
+
+def registry_decompositions(ep: ExportedProgram, stray: list[str], table: Mapping[Any, Any]) -> dict[Any, Any]:
+    """Decompositions from torch's full registry (torch._decomp) for the non-core ops the
+    default table left in `ep`: those torch knows how to lower, not yet in `table`."""
+    from torch._decomp import decomposition_table as registry
+
+    wanted = set(stray)
+    found: dict[Any, Any] = {}
+    for node in program.call_nodes(ep):
+        target = node.target
+        if program.op_name(target) in wanted and target not in table and target in registry:
+            found[target] = registry[target]
+    return found
+
+
 def decompose(ep: ExportedProgram, options: DecomposeOptions) -> StageResult:
     """Output: the program after decomposition. Invariant: only core ATen ops remain (but `preserve`)."""
     if options.table == "none":
         return StageResult(output=ep, metadata={**program.describe(ep), "table": "none", "preserved": []})
     table, warnings = decomposition_table(options.preserve)
+    registry_used: list[str] = []
     with quiet_torch() as sink:
-        try:
-            out = ep.run_decompositions(table)
-        except Exception as exc:
-            raise StageError("decomposition", f"run_decompositions failed: {short_message(exc)}") from exc
-    stray = program.non_core_ops(out, options.preserve)
+        for _round in range(MAX_REGISTRY_ROUNDS + 1):
+            try:
+                out = ep.run_decompositions(table)
+            except Exception as exc:
+                raise StageError("decomposition", f"run_decompositions failed: {short_message(exc)}") from exc
+            stray = program.non_core_ops(out, options.preserve)
+            found = registry_decompositions(out, stray, table)
+            if not found or _round == MAX_REGISTRY_ROUNDS:
+                break
+            table.update(found)
+            registry_used.extend(program.op_name(op) for op in found)
     if stray:
+        missing = [name for name in stray if name not in registry_used]
         raise StageError(
             "decomposition",
-            f"ops outside core ATen remain after decomposition: {', '.join(stray)} "
-            "(list them in decompose.preserve to keep them deliberately)",
+            f"ops outside core ATen remain after decomposition, and torch has no decomposition for them: {', '.join(stray)} "
+            "(list them in decompose.preserve to keep them deliberately)"
+            + ("" if missing == stray else f"; torch's registry was tried for {', '.join(registry_used)}"),
         )
+    if registry_used:
+        warnings.append(f"decomposed with torch's full registry (torch._decomp), beyond the default table: {', '.join(sorted(set(registry_used)))}")
     metadata = {**program.describe(out), "table": options.table, "preserved": sorted(options.preserve)}
     return StageResult(output=out, metadata=metadata, warnings=tuple(warnings) + sink.items)

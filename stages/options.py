@@ -2,20 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
 class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# pydantic tags of the two spellings of trace.fallback; config error paths leave them out
+_BOOL_TAG = "<bool>"
+_RUNGS_TAG = "<rungs>"
+UNION_TAGS = frozenset({_BOOL_TAG, _RUNGS_TAG})
+
+
+class FallbackOptions(_Options):
+    """Which rungs of the trace fallback ladder may be used (each defaults to allowed).
+
+    static: export with static shapes when every dynamic strategy failed. Forbid it for a model
+    that must keep its dynamic dims: it then fails with class dynamic_shape instead.
+    """
+
+    other_strictness: bool = True
+    suggested_fixes: bool = True
+    static: bool = True
+
+
 class TraceOptions(_Options):
-    """strict: torch.export's strict (TorchDynamo) tracing; fallback: walk the ladder on failure."""
+    """strict: torch.export's strict (TorchDynamo) tracing; fallback: walk the ladder on failure
+    (true), never (false), or only the rungs a mapping allows (`{static: false}`)."""
 
     strict: bool = False
-    fallback: bool = True
+    fallback: Annotated[
+        Union[Annotated[bool, Tag(_BOOL_TAG)], Annotated[FallbackOptions, Tag(_RUNGS_TAG)]],
+        Discriminator(lambda v: _RUNGS_TAG if isinstance(v, (dict, FallbackOptions)) else _BOOL_TAG),
+    ] = True
+
+    def allows(self, rung: str) -> bool:
+        """Whether the fallback ladder may use `rung` (other_strictness, suggested_fixes, static)."""
+        if isinstance(self.fallback, bool):
+            return self.fallback
+        return bool(getattr(self.fallback, rung))
 
 
 class FunctionalizeOptions(_Options):

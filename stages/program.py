@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 from torch.export import ExportedProgram
@@ -75,9 +75,12 @@ def signature_summary(ep: ExportedProgram) -> dict[str, Any]:
 
 
 def _bound(value: Any) -> int | None:
+    """An int range end, or None for an open end: sympy's (int_)oo, or anything not an integer."""
+    if getattr(value, "is_finite", True) is False:
+        return None
     try:
         as_int = int(value)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, AttributeError):
         return None
     return as_int if abs(as_int) < 2**62 else None
 
@@ -95,24 +98,34 @@ def effective_dims(
     arg_names: Sequence[str],
     dynamic: dict[str, dict[int, str]],
 ) -> dict[str, dict[str, Any]]:
+    """effective_dims_of_leaves for flat inputs: one tensor per argument, in `arg_names` order."""
+    return effective_dims_of_leaves(ep, [dynamic.get(arg) for arg in arg_names])
+
+
+def effective_dims_of_leaves(ep: ExportedProgram, leaf_dims: Sequence[Mapping[int, str] | None]) -> dict[str, dict[str, Any]]:
     """For each configured dim name, what the exported program really accepts.
 
-    Returns {dim: {"min": int, "max": int|None, "static": bool, "value": int|None}}. A dim the
-    exporter specialized (static fallback, a suggested fix) is reported static with its value.
+    leaf_dims: for each tensor input in torch's flattening order (nested containers included),
+    its {dim index: dim name}, or None. Returns {dim: {"min": int|None, "max": int|None,
+    "static": bool, "value": int|None}}; None is an open end. A dim the exporter specialized
+    (static fallback, a suggested fix) is reported static with its value.
     """
-    user_nodes = [n for n in ep.graph.nodes if n.op == "placeholder"]
-    user_names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    by_name = {n.name: n for n in user_nodes}
+    by_name = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    tensor_inputs = [
+        s.arg.name
+        for s in ep.graph_signature.input_specs
+        if s.kind.name == "USER_INPUT" and type(s.arg).__name__ == "TensorArgument"
+    ]
     ranges = {str(k): v for k, v in ep.range_constraints.items()}
     result: dict[str, dict[str, Any]] = {}
-    for position, arg in enumerate(arg_names):
-        if arg not in dynamic or position >= len(user_names):
+    for position, per_dim in enumerate(leaf_dims):
+        if not per_dim or position >= len(tensor_inputs):
             continue
-        node = by_name.get(user_names[position])
+        node = by_name.get(tensor_inputs[position])
         val = node.meta.get("val") if node is not None else None
         if not isinstance(val, torch.Tensor):
             continue
-        for index, dim_name in dynamic[arg].items():
+        for index, dim_name in per_dim.items():
             size = val.shape[int(index)]
             if isinstance(size, torch.SymInt):
                 expr = size.node.expr

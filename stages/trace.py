@@ -40,15 +40,14 @@ def _suggested_fixes(exc: BaseException, dynamic: Any) -> Any | None:
 
 
 def _describe_dynamic(dynamic: Any) -> Any:
-    if dynamic is None:
-        return None
-    out = []
-    for spec in dynamic:
-        if spec is None:
-            out.append(None)
-            continue
-        out.append({str(i): (d if isinstance(d, int) else getattr(d, "__name__", str(d))) for i, d in spec.items()})
-    return out
+    """dynamic_shapes as JSON: Dim objects by name, containers as lists and string-keyed dicts."""
+    if dynamic is None or isinstance(dynamic, (int, str)):
+        return dynamic
+    if isinstance(dynamic, (list, tuple)):
+        return [_describe_dynamic(d) for d in dynamic]
+    if isinstance(dynamic, dict):
+        return {str(k): _describe_dynamic(v) for k, v in dynamic.items()}
+    return getattr(dynamic, "__name__", str(dynamic))
 
 
 def _export(model: torch.nn.Module, bound: BoundInputs, dynamic: Any, strict: bool) -> torch.export.ExportedProgram:
@@ -77,7 +76,7 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
     bound = bind_inputs(model, model_inputs, seed=0)
     dynamic = export_dynamic_shapes(model_inputs, bound)
     ladder: list[tuple[str, bool, Any]] = [("configured", options.strict, dynamic)]
-    if options.fallback:
+    if options.allows("other_strictness"):
         ladder.append(("other_strictness", not options.strict, dynamic))
     attempts: list[dict[str, Any]] = []
     sink = WarningSink()
@@ -100,14 +99,12 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
                     "error": short_message(exc, 1000),
                 }
             )
-            if not options.fallback:
-                continue
-            if error_class == "dynamic_shape" and not fixes_tried and dyn is not None:
+            if error_class == "dynamic_shape" and not fixes_tried and dyn is not None and options.allows("suggested_fixes"):
                 fixes_tried = True
                 refined = _suggested_fixes(exc, dyn)
                 if refined is not None:
                     ladder.insert(index, ("suggested_fixes", strict, refined))
-            if index == len(ladder) and dynamic is not None and ladder[-1][0] != "static":
+            if index == len(ladder) and dynamic is not None and ladder[-1][0] != "static" and options.allows("static"):
                 ladder.append(("static", options.strict, None))
             continue
         attempts.append({"strategy": strategy, "strict": strict, "dynamic_shapes": _describe_dynamic(dyn), "error_class": None, "error": None})
@@ -115,13 +112,15 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
         if strategy != "configured":
             failed = "; ".join(f"{a['strategy']}: {a['error_class']}" for a in attempts[:-1])
             warnings.insert(0, f"exported with fallback strategy {strategy!r} after {failed}")
-        dims = program.effective_dims(ep, bound.order, {k: dict(v) for k, v in model_inputs.dynamic.items()})
+        dims = program.effective_dims_of_leaves(ep, [per for _, _, per in bound.tensor_leaves()])
         lost = sorted(name for name, d in dims.items() if d.get("static"))
         if lost:
             warnings.append(f"dynamic dims specialized to static sizes: {', '.join(lost)}")
         metadata = {
             **program.describe(ep),
             "strategy": strategy,
+            "static_fallback": strategy == "static",
+            "specialized_dims": lost,
             "strict": strict,
             "attempts": attempts,
             "dims": dims,
@@ -133,6 +132,11 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
     classes = [a["error_class"] for a in attempts]
     error_class = next((c for c in classes if c != "runtime"), classes[0])
     first = next(a for a in attempts if a["error_class"] == error_class)
+    if dynamic is not None and not options.allows("static") and "dynamic_shape" in classes:
+        # the model exports only by giving up its dynamic dims, which its config forbids
+        error_class = "dynamic_shape"
+        first = next(a for a in attempts if a["error_class"] == "dynamic_shape")
+        first = {**first, "error": f"{first['error']} (static fallback forbidden by trace.fallback.static: false)"}
     report = draft_report(model, bound, dynamic)
     if error_class == "runtime":
         try:

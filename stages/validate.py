@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.utils._pytree as pytree
 
+from stages import program
 from stages.aot_compile import load_package
 from stages.classify import short_message
 from stages.errors import StageError
@@ -131,6 +132,46 @@ def compare(candidate: Any, reference: Any, atol: float, rtol: float) -> Compari
     return Comparison(not failures, worst_abs, worst_rel, failures)
 
 
+@dataclass
+class Observed:
+    """What one call did: its output, the user inputs after the call (a forward that mutates its
+    inputs in place is observed through them) and the mutated buffers after the call."""
+
+    output: Any
+    inputs: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+
+
+def compare_observed(candidate: Observed, reference: Observed, atol: float, rtol: float, *, buffers: bool = True) -> Comparison:
+    """Outputs (paths as compare() names them), then user inputs and buffers after the call."""
+    parts = [(compare(candidate.output, reference.output, atol, rtol), "")]
+    if reference.inputs:
+        parts.append((compare(candidate.inputs, reference.inputs, atol, rtol), "input "))
+    if buffers and reference.buffers:
+        parts.append((compare(candidate.buffers, reference.buffers, atol, rtol), "buffer "))
+    failures = [prefix + f for result, prefix in parts for f in result.failures]
+    return Comparison(
+        not failures,
+        max(r.max_abs_err for r, _ in parts),
+        max(r.max_rel_err for r, _ in parts),
+        failures,
+    )
+
+
+def _observe(module: Any, call: Callable[[BoundInputs], Any], bound: BoundInputs, buffer_names: list[str]) -> Observed:
+    """Call on a fresh copy of the inputs; keep the inputs and named buffers as they are afterwards."""
+    inputs = bound.clone()
+    output = call(inputs)
+    after = {path: t.detach().clone() for path, t, _ in inputs.tensor_leaves()}
+    buffers = {}
+    for name in buffer_names:
+        try:
+            buffers[name] = module.get_buffer(name).detach().clone()
+        except AttributeError:
+            pass
+    return Observed(output, after, buffers)
+
+
 def _eager_training_step(step: torch.nn.Module, bound: BoundInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     step.zero_grad(set_to_none=True)
     loss = bound.call(step)
@@ -156,6 +197,23 @@ def _run_candidate(fn: Callable[..., Any], bound: BoundInputs, training: bool) -
     if training:  # (loss, {param: grad}) as tensors detached from any graph
         out = pytree.tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
     return out
+
+
+def _observe_eager(model: torch.nn.Module, bound: BoundInputs, training: bool, buffer_names: list[str]) -> Observed:
+    if training:
+        return Observed(_run_eager(model, bound.clone(), training), {}, {})
+    return _observe(model, lambda inputs: _run_eager(model, inputs, training), bound, buffer_names)
+
+
+def _observe_candidate(fn: Callable[..., Any], bound: BoundInputs, training: bool, buffer_names: list[str]) -> Observed:
+    if training:
+        return Observed(_run_candidate(fn, bound, training), {}, {})
+
+    def call(inputs: BoundInputs) -> Any:
+        with torch.no_grad():
+            return inputs.call(fn)
+
+    return _observe(fn, call, bound, buffer_names if isinstance(fn, torch.nn.Module) else [])
 
 
 def _median_ms(fn: Callable[[], Any], runs: int) -> float:
@@ -187,9 +245,12 @@ def validate(
         reference = build_reference()
         twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
         candidates: dict[str, Callable[..., Any]] = {}
+        buffer_names: list[str] = []
         try:
             if archive is not None:
-                candidates["archive"] = load_archive(archive)[0].module()
+                archived = load_archive(archive)[0]
+                buffer_names = sorted(program.mutated_buffers_in_signature(archived))
+                candidates["archive"] = archived.module()
             if package is not None:
                 candidates["compiled"] = load_package(package, workdir)
         except Exception as exc:
@@ -211,23 +272,23 @@ def validate(
         for i, sample in enumerate(plan):
             bound = bind_inputs(reference, model_inputs, seed=options.seed + i, dim_sizes=sample.sizes)
             try:
-                expected = _run_eager(reference, bound, training)
-                again = _run_eager(twin, bound, training)
+                expected = _observe_eager(reference, bound, training, buffer_names)
+                again = _observe_eager(twin, bound, training, buffer_names)
             except Exception as exc:
                 raise StageError("runtime", f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
-            self_check = compare(again, expected, options.atol, options.rtol)
+            self_check = compare_observed(again, expected, options.atol, options.rtol)
             if not self_check.ok:
                 nondeterministic.append(f"{sample.label}: " + "; ".join(self_check.failures[:3]))
             for name, fn in candidates.items():
                 entry = report["candidates"][name]
                 try:
-                    got = _run_candidate(fn, bound, training)
+                    got = _observe_candidate(fn, bound, training, buffer_names)
                 except Exception as exc:
                     text = f"{name} raised on sample {sample.label} {sample.sizes}: {short_message(exc, 500)}"
                     raised.append(text)
                     entry["samples"].append({"label": sample.label, "sizes": sample.sizes, "ok": False, "error": text})
                     continue
-                result = compare(got, expected, options.atol, options.rtol)
+                result = compare_observed(got, expected, options.atol, options.rtol, buffers=isinstance(fn, torch.nn.Module))
                 entry["samples"].append(
                     {
                         "label": sample.label,
@@ -248,7 +309,7 @@ def validate(
         report["passed"] = not (raised or mismatches or nondeterministic)
         if options.benchmark and report["passed"]:
             bound = bind_inputs(reference, model_inputs, seed=options.seed)
-            latency = {"eager": _median_ms(lambda: _run_eager(reference, bound, training), options.benchmark_runs)}
+            latency = {"eager": _median_ms(lambda: _run_eager(reference, bound.clone(), training), options.benchmark_runs)}
             for name, fn in candidates.items():
                 latency[name] = _median_ms(lambda fn=fn: _run_candidate(fn, bound, training), options.benchmark_runs)
             report["latency_ms"] = latency

@@ -160,3 +160,22 @@ class BranchOnBatch(nn.Module):
 
 def branch_on_batch() -> nn.Module:
     return BranchOnBatch()
+
+
+class NestedInputs(nn.Module):
+    """forward() takes a list of tensors, a dict, a tuple, a float and a str (a detection-style
+    signature); the list's tensors share a dynamic batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 3)
+
+    def forward(self, images: list, meta: dict, pair: tuple, scale: float, mode: str) -> dict:
+        joined = self.proj(images[0] + images[1]) * scale + meta["bias"]
+        if mode == "with-pair":
+            joined = joined + pair[0] * pair[1]
+        return {"joined": joined, "count": images[0].new_full((1,), float(len(images)))}
+
+
+def nested_inputs() -> nn.Module:
+    return NestedInputs()

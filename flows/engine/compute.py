@@ -20,7 +20,8 @@ from flows.config import ResolvedModel
 from flows.engine.artifacts import load_artifact
 from flows.engine.context import Outcome, RunContext
 from flows.engine.planner import read_weights, request_key, source_manifest
-from flows.engine.registry import PROGRAM, PROGRAM_STAGES, compile_device
+from flows.engine.registry import PROGRAM, PROGRAM_STAGES
+from flows.inputs import model_inputs
 from flows.keys import Environment, canonical_json
 
 Produced = dict[str, Any]
@@ -69,19 +70,6 @@ def _publish(store: Any, data: bytes, *, fingerprint: str | None, details: Mappi
         "details": dict(details),
         "warnings": list(warnings),
     }
-
-
-def model_inputs(model: ResolvedModel) -> Any:
-    from stages.source import InputSpec, ModelInputs
-
-    return ModelInputs(
-        inputs={
-            name: InputSpec(tuple(spec.shape), spec.dtype, spec.low, spec.high, spec.value)
-            for name, spec in model.inputs.items()
-        },
-        dynamic={arg: dict(dims) for arg, dims in model.dynamic_shapes.items()},
-        dims=dict(model.dims),
-    )
 
 
 def model_builder(model: ResolvedModel, store: Any, source: Mapping[str, Any]) -> Callable[[], Any]:
@@ -133,19 +121,23 @@ _BUILT: dict[str, Any] = {}
 def _dependencies(model: ResolvedModel, store: Any, weights: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
     """The dependency manifest of the model's code (stages/deps.py), from building it once."""
     from stages.deps import manifest, record_imports
+    from stages.source import import_factory
 
     _BUILT.clear()
     module_name = model.factory.split(":", 1)[0]
     built = None
     try:
         with record_imports() as recorded:
+            if model.inputs_factory:  # its code makes the inputs: a dependency too
+                import_factory(model.inputs_factory, model.search_path)
             built = model_builder(model, store, {"details": {"weights": weights}})()
     except Exception as exc:  # noqa: BLE001 - an unimportable or unbuildable model fails at trace, classified
         problem = f"{type(exc).__name__}: {exc}"
     else:
         problem = None
         _BUILT[model.name] = built
-    seeds: list[Any] = [name for name in (module_name, *recorded.new_modules) if name in sys.modules]
+    inputs_module = model.inputs_factory.split(":", 1)[0] if model.inputs_factory else None
+    seeds: list[Any] = [name for name in (module_name, inputs_module, *recorded.new_modules) if name and name in sys.modules]
     if built is not None:
         seeds += sorted({type(m) for m in built.modules()}, key=lambda t: f"{t.__module__}.{t.__qualname__}")
     try:

@@ -14,7 +14,6 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Mapping
 
 from flows import runtime
@@ -24,52 +23,30 @@ from flows.engine.registry import STAGE_SPECS
 from flows.keys import derivation_key
 
 
-def resolve_weights_url(model: ResolvedModel) -> str:
-    url = str(model.weights)
-    if "://" in url or Path(url).is_absolute():
-        return url
-    return str(Path(model.search_path) / url)
-
-
 def read_weights(model: ResolvedModel) -> tuple[bytes, str]:
+    from flows.inputs import resolve_model_url
     from stages.errors import StageError
     from storage.fs import read_url
 
-    url = resolve_weights_url(model)
+    url = resolve_model_url(str(model.weights), model.search_path)
     try:
         return read_url(url, runtime.storage_options(url) if "://" in url else {}), url
     except FileNotFoundError as exc:
         raise StageError("weights", f"weights file not found: {model.weights}") from exc
 
 
-def _module_source_hash(model: ResolvedModel) -> tuple[str, str | None]:
-    import importlib.util
-
-    from stages.errors import StageError
-    from stages.importing import search_path_first
-
-    module_name = model.factory.split(":", 1)[0]
-    try:
-        with search_path_first(model.search_path):
-            spec = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError) as exc:
-        raise StageError("import", f"module {module_name!r} cannot be found: {exc}") from exc
-    if spec is None:
-        raise StageError("import", f"module {module_name!r} not found")
-    origin = spec.origin if spec.origin and Path(spec.origin).is_file() else None
-    data = Path(origin).read_bytes() if origin else module_name.encode()
-    return hashlib.sha256(data).hexdigest(), origin
-
-
 def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[dict[str, Any], str | None]:
-    """What the source key covers: factory, kwargs, inputs, dynamic shapes, dims, the factory
-    module's source (hashed) and the weights' sha256. Returns (manifest, module file)."""
-    code_hash, origin = _module_source_hash(model)
+    """What the config and the weights say about a model (the source key adds its code's
+    dependency manifest): factory, kwargs, inputs (with an inputs factory's source or an inputs
+    file's sha256), dynamic shapes, dims, the factory module's source and the weights' sha256.
+    Returns (manifest, the factory module's file)."""
+    from flows.inputs import inputs_manifest, module_source_hash
+
+    code_hash, origin = module_source_hash(model.factory, model.search_path)
     manifest: dict[str, Any] = {
         "factory": model.factory,
         "kwargs": dict(model.kwargs),
-        "inputs": {k: v.model_dump(mode="json") for k, v in model.inputs.items()},
-        "dynamic_shapes": {k: {str(i): d for i, d in v.items()} for k, v in model.dynamic_shapes.items()},
+        **inputs_manifest(model),  # inputs, dynamic_shapes; inputs_factory / inputs_file where set
         "dims": {k: list(v) for k, v in model.dims.items()},
         "code_hash": code_hash,
         "weights": weights_digest,

@@ -211,6 +211,11 @@ def run_model(
             if lease.worker is not None:
                 result["worker"] = f"{socket.gethostname()}:{lease.worker.pid}"
             lease.release()
+    trace = outcomes.get("trace") or {}
+    strategy = (trace.get("details") or {}).get("strategy") if trace.get("status") == "ok" else None
+    # where the ladder gave up dynamic shapes, say so where the user looks (docs/architecture.md §4)
+    result["trace_strategy"] = strategy
+    result["static_fallback"] = strategy == "static"
     validation = (outcomes.get("validate") or {}).get("details", {}).get("validation")
     if validation:
         result["validation"] = {k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples")}
