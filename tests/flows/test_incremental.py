@@ -241,7 +241,7 @@ def test_a_run_killed_half_way_resumes_with_only_what_was_left(tmp_path: Path) -
     config = _config(tmp_path)
     store_dir = tmp_path / "store"
     proc = subprocess.Popen(
-        [str(BIN / "pt2flow"), "run", str(config), "--store", str(store_dir), "--json"],
+        [str(BIN / "pt2flow"), "run", str(config), "--store", str(store_dir), "--json", "--workers", "1"],  # a, then b
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cli_env(), cwd=tmp_path, start_new_session=True,
     )
     store = ArtifactStore(str(store_dir))
