@@ -1,0 +1,23 @@
+"""Models nobody on the team wrote: transformers architectures with tiny random configs (no
+download: the config is built here, the weights are random)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def bert_tiny() -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    return BertModel(config).eval()
+
+
+def gpt2_tiny() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=1, n_head=2, use_cache=False)
+    return GPT2LMHeadModel(config).eval()
