@@ -51,10 +51,12 @@ def _load_program(store: Any, outcome: Mapping[str, Any], model: ResolvedModel) 
     if digest in _PROGRAMS:
         _PROGRAMS.move_to_end(digest)
         return _PROGRAMS[digest]
-    # the model's code registers the pytree types its program's inputs and outputs use (a
-    # transformers ModelOutput, a user dataclass): import it first, as the cold run had
+    # the pytree types a program's inputs and outputs use (a transformers ModelOutput, a user
+    # dataclass) are registered by the modules that define them: import the model's module and
+    # the modules the program recorded when it was stored, as the cold run had them imported
     import_factory(model.factory, model.search_path)
-    program, _meta = load_archive(load_artifact(store, digest, outcome.get("size"), PROGRAM_STAGES, "program"))
+    data = load_artifact(store, digest, outcome.get("size"), PROGRAM_STAGES, "program")
+    program, _meta = load_archive(data, import_pytree_modules=True)
     _remember(digest, program)
     return program
 
