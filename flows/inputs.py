@@ -61,15 +61,21 @@ def resolve_model_url(path: str, search_path: str) -> str:
     return str(Path(search_path) / url)
 
 
-def read_inputs_file(model: ResolvedModel) -> tuple[bytes, str]:
+def read_model_file(path: str, search_path: str, error_class: str, what: str) -> tuple[bytes, str]:
+    """(bytes, resolved URL) of a file a config names (weights, inputs file), with the store's
+    storage options for a URL; a missing file is a StageError of `error_class`."""
     from stages.errors import StageError
     from storage.fs import read_url
 
-    url = resolve_model_url(str(model.inputs_file), model.search_path)
+    url = resolve_model_url(path, search_path)
     try:
         return read_url(url, runtime.storage_options(url) if "://" in url else {}), url
     except FileNotFoundError as exc:
-        raise StageError("config", f"inputs_file not found: {model.inputs_file}") from exc
+        raise StageError(error_class, f"{what} not found: {path}") from exc
+
+
+def read_inputs_file(model: ResolvedModel) -> tuple[bytes, str]:
+    return read_model_file(str(model.inputs_file), model.search_path, "config", "inputs_file")
 
 
 def tree_json(tree: Any) -> Any:

@@ -24,15 +24,9 @@ from flows.keys import derivation_key
 
 
 def read_weights(model: ResolvedModel) -> tuple[bytes, str]:
-    from flows.inputs import resolve_model_url
-    from stages.errors import StageError
-    from storage.fs import read_url
+    from flows.inputs import read_model_file
 
-    url = resolve_model_url(str(model.weights), model.search_path)
-    try:
-        return read_url(url, runtime.storage_options(url) if "://" in url else {}), url
-    except FileNotFoundError as exc:
-        raise StageError("weights", f"weights file not found: {model.weights}") from exc
+    return read_model_file(str(model.weights), model.search_path, "weights", "weights file")
 
 
 def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[dict[str, Any], str | None]:
