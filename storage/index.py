@@ -250,25 +250,35 @@ class MetadataIndex:
         return dedupe(combined.select(cols))
 
     def _combined_table(self, current: list[str]) -> pa.Table | None:
-        """Every file's rows in one table (files are immutable: each is read once, and the
-        concatenation is rebuilt only when the set of files changes)."""
+        """Every file's rows in one table (files are immutable: each is read once). When files
+        were only added since the last read (the common case while a run appends), the new ones
+        are appended to the previous table instead of concatenating everything again."""
         key = tuple(current)
         if self._combined is not None and self._combined[0] == key:
             return self._combined[1]
-        tables = []
-        for path in current:
-            table = self._file_cache.get(path)
-            if table is None:
-                table = self._read_file(path, None)
-                if table is None:  # deleted by a compaction since listing; its rows are in the merged file
-                    continue
-                self._file_cache[path] = table
-            tables.append(table)
-        for stale in set(self._file_cache) - set(current):
-            del self._file_cache[stale]
-        combined = pa.concat_tables(tables).combine_chunks() if tables else None
+        previous = self._combined
+        if previous is not None and set(previous[0]) <= set(current):
+            added = [t for t in (self._cached_file(p) for p in current if p not in set(previous[0])) if t is not None]
+            combined = pa.concat_tables([previous[1], *added]) if added else previous[1]
+            if combined.column(0).num_chunks > 64:
+                combined = combined.combine_chunks()
+        else:
+            tables = [t for t in (self._cached_file(p) for p in current) if t is not None]
+            for stale in set(self._file_cache) - set(current):
+                del self._file_cache[stale]
+            combined = pa.concat_tables(tables).combine_chunks() if tables else None
         self._combined = (key, combined) if combined is not None else None
         return combined
+
+    def _cached_file(self, path: str) -> pa.Table | None:
+        """A file's table, read once; None if a compaction deleted it since the listing (its rows
+        are in the merged file)."""
+        table = self._file_cache.get(path)
+        if table is None:
+            table = self._read_file(path, None)
+            if table is not None:
+                self._file_cache[path] = table
+        return table
 
     def scan(self, columns: Sequence[str] | None = None, filter: Any = None) -> pa.Table:
         """Like read(), but through pyarrow.dataset with predicate pushdown and no caching.
