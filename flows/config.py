@@ -29,15 +29,13 @@ from flows.input_schema import (  # noqa: F401  (InputConfig stays importable fr
     parse_inputs,
 )
 from flows.limits import Limits, LimitsConfig, resolve_limits  # noqa: F401  (Limits: part of ResolvedModel)
-from stages import STAGES
+from stages.vocabulary import DTYPE_NAMES, FACTORY_PATTERN, STAGES  # noqa: F401  (DTYPE_NAMES re-exported)
 from stages.importing import search_path_first
 from stages.options import OPTIONS, UNION_TAGS
 from storage.fs import redact_url
 
 CONFIG_VERSION = 1
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-FACTORY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 # A config is walked recursively (pydantic, ${ENV} expansion, canonical JSON of kwargs): bound it.
 MAX_CONFIG_DEPTH = 100

@@ -12,6 +12,8 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from stages.vocabulary import DType
+
 # YAML spellings of the containers that a plain mapping or list cannot express
 TUPLE_KEY = "tuple"  # {tuple: [a, b]} is the tuple (a, b)
 DICT_KEY = "dict"  # {dict: {...}} is a dict, whatever its keys (shape, tuple, dict included)
@@ -28,7 +30,7 @@ class InputConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     shape: list[int] = Field(description="example shape; [] is a 0-d tensor")
-    dtype: Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "bool"] = "float32"
+    dtype: DType = "float32"
     low: float | None = None
     high: float | None = None
     value: float | None = None

@@ -4,27 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ERROR_CLASSES: tuple[str, ...] = (
-    "config",
-    "import",
-    "weights",
-    "data_dependent",
-    "dynamic_shape",
-    "unsupported_op",
-    "pytree",
-    "decomposition",
-    "serialization",
-    "compile",
-    "numeric_mismatch",
-    "nondeterministic",
-    "runtime",
-    "storage",
-    "timeout",
-    "internal",
-    "crash",
-    "out_of_memory",
-    "incompatible",
-)
+from stages.vocabulary import ERROR_CLASSES  # noqa: F401  (re-exported)
 
 
 class StageError(Exception):

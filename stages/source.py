@@ -18,9 +18,8 @@ import torch.utils._pytree as pytree
 
 from stages.errors import StageError
 from stages.importing import search_path_first
+from stages.vocabulary import FACTORY_PATTERN
 
-# dotted module path, a colon, dotted attribute path: nothing else (no calls, no '..', no slashes)
-_FACTORY_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -120,7 +119,7 @@ def _walk_tensors(value: Any, dyn: Any, path: str, out: list[Any]) -> None:
 
 def import_factory(path: str, search_path: str | None = None) -> Callable[..., Any]:
     """Import `module:callable`, with `search_path` (the config's folder) first on sys.path."""
-    if not isinstance(path, str) or not _FACTORY_PATH.fullmatch(path):  # checked before anything is imported
+    if not isinstance(path, str) or not FACTORY_PATTERN.fullmatch(path):  # checked before anything is imported
         raise StageError("config", f"factory {path!r} is not of the form 'module:callable'")
     module_name, _, attr = path.partition(":")
     try:

@@ -21,6 +21,7 @@ from flows.config import ResolvedModel
 from flows.engine.context import Outcome, RunContext
 from flows.engine.registry import STAGE_SPECS
 from flows.keys import derivation_key
+from stages.vocabulary import DETERMINISTIC_FAILURES
 
 
 def read_weights(model: ResolvedModel) -> tuple[bytes, str]:
@@ -82,14 +83,6 @@ def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str,
     return None
 
 
-# Failure classes that the same key always reproduces (the inputs, the code and the environment
-# that produced them are all in the key): reported again from the index instead of re-run.
-# The others (import, weights, runtime, storage, timeout, crash, out_of_memory, internal) depend
-# on things outside the key (a file appearing, a busy machine, a flaky store) and always re-run.
-DETERMINISTIC_FAILURES = frozenset({
-    "data_dependent", "dynamic_shape", "unsupported_op", "pytree", "decomposition",
-    "serialization", "compile", "numeric_mismatch", "nondeterministic",
-})
 
 
 def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bool = False) -> dict[str, Any] | None:

@@ -13,9 +13,8 @@ from typing import Any, Callable, Mapping
 from flows.config import ResolvedModel
 from flows.engine.context import Outcome
 from flows.keys import Environment, derivation_key
+from stages.vocabulary import PROGRAM_STAGES
 
-# Stages whose output is an ExportedProgram: the next program stage takes the newest of them.
-PROGRAM_STAGES = ("trace", "functionalize", "decompose")
 PROGRAM = "program"  # in StageSpec.inputs: the newest program-stage outcome so far
 
 
