@@ -17,7 +17,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from flows.queries import _size
+from flows.cli_support import format_size as _size
 from storage.errors import AmbiguousId, RecordNotFound
 
 STAGES = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
@@ -1004,11 +1004,11 @@ def render_terminal(comparison: Mapping[str, Any], console: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from flows.queries import EXIT_FAILED, EXIT_OK, _console, _dump, _store, _UsageError
+    from flows.cli_support import EXIT_FAILED, EXIT_OK, CommandUsageError, dump, open_store, rich_console
 
     if len(args.runs) not in (0, 2):
-        raise _UsageError("give two runs (RUN_A RUN_B), or none for the last two runs of the store")
-    store = _store(args)
+        raise CommandUsageError("give two runs (RUN_A RUN_B), or none for the last two runs of the store")
+    store = open_store(args)
     if args.runs:
         run_a, run_b = (resolve_run(store.index, r) for r in args.runs)
     else:
@@ -1019,17 +1019,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             with open(args.html, "w", encoding="utf-8") as fh:
                 fh.write(to_html(comparison))
         except OSError as exc:
-            raise _UsageError(f"cannot write {args.html}: {exc}") from exc
+            raise CommandUsageError(f"cannot write {args.html}: {exc}") from exc
         print(f"wrote {args.html}", file=sys.stderr)
     if args.json:
-        _dump(comparison)
+        dump(comparison)
     else:
-        render_terminal(comparison, _console())
+        render_terminal(comparison, rich_console())
     return EXIT_FAILED if args.fail_on_regression and comparison["regressions"] else EXIT_OK
 
 
 def add_command(sub: Any, store_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    from flows.queries import _guard
+    from flows.cli_support import guard
 
     p = sub.add_parser(
         "report",
@@ -1043,4 +1043,4 @@ def add_command(sub: Any, store_arg: Callable[[argparse.ArgumentParser], None]) 
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with plots")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a regression is flagged")
-    p.set_defaults(func=_guard(cmd_report))
+    p.set_defaults(func=guard(cmd_report))
