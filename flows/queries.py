@@ -4,48 +4,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-DEFAULT_STORE = "./pt2-store"
+from flows.cli_support import (
+    EXIT_FAILED,
+    EXIT_OK,
+    CommandUsageError,
+    rich_console,
+    dump,
+    format_size,
+    guard,
+    open_store,
+)
+
 DEFAULT_GRACE_SECONDS = 3600
 
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def _store(args: argparse.Namespace) -> Any:
-    from flows.options import UsageError, parse_storage_options
-    from storage import ArtifactStore
-
-    url = args.store or os.environ.get("PT2FLOW_STORE") or DEFAULT_STORE
-    if "://" not in url:
-        url = os.path.abspath(url)
-        if not os.path.isdir(url):
-            raise _UsageError(f"no store at {url} (give --store URL or set PT2FLOW_STORE)")
-    try:
-        options = parse_storage_options(args.storage_option or [])
-    except UsageError as exc:
-        raise _UsageError(str(exc)) from None
-    return ArtifactStore(url, options)
-
-
-class _UsageError(Exception):
-    pass
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() else 160)
-
-
-def _dump(value: Any) -> None:
-    print(json.dumps(value, indent=1, default=str))
 
 
 def _short(digest: Any, n: int = 12) -> str:
@@ -58,44 +35,12 @@ def _when(value: Any) -> str:
     return str(value or "-")
 
 
-def _size(value: Any) -> str:
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(value)
-
-
 def _parse_time(text: str, flag: str) -> datetime:
     try:
         value = datetime.fromisoformat(text)
     except ValueError as exc:
-        raise _UsageError(f"{flag}: {text!r} is not an ISO date or time (e.g. 2026-11-01 or 2026-11-01T03:00)") from exc
+        raise CommandUsageError(f"{flag}: {text!r} is not an ISO date or time (e.g. 2026-11-01 or 2026-11-01T03:00)") from exc
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-
-
-def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Storage and ID errors become a clear one-line message and a non-zero exit."""
-
-    def run(args: argparse.Namespace) -> int:
-        from storage.errors import AmbiguousId, InvalidId, RecordNotFound, StorageError
-
-        try:
-            return fn(args)
-        except (_UsageError, InvalidId, AmbiguousId) as exc:
-            print(f"pt2flow {args.command}: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        except RecordNotFound as exc:
-            print(f"pt2flow {args.command}: {exc}", file=sys.stderr)
-            return EXIT_FAILED
-        except StorageError as exc:
-            print(f"pt2flow {args.command}: storage error: {exc}", file=sys.stderr)
-            return EXIT_FAILED
-
-    return run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,7 +57,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     from storage.lineage import decode
 
-    store = _store(args)
+    store = open_store(args)
     conditions = []
     if args.model:
         conditions.append(pc.field("model") == args.model)
@@ -138,7 +83,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         table = table.slice(0, args.limit)
     rows = table.to_pylist()
     if args.json:
-        _dump([decode(r) for r in rows])
+        dump([decode(r) for r in rows])
         return EXIT_OK
     from rich.table import Table
 
@@ -150,10 +95,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
         if r.get("error_class"):
             status = f"{r['status']}: {r['error_class']}"
         view.add_row(
-            _when(r["ended_at"]), r["model"], r["stage"], status, _short(r["sha256"]), _size(r["size"]),
+            _when(r["ended_at"]), r["model"], r["stage"], status, _short(r["sha256"]), format_size(r["size"]),
             f"{r['seconds']:.2f}" if r.get("seconds") is not None else "-", r.get("run_id") or "-",
         )
-    _console().print(view)
+    rich_console().print(view)
     return EXIT_OK
 
 
@@ -174,7 +119,7 @@ def _report_of(store: Any, record: Mapping[str, Any]) -> Any:
 def cmd_show(args: argparse.Namespace) -> int:
     from storage.lineage import decode, records_for_id
 
-    store = _store(args)
+    store = open_store(args)
     records = records_for_id(store.index, args.id)
     record = decode(records[0])
     record["recorded_in_runs"] = sorted({r["run_id"] for r in records if r.get("run_id")})
@@ -182,11 +127,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     if report is not None:
         record["report"] = report
     if args.json:
-        _dump(record)
+        dump(record)
         return EXIT_OK
     from rich.table import Table
 
-    console = _console()
+    console = rich_console()
     fields = Table(title=f"{record['stage']} of {record['model']} — {record['sha256']}", title_justify="left", show_header=False)
     fields.add_column("field", style="bold")
     fields.add_column("value", overflow="fold")
@@ -219,17 +164,17 @@ def _brief(record: Mapping[str, Any]) -> str:
         weights = record.get("weights_digest")
         return f"source {record.get('factory')} kwargs={record.get('kwargs') or '{}'} weights={_short(weights, 16) if weights else 'none (factory init)'}"
     extra = f" [{record['error_class']}]" if record.get("error_class") else ""
-    return f"{record.get('stage')} {_short(record.get('sha256'), 16)} {record.get('status')}{extra} ({_size(record.get('size'))}, run {record.get('run_id')})"
+    return f"{record.get('stage')} {_short(record.get('sha256'), 16)} {record.get('status')}{extra} ({format_size(record.get('size'))}, run {record.get('run_id')})"
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     from storage import lineage
 
-    store = _store(args)
+    store = open_store(args)
     if args.weights:
         result = lineage.by_weights(store.index, args.weights)
         if args.json:
-            _dump({"weights": result["weights"], "sources": [lineage.decode(r) for r in result["sources"]], "descendants": [lineage.decode(r) for r in result["descendants"]]})
+            dump({"weights": result["weights"], "sources": [lineage.decode(r) for r in result["sources"]], "descendants": [lineage.decode(r) for r in result["descendants"]]})
             return EXIT_OK
         from rich.tree import Tree
 
@@ -239,15 +184,15 @@ def cmd_lineage(args: argparse.Namespace) -> int:
             for row in result["descendants"]:
                 if row["model"] == source["model"]:
                     branch.add(_brief(row))
-        _console().print(tree)
+        rich_console().print(tree)
         return EXIT_OK
     if not args.id:
-        raise _UsageError("give an artifact ID, or --weights DIGEST")
+        raise CommandUsageError("give an artifact ID, or --weights DIGEST")
     record = lineage.resolve(store.index, args.id)
     chain = lineage.ancestors(store.index, record)
     below = lineage.descendants(store.index, record) if args.descendants else []
     if args.json:
-        _dump({"id": record["sha256"], "ancestors": [lineage.decode(r) for r in chain[:-1]], "record": lineage.decode(record), "descendants": [lineage.decode(r) for r in below]})
+        dump({"id": record["sha256"], "ancestors": [lineage.decode(r) for r in chain[:-1]], "record": lineage.decode(record), "descendants": [lineage.decode(r) for r in below]})
         return EXIT_OK
     from rich.tree import Tree
 
@@ -259,7 +204,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         derived = tree.add("derived from it:")
         for row in below:
             derived.add(_brief(row))
-    _console().print(tree)
+    rich_console().print(tree)
     return EXIT_OK
 
 
@@ -297,12 +242,12 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 def cmd_diff(args: argparse.Namespace) -> int:
     from storage import lineage
 
-    store = _store(args)
+    store = open_store(args)
     a = lineage.decode(lineage.resolve(store.index, args.id_a))
     b = lineage.decode(lineage.resolve(store.index, args.id_b))
     result = diff_records(a, b)
     if args.json:
-        _dump(result)
+        dump(result)
         return EXIT_OK
     from rich.table import Table
 
@@ -323,7 +268,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     view.add_row("validation max abs err", str(v["a"]), str(v["b"]), "")
     counts = result["op_histogram"]["counts"]
     view.add_row("op histogram", "", "", f"+{counts['added']} ops, -{counts['removed']} ops, {counts['changed']} changed")
-    console = _console()
+    console = rich_console()
     console.print(view)
     hist = result["op_histogram"]
     for op, n in hist["added"].items():
@@ -376,11 +321,11 @@ def verify_store(store: Any) -> dict[str, Any]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    store = _store(args)
+    store = open_store(args)
     result = verify_store(store)
     bad = result["missing"] or result["corrupt"]
     if args.json:
-        _dump(result)
+        dump(result)
     else:
         print(f"checked {result['checked']} blob(s) in {store.url}: {len(result['missing'])} missing, {len(result['corrupt'])} corrupt")
         for label in ("missing", "corrupt"):
@@ -419,7 +364,7 @@ def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float) -> dict[
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    store = _store(args)
+    store = open_store(args)
     result = collect_garbage(store, dry_run=args.dry_run, grace_seconds=args.grace)
     compacted = None
     if args.compact and not args.dry_run:
@@ -427,11 +372,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.json:
         if compacted is not None:
             result["compacted"] = {"merged_files": compacted.merged_files, "records": compacted.records}
-        _dump(result)
+        dump(result)
         return EXIT_OK
     key = "would_delete" if args.dry_run else "deleted"
     verb = "would delete" if args.dry_run else "deleted"
-    print(f"{verb} {len(result[key])} unreferenced blob(s), {_size(result['bytes'])}; kept {result['kept_within_grace']} younger than the {args.grace:g} s grace period")
+    print(f"{verb} {len(result[key])} unreferenced blob(s), {format_size(result['bytes'])}; kept {result['kept_within_grace']} younger than the {args.grace:g} s grace period")
     for digest in result[key]:
         print(f"  {digest}")
     if compacted is not None:
@@ -455,13 +400,13 @@ def add_commands(sub: Any, store_arg: Callable[[argparse.ArgumentParser], None])
     p.add_argument("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")
     p.add_argument("--limit", type=int, default=100, help="show at most this many (newest first; 0 = all; default 100)")
     p.add_argument("--json", action="store_true", help="a JSON array of records")
-    p.set_defaults(func=_guard(cmd_ls))
+    p.set_defaults(func=guard(cmd_ls))
 
     p = sub.add_parser("show", help="every field of one record", description="Show the newest record of artifact ID (a sha256 or a unique prefix of 8+ characters): every field, the op histogram and, for validate, the report.")
     p.add_argument("id", metavar="ID")
     store_arg(p)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_guard(cmd_show))
+    p.set_defaults(func=guard(cmd_show))
 
     p = sub.add_parser("lineage", help="where an artifact came from (or what was built from it)", description="The chain from the model's source (factory, kwargs, weights) to ID; --descendants adds everything derived from ID; --weights DIGEST lists everything built from a checkpoint.")
     p.add_argument("id", metavar="ID", nargs="?")
@@ -469,19 +414,19 @@ def add_commands(sub: Any, store_arg: Callable[[argparse.ArgumentParser], None])
     p.add_argument("--descendants", action="store_true", help="also list everything derived from ID")
     p.add_argument("--weights", metavar="DIGEST", help="everything built from this checkpoint (sha256 or prefix)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_guard(cmd_lineage))
+    p.set_defaults(func=guard(cmd_lineage))
 
     p = sub.add_parser("diff", help="compare two artifacts' records", description="Compare graph signature, op histogram, node count, range constraints, sizes, validation errors and timings of two records.")
     p.add_argument("id_a", metavar="ID_A")
     p.add_argument("id_b", metavar="ID_B")
     store_arg(p)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_guard(cmd_diff))
+    p.set_defaults(func=guard(cmd_diff))
 
     p = sub.add_parser("verify", help="re-hash every blob", description="Re-hash every blob; exit 1 naming each missing or corrupt blob and the records that point to it.")
     store_arg(p)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_guard(cmd_verify))
+    p.set_defaults(func=guard(cmd_verify))
 
     p = sub.add_parser("gc", help="delete unreferenced blobs", description="Delete blobs that no index record references and that are older than the grace period (a run in progress never loses a blob it just wrote).")
     store_arg(p)
@@ -489,5 +434,5 @@ def add_commands(sub: Any, store_arg: Callable[[argparse.ArgumentParser], None])
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS", help=f"keep blobs younger than this (default {DEFAULT_GRACE_SECONDS})")
     p.add_argument("--compact", action="store_true", help="also merge the index files into one")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_guard(cmd_gc))
+    p.set_defaults(func=guard(cmd_gc))
 

@@ -1,0 +1,33 @@
+"""Drift between two runs (`pt2flow report`): what changed for each model, by name, and which
+changes are regressions.
+
+Pure functions over the metadata index: no torch, no Prefect. compare_runs() builds one
+JSON-ready dict; the terminal table, `--json`, `--html` and the fleet flow's markdown artifact
+all render that same dict.
+
+    runs.py      the runs of the index (list, last two, previous, resolve a prefix)
+    compare.py   comparing two runs model by model -> the comparison dict
+    rules.py     regression rules and the order views list models in
+    text.py      plain-text pieces every view shares
+    markdown.py  Markdown (the fleet flow's Prefect artifact)
+    terminal.py  the rich table of `pt2flow report`
+    html.py      the self-contained HTML page (templates/report.html.j2)
+    plot.py      inline SVG bar charts
+    command.py   the `pt2flow report` command
+"""
+
+from __future__ import annotations
+
+from flows.report.command import add_command, cmd_report
+from flows.report.compare import GRAPH_STAGES, REPORT_VERSION, STAGES, compare_runs, compare_with_previous
+from flows.report.html import PLOT_MODELS, to_html
+from flows.report.markdown import to_markdown
+from flows.report.rules import COST_GROWTH, VALIDATION_FLOOR, VALIDATION_GROWTH, regressions
+from flows.report.runs import NotEnoughRuns, last_two_runs, list_runs, previous_run, resolve_run
+from flows.report.terminal import render_terminal
+
+__all__ = [
+    "COST_GROWTH", "GRAPH_STAGES", "PLOT_MODELS", "REPORT_VERSION", "STAGES", "VALIDATION_FLOOR", "VALIDATION_GROWTH",
+    "NotEnoughRuns", "add_command", "cmd_report", "compare_runs", "compare_with_previous", "last_two_runs", "list_runs",
+    "previous_run", "regressions", "render_terminal", "resolve_run", "to_html", "to_markdown",
+]

@@ -1,0 +1,53 @@
+"""`pt2flow report`: the command-line command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from flows.cli_support import EXIT_FAILED, EXIT_OK, CommandUsageError, dump, guard, open_store, rich_console
+from flows.report.compare import compare_runs
+from flows.report.runs import last_two_runs, resolve_run
+from flows.report.terminal import render_terminal
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if len(args.runs) not in (0, 2):
+        raise CommandUsageError("give two runs (RUN_A RUN_B), or none for the last two runs of the store")
+    store = open_store(args)
+    if args.runs:
+        run_a, run_b = (resolve_run(store.index, r) for r in args.runs)
+    else:
+        run_a, run_b = last_two_runs(store.index)
+    comparison = compare_runs(store.index, run_a, run_b)
+    if args.html:
+        from flows.report.html import to_html
+
+        try:
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(to_html(comparison))
+        except OSError as exc:
+            raise CommandUsageError(f"cannot write {args.html}: {exc}") from exc
+        print(f"wrote {args.html}", file=sys.stderr)
+    if args.json:
+        dump(comparison)
+    else:
+        render_terminal(comparison, rich_console())
+    return EXIT_FAILED if args.fail_on_regression and comparison["regressions"] else EXIT_OK
+
+
+def add_command(sub: Any, store_arg: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser(
+        "report",
+        help="drift between two runs (default: the last two)",
+        description="Compare each model, by name, between two runs: status, op histogram after decompose, node count, "
+        "signature, range constraints, archive and package sizes, compile time, validation error, latency, torch version. "
+        "Flags regressions (stopped exporting, validation error x10, compile time or size +25 %).",
+    )
+    p.add_argument("runs", metavar="RUN", nargs="*", help="RUN_A RUN_B (run IDs or unique prefixes); default: the last two runs")
+    store_arg(p)
+    p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with plots")
+    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a regression is flagged")
+    p.set_defaults(func=guard(cmd_report))

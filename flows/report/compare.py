@@ -1,0 +1,377 @@
+"""Comparing two runs model by model (by name): status, source, graph, sizes, compile time,
+validation and latency. compare_runs() builds the one JSON-ready dict every view renders."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping, Sequence
+
+from flows.report.rules import regressions
+from flows.report.runs import iso, previous_run
+from storage.errors import RecordNotFound
+
+STAGES = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
+# The graph is read after decompose; a run that stopped earlier (or skipped it) is read at the
+# last program stage it has.
+GRAPH_STAGES = ("decompose", "functionalize", "trace")
+
+REPORT_VERSION = 1
+
+Stages = Mapping[str, Mapping[str, Any]]  # stage -> the newest record of that stage
+
+
+def compare_with_previous(index: Any, run_id: str) -> dict[str, Any] | None:
+    """compare_runs(previous run, run_id), or None when run_id is the first run of the index."""
+    before = previous_run(index, run_id)
+    return None if before is None else compare_runs(index, before, run_id)
+
+
+def compare_runs(index: Any, run_a: str, run_b: str) -> dict[str, Any]:
+    """Compare every model (by name) of run_a (before) with run_b (after).
+
+    Returns a JSON-ready dict: {"runs": {"a", "b"}, "torch", "summary", "models": [per-model
+    entries], "only_in_a", "only_in_b", "regressions"}. Raises RecordNotFound for an unknown run.
+    """
+    import pyarrow.compute as pc
+
+    table = index.scan(None, filter=pc.field("run_id").isin([run_a, run_b]))
+    rows = table.to_pylist()
+    rows_a = [r for r in rows if r["run_id"] == run_a]
+    rows_b = [r for r in rows if r["run_id"] == run_b]
+    for run, found in ((run_a, rows_a), (run_b, rows_b)):
+        if not found:
+            raise RecordNotFound(f"no records of run {run!r} in the index")
+    per_a, per_b = _newest_per_stage(rows_a), _newest_per_stage(rows_b)
+    cached = [s["aot_compile"] for per in (per_a, per_b) for s in per.values() if s.get("aot_compile", {}).get("cached")]
+    originals = _original_compile_records(index, cached)
+
+    models = [_compare_model(name, per_a.get(name), per_b.get(name), originals) for name in sorted(set(per_a) | set(per_b))]
+    run_info = {"a": _run_summary(run_a, per_a, rows_a), "b": _run_summary(run_b, per_b, rows_b)}
+    comparison: dict[str, Any] = {
+        "report_version": REPORT_VERSION,
+        "runs": run_info,
+        "torch": _torch_change(run_info["a"]["torch_versions"], run_info["b"]["torch_versions"]),
+        "summary": _summary(models),
+        "models": models,
+        "only_in_a": [m["model"] for m in models if m["presence"] == "a"],
+        "only_in_b": [m["model"] for m in models if m["presence"] == "b"],
+    }
+    comparison["regressions"] = regressions(comparison)
+    comparison["summary"]["regressions"] = len(comparison["regressions"])
+    return comparison
+
+
+def _summary(models: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    both = [m for m in models if m["presence"] == "both"]
+    changes = [m["status"]["change"] for m in models]
+    return {
+        "models": len(models),
+        "in_both": len(both),
+        "only_in_a": changes.count("only_in_a"),
+        "only_in_b": changes.count("only_in_b"),
+        "newly_failing": changes.count("newly_failing"),
+        "newly_passing": changes.count("newly_passing"),
+        "still_failing": changes.count("still_failing"),
+        "changed": sum(1 for m in both if m["changes"]),
+        "unchanged": sum(1 for m in both if not m["changes"]),
+        # a torch upgrade changes every stage key (the source key does not depend on torch)
+        "all_keys_changed": sum(
+            1 for m in both
+            if m["keys_changed"] and set(m["keys_changed"]) >= set(m["status"]["a"]["stages"]) & set(m["status"]["b"]["stages"])
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# reading one run's records
+
+
+def _loads(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _newest_per_stage(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """model -> stage -> the newest record of that stage in the run."""
+    floor = datetime.min.replace(tzinfo=timezone.utc)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: r.get("ended_at") or floor):
+        out.setdefault(row["model"], {})[row["stage"]] = dict(row)
+    return out
+
+
+def _original_compile_records(index: Any, cached: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """For cached aot_compile records: the record that really compiled the package (same key,
+    else same sha256), newest first. Maps record_id of the cached record -> original record."""
+    import pyarrow.compute as pc
+
+    if not cached:
+        return {}
+    keys = sorted({r["key"] for r in cached if r.get("key")})
+    digests = sorted({r["sha256"] for r in cached if r.get("sha256")})
+    condition = pc.field("stage") == "aot_compile"
+    condition = condition & (pc.field("key").isin(keys) | pc.field("sha256").isin(digests))
+    table = index.scan(["record_id", "run_id", "key", "sha256", "status", "cached", "seconds", "ended_at"], filter=condition)
+    floor = datetime.min.replace(tzinfo=timezone.utc)
+    originals = [r for r in table.to_pylist() if r["status"] == "ok" and not r["cached"] and r["seconds"] is not None]
+    originals.sort(key=lambda r: r["ended_at"] or floor, reverse=True)
+    found: dict[str, dict[str, Any]] = {}
+    for record in cached:
+        match = next((o for o in originals if o["key"] and o["key"] == record.get("key")), None)
+        match = match or next((o for o in originals if o["sha256"] and o["sha256"] == record.get("sha256")), None)
+        if match is not None:
+            found[record["record_id"]] = match
+    return found
+
+
+def _state(stages: Stages | None) -> dict[str, Any] | None:
+    """A model's outcome in one run: ok, or failed at its first failed stage with the error class."""
+    if stages is None:
+        return None
+    failed = [s for s in STAGES if s in stages and stages[s].get("status") != "ok"]
+    first = stages[failed[0]] if failed else None
+    ran = [s for s in STAGES if s in stages and s != "source"]
+    message = (first or {}).get("error_message")
+    strategy = (stages.get("trace") or {}).get("strategy")
+    return {
+        "status": "failed" if failed else "ok",
+        "failed_stage": failed[0] if failed else None,
+        "error_class": first.get("error_class") if first else None,
+        "error": (message[:300] + " …") if message and len(message) > 300 else message,
+        "stages": ran,
+        "cached": bool(ran) and all(stages[s].get("cached") for s in ran),
+        # the trace ladder gave up the dynamic dims: the program takes only the example's shapes
+        "trace_strategy": strategy,
+        "static_fallback": strategy == "static",
+    }
+
+
+def _graph(stages: Stages) -> dict[str, Any]:
+    for stage in GRAPH_STAGES:
+        record = stages.get(stage)
+        if record is not None and record.get("status") == "ok":
+            return {
+                "stage": stage,
+                "fingerprint": record.get("fingerprint"),
+                "node_count": record.get("node_count"),
+                "op_histogram": _loads(record.get("op_histogram")) or {},
+                "signature": _loads(record.get("signature")),
+                "range_constraints": _loads(record.get("range_constraints")),
+            }
+    return {}
+
+
+def _ok(stages: Stages, stage: str) -> Mapping[str, Any] | None:
+    record = stages.get(stage)
+    return record if record is not None and record.get("status") == "ok" else None
+
+
+def _compile_time(record: Mapping[str, Any] | None, originals: Stages) -> tuple[float | None, bool, str | None]:
+    """(seconds, cached, run that compiled): a cached record's own seconds are a cache lookup,
+    so its compile time is the original record's, or unknown."""
+    if record is None:
+        return None, False, None
+    if not record.get("cached"):
+        return record.get("seconds"), False, record.get("run_id")
+    original = originals.get(record["record_id"])
+    return (original["seconds"], True, original["run_id"]) if original else (None, True, None)
+
+
+def _validation(stages: Stages) -> dict[str, Any]:
+    record = stages.get("validate")
+    if record is None:
+        return {}
+    summary = _loads(record.get("validation")) or {}
+    return {
+        "passed": record.get("passed") if record.get("passed") is not None else summary.get("passed"),
+        "max_abs_err": record.get("max_abs_err") if record.get("max_abs_err") is not None else summary.get("max_abs_err"),
+        "max_rel_err": record.get("max_rel_err") if record.get("max_rel_err") is not None else summary.get("max_rel_err"),
+        "latency_ms": summary.get("latency_ms") or {},
+        "cached": bool(record.get("cached")),
+    }
+
+
+def _torch_of(stages: Stages | None) -> str | None:
+    if not stages:
+        return None
+    versions = sorted({r["torch_version"] for r in stages.values() if r.get("torch_version")})
+    return ", ".join(versions) or None
+
+
+def _run_summary(run_id: str, per_model: Mapping[str, Stages], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    starts = [r.get("started_at") or r.get("ended_at") for r in rows if r.get("started_at") or r.get("ended_at")]
+    ends = [r["ended_at"] for r in rows if r.get("ended_at")]
+    states = [_state(stages) for stages in per_model.values()]
+    return {
+        "run_id": run_id,
+        "started_at": iso(min(starts) if starts else None),
+        "ended_at": iso(max(ends) if ends else None),
+        "torch_versions": sorted({r["torch_version"] for r in rows if r.get("torch_version")}),
+        "models": len(per_model),
+        "ok": sum(1 for s in states if s and s["status"] == "ok"),
+        "failed": sum(1 for s in states if s and s["status"] != "ok"),
+        "records": len(rows),
+    }
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def _torch_change(a: Sequence[str], b: Sequence[str]) -> dict[str, Any]:
+    shown_a, shown_b = ", ".join(a) or None, ", ".join(b) or None
+    change = "same"
+    if shown_a != shown_b:
+        change = "changed"
+        if len(a) == 1 and len(b) == 1:
+            ta, tb = _version_tuple(a[0]), _version_tuple(b[0])
+            change = "upgrade" if tb > ta else ("downgrade" if tb < ta else "changed")
+    return {"a": shown_a, "b": shown_b, "change": change, "changed": change != "same"}
+
+
+# ---------------------------------------------------------------------------------------------
+# one model, before and after
+
+
+def _pair(a: Any, b: Any) -> dict[str, Any]:
+    """Two values of one fact; `changed` only when both runs know it."""
+    return {"a": a, "b": b, "changed": a is not None and b is not None and a != b}
+
+
+def _numbers(a: Any, b: Any) -> dict[str, Any]:
+    """Two measurements with their difference and ratio (b / a)."""
+    both = a is not None and b is not None
+    ratio = None
+    if both:
+        ratio = (b / a) if a else (None if b else 1.0)
+    return {"a": a, "b": b, "delta": (b - a) if both else None, "ratio": ratio, "changed": both and a != b}
+
+
+def _histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]:
+    added = {op: b[op] for op in sorted(set(b) - set(a))}
+    removed = {op: a[op] for op in sorted(set(a) - set(b))}
+    changed = {op: [a[op], b[op]] for op in sorted(set(a) & set(b)) if a[op] != b[op]}
+    return {"added": added, "removed": removed, "changed": changed}
+
+
+def _status_change(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str:
+    if a is None:
+        return "only_in_b"
+    if b is None:
+        return "only_in_a"
+    if a["status"] == "ok" and b["status"] != "ok":
+        return "newly_failing"
+    if a["status"] != "ok" and b["status"] == "ok":
+        return "newly_passing"
+    if a["status"] != "ok":
+        return "still_failing"
+    return "ok"
+
+
+def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Stages) -> dict[str, Any]:
+    state_a, state_b = _state(a), _state(b)
+    entry: dict[str, Any] = {
+        "model": name,
+        "presence": "both" if a is not None and b is not None else ("a" if a is not None else "b"),
+        "status": {"a": state_a, "b": state_b, "change": _status_change(state_a, state_b)},
+        "torch_version": _pair(_torch_of(a), _torch_of(b)),
+    }
+    a, b = a or {}, b or {}
+    entry["source"] = _source_facts(a.get("source") or {}, b.get("source") or {})
+    static_a, static_b = bool(state_a and state_a["static_fallback"]), bool(state_b and state_b["static_fallback"])
+    entry["static_fallback"] = {"a": static_a, "b": static_b, "changed": state_a is not None and state_b is not None and static_a != static_b}
+    entry["keys_changed"] = [s for s in STAGES if s in a and s in b and a[s].get("key") and b[s].get("key") and a[s]["key"] != b[s]["key"]]
+    entry["graph"] = _graph_facts(_graph(a), _graph(b))
+    entry.update(_cost_facts(a, b, originals))
+    entry.update(_validation_facts(_validation(a), _validation(b)))
+    entry["changes"] = _changes(entry)
+    return entry
+
+
+def _source_facts(src_a: Mapping[str, Any], src_b: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "factory": _pair(src_a.get("factory"), src_b.get("factory")),
+        "kwargs": _pair(_loads(src_a.get("kwargs")), _loads(src_b.get("kwargs"))),
+        "code_hash": _pair(src_a.get("code_hash"), src_b.get("code_hash")),
+        # no weights (factory init) is a value too: None -> digest is a change
+        "weights": {"a": src_a.get("weights_digest"), "b": src_b.get("weights_digest"),
+                    "changed": bool(src_a) and bool(src_b) and src_a.get("weights_digest") != src_b.get("weights_digest")},
+    }
+
+
+def _graph_facts(graph_a: Mapping[str, Any], graph_b: Mapping[str, Any]) -> dict[str, Any]:
+    hist = _histogram_diff(graph_a.get("op_histogram") or {}, graph_b.get("op_histogram") or {}) if graph_a and graph_b else {"added": {}, "removed": {}, "changed": {}}
+    return {
+        "stage": _pair(graph_a.get("stage"), graph_b.get("stage")),
+        "fingerprint": _pair(graph_a.get("fingerprint"), graph_b.get("fingerprint")),
+        "node_count": _numbers(graph_a.get("node_count"), graph_b.get("node_count")),
+        "op_histogram": {**hist, "changed_ops": len(hist["added"]) + len(hist["removed"]) + len(hist["changed"])},
+        "signature": _pair(graph_a.get("signature"), graph_b.get("signature")),
+        "range_constraints": _pair(graph_a.get("range_constraints"), graph_b.get("range_constraints")),
+    }
+
+
+def _cost_facts(a: Stages, b: Stages, originals: Stages) -> dict[str, Any]:
+    """archive_size, package_size and compile_seconds (a cached compile reports the original's)."""
+    archive_a, archive_b = _ok(a, "serialize"), _ok(b, "serialize")
+    package_a, package_b = _ok(a, "aot_compile"), _ok(b, "aot_compile")
+    secs_a, cached_a, by_a = _compile_time(package_a, originals)
+    secs_b, cached_b, by_b = _compile_time(package_b, originals)
+    return {
+        "archive_size": _numbers((archive_a or {}).get("size"), (archive_b or {}).get("size")),
+        "package_size": _numbers((package_a or {}).get("size"), (package_b or {}).get("size")),
+        "compile_seconds": {
+            **_numbers(secs_a, secs_b),
+            "a_cached": cached_a,
+            "b_cached": cached_b,
+            "a_compiled_in": by_a,
+            "b_compiled_in": by_b,
+        },
+    }
+
+
+def _validation_facts(val_a: Mapping[str, Any], val_b: Mapping[str, Any]) -> dict[str, Any]:
+    lat_a, lat_b = val_a.get("latency_ms") or {}, val_b.get("latency_ms") or {}
+    return {
+        "validation": {
+            "passed": _pair(val_a.get("passed"), val_b.get("passed")),
+            "max_abs_err": _numbers(val_a.get("max_abs_err"), val_b.get("max_abs_err")),
+            "max_rel_err": _numbers(val_a.get("max_rel_err"), val_b.get("max_rel_err")),
+            "a_cached": val_a.get("cached", False),
+            "b_cached": val_b.get("cached", False),
+        },
+        "latency_ms": {k: _numbers(lat_a.get(k), lat_b.get(k)) for k in sorted(set(lat_a) | set(lat_b))} or None,
+    }
+
+
+def _changes(entry: Mapping[str, Any]) -> list[str]:
+    """Names of the facts that differ between the runs (timings are measurements, not listed)."""
+    if entry["presence"] != "both":
+        return ["only_in_" + entry["presence"]]
+    out = []
+    status_a, status_b = entry["status"]["a"], entry["status"]["b"]
+    if entry["status"]["change"] not in ("ok", "still_failing"):
+        out.append("status")
+    elif entry["status"]["change"] == "still_failing" and (
+        (status_a["failed_stage"], status_a["error_class"]) != (status_b["failed_stage"], status_b["error_class"])
+    ):
+        out.append("failure")
+    out += [field for field in ("factory", "kwargs", "code_hash", "weights") if entry["source"][field]["changed"]]
+    if entry.get("static_fallback", {}).get("changed"):
+        out.append("static_fallback")
+    if entry["torch_version"]["changed"]:
+        out.append("torch_version")
+    graph = entry["graph"]
+    out += [field for field in ("fingerprint", "node_count", "signature", "range_constraints") if graph[field]["changed"]]
+    if graph["op_histogram"]["changed_ops"]:
+        out.append("op_histogram")
+    out += [field for field in ("archive_size", "package_size") if entry[field]["changed"]]
+    if entry["validation"]["max_abs_err"]["changed"]:
+        out.append("max_abs_err")
+    return out
