@@ -20,6 +20,7 @@ FLAGGED_FIELD = {
     "compile_time_up": "compile_seconds",
     "archive_size_up": "archive_size",
     "package_size_up": "package_size",
+    "static_fallback": "status",  # the status cell says "static!"
 }
 
 _COST_RULES = (

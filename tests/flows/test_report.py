@@ -604,3 +604,18 @@ def test_report_on_two_real_runs(tmp_path: Path) -> None:
     dom = proc.stdout  # the page as the browser built it
     assert dom.count("<svg") == 3 and 'id="model-mlp"' in dom and 'id="model-dict-out"' in dom
     assert "aten.linear.default" in dom and "changed (below)" in dom
+
+
+def test_a_model_that_newly_falls_back_to_static_shapes_is_a_regression_every_view_marks(store: ArtifactStore) -> None:
+    chain(store, "m", "run-1", trace={"strategy": "configured"})
+    chain(store, "m", "run-2", salt="v2", offset=10, trace={"strategy": "static"})
+    comparison = compare_runs(store.index, "run-1", "run-2")
+    assert ("m", "static_fallback") in rules(comparison)
+    from flows.report import render_terminal, to_html, to_markdown
+    from rich.console import Console
+
+    assert "static!" in to_markdown(comparison)
+    check_page(to_html(comparison))
+    console = Console(record=True, width=200)
+    render_terminal(comparison, console)
+    assert "static!" in console.export_text()
