@@ -23,3 +23,27 @@ def test_query_commands_import_neither_torch_nor_prefect() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_wheel_holds_every_package_and_the_report_template(tmp_path) -> None:
+    """A non-editable install must find every module the code imports (a package missing from the
+    build configuration would only show up there) and the HTML report's template."""
+    import pathlib
+    import zipfile
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = tmp_path.glob("pt2flow-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        str(path.relative_to(ROOT))
+        for top in ("stages", "storage", "flows")
+        for path in (ROOT / top).rglob("*.py")
+    }
+    assert expected and expected <= names, sorted(expected - names)
+    assert "flows/report/templates/report.html.j2" in names
+    assert not any(n.startswith(("tests/", "bench/", "configs/")) for n in names)
+    assert pathlib.Path(wheel).stat().st_size < 2_000_000
