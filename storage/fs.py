@@ -5,19 +5,16 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import random
 import re
-import signal
-import time
 import uuid
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Mapping
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from storage.errors import StorageError, StorageFull, TransientStorageError
-
-T = TypeVar("T")
+from storage.errors import FULL_ERRNOS, StorageError, StorageFull
+from storage.faults import crash_point
+from storage.retry import DEFAULT_RETRY
 
 _CREDENTIALS_IN_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
 
@@ -49,146 +46,6 @@ def _scrub(text: str, options: Mapping[str, Any]) -> str:
         if isinstance(value, str) and value and any(w in key.lower() for w in ("secret", "key", "token", "password")):
             text = text.replace(value, "***")
     return text
-
-
-# Errors that mean "no room": never retried, reported as StorageFull.
-_FULL_ERRNOS: tuple[int, ...] = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-
-# Errors worth retrying: the backend was reachable before and may be again.
-_TRANSIENT_NAMES = {
-    "ConnectionError",
-    "ConnectTimeoutError",
-    "EndpointConnectionError",
-    "ReadTimeoutError",
-    "ServerDisconnectedError",
-    "ClientOSError",
-    "ClientPayloadError",
-    "ResponseStreamingError",
-    "TimeoutError",
-    "ConnectionResetError",
-    "BrokenPipeError",
-    "IncompleteRead",
-}
-_TRANSIENT_TEXT = re.compile(
-    r"\b(500|502|503|504)\b|InternalError|ServiceUnavailable|SlowDown|Throttl|RequestTimeout|"
-    r"TooManyRequests|Connection reset|connection was closed|Server disconnected",
-    re.IGNORECASE,
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, TransientStorageError):
-        return True
-    if isinstance(exc, (StorageFull, FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError)):
-        return False
-    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS + (errno.EROFS,):
-        return False
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, TransientStorageError):
-            return True
-        if type(seen).__name__ in _TRANSIENT_NAMES or _TRANSIENT_TEXT.search(str(seen)):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-class RetryPolicy:
-    """Bounded retries with exponential backoff and jitter for transient backend errors.
-
-    The only retry layer pt2flow adds: `attempts` tries in all, then the error goes up. (botocore
-    and s3fs retry on their own too unless storage_options turn that off; see README.)
-    """
-
-    def __init__(self, attempts: int = 5, base_delay: float = 0.2, max_delay: float = 5.0) -> None:
-        self.attempts = max(1, attempts)
-        self.base_delay = base_delay
-        self.max_delay = max_delay
-
-    def call(self, what: str, fn: Callable[[], T]) -> T:
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return fn()
-            except StorageError as exc:
-                if attempt >= self.attempts or not isinstance(exc, TransientStorageError):
-                    raise
-            except Exception as exc:
-                if attempt >= self.attempts or not is_transient(exc):
-                    raise
-            delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
-            time.sleep(delay * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")
-
-
-DEFAULT_RETRY = RetryPolicy()
-
-
-# ---------------------------------------------------------------------------------------------
-# crash and fault points (crash-consistency and retry tests)
-
-# Every named point in the publish, index, compaction and gc paths. PT2FLOW_CRASH_AT=<point>
-# SIGKILLs the process there (no cleanup, no finally blocks, no atexit); <point>@N waits for the
-# Nth time this process reaches it. PT2FLOW_FAULT_AT=<point>[@N] raises a TransientStorageError
-# there instead, once per process (what a retried Prefect task must survive). With
-# PT2FLOW_CRASH_ONCE=<file>, only the first process to reach the armed point dies (it creates
-# the file): a replacement worker process, counting from zero again, does not.
-CRASH_POINTS: tuple[str, ...] = (
-    "mid_blob_write",  # local: half of a blob's bytes are in its (unnamed) temp file
-    "before_blob_publish",  # local: a blob's bytes are complete and fsynced, not yet linked at their name
-    "after_blob_upload",  # a blob is published; the record that points to it is not written
-    "before_index_append",  # an index file is serialized in memory; nothing written
-    "mid_index_write",  # local: half of an index file's bytes are in its temp file
-    "before_index_publish",  # local: an index file is complete and fsynced, not yet linked
-    "after_index_append",  # an index file is published; its writer has not returned
-    "mid_compaction",  # the merged index file (and its sidecar) is written; no small file deleted
-    "mid_compaction_delete",  # some of the merged small index files are deleted, not all
-    "mid_gc",  # gc deleted some unreferenced blobs, not all
-    "mid_multipart_upload",  # S3: some parts of a multipart upload are sent; it is not completed
-)
-
-_hits: dict[str, int] = {}
-_faults_fired: set[str] = set()
-
-
-def _armed(variable: str, name: str) -> str | None:
-    """The spec of `variable` if it names this point and this hit is the one it waits for."""
-    spec = os.environ.get(variable)
-    if not spec:
-        return None
-    point, _, nth = spec.partition("@")
-    if point != name or not (nth.isdigit() or nth == ""):
-        return None
-    count = _hits.get(f"{variable}:{name}", 0) + 1
-    _hits[f"{variable}:{name}"] = count
-    return spec if count == (int(nth) if nth else 1) else None
-
-
-def crash_point(name: str) -> None:
-    """Die here, without cleanup, when PT2FLOW_CRASH_AT arms this point; raise a transient
-    storage error here, once, when PT2FLOW_FAULT_AT does."""
-    if _armed("PT2FLOW_CRASH_AT", name) and _first_crash():
-        os.kill(os.getpid(), signal.SIGKILL)
-    spec = _armed("PT2FLOW_FAULT_AT", name)
-    if spec and spec not in _faults_fired:
-        _faults_fired.add(spec)
-        raise TransientStorageError(f"injected transient fault at {name} (PT2FLOW_FAULT_AT={spec})")
-
-
-def _first_crash() -> bool:
-    marker = os.environ.get("PT2FLOW_CRASH_ONCE")
-    if not marker:
-        return True
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
-
-
-def reset_points() -> None:
-    """Forget how often each point was reached (tests that arm points in-process)."""
-    _hits.clear()
-    _faults_fired.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,14 +112,14 @@ def _link_fd(fd: int, path: str) -> None:
     code = ctypes.get_errno()
     if code == errno.EEXIST:
         raise FileExistsError(code, os.strerror(code), path)
-    if code in _FULL_ERRNOS:
+    if code in FULL_ERRNOS:
         raise OSError(code, os.strerror(code), path)
     try:  # without CAP_DAC_READ_SEARCH on older kernels: the /proc route
         os.link(f"/proc/self/fd/{fd}", path, follow_symlinks=True)
     except FileExistsError:
         raise
     except OSError as exc:
-        if exc.errno in _FULL_ERRNOS:
+        if exc.errno in FULL_ERRNOS:
             raise
         raise _NoUnnamedTemp(str(exc)) from exc
 
@@ -336,7 +193,7 @@ def _local_write(path: str, data: bytes, exclusive: bool, kind: str) -> bool:
                 _unnamed_ok = False
         return _write_named(path, data, exclusive, kind)
     except OSError as exc:
-        if exc.errno in _FULL_ERRNOS:
+        if exc.errno in FULL_ERRNOS:
             raise StorageFull(
                 f"disk full: cannot write {path} ({len(data)} bytes): {os.strerror(exc.errno)} "
                 f"(no space, quota or file size limit); nothing was published"

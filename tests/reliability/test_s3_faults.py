@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from storage import ArtifactStore, StorageError
-from storage.fs import RetryPolicy
+from storage.retry import RetryPolicy
 from tests.reliability import stats
 from tests.reliability.faults import FaultProxy, run_proxy
 
