@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from storage.errors import StorageError
 from storage.faults import crash_point
-from storage.fs import atomic_write, remove_file
+from storage.publish import atomic_write, remove_file
 from storage.retry import DEFAULT_RETRY, RetryPolicy
 
 SCHEMA_VERSION = 1

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from storage.errors import BlobNotFound, IntegrityError, InvalidId, StorageError
 from storage.faults import crash_point
-from storage.fs import atomic_write, is_temp_name, remove_file
+from storage.publish import atomic_write, is_temp_name, remove_file
 from storage.urls import is_local, open_filesystem, redact_url
 from storage.retry import DEFAULT_RETRY, RetryPolicy
 from storage.index import MetadataIndex

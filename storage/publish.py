@@ -1,4 +1,9 @@
-"""Atomic publish on fsspec filesystems: local O_TMPFILE/temp-file writes and S3 multipart uploads."""
+"""Atomic publish: bytes appear at their name whole or not at all, on any fsspec backend.
+
+Local disk: an unnamed (O_TMPFILE) temp file where the kernel and filesystem allow, otherwise a
+dot-named temp file, in the same directory, fsynced, then linked into place. S3: one conditional
+PUT, or a multipart upload (storage/multipart.py) for large blobs.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import fsspec
 
 from storage.errors import FULL_ERRNOS, StorageFull
 from storage.faults import crash_point
+from storage.multipart import is_precondition_failed, s3_multipart_upload, wants_multipart
 from storage.urls import is_local
 
 # ---------------------------------------------------------------------------------------------
@@ -167,6 +173,13 @@ def _local_write(path: str, data: bytes, exclusive: bool, kind: str) -> bool:
         raise
 
 
+def force_named_temp_files() -> None:
+    """From now on, local writes in this process take the portable dot-named temp file path, as
+    on a filesystem without O_TMPFILE (the reliability tests exercise that path this way)."""
+    global _unnamed_ok
+    _unnamed_ok = False
+
+
 def remove_file(fs: fsspec.AbstractFileSystem, path: str) -> None:
     """Delete `path`; one that is already gone is fine (deletion is idempotent: another gc or
     compaction may have got there first). Other errors go up to the caller to name."""
@@ -198,49 +211,7 @@ def unnamed_temp_files_supported(directory: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# S3 multipart publish
-
-# Blobs of this size or more go to S3 as a multipart upload of MULTIPART_PART_SIZE parts (S3's
-# minimum part size is 5 MiB). The object appears only when the upload is completed; a writer
-# killed before that leaves no object (the parts are invisible and an S3 lifecycle rule for
-# incomplete uploads reclaims them); a writer that fails aborts the upload.
-MULTIPART_THRESHOLD = 64 * 2**20
-MULTIPART_PART_SIZE = 16 * 2**20
-
-
-def _is_precondition_failed(exc: BaseException) -> bool:
-    return isinstance(exc, FileExistsError) or "PreconditionFailed" in str(exc) or "412" in str(exc)
-
-
-def _s3_multipart(fs: Any, path: str, data: bytes, exclusive: bool) -> bool:
-    bucket, key, _ = fs.split_path(path)
-    upload_id = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
-    parts = []
-    try:
-        for number, start in enumerate(range(0, len(data), MULTIPART_PART_SIZE), 1):
-            if number > 1:
-                crash_point("mid_multipart_upload")
-            out = fs.call_s3(
-                "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                Body=data[start : start + MULTIPART_PART_SIZE],
-            )
-            parts.append({"PartNumber": number, "ETag": out["ETag"]})
-        match = {"IfNoneMatch": "*"} if exclusive else {}
-        fs.call_s3(
-            "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
-            MultipartUpload={"Parts": parts}, **match,
-        )
-    except BaseException as exc:
-        try:
-            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
-        except Exception:
-            pass  # the parts stay invisible; a lifecycle rule reclaims them
-        if exclusive and isinstance(exc, Exception) and _is_precondition_failed(exc):
-            return False
-        raise
-    finally:
-        fs.invalidate_cache(path)
-    return True
+# publish on any backend
 
 
 def atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, exclusive: bool, kind: str = "blob") -> bool:
@@ -255,10 +226,10 @@ def atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, exclu
     """
     if is_local(fs):
         return _local_write(path, data, exclusive, kind)
-    if hasattr(fs, "call_s3") and len(data) >= MULTIPART_THRESHOLD:
+    if wants_multipart(fs, len(data)):
         if exclusive and fs.exists(path):
             return False
-        return _s3_multipart(fs, path, data, exclusive)
+        return s3_multipart_upload(fs, path, data, exclusive)
     if exclusive:
         try:
             if fs.exists(path):
@@ -266,7 +237,7 @@ def atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, exclu
             fs.pipe_file(path, data, mode="create")
             return True
         except Exception as exc:
-            if _is_precondition_failed(exc):
+            if is_precondition_failed(exc):
                 return False
             raise
     fs.pipe_file(path, data)
