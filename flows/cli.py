@@ -72,7 +72,7 @@ CREDENTIALS_IN_URL = (
 
 
 def _holds_credentials(url: str) -> bool:
-    from storage.fs import redact_url
+    from storage.urls import redact_url
 
     return redact_url(url) != url
 
@@ -103,7 +103,7 @@ def _open_checked_store(store_url: str, pipeline: Any, args: argparse.Namespace)
     """Set the run's storage options (config, then --storage-option) in this process'
     environment and open the store; the exit code of a usage error (printed) if it is unreachable."""
     from flows import runtime
-    from storage.fs import redact_url
+    from storage.urls import redact_url
 
     options = merge_options(dict(pipeline.storage_options), parse_storage_options(args.storage_option or []))
     runtime.set_storage_options(store_url, options)
@@ -261,7 +261,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     timezone = args.timezone or "UTC"
     from prefect.schedules import Cron, Interval
 
-    from storage.fs import redact_url
+    from storage.urls import redact_url
 
     try:
         if args.cron is not None:

@@ -32,7 +32,7 @@ from flows.limits import Limits, LimitsConfig, resolve_limits  # noqa: F401  (Li
 from stages.vocabulary import DTYPE_NAMES, FACTORY_PATTERN, STAGES  # noqa: F401  (DTYPE_NAMES re-exported)
 from stages.importing import search_path_first
 from stages.options import OPTIONS, UNION_TAGS
-from storage.fs import redact_url
+from storage.urls import redact_url
 
 CONFIG_VERSION = 1
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")

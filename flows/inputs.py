@@ -65,7 +65,7 @@ def read_model_file(path: str, search_path: str, error_class: str, what: str) ->
     """(bytes, resolved URL) of a file a config names (weights, inputs file), with the store's
     storage options for a URL; a missing file is a StageError of `error_class`."""
     from stages.errors import StageError
-    from storage.fs import read_url
+    from storage.urls import read_url
 
     url = resolve_model_url(path, search_path)
     try:

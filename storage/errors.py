@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+
+# Errors that mean "no room": never retried, reported as StorageFull.
+FULL_ERRNOS: tuple[int, ...] = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
 
 class StorageError(Exception):
     """The store or its index could not be read or written."""

@@ -20,7 +20,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage.errors import StorageError
-from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point, remove_file
+from storage.faults import crash_point
+from storage.publish import atomic_write, remove_file
+from storage.retry import DEFAULT_RETRY, RetryPolicy
 
 SCHEMA_VERSION = 1
 

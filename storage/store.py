@@ -13,7 +13,10 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator, Mapping
 
 from storage.errors import BlobNotFound, IntegrityError, InvalidId, StorageError
-from storage.fs import DEFAULT_RETRY, RetryPolicy, atomic_write, crash_point, is_local, is_temp_name, open_filesystem, redact_url, remove_file
+from storage.faults import crash_point
+from storage.publish import atomic_write, is_temp_name, remove_file
+from storage.urls import is_local, open_filesystem, redact_url
+from storage.retry import DEFAULT_RETRY, RetryPolicy
 from storage.index import MetadataIndex
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

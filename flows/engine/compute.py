@@ -262,7 +262,7 @@ def classify(stage: str, exc: BaseException) -> dict[str, Any]:
     whether it is a transient storage error worth a retry."""
     from stages.errors import StageError
     from storage import StorageError
-    from storage.fs import is_transient
+    from storage.retry import is_transient
 
     if isinstance(exc, StageError):
         report = exc.report.encode() if exc.report else None

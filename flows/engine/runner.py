@@ -84,7 +84,7 @@ def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping
     """Key, cache lookup, then the worker: the body of every stage task. Every failure, the
     orchestrator's own storage errors included, ends as a recorded StageFailed."""
     from storage import StorageError
-    from storage.fs import is_transient
+    from storage.retry import is_transient
 
     model_run = _model_run()
     spec = SOURCE if stage == "source" else STAGE_SPECS[stage]

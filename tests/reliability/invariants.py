@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage import ArtifactStore
-from storage.fs import is_temp_name, unnamed_temp_files_supported
+from storage.publish import is_temp_name, unnamed_temp_files_supported
 from storage.index import COLUMNS
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")

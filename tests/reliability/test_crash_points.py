@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from storage import ArtifactStore
-from storage.fs import CRASH_POINTS
+from storage.faults import CRASH_POINTS
 from tests.conftest import ROOT, cli_env, run_cli, run_json, write_config
 from tests.reliability import stats
 from tests.reliability.invariants import check_local_store, raw_index_rows, temp_files
@@ -271,7 +271,7 @@ def test_s3_multipart_upload_killed_between_parts_leaves_no_object(moto_s3) -> N
 
 @pytest.mark.integration
 def test_every_declared_crash_point_is_tested(request: pytest.FixtureRequest) -> None:
-    """Every point storage.fs declares has a crash test here, and each selected one passed."""
+    """Every point storage.faults declares has a crash test here, and each selected one passed."""
     covered = set(FLEET_POINTS) | set(MAINTENANCE_POINTS) | set(S3_POINTS)
     assert covered == set(CRASH_POINTS), f"crash points without a test: {set(CRASH_POINTS) - covered}; unknown: {covered - set(CRASH_POINTS)}"
     selected = {p for p in CRASH_POINTS if any(f"[{p}]" in item.nodeid or (p in S3_POINTS and "multipart_upload_killed" in item.nodeid) for item in request.session.items)}

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from storage import ArtifactStore, StorageError
-from storage.fs import RetryPolicy
+from storage.retry import RetryPolicy
 from tests.reliability import stats
 from tests.reliability.faults import FaultProxy, run_proxy
 
@@ -118,11 +118,11 @@ def test_persistent_faults_become_a_storage_error_after_the_budget(fault: str, f
 def test_failed_multipart_upload_is_aborted_and_leaves_no_object(faulty_store: ArtifactStore, proxy: FaultProxy, moto_s3, monkeypatch: pytest.MonkeyPatch) -> None:
     import boto3
 
-    import storage.fs as fs
+    import storage.multipart as multipart
 
     part = 5 * 2**20
-    monkeypatch.setattr(fs, "MULTIPART_THRESHOLD", part)
-    monkeypatch.setattr(fs, "MULTIPART_PART_SIZE", part)
+    monkeypatch.setattr(multipart, "MULTIPART_THRESHOLD", part)
+    monkeypatch.setattr(multipart, "MULTIPART_PART_SIZE", part)
     store = faulty_store
     data = b"\x01" * (2 * part + 1)
     digest = hashlib.sha256(data).hexdigest()

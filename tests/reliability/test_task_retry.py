@@ -1,7 +1,7 @@
 """A Prefect task that fails with a transient storage error is retried by Prefect, and the retry
 re-uses what the failed attempt already published: one blob, one ok record.
 
-The fault is injected with PT2FLOW_FAULT_AT=<point>@N (storage.fs.crash_point raises a
+The fault is injected with PT2FLOW_FAULT_AT=<point>@N (storage.faults.crash_point raises a
 TransientStorageError there, once, in the process that reaches it): after the trace blob is
 uploaded by the worker process but before the orchestrator records it, and after its record is
 written but before the task returns. The model flow runs in this process (against the session's
@@ -21,7 +21,7 @@ from flows.engine.context import RunContext, new_run_id
 from flows.engine.model_flow import STAGE_RETRIES, export_model_flow
 from storage import ArtifactStore
 from storage.errors import TransientStorageError
-from storage.fs import reset_points
+from storage.faults import reset_points
 from tests.conftest import write_config
 from tests.reliability import stats
 

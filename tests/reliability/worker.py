@@ -23,10 +23,10 @@ def _store(url: str) -> Any:
 
 def multipart(args: dict[str, Any]) -> dict[str, Any]:
     """Publish one blob through the S3 multipart path (a crash point may kill us between parts)."""
-    import storage.fs as fs
+    import storage.multipart as multipart
 
-    fs.MULTIPART_THRESHOLD = args["threshold"]
-    fs.MULTIPART_PART_SIZE = args["part_size"]
+    multipart.MULTIPART_THRESHOLD = args["threshold"]
+    multipart.MULTIPART_PART_SIZE = args["part_size"]
     data = _payload(args["seed"], args["size"])
     ref = _store(args["url"]).put_blob(data)
     return {"digest": ref.digest, "size": ref.size}
@@ -35,10 +35,10 @@ def multipart(args: dict[str, Any]) -> dict[str, Any]:
 def put(args: dict[str, Any]) -> dict[str, Any]:
     """Publish one blob on a local store; named_temps forces the portable dot-named temp file
     (the path of filesystems without O_TMPFILE)."""
-    import storage.fs as fs
+    import storage.publish as publish
 
     if args.get("named_temps"):
-        fs._unnamed_ok = False
+        publish.force_named_temp_files()
     ref = _store(args["url"]).put_blob(_payload(args["seed"], args["size"]))
     return {"digest": ref.digest}
 

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from storage import ArtifactStore, BlobNotFound, IntegrityError, InvalidId, StorageError
-from storage.fs import redact_url
+from storage.urls import redact_url
 
 
 def _digest(data: bytes) -> str:
