@@ -309,6 +309,14 @@ def check_stage_list(stages: Sequence[str]) -> list[str]:
     return problems
 
 
+def _factory_problem(value: str, search_path: str) -> str | None:
+    """Why a `module:callable` reference is unusable (its form, or what the static resolution
+    found), or None."""
+    if not FACTORY_PATTERN.fullmatch(value):
+        return f"{value!r} is not of the form 'package.module:callable'"
+    return resolve_factory_statically(value, search_path)
+
+
 def _check_model(
     index: int,
     model: ModelConfig,
@@ -327,12 +335,11 @@ def _check_model(
 
     if not NAME_PATTERN.fullmatch(model.name) or model.name in (".", "..") or ".." in model.name:
         add(("name",), f"{model.name!r} is not a valid model name: use 1-128 of [A-Za-z0-9._-], no '..'")
-    if not FACTORY_PATTERN.fullmatch(model.factory):
-        add(("factory",), f"{model.factory!r} is not of the form 'package.module:callable'")
-    else:
-        problem = resolve_factory_statically(model.factory, search_path)
+    for key in ("factory", "inputs_factory"):
+        value = getattr(model, key)
+        problem = _factory_problem(value, search_path) if value is not None else None
         if problem:
-            add(("factory",), problem)
+            add((key,), problem)
     if model.weights is not None:
         plain = model.weights.split("?", 1)[0].lower()
         if not plain.endswith(WEIGHT_SUFFIXES):
@@ -342,13 +349,6 @@ def _check_model(
     sources = [k for k in ("inputs", "inputs_factory", "inputs_file") if getattr(model, k) is not None]
     if len(sources) > 1:
         add((sources[1],), f"give the example inputs one way: {' or '.join(sources)}, not both")
-    if model.inputs_factory is not None:
-        if not FACTORY_PATTERN.fullmatch(model.inputs_factory):
-            add(("inputs_factory",), f"{model.inputs_factory!r} is not of the form 'package.module:callable'")
-        else:
-            problem = resolve_factory_statically(model.inputs_factory, search_path)
-            if problem:
-                add(("inputs_factory",), problem)
     if model.inputs_file is not None:
         plain = model.inputs_file.split("?", 1)[0].lower()
         if not plain.endswith(INPUT_FILE_SUFFIXES):
