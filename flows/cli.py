@@ -446,7 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops a run as Ctrl-C does
+    # `run`: SIGTERM stops it as Ctrl-C does (serve keeps Prefect's own handling of both)
+    previous = signal.signal(signal.SIGTERM, _interrupt) if args.func is cmd_run else None
     try:
         return int(args.func(args))
     except UsageError as exc:
@@ -456,7 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pt2flow: interrupted; worker processes stopped", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
