@@ -333,6 +333,10 @@ def _serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, An
     from prefect.types.entrypoint import EntrypointType
 
     serving: list[asyncio.Task[Any]] = []
+    # the flow runs' log lines are copied to our stdout: a log file should get them as they come
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
 
     class ServeRunner(Runner):
         def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
@@ -446,6 +450,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    # `kill -USR1 PID` prints every thread's stack on stderr: what a long run or serve is doing now
+    if hasattr(signal, "SIGUSR1"):
+        import faulthandler
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     # `run`: SIGTERM stops it as Ctrl-C does (serve keeps Prefect's own handling of both)
     previous = signal.signal(signal.SIGTERM, _interrupt) if args.func is cmd_run else None
     try:

@@ -23,6 +23,7 @@ from storage.errors import StorageError
 from storage.faults import crash_point
 from storage.publish import atomic_write, remove_file
 from storage.retry import DEFAULT_RETRY, RetryPolicy
+from storage.urls import is_local
 
 SCHEMA_VERSION = 1
 
@@ -296,13 +297,34 @@ class MetadataIndex:
         if not paths:
             return _conform(pa.table({}), cols)
         try:
-            dataset = ds.dataset(paths, schema=SCHEMA, format="parquet", filesystem=self.fs)
-            table = dataset.to_table(columns=cols, filter=filter)
+            table = self._scan(paths, cols, filter, SCHEMA)
         except FileNotFoundError:
             return self.read(cols, filter)  # a compaction removed a file mid-scan: fall back
         except Exception as exc:
             raise StorageError(f"cannot read index {self.root}: {type(exc).__name__}: {exc}") from exc
         return dedupe(table)
+
+    def _scan(self, paths: list[str], columns: list[str], filter: Any, schema: pa.Schema | None) -> pa.Table:
+        """`columns` of the rows of parquet `paths` that match `filter`. On local disk pyarrow's own
+        filesystem scans with predicate pushdown; elsewhere each file is fetched through fsspec and
+        filtered here. pyarrow never gets the fsspec filesystem itself: its scanner threads would
+        call back into Python and can outlive the interpreter (the process then dies with SIGABRT,
+        "terminate called without an active exception", after its work is done)."""
+        import pyarrow.dataset as ds
+
+        if is_local(self.fs):
+            import pyarrow.fs as pafs
+
+            dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=pafs.LocalFileSystem())
+            return dataset.to_table(columns=columns, filter=filter)
+        tables = []
+        for path in paths:
+            data = self.retry.call("index read", lambda path=path: self.fs.cat_file(path))
+            table = pq.read_table(io.BytesIO(data), schema=schema, use_threads=False)
+            tables.append(table.filter(filter) if filter is not None else table)
+        if not tables:
+            return _conform(pa.table({}), columns)
+        return pa.concat_tables(tables).select(columns)
 
     # -- compaction ----------------------------------------------------------------------
     def compact(self, min_files: int = 2) -> CompactResult:
@@ -356,14 +378,14 @@ class MetadataIndex:
         for path in self.files():
             if _sidecar_of(path).rsplit("/", 1)[-1] in sidecars:
                 try:
-                    table = ds.dataset(_sidecar_of(path), format="parquet", filesystem=self.fs).to_table(columns=["model"], filter=condition)
+                    table = self._scan([_sidecar_of(path)], ["model"], condition, None)
                 except FileNotFoundError:
                     continue
                 models.update(table["model"].to_pylist())
             else:
                 plain.append(path)
         if plain:
-            table = ds.dataset(plain, schema=SCHEMA, format="parquet", filesystem=self.fs).to_table(columns=["model"], filter=condition)
+            table = self._scan(plain, ["model"], condition, SCHEMA)
             models.update(table["model"].to_pylist())
         return {m for m in models if m is not None}
 

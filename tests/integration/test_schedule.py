@@ -71,6 +71,11 @@ def _stop_group(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, gra
         try:
             process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
+            # what is still running, and where each process is stuck (faulthandler on SIGUSR1), for the log
+            subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "-g", str(pgid), "--forest"], check=False)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGUSR1)
+            time.sleep(3)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
             process.wait(timeout=30)
