@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from storage import ArtifactStore
+from pt2flow.storage import ArtifactStore
 
 STAGES = ["source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"]
 

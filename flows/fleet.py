@@ -16,13 +16,13 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
-from flows import runtime
-from flows.config import ResolvedModel
-from flows.engine.context import RunContext
-from flows.engine.fleet import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
-from flows.engine.model_flow import STAGE_TASKS
-from flows.engine.planner import Plan
-from flows.engine.runner import empty_result, run_logger, run_model
+from pt2flow.flows.engine import runtime
+from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.engine.context import RunContext
+from pt2flow.flows.engine.fleet import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
+from pt2flow.flows.engine.model_flow import STAGE_TASKS
+from pt2flow.flows.engine.planner import Plan
+from pt2flow.flows.engine.runner import empty_result, run_logger, run_model
 
 RUNNERS = ("local", "process", "dask")
 
@@ -46,7 +46,7 @@ def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> Any:
     run nested under this task (named after the model), their work on that process's worker
     pool. The task fails when the model does, naming the stage and the class. (A subflow per
     model costs 0.3-1 s more per model in flow-run bookkeeping: measured, see bench/.)"""
-    from flows.engine.pool import shared_pool
+    from pt2flow.flows.engine.pool import shared_pool
 
     result = run_model(model, ctx, plan, shared_pool(), tasks=STAGE_TASKS)
     if result["status"] != "ok":
@@ -73,7 +73,7 @@ def _task_runner(runner: str, workers: int, dask_address: str | None) -> Any:
 def _run_models(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext, runner: str, workers: int, dask_address: str | None) -> list[dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     if runner != "dask":
-        from flows.engine.pool import start_pool
+        from pt2flow.flows.engine.pool import start_pool
 
         start_pool(workers)
     with _task_runner(runner, workers, dask_address) as task_runner:
@@ -132,7 +132,8 @@ def fleet_markdown(document: dict[str, Any], comparison: str | None = None) -> s
 
 def _drift_markdown(store_obj: Any, run_id: str) -> str | None:
     """This run against the store's previous one (regressions flagged), or None for a first run."""
-    from flows.report import compare_with_previous, to_markdown
+    from pt2flow.flows.report import compare_with_previous
+    from pt2flow.flows.report import to_markdown
 
     try:
         comparison = compare_with_previous(store_obj.index, run_id)
@@ -195,7 +196,7 @@ def fleet_flow(
     try:
         document = run_fleet(pipeline, ctx, runner, workers, dask_address)
     finally:
-        from flows.engine.pool import stop_pool
+        from pt2flow.flows.engine.pool import stop_pool
 
         stop_pool()  # a served deployment runs many fleets in one process: free the workers
     ok = document["summary"]["ok"]

@@ -6,7 +6,7 @@ or orchestration. `STAGES` is the contract order (docs/architecture.md §2).
 
 from __future__ import annotations
 
-from stages.vocabulary import STAGES  # noqa: F401  (the contract order; defined with the rest of the shared words)
+from pt2flow.stages.vocabulary import STAGES  # noqa: F401  (the contract order; defined with the rest of the shared words)
 
 # Bump a stage's version when its output for the same input changes: it is part of every
 # derivation key, so artifacts made by an older pt2flow are rebuilt instead of reused.

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from stages.classify import classify_compile_error, short_message
-from stages.errors import StageError
-from stages.options import AotCompileOptions
-from stages.quiet import quiet_torch
-from stages.result import StageResult
+from pt2flow.stages.classify import classify_compile_error, short_message
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import AotCompileOptions
+from pt2flow.stages.quiet import quiet_torch
+from pt2flow.stages.result import StageResult
 
 
 

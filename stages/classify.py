@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from stages.errors import StageError
+from pt2flow.stages.errors import StageError
 
 _DATA_DEPENDENT = re.compile(
     r"data[- ]dependent|GuardOnDataDependentSymNode|Could not guard on data-dependent|"

@@ -8,12 +8,12 @@ from typing import Any, Mapping
 import torch
 from torch.export import ExportedProgram
 
-from stages import program
-from stages.classify import short_message
-from stages.errors import StageError
-from stages.options import DecomposeOptions
-from stages.quiet import quiet_torch
-from stages.result import StageResult
+from pt2flow.stages import program
+from pt2flow.stages.classify import short_message
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import DecomposeOptions
+from pt2flow.stages.quiet import quiet_torch
+from pt2flow.stages.result import StageResult
 
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stages.vocabulary import ERROR_CLASSES  # noqa: F401  (re-exported)
+from pt2flow.stages.vocabulary import ERROR_CLASSES  # noqa: F401  (re-exported)
 
 
 class StageError(Exception):

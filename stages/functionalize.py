@@ -8,12 +8,12 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
-from stages import program
-from stages.classify import short_message
-from stages.errors import StageError
-from stages.options import FunctionalizeOptions
-from stages.quiet import quiet_torch
-from stages.result import StageResult
+from pt2flow.stages import program
+from pt2flow.stages.classify import short_message
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import FunctionalizeOptions
+from pt2flow.stages.quiet import quiet_torch
+from pt2flow.stages.result import StageResult
 
 
 

@@ -14,11 +14,11 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch.export import ExportedProgram
 
-from stages import program
-from stages.classify import short_message
-from stages.errors import StageError
-from stages.quiet import quiet_torch
-from stages.result import StageResult
+from pt2flow.stages import program
+from pt2flow.stages.classify import short_message
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.quiet import quiet_torch
+from pt2flow.stages.result import StageResult
 
 METADATA_FILE = "pt2flow.json"
 PYTREE_MODULES = "pytree_modules"  # metadata key: modules a loading process must have imported

@@ -16,9 +16,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from stages.errors import StageError
-from stages.importing import search_path_first
-from stages.vocabulary import FACTORY_PATTERN
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.importing import search_path_first
+from pt2flow.stages.vocabulary import FACTORY_PATTERN
 
 
 DTYPES: dict[str, torch.dtype] = {

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from stages import program
-from stages.classify import classify_trace_error, short_message
-from stages.errors import StageError
-from stages.options import TraceOptions
-from stages.quiet import WarningSink, quiet_torch
-from stages.result import StageResult
-from stages.source import BoundInputs, ModelInputs, bind_inputs, export_dynamic_shapes
+from pt2flow.stages import program
+from pt2flow.stages.classify import classify_trace_error, short_message
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import TraceOptions
+from pt2flow.stages.quiet import WarningSink, quiet_torch
+from pt2flow.stages.result import StageResult
+from pt2flow.stages.source import BoundInputs, ModelInputs, bind_inputs, export_dynamic_shapes
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

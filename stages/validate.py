@@ -20,15 +20,15 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.utils._pytree as pytree
 
-from stages import program
-from stages.aot_compile import load_package
-from stages.classify import short_message
-from stages.errors import StageError
-from stages.options import ValidateOptions
-from stages.quiet import quiet_torch
-from stages.result import StageResult
-from stages.serialize import load_archive
-from stages.source import BoundInputs, ModelInputs, bind_inputs
+from pt2flow.stages import program
+from pt2flow.stages.aot_compile import load_package
+from pt2flow.stages.classify import short_message
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import ValidateOptions
+from pt2flow.stages.quiet import quiet_torch
+from pt2flow.stages.result import StageResult
+from pt2flow.stages.serialize import load_archive
+from pt2flow.stages.source import BoundInputs, ModelInputs, bind_inputs
 
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 
-from storage.errors import TransientStorageError
+from pt2flow.storage.errors import TransientStorageError
 
 # Every named point in the publish, index, compaction and gc paths. PT2FLOW_CRASH_AT=<point>
 # SIGKILLs the process there (no cleanup, no finally blocks, no atexit); <point>@N waits for the

@@ -19,11 +19,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from storage.errors import StorageError
-from storage.faults import crash_point
-from storage.publish import atomic_write, remove_file
-from storage.retry import DEFAULT_RETRY, RetryPolicy
-from storage.urls import is_local
+from pt2flow.storage.errors import StorageError
+from pt2flow.storage.faults import crash_point
+from pt2flow.storage.publish import atomic_write, remove_file
+from pt2flow.storage.retry import DEFAULT_RETRY, RetryPolicy
+from pt2flow.storage.urls import is_local
 
 SCHEMA_VERSION = 1
 

@@ -16,8 +16,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.errors import AmbiguousId, InvalidId, RecordNotFound
-from storage.index import JSON_COLUMNS, MetadataIndex
+from pt2flow.storage.errors import AmbiguousId, InvalidId, RecordNotFound
+from pt2flow.storage.index import JSON_COLUMNS, MetadataIndex
 
 MIN_PREFIX = 8
 _HEX = re.compile(r"^[0-9a-f]+$")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.faults import crash_point
+from pt2flow.storage.faults import crash_point
 
 # Blobs of this size or more go to S3 as a multipart upload of MULTIPART_PART_SIZE parts (S3's
 # minimum part size is 5 MiB). The object appears only when the upload is completed; a writer

@@ -15,10 +15,10 @@ from typing import Any
 
 import fsspec
 
-from storage.errors import FULL_ERRNOS, StorageFull
-from storage.faults import crash_point
-from storage.multipart import is_precondition_failed, s3_multipart_upload, wants_multipart
-from storage.urls import is_local
+from pt2flow.storage.errors import FULL_ERRNOS, StorageFull
+from pt2flow.storage.faults import crash_point
+from pt2flow.storage.multipart import is_precondition_failed, s3_multipart_upload, wants_multipart
+from pt2flow.storage.urls import is_local
 
 # ---------------------------------------------------------------------------------------------
 # local atomic publish

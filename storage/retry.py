@@ -11,7 +11,7 @@ import re
 import time
 from typing import Callable, TypeVar
 
-from storage.errors import FULL_ERRNOS, StorageError, StorageFull, TransientStorageError
+from pt2flow.storage.errors import FULL_ERRNOS, StorageError, StorageFull, TransientStorageError
 
 T = TypeVar("T")
 

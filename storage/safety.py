@@ -24,7 +24,7 @@ import struct
 import zipfile
 from dataclasses import dataclass
 
-from storage.errors import UnsafeArchive
+from pt2flow.storage.errors import UnsafeArchive
 
 MAX_ENTRIES = 10_000
 MAX_TOTAL_UNCOMPRESSED = 8 * 1024**3  # 8 GiB

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator, Mapping
 
-from storage.errors import BlobNotFound, IntegrityError, InvalidId, StorageError
-from storage.faults import crash_point
-from storage.publish import atomic_write, is_temp_name, remove_file
-from storage.urls import is_local, open_filesystem, redact_url
-from storage.retry import DEFAULT_RETRY, RetryPolicy
-from storage.index import MetadataIndex
+from pt2flow.storage.errors import BlobNotFound, IntegrityError, InvalidId, StorageError
+from pt2flow.storage.faults import crash_point
+from pt2flow.storage.publish import atomic_write, is_temp_name, remove_file
+from pt2flow.storage.urls import is_local, open_filesystem, redact_url
+from pt2flow.storage.retry import DEFAULT_RETRY, RetryPolicy
+from pt2flow.storage.index import MetadataIndex
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

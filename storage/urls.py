@@ -10,8 +10,8 @@ from typing import Any, Mapping
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from storage.errors import StorageError
-from storage.retry import DEFAULT_RETRY
+from pt2flow.storage.errors import StorageError
+from pt2flow.storage.retry import DEFAULT_RETRY
 
 _CREDENTIALS_IN_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
 

@@ -36,7 +36,7 @@ def _prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[str]:
     """One private Prefect API server for the in-process flow tests of the session."""
-    from flows import runtime
+    from pt2flow.flows.engine import runtime
 
     with runtime.prefect_api() as url:
         yield url

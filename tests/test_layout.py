@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -11,13 +13,13 @@ from tests.conftest import BIN, ROOT
 def test_import_contracts_hold() -> None:
     proc = subprocess.run([str(BIN / "lint-imports")], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "3 kept, 0 broken" in proc.stdout
+    assert "6 kept, 0 broken" in proc.stdout
 
 
 def test_query_commands_import_neither_torch_nor_prefect() -> None:
     code = (
-        "import sys; from flows import cli, queries; cli.build_parser();"
-        "import storage.index, storage.store;"
+        "import sys; from pt2flow.flows.cli import main, queries; main.build_parser();"
+        "import pt2flow.storage.index, pt2flow.storage.store, pt2flow.flows.engine.planner, pt2flow.flows.engine.runner;"
         "print(sorted(m for m in ('torch', 'prefect') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -25,9 +27,10 @@ def test_query_commands_import_neither_torch_nor_prefect() -> None:
     assert proc.stdout.strip() == "[]"
 
 
-def test_the_wheel_holds_every_package_and_the_report_template(tmp_path) -> None:
-    """A non-editable install must find every module the code imports (a package missing from the
-    build configuration would only show up there) and the HTML report's template."""
+def test_the_wheel_installs_only_pt2flow_with_every_package_and_the_report_template(tmp_path) -> None:
+    """A non-editable install: every module of stages/, storage/ and flows/ lands under pt2flow/
+    (a package missing from pyproject's list would only show up there), with the HTML report's
+    template, and nothing named stages, storage or flows is importable from it."""
     import pathlib
     import shutil
     import zipfile
@@ -45,11 +48,32 @@ def test_the_wheel_holds_every_package_and_the_report_template(tmp_path) -> None
     (wheel,) = tmp_path.glob("pt2flow-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {
-        str(path.relative_to(ROOT))
+        "pt2flow/" + str(path.relative_to(ROOT))
         for top in ("stages", "storage", "flows")
         for path in (ROOT / top).rglob("*.py")
     }
     assert expected and expected <= names, sorted(expected - names)
-    assert "flows/report/templates/report.html.j2" in names
-    assert not any(n.startswith(("tests/", "bench/", "configs/")) for n in names)
+    assert "pt2flow/flows/report/templates/report.html.j2" in names
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"pt2flow"}
     assert pathlib.Path(wheel).stat().st_size < 2_000_000
+
+    # installed on its own (no .pth of the editable install: python -S), from a folder that is not the checkout
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    installed = {p.name for p in target.iterdir() if not p.name.endswith(".dist-info")}
+    assert installed - {"bin"} == {"pt2flow"}, installed  # bin/: the `pt2flow` script
+    site_packages = next(p for p in sys.path if p.endswith("site-packages"))
+    code = (
+        "import importlib, importlib.util, json, sys\n"
+        "import pt2flow.flows.cli.main, pt2flow.flows.fleet, pt2flow.flows.engine.worker, pt2flow.flows.report.html\n"
+        "print(json.dumps({'pt2flow': list(importlib.import_module('pt2flow').__path__),"
+        " 'shadowing': [n for n in ('stages', 'storage', 'flows') if importlib.util.find_spec(n)]}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join([str(target), site_packages])},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout)
+    assert found == {"pt2flow": [str(target / "pt2flow")], "shadowing": []}

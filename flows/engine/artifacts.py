@@ -11,8 +11,8 @@ def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, 
     its size and sha256 verified, and passed through the zip safety check (storage.safety)."""
     import pyarrow.compute as pc
 
-    from storage.errors import RecordNotFound
-    from storage.safety import check_archive
+    from pt2flow.storage.errors import RecordNotFound
+    from pt2flow.storage.safety import check_archive
 
     condition = (pc.field("sha256") == digest) & (pc.field("status") == "ok") & pc.field("stage").isin(list(stages))
     rows = store.index.read(["size"], filter=condition).to_pylist()

@@ -10,14 +10,14 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from flows import runtime
-from flows.config import ResolvedModel
-from flows.engine.context import Outcome, RunContext, StageFailed, failed_outcome
-from flows.engine.planner import cached_outcome, find_cached
-from flows.engine.registry import options_json
-from flows.keys import Environment
-from flows.records import stage_record
-from storage import StorageError
+from pt2flow.flows.engine import runtime
+from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.engine.context import Outcome, RunContext, StageFailed, failed_outcome
+from pt2flow.flows.engine.planner import cached_outcome, find_cached
+from pt2flow.flows.engine.registry import options_json
+from pt2flow.flows.engine.keys import Environment
+from pt2flow.flows.engine.records import stage_record
+from pt2flow.storage import StorageError
 
 
 def _now() -> datetime:

@@ -15,14 +15,14 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from flows import runtime
-from flows.config import ResolvedModel
-from flows.engine.artifacts import load_artifact
-from flows.engine.context import Outcome, RunContext
-from flows.engine.planner import read_weights, request_key, source_manifest
-from flows.engine.registry import PROGRAM, PROGRAM_STAGES
-from flows.inputs import model_inputs
-from flows.keys import Environment, canonical_json
+from pt2flow.flows.engine import runtime
+from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.engine.artifacts import load_artifact
+from pt2flow.flows.engine.context import Outcome, RunContext
+from pt2flow.flows.engine.planner import read_weights, request_key, source_manifest
+from pt2flow.flows.engine.registry import PROGRAM, PROGRAM_STAGES
+from pt2flow.flows.engine.inputs import model_inputs
+from pt2flow.flows.engine.keys import Environment, canonical_json
 
 Produced = dict[str, Any]
 
@@ -44,8 +44,8 @@ def forget_programs() -> None:
 
 
 def _load_program(store: Any, outcome: Mapping[str, Any], model: ResolvedModel) -> Any:
-    from stages.serialize import load_archive
-    from stages.source import import_factory
+    from pt2flow.stages.serialize import load_archive
+    from pt2flow.stages.source import import_factory
 
     digest = outcome["artifact"]
     if digest in _PROGRAMS:
@@ -76,7 +76,7 @@ def _publish(store: Any, data: bytes, *, fingerprint: str | None, details: Mappi
 
 def model_builder(model: ResolvedModel, store: Any, source: Mapping[str, Any]) -> Callable[[], Any]:
     """A function returning a fresh eager model (a TrainingStep in training mode), weights loaded."""
-    from stages.source import build_model, import_factory, load_state_dict, training_step
+    from pt2flow.stages.source import build_model, import_factory, load_state_dict, training_step
 
     factory = import_factory(model.factory, model.search_path)
     weights = source["details"].get("weights")
@@ -122,8 +122,8 @@ _BUILT: dict[str, Any] = {}
 
 def _dependencies(model: ResolvedModel, store: Any, weights: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
     """The dependency manifest of the model's code (stages/deps.py), from building it once."""
-    from stages.deps import manifest, record_imports
-    from stages.source import import_factory
+    from pt2flow.stages.deps import manifest, record_imports
+    from pt2flow.stages.source import import_factory
 
     _BUILT.clear()
     module_name = model.factory.split(":", 1)[0]
@@ -151,7 +151,7 @@ def _dependencies(model: ResolvedModel, store: Any, weights: Mapping[str, Any] |
 def _program_result(store: Any, result: Any) -> Produced:
     """Publish a program stage's output, after checking that it loads back (a program that does
     not must never become a cache entry: the stage fails with `serialization`, cold or warm)."""
-    from stages.serialize import program_bytes_checked
+    from pt2flow.stages.serialize import program_bytes_checked
 
     produced = _publish(store, program_bytes_checked(result.output), fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
     _remember(produced["artifact"], result.output)
@@ -159,7 +159,7 @@ def _program_result(store: Any, result: Any) -> Produced:
 
 
 def trace(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
-    from stages.trace import trace as trace_stage
+    from pt2flow.stages.trace import trace as trace_stage
 
     store = runtime.open_store(ctx.store_url)
     built = _BUILT.pop(model.name, None)
@@ -169,21 +169,21 @@ def trace(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], 
 
 
 def functionalize(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
-    from stages.functionalize import functionalize as functionalize_stage
+    from pt2flow.stages.functionalize import functionalize as functionalize_stage
 
     store = runtime.open_store(ctx.store_url)
     return _program_result(store, functionalize_stage(_load_program(store, inputs[PROGRAM], model), model.options["functionalize"]))  # type: ignore[arg-type]
 
 
 def decompose(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
-    from stages.decompose import decompose as decompose_stage
+    from pt2flow.stages.decompose import decompose as decompose_stage
 
     store = runtime.open_store(ctx.store_url)
     return _program_result(store, decompose_stage(_load_program(store, inputs[PROGRAM], model), model.options["decompose"]))  # type: ignore[arg-type]
 
 
 def serialize(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
-    from stages.serialize import serialize as serialize_stage
+    from pt2flow.stages.serialize import serialize as serialize_stage
 
     store = runtime.open_store(ctx.store_url)
     env = Environment.current()
@@ -200,7 +200,7 @@ def serialize(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcom
 
 
 def aot_compile(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
-    from stages.aot_compile import aot_compile as compile_stage
+    from pt2flow.stages.aot_compile import aot_compile as compile_stage
 
     store = runtime.open_store(ctx.store_url)
     result = compile_stage(_load_program(store, inputs[PROGRAM], model), model.options["aot_compile"])  # type: ignore[arg-type]
@@ -208,7 +208,7 @@ def aot_compile(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outc
 
 
 def validate(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
-    from stages.validate import validate as validate_stage
+    from pt2flow.stages.validate import validate as validate_stage
 
     store = runtime.open_store(ctx.store_url)
     serialized, compiled = inputs.get("serialize"), inputs.get("aot_compile")
@@ -260,9 +260,9 @@ def validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
 def classify(stage: str, exc: BaseException) -> dict[str, Any]:
     """A failure the orchestrator can record: error class, message, details, report bytes, and
     whether it is a transient storage error worth a retry."""
-    from stages.errors import StageError
-    from storage import StorageError
-    from storage.retry import is_transient
+    from pt2flow.stages.errors import StageError
+    from pt2flow.storage import StorageError
+    from pt2flow.storage.retry import is_transient
 
     if isinstance(exc, StageError):
         report = exc.report.encode() if exc.report else None

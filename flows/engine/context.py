@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from flows.limits import Limits  # noqa: F401  (re-exported: the engine's view of a model's limits)
+from pt2flow.flows.config.limits import Limits  # noqa: F401  (re-exported: the engine's view of a model's limits)
 
 # A stage outcome: status, cached, seconds, artifact (sha256), size, uri, key, fingerprint,
 # details, warnings; for failures also error_class and error. Plain dicts: they cross process

@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from flows import runtime
-from flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
-from flows.engine.context import RunContext, new_run_id
-from flows.engine.planner import Plan, plan_model
-from flows.engine.runner import run_model
+from pt2flow.flows.engine import runtime
+from pt2flow.flows.config.schema import ResolvedModel, apply_overrides, load_config, resolve_store_url
+from pt2flow.flows.engine.context import RunContext, new_run_id
+from pt2flow.flows.engine.planner import Plan, plan_model
+from pt2flow.flows.engine.runner import run_model
 
 # Compact the index at the end of a run once it holds this many files.
 AUTO_COMPACT_FILES = 256
@@ -56,7 +56,7 @@ def settle_from_index(models: Sequence[ResolvedModel], plans: dict[str, Plan], c
 
 
 def resolve_workers(workers: int | None, models_with_work: int) -> int:
-    from flows.engine.pool import default_workers
+    from pt2flow.flows.engine.pool import default_workers
 
     return max(1, workers) if workers else default_workers(max(1, models_with_work))
 

@@ -11,11 +11,11 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
-from flows.config import ResolvedModel
-from flows.engine.context import RunContext, TransientStageError
-from flows.engine.planner import Plan
-from flows.engine.registry import STAGE_SPECS
-from flows.engine.runner import run_model, run_stage
+from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.engine.context import RunContext, TransientStageError
+from pt2flow.flows.engine.planner import Plan
+from pt2flow.flows.engine.registry import STAGE_SPECS
+from pt2flow.flows.engine.runner import run_model, run_stage
 
 # A stage task is retried, by Prefect, only after a transient storage error (the store's own
 # RetryPolicy gave up: an outage longer than its backoff). The retry looks the stage up in the
@@ -45,7 +45,7 @@ STAGE_TASKS = {
 def export_model_flow(model: ResolvedModel, ctx: RunContext, plan: Plan | None = None) -> Any:
     """One model through the configured stages on this process's worker pool; the flow run
     fails when the model does, naming the stage and the class."""
-    from flows.engine.pool import shared_pool
+    from pt2flow.flows.engine.pool import shared_pool
 
     result = run_model(model, ctx, plan, shared_pool(), tasks=STAGE_TASKS)
     if result["status"] != "ok":

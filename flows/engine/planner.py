@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from flows import runtime
-from flows.config import ResolvedModel
-from flows.engine.context import Outcome, RunContext
-from flows.engine.registry import STAGE_SPECS
-from flows.keys import derivation_key
-from stages.vocabulary import DETERMINISTIC_FAILURES
+from pt2flow.flows.engine import runtime
+from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.engine.context import Outcome, RunContext
+from pt2flow.flows.engine.registry import STAGE_SPECS
+from pt2flow.flows.engine.keys import derivation_key
+from pt2flow.stages.vocabulary import DETERMINISTIC_FAILURES
 
 
 def read_weights(model: ResolvedModel) -> tuple[bytes, str]:
-    from flows.inputs import read_model_file
+    from pt2flow.flows.engine.inputs import read_model_file
 
     return read_model_file(str(model.weights), model.search_path, "weights", "weights file")
 
@@ -35,7 +35,7 @@ def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[d
     dependency manifest): factory, kwargs, inputs (with an inputs factory's source or an inputs
     file's sha256), dynamic shapes, dims, the factory module's source and the weights' sha256.
     Returns (manifest, the factory module's file)."""
-    from flows.inputs import inputs_manifest, module_source_hash
+    from pt2flow.flows.engine.inputs import inputs_manifest, module_source_hash
 
     code_hash, origin = module_source_hash(model.factory, model.search_path)
     manifest: dict[str, Any] = {
@@ -57,7 +57,7 @@ def source_key(manifest: Mapping[str, Any]) -> str:
 def request_key(static: Mapping[str, Any]) -> str:
     """What the config and the weights say about a model (the manifest without its code's
     dependencies): finds the source records whose dependency manifest a re-run checks."""
-    from flows.keys import canonical_json, sha256_text
+    from pt2flow.flows.engine.keys import canonical_json, sha256_text
 
     return sha256_text("source-request:" + canonical_json(static))
 
@@ -68,7 +68,7 @@ def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str,
     version. Checked without importing torch or the model's code."""
     import pyarrow.compute as pc
 
-    from stages.deps import changed_entries
+    from pt2flow.stages.deps import changed_entries
 
     condition = (pc.field("model") == model.name) & (pc.field("stage") == "source") & (pc.field("status") == "ok")
     rows = store.index.read(["key", "details", "ended_at"], filter=condition).to_pylist()

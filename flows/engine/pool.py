@@ -77,7 +77,7 @@ class Worker:
         if threads:
             child_env["PT2FLOW_WORKER_THREADS"] = str(threads)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "flows.engine.worker", str(child_sock.fileno()), str(os.getpid())],
+            [sys.executable, "-m", "pt2flow.flows.engine.worker", str(child_sock.fileno()), str(os.getpid())],
             pass_fds=[child_sock.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=self.log,

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from flows.config import ResolvedModel
-from flows.engine.context import Outcome
-from flows.keys import Environment, derivation_key
-from stages.vocabulary import PROGRAM_STAGES
+from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.engine.context import Outcome
+from pt2flow.flows.engine.keys import Environment, derivation_key
+from pt2flow.stages.vocabulary import PROGRAM_STAGES
 
 PROGRAM = "program"  # in StageSpec.inputs: the newest program-stage outcome so far
 
@@ -52,7 +52,7 @@ def _compile_key(model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
     """A package is native code: its key also covers what that code was built for and with
     (CPU vector ISA, C++ compiler and version; for CUDA the GPU architecture and CUDA version),
     so a store shared by different machines never hands one a package built for another."""
-    from flows.toolchain import toolchain_identity
+    from pt2flow.flows.engine.toolchain import toolchain_identity
 
     device = compile_device(model)
     options = options_json(model, "aot_compile")

@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from flows.config import ResolvedModel
-from flows.engine.bookkeeping import StageRun
-from flows.engine.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
-from flows.engine.planner import Plan, plan_model, source_key
-from flows.engine.pool import Budget, Lease, WorkerLost, WorkerPool
-from flows.engine.registry import SOURCE, STAGE_SPECS
+from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.engine.bookkeeping import StageRun
+from pt2flow.flows.engine.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
+from pt2flow.flows.engine.planner import Plan, plan_model, source_key
+from pt2flow.flows.engine.pool import Budget, Lease, WorkerLost, WorkerPool
+from pt2flow.flows.engine.registry import SOURCE, STAGE_SPECS
 
 StageCall = Callable[[str, ResolvedModel, RunContext, Mapping[str, Outcome]], Outcome]
 
@@ -83,8 +83,8 @@ def _retries_left() -> bool:
 def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome]) -> Outcome:
     """Key, cache lookup, then the worker: the body of every stage task. Every failure, the
     orchestrator's own storage errors included, ends as a recorded StageFailed."""
-    from storage import StorageError
-    from storage.retry import is_transient
+    from pt2flow.storage import StorageError
+    from pt2flow.storage.retry import is_transient
 
     model_run = _model_run()
     spec = SOURCE if stage == "source" else STAGE_SPECS[stage]
@@ -225,7 +225,7 @@ def run_model(
 def call_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], pool: WorkerPool) -> Outcome:
     """One stage outside a model flow and outside Prefect (tools, tests): the bookkeeping here,
     the work on `pool`. A failure is recorded and returned as its outcome."""
-    from flows.engine.planner import Plan
+    from pt2flow.flows.engine.planner import Plan
 
     lease = Lease(pool)
     _current.run = ModelRun(Plan(model), lease, model.limits, time.monotonic())

@@ -49,9 +49,9 @@ def main(fd: int, parent: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when a worker stops
     threading.Thread(target=_watch_parent, args=(parent,), name="pt2flow-watchdog", daemon=True).start()
     conn = Connection(fd)
-    import stages.trace  # noqa: F401  (torch and the stages: once per worker, before the first model)
+    import pt2flow.stages.trace  # noqa: F401  (torch and the stages: once per worker, before the first model)
 
-    from flows.engine import compute
+    from pt2flow.flows.engine import compute
 
     _set_threads()
     conn.send(("ready", os.getpid()))

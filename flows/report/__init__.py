@@ -13,21 +13,19 @@ all render that same dict.
     terminal.py  the rich table of `pt2flow report`
     html.py      the self-contained HTML page (templates/report.html.j2)
     plot.py      inline SVG bar charts
-    command.py   the `pt2flow report` command
 """
 
 from __future__ import annotations
 
-from flows.report.command import add_command, cmd_report
-from flows.report.compare import GRAPH_STAGES, REPORT_VERSION, STAGES, compare_runs, compare_with_previous
-from flows.report.html import PLOT_MODELS, to_html
-from flows.report.markdown import to_markdown
-from flows.report.rules import COST_GROWTH, VALIDATION_FLOOR, VALIDATION_GROWTH, regressions
-from flows.report.runs import NotEnoughRuns, last_two_runs, list_runs, previous_run, resolve_run
-from flows.report.terminal import render_terminal
+from pt2flow.flows.report.compare import GRAPH_STAGES, REPORT_VERSION, STAGES, compare_runs, compare_with_previous
+from pt2flow.flows.report.html import PLOT_MODELS, to_html
+from pt2flow.flows.report.markdown import to_markdown
+from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_FLOOR, VALIDATION_GROWTH, regressions
+from pt2flow.flows.report.runs import NotEnoughRuns, last_two_runs, list_runs, previous_run, resolve_run
+from pt2flow.flows.report.terminal import render_terminal
 
 __all__ = [
     "COST_GROWTH", "GRAPH_STAGES", "PLOT_MODELS", "REPORT_VERSION", "STAGES", "VALIDATION_FLOOR", "VALIDATION_GROWTH",
-    "NotEnoughRuns", "add_command", "cmd_report", "compare_runs", "compare_with_previous", "last_two_runs", "list_runs",
+    "NotEnoughRuns", "compare_runs", "compare_with_previous", "last_two_runs", "list_runs",
     "previous_run", "regressions", "render_terminal", "resolve_run", "to_html", "to_markdown",
 ]

@@ -8,9 +8,9 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from flows.report.rules import regressions
-from flows.report.runs import iso, previous_run
-from storage.errors import RecordNotFound
+from pt2flow.flows.report.rules import regressions
+from pt2flow.flows.report.runs import iso, previous_run
+from pt2flow.storage.errors import RecordNotFound
 
 STAGES = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
 # The graph is read after decompose; a run that stopped earlier (or skipped it) is read at the

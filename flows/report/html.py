@@ -9,11 +9,11 @@ import re
 from html import escape
 from typing import Any, Mapping, Sequence
 
-from flows.cli_support import format_size
-from flows.report.compare import REPORT_VERSION
-from flows.report.plot import Row, bar_chart
-from flows.report.rules import COST_GROWTH, VALIDATION_GROWTH, flagged_fields, regressions, row_order
-from flows.report.text import (
+from pt2flow.flows.report.compare import REPORT_VERSION
+from pt2flow.flows.report.plot import Row, bar_chart
+from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_GROWTH, flagged_fields, regressions, row_order
+from pt2flow.flows.report.text import (
+    format_size,
     arrow, compile_text, err, latency_text, ops_text, pct, ranges_text, secs, signature_cell, signature_text, status_text,
     torch_line, when,
 )
@@ -58,7 +58,7 @@ def _template() -> Any:
     import jinja2
 
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("flows.report", "templates"),
+        loader=jinja2.PackageLoader("pt2flow.flows.report", "templates"),
         autoescape=True,
         trim_blocks=True,
         lstrip_blocks=True,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
-from flows.cli_support import format_size
-from flows.report.rules import flagged_fields, regressions, row_order
-from flows.report.text import arrow, compile_text, err, latency_text, ops_text, pct, ranges_text, signature_text, status_text, torch_line, when
+from pt2flow.flows.report.rules import flagged_fields, regressions, row_order
+from pt2flow.flows.report.text import arrow, compile_text, err, format_size, latency_text, ops_text, pct, ranges_text, signature_text, status_text, torch_line, when
 
 _TABLE_HEAD = [
     "| model | status | changes | nodes | ops after decompose | archive | package | compile time | max abs err | latency |",

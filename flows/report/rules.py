@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from flows.cli_support import format_size
-from flows.report.text import err, secs
+from pt2flow.flows.report.text import err, format_size, secs
 
 VALIDATION_GROWTH = 10.0  # max abs error grew more than 10x
 COST_GROWTH = 1.25  # compile time or artifact size up more than 25 %

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from storage.errors import AmbiguousId, RecordNotFound
+from pt2flow.storage.errors import AmbiguousId, RecordNotFound
 
 
 class NotEnoughRuns(RecordNotFound):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from flows.cli_support import format_size
-from flows.report.rules import flagged_fields, regressions, row_order
-from flows.report.text import arrow, compile_text, err, latency_text, ops_text, pct, status_text, torch_line, when
+from pt2flow.flows.report.rules import flagged_fields, regressions, row_order
+from pt2flow.flows.report.text import arrow, compile_text, err, format_size, latency_text, ops_text, pct, status_text, torch_line, when
 
 _COLUMNS = (
     ("model", "left"), ("status", "left"), ("changes", "left"), ("nodes", "right"), ("ops after decompose", "left"),

@@ -134,3 +134,15 @@ def torch_line(comparison: Mapping[str, Any]) -> str:
         f"torch {verb}: {torch['a']} → {torch['b']} — every stage key of {keyed} of "
         f"{comparison['summary']['in_both']} model(s) changed, so every artifact was rebuilt"
     )
+
+
+def format_size(value: Any) -> str:
+    """Bytes as B, KB, MB or GB (powers of 1024); '-' for None."""
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.config import (
+from pt2flow.flows.config.schema import (
     NAME_PATTERN,
     ConfigError,
     ConfigIssue,
@@ -22,8 +22,8 @@ from flows.config import (
     load_config,
     parse_config,
 )
-from stages import STAGES
-from stages.options import FunctionalizeOptions, ValidateOptions
+from pt2flow.stages import STAGES
+from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
 from tests.conftest import ROOT, run_cli, write_config
 
 CONFIGS = ROOT / "configs"

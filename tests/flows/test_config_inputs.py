@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import ConfigError, ConfigIssue, InputConfig, Pipeline, parse_config
-from flows.inputs import dynamic_json, inputs_manifest, model_inputs, tree_json
-from stages.source import InputSpec, bind_inputs
+from pt2flow.flows.config.schema import ConfigError, ConfigIssue, InputConfig, Pipeline, parse_config
+from pt2flow.flows.engine.inputs import dynamic_json, inputs_manifest, model_inputs, tree_json
+from pt2flow.stages.source import InputSpec, bind_inputs
 from tests.conftest import ROOT
 
 NESTED = """\

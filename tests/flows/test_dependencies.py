@@ -80,7 +80,7 @@ def test_editing_a_helper_module_re_runs_trace_and_builds_a_correct_new_artifact
     assert edited["artifacts"]["serialized"] != first["artifacts"]["serialized"]
     assert edited["validation"]["passed"] is True  # the new archive computes what the edited model computes
 
-    from storage import ArtifactStore
+    from pt2flow.storage import ArtifactStore
 
     records = ArtifactStore(str(store)).index.read(["sha256", "stage", "op_histogram"]).to_pylist()
     ops = next(r["op_histogram"] for r in records if r["sha256"] == edited["artifacts"]["serialized"] and r["stage"] == "serialize")
@@ -128,8 +128,8 @@ def test_a_new_version_of_an_installed_distribution_re_runs_trace(tmp_path: Path
 def test_the_compile_key_follows_the_native_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Same program, same options: another C++ compiler (version) or another vector ISA gives
     another aot_compile key, so a package is never reused on a machine it was not built for."""
-    from flows.config import parse_config
-    from flows.engine.registry import STAGE_SPECS
+    from pt2flow.flows.config.schema import parse_config
+    from pt2flow.flows.engine.registry import STAGE_SPECS
 
     text = "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [3, 8]}}\n"
     model = parse_config(text, source="k.yaml", base_dir=str(ROOT)).models[0]

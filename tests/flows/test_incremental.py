@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from storage import ArtifactStore
+from pt2flow.storage import ArtifactStore
 from tests.conftest import BIN, cli_env, run_json
 
 pytestmark = pytest.mark.integration

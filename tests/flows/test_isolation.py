@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from storage import ArtifactStore
+from pt2flow.storage import ArtifactStore
 from tests.conftest import run_json, write_config
 
 pytestmark = pytest.mark.integration
@@ -133,7 +133,7 @@ def test_an_interrupted_run_stops_its_workers_and_their_children(tmp_path: Path)
 
 def _worker_running(pid: int) -> bool:
     try:
-        return any("flows.engine.worker" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True))
+        return any("pt2flow.flows.engine.worker" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True))
     except psutil.Error:
         return False
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from storage import ArtifactStore
+from pt2flow.storage import ArtifactStore
 from tests.conftest import BIN, cli_env, write_config
 
 pytestmark = pytest.mark.integration
@@ -92,7 +92,7 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
 
     import asyncio
 
-    from flows import runtime
+    from pt2flow.flows.engine import runtime
 
     async def latest(key: str) -> Any:
         from prefect.client.orchestration import get_client

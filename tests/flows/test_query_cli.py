@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import ArtifactStore
+from pt2flow.storage import ArtifactStore
 from tests.conftest import run_cli, run_json
 from tests.records import CHAIN, h, make_chain
 

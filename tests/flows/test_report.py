@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from flows import report
-from flows.report import NotEnoughRuns, compare_runs, last_two_runs, previous_run, regressions, resolve_run, to_html, to_markdown
-from storage import AmbiguousId, ArtifactStore, RecordNotFound
+from pt2flow.flows import report
+from pt2flow.flows.report import NotEnoughRuns, compare_runs, last_two_runs, previous_run, regressions, resolve_run, to_html, to_markdown
+from pt2flow.storage import AmbiguousId, ArtifactStore, RecordNotFound
 from tests.conftest import ROOT, run_cli, run_json, write_config
 from tests.records import T0, h, make_chain
 
@@ -513,7 +513,7 @@ def test_report_cli(store: ArtifactStore, tmp_path: Path) -> None:
 
 def test_report_imports_neither_torch_nor_prefect() -> None:
     code = (
-        "import sys; from flows import cli, report; cli.build_parser();"
+        "import sys; from pt2flow.flows.cli import main; main.build_parser();"
         "print(sorted(m for m in ('torch', 'prefect') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -611,7 +611,9 @@ def test_a_model_that_newly_falls_back_to_static_shapes_is_a_regression_every_vi
     chain(store, "m", "run-2", salt="v2", offset=10, trace={"strategy": "static"})
     comparison = compare_runs(store.index, "run-1", "run-2")
     assert ("m", "static_fallback") in rules(comparison)
-    from flows.report import render_terminal, to_html, to_markdown
+    from pt2flow.flows.report import render_terminal
+    from pt2flow.flows.report import to_html
+    from pt2flow.flows.report import to_markdown
     from rich.console import Console
 
     assert "static!" in to_markdown(comparison)

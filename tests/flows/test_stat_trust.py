@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from flows.engine.artifacts import load_artifact
-from storage import ArtifactStore
-from storage.errors import IntegrityError
-from storage.store import TRUST_STAT_MIN_BYTES
+from pt2flow.flows.engine.artifacts import load_artifact
+from pt2flow.storage import ArtifactStore
+from pt2flow.storage.errors import IntegrityError
+from pt2flow.storage.store import TRUST_STAT_MIN_BYTES
 from tests.conftest import run_json, write_config
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from storage import ArtifactStore
+from pt2flow.storage import ArtifactStore
 from tests import models
 from tests.conftest import ROOT, run_cli, run_json, write_config
 

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from storage import ArtifactStore
+from pt2flow.storage import ArtifactStore
 from tests.conftest import BIN, ROOT, cli_env, run_cli, write_config
 
 pytestmark = pytest.mark.integration

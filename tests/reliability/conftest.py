@@ -23,7 +23,7 @@ def prefect_env(prefect_server: str) -> dict[str, str]:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not (stats.crash_points_tested or stats.faults_injected or stats.records_checked):
         return
-    from storage.faults import CRASH_POINTS
+    from pt2flow.storage.faults import CRASH_POINTS
 
     terminalreporter.write_sep("-", "reliability")
     terminalreporter.write_line(

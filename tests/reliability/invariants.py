@@ -13,9 +13,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage import ArtifactStore
-from storage.publish import is_temp_name, unnamed_temp_files_supported
-from storage.index import COLUMNS
+from pt2flow.storage import ArtifactStore
+from pt2flow.storage.publish import is_temp_name, unnamed_temp_files_supported
+from pt2flow.storage.index import COLUMNS
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

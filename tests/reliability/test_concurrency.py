@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from storage import ArtifactStore, BlobNotFound, IntegrityError
+from pt2flow.storage import ArtifactStore, BlobNotFound, IntegrityError
 from tests.conftest import ROOT, cli_env
 from tests.reliability import stats
 from tests.reliability.concurrency import OWN_BLOBS, SHARED_BLOBS, own_payload, record_id, shared_payload, write_load

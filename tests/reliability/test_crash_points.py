@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import ArtifactStore
-from storage.faults import CRASH_POINTS
+from pt2flow.storage import ArtifactStore
+from pt2flow.storage.faults import CRASH_POINTS
 from tests.conftest import ROOT, cli_env, run_cli, run_json, write_config
 from tests.reliability import stats
 from tests.reliability.invariants import check_local_store, raw_index_rows, temp_files
@@ -124,7 +124,7 @@ def test_fleet_killed_at_crash_point(point: str, tmp_path: Path, fleet_config: P
     reused = sum(1 for r in rerun if r["stage"] != "source" and r["cached"])
     assert reused == sum(1 for r in before["records"] if r["stage"] != "source" and r["status"] == "ok")
 
-    from flows.queries import verify_store
+    from pt2flow.flows.cli.queries import verify_store
 
     verified = verify_store(ArtifactStore(str(store_dir)))
     assert verified["missing"] == [] and verified["corrupt"] == []

@@ -10,7 +10,7 @@ import json
 import random
 from pathlib import Path
 
-from storage import ArtifactStore
+from pt2flow.storage import ArtifactStore
 from tests.reliability import stats
 from tests.reliability.invariants import check_local_store, files_under, temp_files
 from tests.reliability.test_crash_points import _worker

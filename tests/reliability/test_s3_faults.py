@@ -20,8 +20,8 @@ from typing import Iterator
 import pyarrow.parquet as pq
 import pytest
 
-from storage import ArtifactStore, StorageError
-from storage.retry import RetryPolicy
+from pt2flow.storage import ArtifactStore, StorageError
+from pt2flow.storage.retry import RetryPolicy
 from tests.reliability import stats
 from tests.reliability.faults import FaultProxy, run_proxy
 
@@ -118,7 +118,7 @@ def test_persistent_faults_become_a_storage_error_after_the_budget(fault: str, f
 def test_failed_multipart_upload_is_aborted_and_leaves_no_object(faulty_store: ArtifactStore, proxy: FaultProxy, moto_s3, monkeypatch: pytest.MonkeyPatch) -> None:
     import boto3
 
-    import storage.multipart as multipart
+    import pt2flow.storage.multipart as multipart
 
     part = 5 * 2**20
     monkeypatch.setattr(multipart, "MULTIPART_THRESHOLD", part)

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from flows.config import load_config
-from flows.engine.context import RunContext, new_run_id
-from flows.engine.model_flow import STAGE_RETRIES, export_model_flow
-from storage import ArtifactStore
-from storage.errors import TransientStorageError
-from storage.faults import reset_points
+from pt2flow.flows.config.schema import load_config
+from pt2flow.flows.engine.context import RunContext, new_run_id
+from pt2flow.flows.engine.model_flow import STAGE_RETRIES, export_model_flow
+from pt2flow.storage import ArtifactStore
+from pt2flow.storage.errors import TransientStorageError
+from pt2flow.storage.faults import reset_points
 from tests.conftest import write_config
 from tests.reliability import stats
 
@@ -51,7 +51,7 @@ def _task_runs(flow_run_id: Any) -> dict[str, int]:
 @pytest.fixture
 def fresh_pool() -> Any:
     """A worker pool started after the test armed its fault (workers read it at start)."""
-    from flows.engine.pool import stop_pool
+    from pt2flow.flows.engine.pool import stop_pool
 
     stop_pool()
     reset_points()

@@ -16,14 +16,14 @@ from typing import Any
 
 
 def _store(url: str) -> Any:
-    from storage import ArtifactStore
+    from pt2flow.storage import ArtifactStore
 
     return ArtifactStore(url)
 
 
 def multipart(args: dict[str, Any]) -> dict[str, Any]:
     """Publish one blob through the S3 multipart path (a crash point may kill us between parts)."""
-    import storage.multipart as multipart
+    import pt2flow.storage.multipart as multipart
 
     multipart.MULTIPART_THRESHOLD = args["threshold"]
     multipart.MULTIPART_PART_SIZE = args["part_size"]
@@ -35,7 +35,7 @@ def multipart(args: dict[str, Any]) -> dict[str, Any]:
 def put(args: dict[str, Any]) -> dict[str, Any]:
     """Publish one blob on a local store; named_temps forces the portable dot-named temp file
     (the path of filesystems without O_TMPFILE)."""
-    import storage.publish as publish
+    import pt2flow.storage.publish as publish
 
     if args.get("named_temps"):
         publish.force_named_temp_files()
@@ -46,7 +46,7 @@ def put(args: dict[str, Any]) -> dict[str, Any]:
 def disk_full(args: dict[str, Any]) -> dict[str, Any]:
     """Publish a blob and an index file larger than RLIMIT_FSIZE (SIGXFSZ ignored, so write()
     fails with EFBIG), then a small blob under the limit, then the big one with the limit lifted."""
-    from storage import StorageError
+    from pt2flow.storage import StorageError
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)

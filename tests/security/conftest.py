@@ -128,10 +128,10 @@ def call_validate(
     """The validate stage on the given artifact outcomes, both halves in this process (so that
     the torch-load spies see every load): the worker's compute (flows.engine.compute.run_stage)
     and the orchestrator's bookkeeping (StageRun records it). Returns the outcome, failed or not."""
-    from flows.config import parse_config
-    from flows.engine import compute
-    from flows.engine.bookkeeping import StageRun
-    from flows.engine.context import RunContext
+    from pt2flow.flows.config.schema import parse_config
+    from pt2flow.flows.engine import compute
+    from pt2flow.flows.engine.bookkeeping import StageRun
+    from pt2flow.flows.engine.context import RunContext
     from tests.conftest import ROOT
 
     text = (

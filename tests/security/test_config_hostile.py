@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.config import MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, ConfigError, load_config, parse_config
-from stages.errors import StageError
-from stages.source import import_factory
+from pt2flow.flows.config.schema import MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, ConfigError, load_config, parse_config
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.source import import_factory
 from tests.conftest import ROOT, run_cli
 
 # ---------------------------------------------------------------------------------------------

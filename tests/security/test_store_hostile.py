@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from storage import ArtifactStore, RecordNotFound
+from pt2flow.storage import ArtifactStore, RecordNotFound
 from tests.conftest import run_json, write_config
 from tests.security.conftest import MLP, STAGES, SecurityRun, call_validate, record
 
@@ -107,7 +107,7 @@ def archive_blob(tmp_path: Path) -> tuple[str, ArtifactStore, str, int]:
     """A store holding a good, loadable torch archive that no index record mentions."""
     import torch
 
-    from stages.serialize import serialize
+    from pt2flow.stages.serialize import serialize
     from tests.models import tiny_mlp
 
     torch.manual_seed(0)  # the weights validate's eager reference gets (build_model seeds 0)
@@ -120,7 +120,7 @@ def archive_blob(tmp_path: Path) -> tuple[str, ArtifactStore, str, int]:
 
 @pytest.mark.parametrize("vouch", ["no-record", "failed-record", "other-stage"])
 def test_an_archive_the_index_does_not_vouch_for_is_never_loaded(archive_blob, no_torch_loads: list[str], vouch: str) -> None:
-    from flows.engine.artifacts import load_artifact
+    from pt2flow.flows.engine.artifacts import load_artifact
 
     url, store, digest, size = archive_blob
     if vouch == "failed-record":

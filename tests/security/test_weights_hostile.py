@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.errors import StageError
-from stages.source import load_state_dict
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.source import load_state_dict
 from tests.security.conftest import SecurityRun, evil_checkpoints
 
 VARIANTS = sorted(evil_checkpoints(Path("/nonexistent/marker")))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import ArtifactStore, UnsafeArchive
-from storage.safety import MAX_ENTRIES, MAX_TOTAL_UNCOMPRESSED, check_archive, declared_entry_count
+from pt2flow.storage import ArtifactStore, UnsafeArchive
+from pt2flow.storage.safety import MAX_ENTRIES, MAX_TOTAL_UNCOMPRESSED, check_archive, declared_entry_count
 from tests.security.conftest import record
 
 
@@ -187,7 +187,7 @@ def test_a_truncated_real_zip_is_rejected() -> None:
 def real_archives() -> dict[str, bytes]:
     import torch
 
-    from stages.serialize import program_bytes, serialize
+    from pt2flow.stages.serialize import program_bytes, serialize
     from tests.models import tiny_mlp
 
     ep = torch.export.export(tiny_mlp().eval(), (torch.randn(3, 8),))
@@ -215,7 +215,7 @@ HOSTILE_ZIPS = {
 @pytest.mark.parametrize("name", sorted(HOSTILE_ZIPS))
 @pytest.mark.parametrize("stage", ["serialize", "aot_compile", "trace"])
 def test_load_artifact_refuses_an_unsafe_zip_that_the_index_vouches_for(tmp_path: Path, no_torch_loads: list[str], name: str, stage: str) -> None:
-    from flows.engine.artifacts import load_artifact
+    from pt2flow.flows.engine.artifacts import load_artifact
 
     store = ArtifactStore(str(tmp_path / "store"))
     ref = store.put_blob(make_zip(HOSTILE_ZIPS[name]))

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from stages.aot_compile import aot_compile
-from stages.options import AotCompileOptions
-from stages.result import StageResult
+from pt2flow.stages.aot_compile import aot_compile
+from pt2flow.stages.options import AotCompileOptions
+from pt2flow.stages.result import StageResult
 from tests import models
 from tests.stages.helpers import builder, decomposed, mlp_inputs
 

@@ -6,12 +6,12 @@ from typing import Any, Callable
 
 import torch
 
-from stages.decompose import decompose
-from stages.functionalize import functionalize
-from stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions
-from stages.result import StageResult
-from stages.source import InputSpec, ModelInputs, build_model, training_step
-from stages.trace import trace
+from pt2flow.stages.decompose import decompose
+from pt2flow.stages.functionalize import functionalize
+from pt2flow.stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions
+from pt2flow.stages.result import StageResult
+from pt2flow.stages.source import InputSpec, ModelInputs, build_model, training_step
+from pt2flow.stages.trace import trace
 
 
 def mlp_inputs(lo: int = 1, hi: int = 16) -> ModelInputs:

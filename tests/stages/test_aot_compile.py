@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import torch._inductor
-from stages.aot_compile import aot_compile, load_package
-from stages.errors import StageError
-from stages.options import AotCompileOptions
+from pt2flow.stages.aot_compile import aot_compile, load_package
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import AotCompileOptions
 from tests import models
 from tests.stages.helpers import builder
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages import decompose as decompose_module
-from stages.decompose import decompose, decomposition_table, resolve_op
-from stages.errors import StageError
-from stages.options import DecomposeOptions
+from pt2flow.stages import decompose as decompose_module
+from pt2flow.stages.decompose import decompose, decomposition_table, resolve_op
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import DecomposeOptions
 from tests import models
 from tests.stages.helpers import builder, call_targets, functional, mlp_inputs, op_overloads, regressor_inputs, static_inputs
 

@@ -19,10 +19,10 @@ from typing import Iterator
 import pytest
 import torch
 
-from stages import deps
-from stages.options import TraceOptions
-from stages.source import InputSpec, ModelInputs, build_model, import_factory
-from stages.trace import trace
+from pt2flow.stages import deps
+from pt2flow.stages.options import TraceOptions
+from pt2flow.stages.source import InputSpec, ModelInputs, build_model, import_factory
+from pt2flow.stages.trace import trace
 
 _counter = itertools.count()
 
@@ -68,7 +68,7 @@ def project(tmp_path: Path) -> Iterator[Project]:
             import collections, json
             import torch
             import {p.dist}
-            from stages import errors  # pt2flow's own: left out
+            from pt2flow.stages import errors  # pt2flow's own: left out
 
             class Block(torch.nn.Module):
                 def forward(self, x):
@@ -134,7 +134,7 @@ def test_stdlib_and_pt2flow_are_left_out(project: Project) -> None:
         assert not str(path.resolve()).startswith(str(own / "stages")), name
     assert "pt2flow" not in m["distributions"]
     kinds = deps.dependency_modules([project.models], str(project.folder))
-    assert "json" not in kinds and "collections" not in kinds and "stages.errors" not in kinds
+    assert "json" not in kinds and "collections" not in kinds and "pt2flow.stages.errors" not in kinds
     assert kinds[project.layers].kind == "file" and kinds["torch"].kind == "dist"
 
 
@@ -195,7 +195,7 @@ def test_check_imports_neither_torch_nor_user_modules(project: Project) -> None:
         f"""
         import json, sys
         sys.path[:0] = [{str(project.folder)!r}, {str(project.site)!r}]
-        from stages import deps
+        from pt2flow.stages import deps
         print(json.dumps(deps.changed_entries(json.loads(sys.argv[1]), {str(project.folder)!r})))
         print("torch" in sys.modules, {project.layers!r} in sys.modules)
         """

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.export.graph_signature import OutputKind
 
-from stages.errors import StageError
-from stages.functionalize import functionalize
-from stages.options import FunctionalizeOptions
-from stages.source import build_model
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.functionalize import functionalize
+from pt2flow.stages.options import FunctionalizeOptions
+from pt2flow.stages.source import build_model
 from tests import models
 from tests.stages.helpers import builder, mlp_inputs, op_overloads, regressor_inputs, static_inputs, traced
 

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from stages import program
-from stages.decompose import decompose, registry_decompositions
-from stages.errors import StageError
-from stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions, ValidateOptions
-from stages.functionalize import functionalize
-from stages.serialize import serialize
-from stages.source import InputSpec, ModelInputs, bind_inputs, export_dynamic_shapes
-from stages.trace import trace
-from stages.validate import validate
+from pt2flow.stages import program
+from pt2flow.stages.decompose import decompose, registry_decompositions
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions, ValidateOptions
+from pt2flow.stages.functionalize import functionalize
+from pt2flow.stages.serialize import serialize
+from pt2flow.stages.source import InputSpec, ModelInputs, bind_inputs, export_dynamic_shapes
+from pt2flow.stages.trace import trace
+from pt2flow.stages.validate import validate
 
 
 class Mixed(torch.nn.Module):

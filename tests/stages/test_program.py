@@ -6,7 +6,7 @@ import operator
 
 import torch
 
-from stages import program
+from pt2flow.stages import program
 from tests import models
 from tests.stages.helpers import builder, functional, mlp_inputs, traced
 

@@ -15,8 +15,8 @@ from typing import Iterator
 import pytest
 import torch
 
-from stages.errors import StageError
-from stages.serialize import (
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.serialize import (
     PYTREE_MODULES,
     archive_metadata,
     check_round_trip,
@@ -79,8 +79,8 @@ def load_in_fresh_process(data: bytes, tmp_path: Path, folder: Path, *, import_m
         f"""
         import sys, torch
         sys.path.insert(0, {str(folder)!r})
-        from stages.errors import StageError
-        from stages.serialize import load_archive
+        from pt2flow.stages.errors import StageError
+        from pt2flow.stages.serialize import load_archive
         try:
             ep, _ = load_archive(open({str(archive)!r}, "rb").read(), import_pytree_modules={import_modules})
         except StageError as exc:
@@ -184,11 +184,11 @@ def test_gpt2_cold_and_warm_decompose_fail_alike(tmp_path: Path) -> None:
     """The issue's case: a tiny GPT-2's functionalized program, stored and loaded in a fresh process,
     reaches the same decompose failure as the in-memory one once its pytree module is imported."""
     transformers = pytest.importorskip("transformers")
-    from stages.decompose import decompose
-    from stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions
-    from stages.functionalize import functionalize
-    from stages.source import InputSpec, ModelInputs, build_model
-    from stages.trace import trace
+    from pt2flow.stages.decompose import decompose
+    from pt2flow.stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions
+    from pt2flow.stages.functionalize import functionalize
+    from pt2flow.stages.source import InputSpec, ModelInputs, build_model
+    from pt2flow.stages.trace import trace
 
     config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64, use_cache=False, bos_token_id=0, eos_token_id=0)
     model = build_model(lambda: transformers.GPT2LMHeadModel(config), {})
@@ -202,10 +202,10 @@ def test_gpt2_cold_and_warm_decompose_fail_alike(tmp_path: Path) -> None:
     archive.write_bytes(data)
     code = textwrap.dedent(
         f"""
-        from stages.decompose import decompose
-        from stages.errors import StageError
-        from stages.options import DecomposeOptions
-        from stages.serialize import load_archive
+        from pt2flow.stages.decompose import decompose
+        from pt2flow.stages.errors import StageError
+        from pt2flow.stages.options import DecomposeOptions
+        from pt2flow.stages.serialize import load_archive
         data = open({str(archive)!r}, "rb").read()
         for imports in (False, True):
             try:

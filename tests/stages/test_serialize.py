@@ -10,10 +10,10 @@ import zipfile
 import pytest
 import torch
 
-from stages import program
-from stages import serialize as serialize_module
-from stages.errors import StageError
-from stages.serialize import METADATA_FILE, load_archive, program_bytes, roundtrip_differences, serialize
+from pt2flow.stages import program
+from pt2flow.stages import serialize as serialize_module
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.serialize import METADATA_FILE, load_archive, program_bytes, roundtrip_differences, serialize
 from tests import models
 from tests.stages.helpers import builder, decomposed, functional, mlp_inputs, regressor_inputs
 

@@ -8,8 +8,8 @@ import io
 import pytest
 import torch
 
-from stages.errors import StageError
-from stages.source import (
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.source import (
     InputSpec,
     ModelInputs,
     bind_inputs,

@@ -12,7 +12,7 @@ from torch._inductor import config
 from torch._inductor.cpp_builder import get_cpp_compiler
 from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
 
-from stages.toolchain import native_toolchain
+from pt2flow.stages.toolchain import native_toolchain
 
 
 def fake_compiler(folder: Path, version: str) -> Path:

@@ -7,10 +7,10 @@ import re
 import pytest
 import torch
 
-from stages.errors import StageError
-from stages.options import TraceOptions
-from stages.source import InputSpec, ModelInputs
-from stages.trace import trace
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import TraceOptions
+from pt2flow.stages.source import InputSpec, ModelInputs
+from pt2flow.stages.trace import trace
 from tests import models
 from tests.stages.helpers import builder, mlp_inputs, static_inputs, traced
 

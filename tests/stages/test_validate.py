@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.export.graph_signature import OutputKind
 
-from stages.errors import StageError
-from stages.options import ValidateOptions
-from stages.serialize import serialize
-from stages.source import InputSpec, ModelInputs
-from stages.validate import Sample, compare, plan_samples, validate
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.options import ValidateOptions
+from pt2flow.stages.serialize import serialize
+from pt2flow.stages.source import InputSpec, ModelInputs
+from pt2flow.stages.validate import Sample, compare, plan_samples, validate
 from tests import models
 from tests.stages.helpers import builder, decomposed, mlp_inputs, regressor_inputs, static_inputs
 

@@ -24,6 +24,6 @@ def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
 
 @pytest.fixture
 def store(store_url: str):
-    from storage import ArtifactStore
+    from pt2flow.storage import ArtifactStore
 
     return ArtifactStore(store_url)

@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from storage import ArtifactStore, StorageError
-from storage.index import COLUMNS, SCHEMA, SCHEMA_VERSION, _sidecar_of
+from pt2flow.storage import ArtifactStore, StorageError
+from pt2flow.storage.index import COLUMNS, SCHEMA, SCHEMA_VERSION, _sidecar_of
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from storage import AmbiguousId, ArtifactStore, InvalidId, RecordNotFound
-from storage import lineage
+from pt2flow.storage import AmbiguousId, ArtifactStore, InvalidId, RecordNotFound
+from pt2flow.storage import lineage
 from tests.records import CHAIN, T0, h, make_chain
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from storage import ArtifactStore, BlobNotFound, IntegrityError, InvalidId, StorageError
-from storage.urls import redact_url
+from pt2flow.storage import ArtifactStore, BlobNotFound, IntegrityError, InvalidId, StorageError
+from pt2flow.storage.urls import redact_url
 
 
 def _digest(data: bytes) -> str:

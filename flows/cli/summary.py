@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stages import STAGES
+from pt2flow.stages import STAGES
 
 _MARK = {"ok": ("✓", "green"), "cached": ("●", "blue"), "failed": ("✗", "red")}
 

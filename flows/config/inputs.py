@@ -12,7 +12,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from stages.vocabulary import DType
+from pt2flow.stages.vocabulary import DType
 
 # YAML spellings of the containers that a plain mapping or list cannot express
 TUPLE_KEY = "tuple"  # {tuple: [a, b]} is the tuple (a, b)

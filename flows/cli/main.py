@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Any, Iterator, Sequence
 
-from flows.options import UsageError, merge_options, parse_storage_options
+from pt2flow.flows.cli.options import UsageError, merge_options, parse_storage_options
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -51,7 +51,7 @@ def _stdout_to_stderr() -> Iterator[Any]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from flows.config import ConfigError, load_config
+    from pt2flow.flows.config.schema import ConfigError, load_config
 
     try:
         pipeline = load_config(args.config)
@@ -72,14 +72,14 @@ CREDENTIALS_IN_URL = (
 
 
 def _holds_credentials(url: str) -> bool:
-    from storage.urls import redact_url
+    from pt2flow.storage.urls import redact_url
 
     return redact_url(url) != url
 
 
 def _load_for_run(args: argparse.Namespace) -> Any:
     """The config with --only/--stages applied, or the exit code of a usage error (printed)."""
-    from flows.config import ConfigError, apply_overrides, load_config
+    from pt2flow.flows.config.schema import ConfigError, apply_overrides, load_config
 
     try:
         pipeline = load_config(args.config)
@@ -102,8 +102,8 @@ def _runner(args: argparse.Namespace) -> str:
 def _open_checked_store(store_url: str, pipeline: Any, args: argparse.Namespace) -> Any:
     """Set the run's storage options (config, then --storage-option) in this process'
     environment and open the store; the exit code of a usage error (printed) if it is unreachable."""
-    from flows import runtime
-    from storage.urls import redact_url
+    from pt2flow.flows.engine import runtime
+    from pt2flow.storage.urls import redact_url
 
     options = merge_options(dict(pipeline.storage_options), parse_storage_options(args.storage_option or []))
     runtime.set_storage_options(store_url, options)
@@ -116,7 +116,7 @@ def _open_checked_store(store_url: str, pipeline: Any, args: argparse.Namespace)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from flows.config import resolve_store_url
+    from pt2flow.flows.config.schema import resolve_store_url
 
     pipeline = _load_for_run(args)
     if isinstance(pipeline, int):
@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
-    from flows.engine.context import new_run_id
+    from pt2flow.flows.engine.context import new_run_id
 
     run_id = new_run_id()
     parameters = dict(
@@ -155,14 +155,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         document = _execute(parameters, store, pipeline, show_progress=sys.stderr.isatty() or args.progress)
-        from flows.summary import render_run
+        from pt2flow.flows.cli.summary import render_run
 
         render_run(document, Console(width=None if sys.stdout.isatty() else 160))
     return EXIT_OK if document["summary"]["failed"] == 0 else EXIT_FAILED
 
 
 def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_progress: bool) -> dict[str, Any]:
-    from flows import runtime
+    from pt2flow.flows.engine import runtime
 
     if not parameters["force"] and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
         document = _nothing_to_build(parameters)
@@ -172,13 +172,13 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
     if parameters["runner"] != "dask":  # the workers import torch while the Prefect server starts
         starting = lambda: _start_workers(parameters["workers"], len(pipeline.models))  # noqa: E731
     with runtime.prefect_api(while_starting=starting):
-        from flows.fleet import fleet_flow
+        from pt2flow.flows.fleet import fleet_flow
 
         progress: Any = contextlib.nullcontext()
         if show_progress:
             from rich.console import Console
 
-            from flows.progress import FleetProgress
+            from pt2flow.flows.cli.progress import FleetProgress
 
             progress = FleetProgress(store, parameters["run_id"], [m.name for m in pipeline.models], pipeline.stages, Console(stderr=True))
         with progress:
@@ -190,7 +190,7 @@ def _execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_prog
 
 
 def _start_workers(workers: int | None, models: int) -> None:
-    from flows.engine.pool import default_workers, start_pool
+    from pt2flow.flows.engine.pool import default_workers, start_pool
 
     start_pool(workers or default_workers(models))
 
@@ -199,7 +199,7 @@ def _nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
     """When every model is already built (each stage's key has an ok record whose blob verifies),
     settle the run from the index without starting Prefect: the cached records are written under
     this run's id, as a flow would. None when there is work to do."""
-    from flows.engine.fleet import NeedsFlow, fleet_context, settle_fleet
+    from pt2flow.flows.engine.fleet import NeedsFlow, fleet_context, settle_fleet
 
     pipeline, ctx = fleet_context(
         parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"]
@@ -239,7 +239,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server and execute its scheduled runs in this process' children until Ctrl-C or SIGTERM (exit 0).
     Exit 2, before anything is registered: a bad config or option, no server, an unreachable store."""
     user_log_level = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL")
-    from flows.config import resolve_store_url
+    from pt2flow.flows.config.schema import resolve_store_url
 
     # A served deployment is a service: show Prefect's INFO lines (runs submitted, finished)
     # unless the user chose a level. Set before Prefect is imported.
@@ -261,7 +261,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     timezone = args.timezone or "UTC"
     from prefect.schedules import Cron, Interval
 
-    from storage.urls import redact_url
+    from pt2flow.storage.urls import redact_url
 
     try:
         if args.cron is not None:
@@ -301,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if isinstance(checked, int):
         return checked
 
-    from flows.fleet import fleet_flow
+    from pt2flow.flows.fleet import fleet_flow
 
     # JSON-only parameters; no run_id, so that every scheduled run gets a new one.
     parameters: dict[str, Any] = {
@@ -437,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", metavar="DEPLOYMENT", help="deployment name (default: the config file's stem); the full name is pt2flow-fleet/NAME")
     p.set_defaults(func=cmd_serve)
 
-    from flows import queries, report
+    from pt2flow.flows.cli import queries, report
 
     queries.add_commands(sub, store_arg)
     report.add_command(sub, store_arg)
@@ -476,7 +476,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _stop_workers() -> None:
     """Stop the worker processes (and their compilers) of an interrupted run, if any started."""
-    pool = sys.modules.get("flows.engine.pool")
+    pool = sys.modules.get("pt2flow.flows.engine.pool")
     if pool is not None:
         pool.stop_pool()
 

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from stages import STAGES
+from pt2flow.stages import STAGES
 
 DEFAULT_TIMEOUT_S = 3600.0  # a model's default time limit: far above any healthy export here
 

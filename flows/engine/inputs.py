@@ -10,14 +10,14 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from flows import runtime
-from flows.config import ResolvedModel
-from flows.input_schema import DICT_KEY, TUPLE_KEY, InputConfig
+from pt2flow.flows.engine import runtime
+from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
 
 
 def to_stage_tree(tree: Any) -> Any:
     """A config input tree with InputConfig leaves as stages.source.InputSpec leaves."""
-    from stages.source import InputSpec
+    from pt2flow.stages.source import InputSpec
 
     if isinstance(tree, InputConfig):
         return InputSpec(tuple(tree.shape), tree.dtype, tree.low, tree.high, tree.value)
@@ -33,8 +33,8 @@ def to_stage_tree(tree: Any) -> Any:
 def model_inputs(model: ResolvedModel) -> Any:
     """stages.source.ModelInputs for `model`: from its YAML inputs, its inputs factory (imported
     and called here) or its inputs file (read here)."""
-    from stages.errors import StageError
-    from stages.source import ModelInputs, check_inputs_call, import_factory, load_example_inputs
+    from pt2flow.stages.errors import StageError
+    from pt2flow.stages.source import ModelInputs, check_inputs_call, import_factory, load_example_inputs
 
     positional: tuple[Any, ...] = ()
     if model.inputs_factory:
@@ -64,8 +64,8 @@ def resolve_model_url(path: str, search_path: str) -> str:
 def read_model_file(path: str, search_path: str, error_class: str, what: str) -> tuple[bytes, str]:
     """(bytes, resolved URL) of a file a config names (weights, inputs file), with the store's
     storage options for a URL; a missing file is a StageError of `error_class`."""
-    from stages.errors import StageError
-    from storage.urls import read_url
+    from pt2flow.stages.errors import StageError
+    from pt2flow.storage.urls import read_url
 
     url = resolve_model_url(path, search_path)
     try:
@@ -105,8 +105,8 @@ def dynamic_json(dyn: Any) -> Any:
 def module_source_hash(factory: str, search_path: str) -> tuple[str, str | None]:
     """(sha256 of the source of `module:callable`'s module, its file), found with the config's
     folder first on sys.path; the module name's hash for a module without a source file."""
-    from stages.errors import StageError
-    from stages.importing import search_path_first
+    from pt2flow.stages.errors import StageError
+    from pt2flow.stages.importing import search_path_first
 
     module_name = factory.split(":", 1)[0]
     try:

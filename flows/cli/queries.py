@@ -7,7 +7,7 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
-from flows.cli_support import (
+from pt2flow.flows.cli.support import (
     EXIT_FAILED,
     EXIT_OK,
     CommandUsageError,
@@ -55,7 +55,7 @@ LS_COLUMNS = (
 def cmd_ls(args: argparse.Namespace) -> int:
     import pyarrow.compute as pc
 
-    from storage.lineage import decode
+    from pt2flow.storage.lineage import decode
 
     store = open_store(args)
     conditions = []
@@ -117,7 +117,7 @@ def _report_of(store: Any, record: Mapping[str, Any]) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from storage.lineage import decode, records_for_id
+    from pt2flow.storage.lineage import decode, records_for_id
 
     store = open_store(args)
     records = records_for_id(store.index, args.id)
@@ -168,7 +168,7 @@ def _brief(record: Mapping[str, Any]) -> str:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    from storage import lineage
+    from pt2flow.storage import lineage
 
     store = open_store(args)
     if args.weights:
@@ -240,7 +240,7 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from storage import lineage
+    from pt2flow.storage import lineage
 
     store = open_store(args)
     a = lineage.decode(lineage.resolve(store.index, args.id_a))

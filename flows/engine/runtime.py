@@ -67,7 +67,7 @@ _stores: dict[str, Any] = {}
 
 def open_store(store_url: str) -> Any:
     """The process's ArtifactStore for a URL (one per process, so index file caches are shared)."""
-    from storage import ArtifactStore
+    from pt2flow.storage import ArtifactStore
 
     store = _stores.get(store_url)
     if store is None:

@@ -21,18 +21,18 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from flows.input_schema import (  # noqa: F401  (InputConfig stays importable from flows.config)
+from pt2flow.flows.config.inputs import (  # noqa: F401  (InputConfig stays importable from flows.config.schema)
     INPUT_FILE_SUFFIXES,
     InputConfig,
     check_dims_named,
     check_dynamic,
     parse_inputs,
 )
-from flows.limits import Limits, LimitsConfig, resolve_limits  # noqa: F401  (Limits: part of ResolvedModel)
-from stages.vocabulary import DTYPE_NAMES, FACTORY_PATTERN, STAGES  # noqa: F401  (DTYPE_NAMES re-exported)
-from stages.importing import search_path_first
-from stages.options import OPTIONS, UNION_TAGS
-from storage.urls import redact_url
+from pt2flow.flows.config.limits import Limits, LimitsConfig, resolve_limits  # noqa: F401  (Limits: part of ResolvedModel)
+from pt2flow.stages.vocabulary import DTYPE_NAMES, FACTORY_PATTERN, STAGES  # noqa: F401  (DTYPE_NAMES re-exported)
+from pt2flow.stages.importing import search_path_first
+from pt2flow.stages.options import OPTIONS, UNION_TAGS
+from pt2flow.storage.urls import redact_url
 
 CONFIG_VERSION = 1
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -93,12 +93,12 @@ class ModelConfig(_Strict):
     factory: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     weights: str | None = None
-    # forward() argument name -> input tree, checked by flows.input_schema.parse_inputs, which
+    # forward() argument name -> input tree, checked by flows.config.inputs.parse_inputs, which
     # reports problems at their YAML path together with the schema's
     inputs: Any = None
     inputs_factory: str | None = None
     inputs_file: str | None = None
-    # argument -> dims tree mirroring the input (flows.input_schema.check_dynamic)
+    # argument -> dims tree mirroring the input (flows.config.inputs.check_dynamic)
     dynamic_shapes: dict[str, Any] = Field(default_factory=dict)
     dims: dict[str, DimConfig] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Mapping, Sequence
 
-from stages import STAGE_VERSIONS
+from pt2flow.stages import STAGE_VERSIONS
 
 
 def canonical_json(value: Any) -> str:

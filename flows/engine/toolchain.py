@@ -22,15 +22,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
-from flows.keys import canonical_json
+from pt2flow.flows.engine.keys import canonical_json
 
 # environment variables that inductor reads when it picks the compiler or the ISA
 _ENV = ("CXX", "ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CPP_MARCH", "TORCH_INDUCTOR_INSTALL_GXX", "CUDA_VISIBLE_DEVICES")
-_ROOT = Path(__file__).resolve().parent.parent
 
 _COMPUTE = """
 import json, sys
-from stages.toolchain import native_toolchain
+from pt2flow.stages.toolchain import native_toolchain
 print(json.dumps(native_toolchain(sys.argv[1], json.loads(sys.argv[2]))))
 """
 
@@ -77,13 +76,10 @@ def toolchain_identity(
 
 
 def _compute(device: str, configs: dict[str, Any]) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
     result = subprocess.run(
         [sys.executable, "-c", _COMPUTE, device, json.dumps(configs)],
         capture_output=True,
         text=True,
-        env=env,
         timeout=600,
     )
     if result.returncode != 0:

@@ -10,6 +10,8 @@ import os
 import sys
 from typing import Any, Callable
 
+from pt2flow.flows.report.text import format_size  # noqa: F401  (sizes read the same in every view)
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_STORE = "./pt2-store"
 
@@ -20,8 +22,8 @@ class CommandUsageError(Exception):
 
 def open_store(args: argparse.Namespace) -> Any:
     """The store of `--store`, else $PT2FLOW_STORE, else ./pt2-store; a local path must exist."""
-    from flows.options import UsageError, parse_storage_options
-    from storage import ArtifactStore
+    from pt2flow.flows.cli.options import UsageError, parse_storage_options
+    from pt2flow.storage import ArtifactStore
 
     url = args.store or os.environ.get("PT2FLOW_STORE") or DEFAULT_STORE
     if "://" not in url:
@@ -45,23 +47,11 @@ def dump(value: Any) -> None:
     print(json.dumps(value, indent=1, default=str))
 
 
-def format_size(value: Any) -> str:
-    """Bytes as B, KB, MB or GB (powers of 1024); '-' for None."""
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(value)
-
-
 def guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Storage and ID errors become a clear one-line message and a non-zero exit."""
 
     def run(args: argparse.Namespace) -> int:
-        from storage.errors import AmbiguousId, InvalidId, RecordNotFound, StorageError
+        from pt2flow.storage.errors import AmbiguousId, InvalidId, RecordNotFound, StorageError
 
         try:
             return fn(args)

@@ -6,10 +6,10 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from flows.cli_support import EXIT_FAILED, EXIT_OK, CommandUsageError, dump, guard, open_store, rich_console
-from flows.report.compare import compare_runs
-from flows.report.runs import last_two_runs, resolve_run
-from flows.report.terminal import render_terminal
+from pt2flow.flows.cli.support import EXIT_FAILED, EXIT_OK, CommandUsageError, dump, guard, open_store, rich_console
+from pt2flow.flows.report.compare import compare_runs
+from pt2flow.flows.report.runs import last_two_runs, resolve_run
+from pt2flow.flows.report.terminal import render_terminal
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -22,7 +22,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         run_a, run_b = last_two_runs(store.index)
     comparison = compare_runs(store.index, run_a, run_b)
     if args.html:
-        from flows.report.html import to_html
+        from pt2flow.flows.report.html import to_html
 
         try:
             with open(args.html, "w", encoding="utf-8") as fh:
