@@ -1,0 +1,132 @@
+"""The config's JSON Schema (schema version 1), for editors: `pt2flow schema` prints it and the
+shipped configs point at the copy in docs/config.schema.json, so that a YAML editor validates and
+completes them (docs/architecture.md §3).
+
+It is composed from the same pydantic models that load_config validates with (each stage's
+options, limits, dims, a tensor input), plus the shapes load_config checks by hand: input trees,
+dims trees and the name and `module:callable` patterns. load_config stays the authority: it also
+checks what no schema can (a factory that imports, a dim that is defined, names that are unique),
+and reports every problem with its file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
+from pt2flow.flows.config.limits import LimitsConfig
+from pt2flow.flows.config.schema import NAME_PATTERN, DimConfig
+from pt2flow.stages.options import OPTIONS
+from pt2flow.stages.vocabulary import FACTORY_PATTERN, STAGES
+
+SCHEMA_URI = "https://json-schema.org/draft/2020-12/schema"
+SHIPPED_PATH = "docs/config.schema.json"  # the copy the shipped configs reference
+
+
+def _definition(model: type[BaseModel], defs: dict[str, Any], title: str) -> dict[str, Any]:
+    """`model`'s schema registered under `title` in `defs` (its own $defs merged in); a $ref to it."""
+    schema = model.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
+    defs.update(schema.pop("$defs", {}))
+    schema["title"] = title
+    defs[title] = schema
+    return {"$ref": f"#/$defs/{title}"}
+
+
+def _stage_options(defs: dict[str, Any]) -> dict[str, Any]:
+    """A mapping from stage name to that stage's options."""
+    properties = {stage: _definition(OPTIONS[stage], defs, f"{stage}_options") for stage in STAGES}
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+def _input_tree(defs: dict[str, Any]) -> dict[str, Any]:
+    """One forward() argument: a tensor spec, a container of input trees, or a plain value."""
+    tree = {"$ref": "#/$defs/input_tree"}
+    defs["input_tree"] = {
+        "title": "input_tree",
+        "description": "a tensor ({shape: [...], dtype, low, high, value}), {tuple: [...]}, {dict: {...}}, "
+        "a mapping or list of input trees, a number, a bool, a string or null",
+        "anyOf": [
+            _definition(InputConfig, defs, "tensor_input"),
+            {"type": "object", "properties": {TUPLE_KEY: {"type": "array", "items": tree}}, "required": [TUPLE_KEY], "additionalProperties": False},
+            {"type": "object", "properties": {DICT_KEY: {"type": "object", "additionalProperties": tree}}, "required": [DICT_KEY], "additionalProperties": False},
+            {"type": "object", "not": {"anyOf": [{"required": ["shape"]}, {"required": [TUPLE_KEY]}, {"required": [DICT_KEY]}]}, "additionalProperties": tree},
+            {"type": "array", "items": tree},
+            {"type": ["number", "boolean", "string", "null"]},
+        ],
+    }
+    return tree
+
+
+def _dims_tree(defs: dict[str, Any]) -> dict[str, Any]:
+    """The dynamic_shapes of one argument: it mirrors the input tree; a tensor's is {axis: dim name}."""
+    tree = {"$ref": "#/$defs/dims_tree"}
+    defs["dims_tree"] = {
+        "title": "dims_tree",
+        "description": "for a tensor, {axis: dim name} (axes as integers; negative counts from the end); "
+        "for a container, the same container of dims trees; null: static",
+        "anyOf": [
+            {"type": "object", "additionalProperties": {"anyOf": [tree, {"type": "string"}]}},
+            {"type": "array", "items": tree},
+            {"type": "null"},
+        ],
+    }
+    return tree
+
+
+def _model(defs: dict[str, Any], stage_options: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
+    callable_ref = {"type": "string", "pattern": f"^{FACTORY_PATTERN.pattern}$", "description": "module:callable"}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "factory"],
+        "properties": {
+            "name": {"type": "string", "pattern": NAME_PATTERN.pattern, "description": "unique in the config"},
+            "factory": {**callable_ref, "description": "module:callable that returns the torch.nn.Module"},
+            "kwargs": {"type": "object", "description": "keyword arguments of the factory"},
+            "weights": {"type": ["string", "null"], "description": "a .safetensors file (relative to the config)"},
+            "inputs": {"type": "object", "additionalProperties": _input_tree(defs), "description": "forward() argument -> example input"},
+            "inputs_factory": {**callable_ref, "description": "module:callable returning (args, kwargs)"},
+            "inputs_file": {"type": "string", "description": "a .safetensors, .pt or .pth file of example inputs"},
+            "dynamic_shapes": {"type": "object", "additionalProperties": _dims_tree(defs), "description": "forward() argument -> dims tree"},
+            "dims": {"type": "object", "additionalProperties": _definition(DimConfig, defs, "dim"), "description": "dim name -> {min, max}"},
+            "stages": stage_options,
+            "limits": limits,
+        },
+    }
+
+
+def config_json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a version-1 config."""
+    defs: dict[str, Any] = {}
+    stage_options = _stage_options(defs)
+    limits = _definition(LimitsConfig, defs, "limits")
+    defaults = {
+        "type": "object",
+        "properties": {**stage_options["properties"], "limits": limits},
+        "additionalProperties": False,
+        "description": "options of every model, per stage; a model's `stages` overrides them",
+    }
+    return {
+        "$schema": SCHEMA_URI,
+        "title": "pt2flow config, schema version 1",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["version", "models"],
+        "properties": {
+            "version": {"const": 1},
+            "store": {"type": "string", "description": "store URL: a local path, file://, memory:// or s3://bucket/prefix"},
+            "storage_options": {"type": "object", "description": "fsspec storage options (credentials belong in the environment)"},
+            "stages": {"type": "array", "items": {"enum": list(STAGES)}, "uniqueItems": True, "description": "the stages to run, in pipeline order"},
+            "defaults": defaults,
+            "models": {"type": "array", "minItems": 1, "items": _model(defs, stage_options, limits)},
+        },
+        "$defs": dict(sorted(defs.items())),
+    }
+
+
+def config_json_schema_text() -> str:
+    """The schema as `pt2flow schema` prints it and docs/config.schema.json holds it."""
+    return json.dumps(config_json_schema(), indent=2, sort_keys=False) + "\n"
