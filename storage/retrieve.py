@@ -1,0 +1,99 @@
+"""Taking a verified artifact out of the store (`pt2flow get`): only what an ok index record vouches
+for, re-hashed (and, for archives, zip-checked) before a byte reaches the destination, which is
+written atomically: a refused or interrupted copy leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import Any, Mapping
+
+import pyarrow.compute as pc
+
+from pt2flow.storage.errors import IntegrityError, RecordNotFound, StorageError
+from pt2flow.storage.index import MetadataIndex
+from pt2flow.storage.lineage import decode, records_for_id
+from pt2flow.storage.safety import check_archive
+
+# what a user asks for -> the stage whose record holds it
+ARTIFACT_STAGES = {"serialized": "serialize", "compiled": "aot_compile", "report": "validate"}
+_ARCHIVES = frozenset({"serialize", "aot_compile"})  # zip files: checked like every archive pt2flow loads
+
+
+class ArtifactRequestError(StorageError, ValueError):
+    """The request names no artifact `get` can hand out (a stage without one, a kind that does not
+    match the ID)."""
+
+
+def artifact_kind(stage: str) -> str | None:
+    """The artifact kind (serialized, compiled, report) a stage's record holds, if any."""
+    return next((kind for kind, owner in ARTIFACT_STAGES.items() if owner == stage), None)
+
+
+def _newest(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(rows, key=lambda r: r.get("ended_at") or r.get("started_at") or "")
+
+
+def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None) -> dict[str, Any]:
+    """The newest ok record of the artifact an ID (prefix) names. Refuses an ID the index does not
+    vouch for: unknown (RecordNotFound), ambiguous, only failed records, or not a `kind` artifact."""
+    rows = records_for_id(index, prefix)
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if not ok:
+        raise RecordNotFound(f"the index vouches for no artifact with ID {prefix!r}: its only records are failures (see `pt2flow show {prefix}`)")
+    record = _newest(ok)
+    have = artifact_kind(record["stage"])
+    if have is None:
+        raise ArtifactRequestError(f"ID {prefix!r} is the {record['stage']} record of {record['model']}, which has no artifact to get (serialized, compiled or report)")
+    if kind is not None and kind != have:
+        raise ArtifactRequestError(f"ID {prefix!r} is the {have} artifact of {record['model']}, not its {kind} artifact")
+    return record
+
+
+def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | None = None) -> dict[str, Any]:
+    """The newest ok `kind` artifact of `model` (in run `run_id` if given)."""
+    if kind not in ARTIFACT_STAGES:
+        raise ArtifactRequestError(f"unknown artifact {kind!r}: choose from {', '.join(ARTIFACT_STAGES)}")
+    condition = (pc.field("model") == model) & (pc.field("stage") == ARTIFACT_STAGES[kind]) & (pc.field("status") == "ok")
+    if run_id is not None:
+        condition = condition & (pc.field("run_id") == run_id)
+    rows = [r for r in index.scan(None, filter=condition).to_pylist() if r.get("sha256")]
+    if not rows:
+        where = f" in run {run_id}" if run_id else ""
+        raise RecordNotFound(f"the index holds no ok {kind} artifact of model {model!r}{where}")
+    return _newest(rows)
+
+
+def copy_out(store: Any, record: Mapping[str, Any], destination: str) -> dict[str, Any]:
+    """Write the artifact of `record` to the local path `destination` after checking its size and
+    sha256 (IntegrityError for a corrupt blob, BlobNotFound for a missing one) and, for archives,
+    its zip structure. Returns the decoded record with `path` and `artifact` added."""
+    data = store.get_blob(record["sha256"], record.get("size"))
+    if record["stage"] in _ARCHIVES:
+        check_archive(data, what=f"artifact {record['sha256'][:16]}")
+    target = os.path.abspath(destination)
+    if os.path.isdir(target):
+        raise ArtifactRequestError(f"{destination} is a directory: give the file to write")
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise ArtifactRequestError(f"cannot write {destination}: no folder {folder}")
+    handle, temporary = tempfile.mkstemp(prefix=".pt2flow-get-", dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    result = decode(record)
+    result["artifact"] = artifact_kind(record["stage"])
+    result["path"] = target
+    return result
+
+
+__all__ = ["ARTIFACT_STAGES", "ArtifactRequestError", "IntegrityError", "artifact_kind", "copy_out", "find_by_id", "find_for_model"]
