@@ -10,7 +10,7 @@ import torch
 from torch.export import ExportedProgram
 
 # Ops that stay in a core-ATen program by design: symbolic-shape queries and runtime asserts.
-_ALWAYS_ALLOWED_PREFIXES = ("aten.sym_", "aten._assert", "aten.sym_constrain_range")
+ALWAYS_ALLOWED_PREFIXES = ("aten.sym_", "aten._assert", "aten.sym_constrain_range")
 
 
 def op_name(target: Any) -> str:
@@ -185,7 +185,7 @@ def is_core_aten(name: str, target: Any) -> bool:
             or name.startswith(("operator.", "math.", "torch.sym_"))
             or getattr(target, "__name__", "").startswith("sym_")
         )
-    if name.startswith(_ALWAYS_ALLOWED_PREFIXES):
+    if name.startswith(ALWAYS_ALLOWED_PREFIXES):
         return True
     return torch.Tag.core in target.tags
 

@@ -1,0 +1,311 @@
+"""`pt2flow repro`: a failed stage as a self-contained script that needs torch alone, the kind of
+reproducer torch's maintainers ask for in a bug report (docs/architecture.md §4).
+
+Everything comes from the store, not from a config: the failed record names the stage, the
+strategy and the options; its source record holds the factory, kwargs, inputs, dynamic shapes and
+weights. The folder written holds repro.py, the example inputs (inputs.pt, torch.save of the
+exact arguments the stage used), the weights (weights.pt) for trace, and for a later stage the
+program it was given (program.pt2). The script imports the model's code from where the run found
+it, and makes the same call that failed, so it raises the same exception:
+
+    trace          torch.export.export with the first strategy of the ladder (the configured
+                   strictness and dynamic shapes), whose error is the one recorded
+    functionalize  run_decompositions({}) on the traced program (training: the joint program)
+    decompose      run_decompositions(core ATen table minus `preserve`), then the check that no
+                   op outside core ATen is left
+    serialize      torch.export.save, then torch.export.load of the bytes
+    aot_compile    torch._inductor.aoti_compile_and_package
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any, Mapping
+
+from pt2flow.storage.errors import RecordNotFound, StorageError
+from pt2flow.storage.lineage import ancestors, decode, records_for_id
+
+REPRODUCIBLE = ("trace", "functionalize", "decompose", "serialize", "aot_compile")
+_PROGRAM_PARENT = {"functionalize": "trace", "decompose": "functionalize", "serialize": "decompose", "aot_compile": "decompose"}
+
+
+class ReproError(StorageError, LookupError):
+    """Nothing to reproduce: no failure of that model or ID, or a stage repro does not cover."""
+
+
+# ---------------------------------------------------------------------------------------------
+# finding the failure and what it was made from
+
+
+def find_failure(index: Any, target: str) -> dict[str, Any]:
+    """The failed record `target` names: an artifact ID (prefix) of a failure report, else a
+    model's newest failed record."""
+    import pyarrow.compute as pc
+
+    rows: list[dict[str, Any]] = []
+    if len(target) >= 8 and all(c in "0123456789abcdefABCDEF" for c in target):
+        try:
+            rows = records_for_id(index, target)
+        except RecordNotFound:
+            rows = []
+    if not rows:
+        rows = index.scan(None, filter=(pc.field("model") == target)).to_pylist()
+        if not rows:
+            raise ReproError(f"no model and no artifact ID {target!r} in the index")
+    failed = [r for r in rows if r.get("status") == "failed" and r.get("stage") != "source"]
+    if not failed:
+        raise ReproError(f"{target!r} has no failed stage in the index: repro writes scripts for failures")
+    record = decode(max(failed, key=lambda r: r.get("ended_at") or ""))
+    if record["stage"] not in REPRODUCIBLE:
+        raise ReproError(
+            f"{record['model']} failed at {record['stage']} ({record.get('error_class')}); repro covers "
+            f"{', '.join(REPRODUCIBLE)}: a validation failure is a comparison, `pt2flow show` has its report"
+        )
+    return record
+
+
+def _chain(index: Any, record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The ok ancestors of a failed record by stage (its source, its parent program)."""
+    return {r["stage"]: decode(r) for r in ancestors(index, record) if r.get("status") == "ok"}
+
+
+def search_path_of(module: str, module_file: str | None) -> str | None:
+    """The sys.path entry from which `module` imports as its file `module_file`."""
+    if not module_file:
+        return None
+    path = Path(module_file).resolve()
+    levels = module.count(".") + (2 if path.name == "__init__.py" else 1)
+    return str(path.parents[levels - 1])
+
+
+# ---------------------------------------------------------------------------------------------
+# the bundle
+
+
+def _resolved_model(source: Mapping[str, Any], manifest: Mapping[str, Any]) -> Any:
+    """The model as the run resolved it, from its source record (no config needed)."""
+    from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, parse_input
+    from pt2flow.flows.config.schema import ResolvedModel
+
+    def problem(path: Any, message: str) -> None:
+        raise ReproError(f"the recorded inputs of {source['model']} do not parse at {path}: {message}")
+
+    def from_json(tree: Any) -> Any:  # the manifest's {dict: [[k, v], ...]} keeps keys' types
+        if isinstance(tree, dict) and set(tree) == {DICT_KEY} and isinstance(tree[DICT_KEY], list):
+            return {DICT_KEY: {k: from_json(v) for k, v in tree[DICT_KEY]}}
+        if isinstance(tree, dict) and set(tree) == {TUPLE_KEY}:
+            return {TUPLE_KEY: [from_json(v) for v in tree[TUPLE_KEY]]}
+        if isinstance(tree, list):
+            return [from_json(v) for v in tree]
+        return tree
+
+    details = source.get("details") or {}
+    module = manifest["factory"].split(":", 1)[0]
+    inputs = {k: parse_input(from_json(v), ("inputs", k), problem, lambda exc, path: problem(path, str(exc))) for k, v in manifest.get("inputs", {}).items()}
+    inputs_file = (manifest.get("inputs_file") or {}).get("path")
+    return ResolvedModel(
+        name=source["model"],
+        factory=manifest["factory"],
+        kwargs=manifest.get("kwargs") or {},
+        weights=None,
+        inputs=inputs,
+        dynamic_shapes={k: _int_keys(v) for k, v in (manifest.get("dynamic_shapes") or {}).items()},
+        dims={k: (int(v[0]), int(v[1])) for k, v in (manifest.get("dims") or {}).items()},
+        options={},
+        search_path=search_path_of(module, details.get("module_file")) or os.getcwd(),
+        inputs_factory=(manifest.get("inputs_factory") or {}).get("factory"),
+        inputs_file=inputs_file,
+    )
+
+
+def _int_keys(dyn: Any) -> Any:
+    """A dims tree from JSON: a tensor's {"0": name} back to {0: name}."""
+    if isinstance(dyn, list):
+        return [_int_keys(d) for d in dyn]
+    if isinstance(dyn, dict):
+        if dyn and all(isinstance(v, str) for v in dyn.values()) and all(str(k).lstrip("-").isdigit() for k in dyn):
+            return {int(k): v for k, v in dyn.items()}
+        return {k: _int_keys(v) for k, v in dyn.items()}
+    return dyn
+
+
+def _weights(store: Any, details: Mapping[str, Any]) -> Any:
+    from pt2flow.stages.source import load_state_dict
+
+    weights = details.get("weights")
+    if not weights:
+        return None
+    return load_state_dict(store.get_blob(weights["sha256"], weights["size"]), weights["filename"])
+
+
+def _dims_code(dynamic: Any) -> tuple[list[str], str]:
+    """(Dim definitions, the dynamic_shapes expression) as Python source."""
+    dims: dict[str, str] = {}
+
+    def code(value: Any) -> str:
+        if value is None:
+            return "None"
+        if isinstance(value, tuple):
+            return "(" + "".join(code(v) + ", " for v in value) + ")"
+        if isinstance(value, list):
+            return "[" + ", ".join(code(v) for v in value) + "]"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k!r}: {code(v)}" for k, v in value.items()) + "}"
+        name = value.__name__
+        dims[name] = f"{name} = torch.export.Dim({name!r}, min={value.min}, max={value.max})"
+        return name
+
+    expression = code(dynamic)
+    return list(dims.values()), expression
+
+
+def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
+    """Write the reproducer of `target`'s failure into `out_dir`; returns what was written."""
+    import torch
+
+    record = find_failure(store.index, target)
+    chain = _chain(store.index, record)
+    source = chain.get("source")
+    if source is None:
+        raise ReproError(f"the source record of {record['model']}'s failed {record['stage']} is not in the index")
+    manifest = json.loads(store.get_blob(source["sha256"], source.get("size")))
+    model = _resolved_model(source, manifest)
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = ["repro.py"]
+    if record["stage"] == "trace":
+        body = _trace_body(store, record, source, model, folder, files)
+    else:
+        parent = chain.get(_PROGRAM_PARENT[record["stage"]])
+        if parent is None:
+            raise ReproError(f"the {_PROGRAM_PARENT[record['stage']]} program that {record['model']}'s {record['stage']} was given is not in the index")
+        (folder / "program.pt2").write_bytes(store.get_blob(parent["sha256"], parent.get("size")))
+        files.append("program.pt2")
+        body = _program_body(record)
+    script = _script(record, model, body, torch.__version__)
+    (folder / "repro.py").write_text(script)
+    return {"model": record["model"], "stage": record["stage"], "error_class": record.get("error_class"),
+            "error": record.get("error_message"), "run_id": record.get("run_id"), "dir": str(folder.resolve()), "files": sorted(files)}
+
+
+def _trace_body(store: Any, record: Mapping[str, Any], source: Mapping[str, Any], model: Any, folder: Path, files: list[str]) -> str:
+    import torch
+
+    from pt2flow.flows.engine.inputs import model_inputs
+    from pt2flow.stages.source import bind_inputs, build_model, export_dynamic_shapes, import_factory
+
+    state = _weights(store, source.get("details") or {})
+    eager = build_model(import_factory(model.factory, model.search_path), model.kwargs, state)
+    specs = model_inputs(model)
+    bound = bind_inputs(eager, specs, seed=0)
+    torch.save({"args": bound.args, "kwargs": bound.kwargs}, folder / "inputs.pt")
+    files.append("inputs.pt")
+    if state is not None:
+        torch.save(dict(state), folder / "weights.pt")
+        files.append("weights.pt")
+    attempts = (record.get("details") or {}).get("attempts") or [{}]
+    first = attempts[0]
+    dynamic = export_dynamic_shapes(specs, bound) if first.get("strategy", "configured") != "static" else None
+    strict = bool(first.get("strict", (record.get("options") or {}).get("strict", False)))
+    dims, expression = _dims_code(dynamic)
+    lines = [
+        "inputs = torch.load(os.path.join(HERE, 'inputs.pt'), weights_only=True)",
+        "args, kwargs = tuple(inputs['args']), dict(inputs['kwargs'])",
+        *dims,
+        f"dynamic_shapes = {expression}",
+        f"# the strategy that failed first: strict={strict}, {first.get('strategy', 'configured')} dynamic shapes",
+        f"ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict={strict})",
+        "print('exported without error: the failure does not reproduce with this torch')",
+    ]
+    return _build_model_code(model, state is not None) + "\n".join(lines) + "\n"
+
+
+def _build_model_code(model: Any, weights: bool) -> str:
+    module, _, attr = model.factory.partition(":")
+    lines = [
+        f"from {module} import {attr.split('.')[0]} as factory_root",
+        "factory = factory_root" + "".join(f".{part}" for part in attr.split(".")[1:]),
+        "torch.manual_seed(0)  # the factory's random init, as pt2flow builds it",
+        f"model = factory(**{dict(model.kwargs)!r})",
+    ]
+    if weights:
+        lines.append("model.load_state_dict(torch.load(os.path.join(HERE, 'weights.pt'), weights_only=True), strict=True)")
+    lines.append("model.eval()")
+    return "\n".join(lines) + "\n"
+
+
+def _program_body(record: Mapping[str, Any]) -> str:
+    options = record.get("options") or {}
+    stage = record["stage"]
+    load = "ep = torch.export.load(os.path.join(HERE, 'program.pt2'))\n"
+    if stage == "functionalize":
+        if options.get("mode") == "training":
+            return load + textwrap.dedent("""\
+                from torch.export.experimental import _export_forward_backward
+                ep = _export_forward_backward(ep, joint_loss_index=0)
+                """)
+        return load + "ep = ep.run_decompositions({})\n"
+    if stage == "decompose":
+        from pt2flow.stages.program import ALWAYS_ALLOWED_PREFIXES as ALLOWED
+
+        preserve = tuple(options.get("preserve") or ())
+        return load + textwrap.dedent(f"""\
+            preserve = {preserve!r}
+            table = torch.export.default_decompositions()
+            for name in preserve:
+                namespace, op, overload = name.split(".")
+                table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
+            ep = ep.run_decompositions(table)
+            def is_core(target):  # pt2flow's rule: structure (getitem, sym ops, control flow) and core ATen
+                if not isinstance(target, torch._ops.OpOverload):
+                    name = getattr(target, "__name__", "")
+                    return isinstance(target, torch._ops.HigherOrderOperator) or getattr(target, "__module__", "") in ("_operator", "operator", "math") or name.startswith("sym_")
+                return str(target).startswith({ALLOWED!r}) or torch.Tag.core in target.tags
+            left = sorted({{str(n.target) for n in ep.graph.nodes
+                           if n.op == "call_function" and str(n.target) not in preserve and not is_core(n.target)}})
+            if left:
+                raise RuntimeError("ops outside core ATen remain after decomposition: " + ", ".join(left))
+            """)
+    if stage == "serialize":
+        return load + textwrap.dedent("""\
+            import io
+            buffer = io.BytesIO()
+            torch.export.save(ep, buffer)
+            buffer.seek(0)
+            torch.export.load(buffer)
+            """)
+    configs = (options.get("inductor_configs") or {})
+    return load + textwrap.dedent(f"""\
+        import tempfile
+        from torch._inductor import aoti_compile_and_package
+        with tempfile.TemporaryDirectory() as folder:
+            aoti_compile_and_package(ep, package_path=os.path.join(folder, "model.pt2"), inductor_configs={configs!r})
+        """)
+
+
+def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str) -> str:
+    message = (record.get("error_message") or "").strip().splitlines()
+    head = [
+        f'"""Reproduces the {record["stage"]} failure of model {record["model"]!r} with torch alone (no pt2flow).',
+        "",
+        f"Recorded by pt2flow in run {record.get('run_id')} with torch {record.get('torch_version') or torch_version}:",
+        f"    {record.get('error_class')}: {message[0] if message else ''}",
+        "",
+        "Run it with the same Python environment: python repro.py",
+        '"""',
+        "import os",
+        "import sys",
+        "",
+        "import torch",
+        "",
+        "HERE = os.path.dirname(os.path.abspath(__file__))",
+        f"sys.path.insert(0, {model.search_path!r})  # where the run imported the model's code from",
+        "",
+    ]
+    # a later stage's program may hold the model's own pytree types: importing its module registers them
+    if record["stage"] != "trace":
+        head += [f"import {model.factory.split(':', 1)[0]}  # noqa: F401  (registers the model's pytree types)", ""]
+    return "\n".join(head) + "\n" + body
