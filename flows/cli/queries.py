@@ -41,29 +41,11 @@ def _parse_time(text: str, flag: str) -> datetime:
 # ---------------------------------------------------------------------------------------------
 # ls
 
-LS_COLUMNS = (
-    "record_id", "run_id", "model", "stage", "status", "cached", "sha256", "size", "seconds",
-    "error_class", "ended_at", "torch_version", "max_abs_err", "passed",
-)
 
-
-@command("ls", help="List stage records, newest first, with filters.")
-@store_options
-@click.option("--model", metavar="NAME")
-@click.option("--stage", metavar="S", type=click.Choice(STAGE_NAMES))
-@click.option("--status", type=click.Choice(["ok", "failed"]))
-@click.option("--torch", metavar="VERSION", help="only records made with this torch version")
-@click.option("--run", metavar="RUN_ID", help="only records of this run")
-@click.option("--since", metavar="DATE", help="only records that ended at or after this ISO date/time (UTC)")
-@click.option("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")
-@click.option("--limit", type=int, default=100, metavar="LIMIT", help="show at most this many (newest first; 0 = all; default 100)")
-@json_option("a JSON array of records")
-def ls_command(args: Args) -> int:
+def ls_filter(args: Args) -> Any:
+    """The pyarrow filter of ls's --model, --stage, ... (all must hold); None without any."""
     import pyarrow.compute as pc
 
-    from pt2flow.storage.lineage import decode
-
-    store = open_store(args)
     conditions = []
     if args.model:
         conditions.append(pc.field("model") == args.model)
@@ -82,7 +64,31 @@ def ls_command(args: Args) -> int:
     expression = None
     for condition in conditions:
         expression = condition if expression is None else expression & condition
-    table = store.index.scan(None if args.json else LS_COLUMNS, filter=expression)
+    return expression
+
+
+LS_COLUMNS = (
+    "record_id", "run_id", "model", "stage", "status", "cached", "sha256", "size", "seconds",
+    "error_class", "ended_at", "torch_version", "max_abs_err", "passed",
+)
+
+
+@command("ls", help="List stage records, newest first, with filters.")
+@store_options
+@click.option("--model", metavar="NAME")
+@click.option("--stage", metavar="S", type=click.Choice(STAGE_NAMES))
+@click.option("--status", type=click.Choice(["ok", "failed"]))
+@click.option("--torch", metavar="VERSION", help="only records made with this torch version")
+@click.option("--run", metavar="RUN_ID", help="only records of this run")
+@click.option("--since", metavar="DATE", help="only records that ended at or after this ISO date/time (UTC)")
+@click.option("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")
+@click.option("--limit", type=int, default=100, metavar="LIMIT", help="show at most this many (newest first; 0 = all; default 100)")
+@json_option("a JSON array of records")
+def ls_command(args: Args) -> int:
+    from pt2flow.storage.lineage import decode
+
+    store = open_store(args)
+    table = store.index.scan(None if args.json else LS_COLUMNS, filter=ls_filter(args))
     table = table.sort_by([("ended_at", "descending")])
     total = table.num_rows
     if args.limit and args.limit > 0:

@@ -14,7 +14,7 @@ import click
 
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK
 from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
-from pt2flow.flows.cli.support import Args, command, json_option
+from pt2flow.flows.cli.support import Args, command, json_option, rich_console
 
 
 @command(
@@ -75,12 +75,10 @@ def run_fleet(args: Args) -> int:
             real_stdout.write(json.dumps(document, default=str) + "\n")
             real_stdout.flush()
     else:
-        from rich.console import Console
-
         document = execute(parameters, store, pipeline, show_progress=sys.stderr.isatty() or args.progress)
         from pt2flow.flows.cli.summary import render_run
 
-        render_run(document, Console(width=None if sys.stdout.isatty() else 160))
+        render_run(document, rich_console())
     return EXIT_OK if document["summary"]["failed"] == 0 else EXIT_FAILED
 
 
