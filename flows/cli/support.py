@@ -36,6 +36,23 @@ class Command(click.Command):
                 formatter.write_dl(list(self.argument_help.items()))
         super().format_options(ctx, formatter)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        names = [name for param in self.get_params(ctx) for name in param.opts + param.secondary_opts if name.startswith("--")]
+        return super().parse_args(ctx, expand_prefixes(args, names))
+
+
+def expand_prefixes(args: list[str], names: list[str]) -> list[str]:
+    """Long options may be abbreviated to a unique prefix (`--desc` for `--descendants`), as
+    they could be before click; an ambiguous or unknown one is left for click to refuse."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        name, eq, value = arg.partition("=")
+        matches = [n for n in names if n.startswith(name)] if name.startswith("--") and name not in names else []
+        out.append(matches[0] + eq + value if len(matches) == 1 else arg)
+    return out
+
 
 def command(name: str, **attrs: Any) -> Callable[[Callable[[Args], int]], click.Command]:
     """A click command named NAME from a function of Args returning its exit code (0 or 1);

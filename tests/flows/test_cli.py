@@ -76,3 +76,12 @@ def test_storage_option_without_a_value_is_a_usage_error(tmp_path) -> None:
     proc = run_cli(["ls", "--store", str(tmp_path / "store"), "--storage-option", "anon"], timeout=120)
     assert proc.returncode == 2 and "--storage-option expects KEY=VALUE" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_long_options_may_be_abbreviated_to_a_unique_prefix(tmp_path) -> None:
+    (tmp_path / "store").mkdir()
+    proc = run_cli(["ls", "--store", str(tmp_path / "store"), "--lim=5", "--js"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    proc = run_cli(["ls", "--st", "x"], timeout=120)  # --store, --storage-option, --stage, --status
+    assert proc.returncode == 2 and "No such option" in proc.stderr
