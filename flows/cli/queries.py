@@ -1,24 +1,19 @@
-"""Index queries for the CLI: ls, show, lineage, diff, verify, gc. Storage only: no torch, no Prefect."""
+"""Index queries for the CLI: ls, show, lineage, diff. Storage only: no torch, no Prefect.
+
+pyarrow, rich and the storage modules are imported inside the commands: `--help` needs none."""
 
 from __future__ import annotations
 
-import argparse
 import json
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping
+from datetime import datetime, timezone
+from typing import Any, Mapping
 
-from pt2flow.flows.cli.support import (
-    EXIT_FAILED,
-    EXIT_OK,
-    CommandUsageError,
-    rich_console,
-    dump,
-    format_size,
-    guard,
-    open_store,
-)
+import click
 
-DEFAULT_GRACE_SECONDS = 3600
+from pt2flow.flows.cli.errors import EXIT_OK, CommandUsageError
+from pt2flow.flows.cli.support import Args, command, dump, format_size, json_option, open_store, rich_console, store_options
+
+STAGE_NAMES = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -46,18 +41,11 @@ def _parse_time(text: str, flag: str) -> datetime:
 # ---------------------------------------------------------------------------------------------
 # ls
 
-LS_COLUMNS = (
-    "record_id", "run_id", "model", "stage", "status", "cached", "sha256", "size", "seconds",
-    "error_class", "ended_at", "torch_version", "max_abs_err", "passed",
-)
 
-
-def cmd_ls(args: argparse.Namespace) -> int:
+def ls_filter(args: Args) -> Any:
+    """The pyarrow filter of ls's --model, --stage, ... (all must hold); None without any."""
     import pyarrow.compute as pc
 
-    from pt2flow.storage.lineage import decode
-
-    store = open_store(args)
     conditions = []
     if args.model:
         conditions.append(pc.field("model") == args.model)
@@ -76,7 +64,31 @@ def cmd_ls(args: argparse.Namespace) -> int:
     expression = None
     for condition in conditions:
         expression = condition if expression is None else expression & condition
-    table = store.index.scan(None if args.json else LS_COLUMNS, filter=expression)
+    return expression
+
+
+LS_COLUMNS = (
+    "record_id", "run_id", "model", "stage", "status", "cached", "sha256", "size", "seconds",
+    "error_class", "ended_at", "torch_version", "max_abs_err", "passed",
+)
+
+
+@command("ls", help="List stage records, newest first, with filters.")
+@store_options
+@click.option("--model", metavar="NAME")
+@click.option("--stage", metavar="S", type=click.Choice(STAGE_NAMES))
+@click.option("--status", type=click.Choice(["ok", "failed"]))
+@click.option("--torch", metavar="VERSION", help="only records made with this torch version")
+@click.option("--run", metavar="RUN_ID", help="only records of this run")
+@click.option("--since", metavar="DATE", help="only records that ended at or after this ISO date/time (UTC)")
+@click.option("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")
+@click.option("--limit", type=int, default=100, metavar="LIMIT", help="show at most this many (newest first; 0 = all; default 100)")
+@json_option("a JSON array of records")
+def ls_command(args: Args) -> int:
+    from pt2flow.storage.lineage import decode
+
+    store = open_store(args)
+    table = store.index.scan(None if args.json else LS_COLUMNS, filter=ls_filter(args))
     table = table.sort_by([("ended_at", "descending")])
     total = table.num_rows
     if args.limit and args.limit > 0:
@@ -116,7 +128,14 @@ def _report_of(store: Any, record: Mapping[str, Any]) -> Any:
         return {"error": f"report unavailable: {exc}"}
 
 
-def cmd_show(args: argparse.Namespace) -> int:
+@command(
+    "show",
+    help="Show the newest record of artifact ID (a sha256 or a unique prefix of 8+ characters): every field, the op histogram and, for validate, the report.",
+)
+@click.argument("id", metavar="ID")
+@store_options
+@json_option()
+def show_command(args: Args) -> int:
     from pt2flow.storage.lineage import decode, records_for_id
 
     store = open_store(args)
@@ -167,7 +186,17 @@ def _brief(record: Mapping[str, Any]) -> str:
     return f"{record.get('stage')} {_short(record.get('sha256'), 16)} {record.get('status')}{extra} ({format_size(record.get('size'))}, run {record.get('run_id')})"
 
 
-def cmd_lineage(args: argparse.Namespace) -> int:
+@command(
+    "lineage",
+    help="The chain from the model's source (factory, kwargs, weights) to ID; --descendants adds everything derived from ID; "
+    "--weights DIGEST lists everything built from a checkpoint.",
+)
+@click.argument("id", metavar="[ID]", required=False)
+@store_options
+@click.option("--descendants", is_flag=True, help="also list everything derived from ID")
+@click.option("--weights", metavar="DIGEST", help="everything built from this checkpoint (sha256 or prefix)")
+@json_option()
+def lineage_command(args: Args) -> int:
     from pt2flow.storage import lineage
 
     store = open_store(args)
@@ -239,7 +268,12 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def cmd_diff(args: argparse.Namespace) -> int:
+@command("diff", help="Compare graph signature, op histogram, node count, range constraints, sizes, validation errors and timings of two records.")
+@click.argument("id_a", metavar="ID_A")
+@click.argument("id_b", metavar="ID_B")
+@store_options
+@json_option()
+def diff_command(args: Args) -> int:
     from pt2flow.storage import lineage
 
     store = open_store(args)
@@ -278,161 +312,3 @@ def cmd_diff(args: argparse.Namespace) -> int:
     for op, (x, y) in hist["changed"].items():
         console.print(f"  [yellow]~ {op}[/yellow] {x} → {y}")
     return EXIT_OK
-
-
-# ---------------------------------------------------------------------------------------------
-# verify / gc
-
-
-def _referenced(store: Any) -> dict[str, dict[str, Any]]:
-    """digest -> {"size": recorded size, "records": [...]} for every blob a record points to."""
-    table = store.index.scan(["record_id", "run_id", "model", "stage", "sha256", "size", "weights_digest", "details"])
-    refs: dict[str, dict[str, Any]] = {}
-    for row in table.to_pylist():
-        who = {"record_id": row["record_id"], "model": row["model"], "stage": row["stage"], "run_id": row["run_id"]}
-        if row["sha256"]:
-            entry = refs.setdefault(row["sha256"], {"size": row["size"], "records": []})
-            entry["records"].append(who)
-        if row["weights_digest"]:
-            size = None
-            try:
-                size = (json.loads(row["details"] or "{}").get("weights") or {}).get("size")
-            except ValueError:
-                pass
-            entry = refs.setdefault(row["weights_digest"], {"size": size, "records": []})
-            entry["records"].append({**who, "as": "weights"})
-    return refs
-
-
-def verify_store(store: Any) -> dict[str, Any]:
-    """Re-hash every blob in the store and every blob the index references."""
-    refs = _referenced(store)
-    present = {b.digest: b for b in store.list_blobs()}
-    missing, corrupt = [], []
-    for digest in sorted(set(refs) | set(present)):
-        ref = refs.get(digest, {"size": None, "records": []})
-        if digest not in present:
-            missing.append({"sha256": digest, "records": ref["records"]})
-            continue
-        status = store.blob_status(digest, ref["size"])
-        if status != "ok":
-            corrupt.append({"sha256": digest, "status": status, "records": ref["records"]})
-    return {"checked": len(set(refs) | set(present)), "missing": missing, "corrupt": corrupt}
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    result = verify_store(store)
-    bad = result["missing"] or result["corrupt"]
-    if args.json:
-        dump(result)
-    else:
-        print(f"checked {result['checked']} blob(s) in {store.url}: {len(result['missing'])} missing, {len(result['corrupt'])} corrupt")
-        for label in ("missing", "corrupt"):
-            for item in result[label]:
-                users = ", ".join(f"{r['model']}/{r['stage']} (run {r['run_id']})" for r in item["records"]) or "no record"
-                print(f"  {label}: {item['sha256']} — used by {users}")
-    return EXIT_FAILED if bad else EXIT_OK
-
-
-def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
-    """Delete blobs no record references and older than the grace period (a running export may
-    have published a blob whose record is not written yet)."""
-    refs = _referenced(store)
-    cutoff = datetime.now(timezone.utc) - timedelta(seconds=grace_seconds)
-    unreferenced, kept_young = [], 0
-    for blob in store.list_blobs():
-        if blob.digest in refs:
-            continue
-        if blob.modified is None or blob.modified > cutoff:
-            kept_young += 1
-            continue
-        unreferenced.append(blob)
-    freed = sum(blob.size for blob in unreferenced)
-    # temp files of writers killed mid-write (local stores without O_TMPFILE), past the grace period
-    stale = [t for t in store.temp_files() if t.modified is not None and t.modified <= cutoff]
-    if not dry_run:
-        store.delete_blobs(b.digest for b in unreferenced)
-        for temp in stale:
-            store.delete_temp_file(temp.path)
-    return {
-        "deleted" if not dry_run else "would_delete": [b.digest for b in unreferenced],
-        "bytes": freed,
-        "kept_within_grace": kept_young,
-        "temp_files_deleted" if not dry_run else "temp_files_would_delete": len(stale),
-    }
-
-
-def cmd_gc(args: argparse.Namespace) -> int:
-    store = open_store(args)
-    result = collect_garbage(store, dry_run=args.dry_run, grace_seconds=args.grace)
-    compacted = None
-    if args.compact and not args.dry_run:
-        compacted = store.index.compact()
-    if args.json:
-        if compacted is not None:
-            result["compacted"] = {"merged_files": compacted.merged_files, "records": compacted.records}
-        dump(result)
-        return EXIT_OK
-    key = "would_delete" if args.dry_run else "deleted"
-    verb = "would delete" if args.dry_run else "deleted"
-    print(f"{verb} {len(result[key])} unreferenced blob(s), {format_size(result['bytes'])}; kept {result['kept_within_grace']} younger than the {args.grace:g} s grace period")
-    for digest in result[key]:
-        print(f"  {digest}")
-    if compacted is not None:
-        print(f"compacted {compacted.merged_files} index file(s) into one ({compacted.records} records)")
-    return EXIT_OK
-
-
-# ---------------------------------------------------------------------------------------------
-# parser
-
-
-def add_commands(sub: Any, store_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("ls", help="list index records", description="List stage records, newest first, with filters.")
-    store_arg(p)
-    p.add_argument("--model", metavar="NAME")
-    p.add_argument("--stage", metavar="S", choices=["source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"])
-    p.add_argument("--status", choices=["ok", "failed"])
-    p.add_argument("--torch", metavar="VERSION", help="only records made with this torch version")
-    p.add_argument("--run", metavar="RUN_ID", help="only records of this run")
-    p.add_argument("--since", metavar="DATE", help="only records that ended at or after this ISO date/time (UTC)")
-    p.add_argument("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")
-    p.add_argument("--limit", type=int, default=100, help="show at most this many (newest first; 0 = all; default 100)")
-    p.add_argument("--json", action="store_true", help="a JSON array of records")
-    p.set_defaults(func=guard(cmd_ls))
-
-    p = sub.add_parser("show", help="every field of one record", description="Show the newest record of artifact ID (a sha256 or a unique prefix of 8+ characters): every field, the op histogram and, for validate, the report.")
-    p.add_argument("id", metavar="ID")
-    store_arg(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=guard(cmd_show))
-
-    p = sub.add_parser("lineage", help="where an artifact came from (or what was built from it)", description="The chain from the model's source (factory, kwargs, weights) to ID; --descendants adds everything derived from ID; --weights DIGEST lists everything built from a checkpoint.")
-    p.add_argument("id", metavar="ID", nargs="?")
-    store_arg(p)
-    p.add_argument("--descendants", action="store_true", help="also list everything derived from ID")
-    p.add_argument("--weights", metavar="DIGEST", help="everything built from this checkpoint (sha256 or prefix)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=guard(cmd_lineage))
-
-    p = sub.add_parser("diff", help="compare two artifacts' records", description="Compare graph signature, op histogram, node count, range constraints, sizes, validation errors and timings of two records.")
-    p.add_argument("id_a", metavar="ID_A")
-    p.add_argument("id_b", metavar="ID_B")
-    store_arg(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=guard(cmd_diff))
-
-    p = sub.add_parser("verify", help="re-hash every blob", description="Re-hash every blob; exit 1 naming each missing or corrupt blob and the records that point to it.")
-    store_arg(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=guard(cmd_verify))
-
-    p = sub.add_parser("gc", help="delete unreferenced blobs", description="Delete blobs that no index record references and that are older than the grace period (a run in progress never loses a blob it just wrote).")
-    store_arg(p)
-    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
-    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS", help=f"keep blobs younger than this (default {DEFAULT_GRACE_SECONDS})")
-    p.add_argument("--compact", action="store_true", help="also merge the index files into one")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=guard(cmd_gc))
-

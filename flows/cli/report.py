@@ -1,18 +1,32 @@
-"""`pt2flow report`: the command-line command."""
+"""`pt2flow report`: the command-line command. The report package is imported when it runs."""
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Any, Callable
 
-from pt2flow.flows.cli.support import EXIT_FAILED, EXIT_OK, CommandUsageError, dump, guard, open_store, rich_console
-from pt2flow.flows.report.compare import compare_runs
-from pt2flow.flows.report.runs import last_two_runs, resolve_run
-from pt2flow.flows.report.terminal import render_terminal
+import click
+
+from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, CommandUsageError
+from pt2flow.flows.cli.support import Args, command, dump, json_option, open_store, rich_console, store_options
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+@command(
+    "report",
+    help="Compare each model, by name, between two runs: status, op histogram after decompose, node count, "
+    "signature, range constraints, archive and package sizes, compile time, validation error, latency, torch version. "
+    "Flags regressions (stopped exporting, validation error x10, compile time or size +25 %).",
+    arguments={"[RUN]...": "RUN_A RUN_B (run IDs or unique prefixes); default: the last two runs"},
+)
+@click.argument("runs", metavar="[RUN]...", nargs=-1)
+@store_options
+@json_option("print the comparison as one JSON document")
+@click.option("--html", metavar="FILE", help="also write a self-contained HTML page with plots")
+@click.option("--fail-on-regression", is_flag=True, help="exit 1 when a regression is flagged")
+def report_command(args: Args) -> int:
+    from pt2flow.flows.report.compare import compare_runs
+    from pt2flow.flows.report.runs import last_two_runs, resolve_run
+    from pt2flow.flows.report.terminal import render_terminal
+
     if len(args.runs) not in (0, 2):
         raise CommandUsageError("give two runs (RUN_A RUN_B), or none for the last two runs of the store")
     store = open_store(args)
@@ -35,19 +49,3 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         render_terminal(comparison, rich_console())
     return EXIT_FAILED if args.fail_on_regression and comparison["regressions"] else EXIT_OK
-
-
-def add_command(sub: Any, store_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser(
-        "report",
-        help="drift between two runs (default: the last two)",
-        description="Compare each model, by name, between two runs: status, op histogram after decompose, node count, "
-        "signature, range constraints, archive and package sizes, compile time, validation error, latency, torch version. "
-        "Flags regressions (stopped exporting, validation error x10, compile time or size +25 %).",
-    )
-    p.add_argument("runs", metavar="RUN", nargs="*", help="RUN_A RUN_B (run IDs or unique prefixes); default: the last two runs")
-    store_arg(p)
-    p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
-    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with plots")
-    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a regression is flagged")
-    p.set_defaults(func=guard(cmd_report))

@@ -1,28 +1,85 @@
-"""What every query command shares: exit codes, opening the store named on the command line,
-printing (JSON or rich), the error guard that maps storage and ID errors to exit codes, and the
-size formatter. Storage only: no torch, no Prefect."""
+"""What every command shares: the `command` decorator (a click command whose function takes one
+namespace of its parameters), the --store/--storage-option options, opening the store named on
+the command line, printing (JSON or rich) and the size formatter. Storage only: no torch, no
+Prefect; heavy modules are imported inside the functions, so that `--help` stays fast."""
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import os
 import sys
-from typing import Any, Callable
+from types import SimpleNamespace
+from typing import Any, Callable, Mapping
 
-from pt2flow.flows.report.text import format_size  # noqa: F401  (sizes read the same in every view)
+import click
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from pt2flow.flows.cli.errors import CommandUsageError
+from pt2flow.flows.cli.options import UsageError, parse_storage_options
+
 DEFAULT_STORE = "./pt2-store"
 
-
-class CommandUsageError(Exception):
-    """A query command was given arguments it cannot use (exit 2)."""
+Args = SimpleNamespace  # a command's parameters by name, and `command`: the command's name
 
 
-def open_store(args: argparse.Namespace) -> Any:
+class Command(click.Command):
+    """A click command whose --help also describes its positional arguments (click's own help
+    lists options only), in an "Arguments" section before the options."""
+
+    def __init__(self, *args: Any, arguments: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.argument_help = dict(arguments or {})
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.argument_help:
+            with formatter.section("Arguments"):
+                formatter.write_dl(list(self.argument_help.items()))
+        super().format_options(ctx, formatter)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        names = [name for param in self.get_params(ctx) for name in param.opts + param.secondary_opts if name.startswith("--")]
+        return super().parse_args(ctx, expand_prefixes(args, names))
+
+
+def expand_prefixes(args: list[str], names: list[str]) -> list[str]:
+    """Long options may be abbreviated to a unique prefix (`--desc` for `--descendants`), as
+    they could be before click; an ambiguous or unknown one is left for click to refuse."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        name, eq, value = arg.partition("=")
+        matches = [n for n in names if n.startswith(name)] if name.startswith("--") and name not in names else []
+        out.append(matches[0] + eq + value if len(matches) == 1 else arg)
+    return out
+
+
+def command(name: str, **attrs: Any) -> Callable[[Callable[[Args], int]], click.Command]:
+    """A click command named NAME from a function of Args returning its exit code (0 or 1);
+    `arguments` (optional) maps each positional argument's metavar to its help."""
+
+    def decorate(fn: Callable[[Args], int]) -> click.Command:
+        @functools.wraps(fn)  # carries the click parameters declared on fn
+        def callback(**params: Any) -> int:
+            return fn(Args(command=name, **params))
+
+        return click.command(name, cls=Command, **attrs)(callback)
+
+    return decorate
+
+
+def json_option(help: str | None = None) -> Callable[[Any], Any]:
+    return click.option("--json", "json", is_flag=True, help=help)
+
+
+def store_options(fn: Any) -> Any:
+    """--store URL and --storage-option KEY=VALUE (repeatable)."""
+    fn = click.option("--storage-option", "storage_option", metavar="KEY=VALUE", multiple=True, help="fsspec storage option (repeatable; dotted keys nest)")(fn)
+    return click.option("--store", metavar="URL", help="store URL (local path, file://, memory://, s3://bucket/prefix); overrides the config's")(fn)
+
+
+def open_store(args: Args) -> Any:
     """The store of `--store`, else $PT2FLOW_STORE, else ./pt2-store; a local path must exist."""
-    from pt2flow.flows.cli.options import UsageError, parse_storage_options
     from pt2flow.storage import ArtifactStore
 
     url = args.store or os.environ.get("PT2FLOW_STORE") or DEFAULT_STORE
@@ -47,22 +104,8 @@ def dump(value: Any) -> None:
     print(json.dumps(value, indent=1, default=str))
 
 
-def guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Storage and ID errors become a clear one-line message and a non-zero exit."""
+def format_size(value: Any) -> str:
+    """Sizes read the same in every view (the report's formatter)."""
+    from pt2flow.flows.report.text import format_size as report_size
 
-    def run(args: argparse.Namespace) -> int:
-        from pt2flow.storage.errors import AmbiguousId, InvalidId, RecordNotFound, StorageError
-
-        try:
-            return fn(args)
-        except (CommandUsageError, InvalidId, AmbiguousId) as exc:
-            print(f"pt2flow {args.command}: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        except RecordNotFound as exc:
-            print(f"pt2flow {args.command}: {exc}", file=sys.stderr)
-            return EXIT_FAILED
-        except StorageError as exc:
-            print(f"pt2flow {args.command}: storage error: {exc}", file=sys.stderr)
-            return EXIT_FAILED
-
-    return run
+    return report_size(value)

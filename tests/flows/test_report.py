@@ -513,7 +513,8 @@ def test_report_cli(store: ArtifactStore, tmp_path: Path) -> None:
 
 def test_report_imports_neither_torch_nor_prefect() -> None:
     code = (
-        "import sys; from pt2flow.flows.cli import main; main.build_parser();"
+        "import sys; from pt2flow.flows.cli import main; main.cli.get_command(None, 'report');"
+        "import pt2flow.flows.report.compare, pt2flow.flows.report.runs, pt2flow.flows.report.terminal, pt2flow.flows.report.html;"
         "print(sorted(m for m in ('torch', 'prefect') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -325,7 +325,7 @@ def test_serve_refuses_bad_config_and_usage(tmp_path: Path) -> None:
 
     config = _tiny_config(tmp_path / "fleet.yaml")
     for args, message in [
-        ([], "one of the arguments --cron --interval is required"),
+        ([], "one of --cron or --interval is required"),
         (["--cron", "0 3 * *"], "Invalid cron string"),
         (["--interval", "0"], "--interval must be a positive"),
         (["--cron", "0 3 * * *", "--timezone", "Mars/Olympus"], "unknown time zone"),

@@ -1,0 +1,72 @@
+"""Exit codes and the one place that turns an exception into one (docs/architecture.md §4).
+
+Commands return EXIT_OK or EXIT_FAILED (a model failed, a blob is corrupt, a regression was
+flagged) and raise for everything else; `exit_code` prints the message and picks the code:
+
+    UsageError, CommandUsageError, ConfigError, bad or ambiguous ID,
+    click's usage errors (unknown command or option, missing argument, bad value)   2
+    no such record, storage error                                                    1
+    Ctrl-C (and SIGTERM during `run`): worker processes stopped                      130
+
+Anything else is a bug and propagates with its traceback. Storage only: no torch, no Prefect.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from pt2flow.flows.cli.options import UsageError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class CommandUsageError(Exception):
+    """A command was given arguments it cannot use (exit 2, the message names the command)."""
+
+
+def exit_code(exc: BaseException, command: str | None) -> int:
+    """Print what went wrong on stderr and return the exit code; re-raise what is not ours."""
+    if isinstance(exc, click.exceptions.Exit):  # --help, --version
+        return exc.exit_code
+    if isinstance(exc, click.ClickException):
+        exc.show()
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        stop_workers()
+        print("pt2flow: interrupted; worker processes stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if isinstance(exc, UsageError):
+        print(f"pt2flow: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _library_error(exc, f"pt2flow {command}" if command else "pt2flow")
+
+
+def _library_error(exc: BaseException, prefix: str) -> int:
+    """Errors of the config and storage layers, imported only once one happened."""
+    from pt2flow.storage.errors import AmbiguousId, InvalidId, RecordNotFound, StorageError
+
+    # a ConfigError comes from a loaded config.schema; looked up rather than imported, because
+    # the schema imports pt2flow.stages, which the query commands must not (import-linter)
+    schema = sys.modules.get("pt2flow.flows.config.schema")
+    if schema is not None and isinstance(exc, schema.ConfigError):
+        print(exc.render(), file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, (CommandUsageError, InvalidId, AmbiguousId)):
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, RecordNotFound):
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if isinstance(exc, StorageError):
+        print(f"{prefix}: storage error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    raise exc
+
+
+def stop_workers() -> None:
+    """Stop the worker processes (and their compilers) of an interrupted run, if any started."""
+    pool = sys.modules.get("pt2flow.flows.engine.pool")
+    if pool is not None:
+        pool.stop_pool()

@@ -1,0 +1,146 @@
+"""`pt2flow run`: export every model of a config. torch and Prefect are imported only once the
+config and the store have been checked (a usage error answers fast and runs nothing)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from typing import Any, Iterator
+
+import click
+
+from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK
+from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
+from pt2flow.flows.cli.support import Args, command, json_option, rich_console
+
+
+@command(
+    "run",
+    help="Run the pipeline on every model of CONFIG. Exit 0: all ok; 1: a model failed (the others still ran); 2: bad config or usage.",
+    arguments=CONFIG_HELP,
+)
+@click.argument("config", metavar="CONFIG")
+@fleet_options
+@click.option("--force", is_flag=True, help="ignore cached results and re-run every stage")
+@click.option(
+    "--retry-failed", is_flag=True,
+    help="re-run stages whose cached outcome is a deterministic failure (data_dependent, decomposition, ...); "
+    "without it, an unchanged model that failed that way is reported again from the index",
+)
+@json_option("print one JSON document on stdout (logs go to stderr)")
+@click.option("--progress", is_flag=True, help="show the progress bar even when stderr is not a terminal")
+@click.option("--verbose", "-v", is_flag=True, help="show Prefect's log lines")
+def run_command(args: Args) -> int:
+    # SIGTERM stops a run as Ctrl-C does (serve keeps Prefect's own handling of both)
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        return run_fleet(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_fleet(args: Args) -> int:
+    from pt2flow.flows.config.schema import resolve_store_url
+
+    pipeline = load_for_run(args)
+    store_url = resolve_store_url(args.store or pipeline.store)
+    refuse_credentials(store_url)
+    store = open_checked_store(store_url, pipeline, args)
+    if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
+        os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
+    from pt2flow.flows.engine.context import new_run_id
+
+    parameters = dict(
+        config_path=os.path.abspath(args.config),
+        store=store_url,
+        only=list(args.only or []) or None,
+        stages=list(pipeline.stages),
+        force=args.force,
+        runner=runner_of(args),
+        workers=args.workers,
+        dask_address=args.dask_address,
+        run_id=new_run_id(),
+        retry_failed=args.retry_failed,
+    )
+    if args.json:
+        with stdout_to_stderr() as real_stdout:
+            document = execute(parameters, store, pipeline, show_progress=False)
+            real_stdout.write(json.dumps(document, default=str) + "\n")
+            real_stdout.flush()
+    else:
+        document = execute(parameters, store, pipeline, show_progress=sys.stderr.isatty() or args.progress)
+        from pt2flow.flows.cli.summary import render_run
+
+        render_run(document, rich_console())
+    return EXIT_OK if document["summary"]["failed"] == 0 else EXIT_FAILED
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[Any]:
+    """Send fd 1 to stderr (also for child processes) and yield a writer to the real stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    real = os.fdopen(os.dup(saved), "w")
+    try:
+        yield real
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_progress: bool) -> dict[str, Any]:
+    from pt2flow.flows.engine import runtime
+
+    if not parameters["force"] and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
+        document = nothing_to_build(parameters)
+        if document is not None:
+            return document
+    starting = None
+    if parameters["runner"] != "dask":  # the workers import torch while the Prefect server starts
+        starting = lambda: start_workers(parameters["workers"], len(pipeline.models))  # noqa: E731
+    with runtime.prefect_api(while_starting=starting):
+        from pt2flow.flows.fleet import fleet_flow
+
+        progress: Any = contextlib.nullcontext()
+        if show_progress:
+            from rich.console import Console
+
+            from pt2flow.flows.cli.progress import FleetProgress
+
+            progress = FleetProgress(store, parameters["run_id"], [m.name for m in pipeline.models], pipeline.stages, Console(stderr=True))
+        with progress:
+            state = fleet_flow(**parameters, return_state=True)
+        document = state.result(raise_on_failure=False)
+    if not isinstance(document, dict):
+        raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
+    return document
+
+
+def start_workers(workers: int | None, models: int) -> None:
+    from pt2flow.flows.engine.pool import default_workers, start_pool
+
+    start_pool(workers or default_workers(models))
+
+
+def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
+    """When every model is already built (each stage's key has an ok record whose blob verifies),
+    settle the run from the index without starting Prefect: the cached records are written under
+    this run's id, as a flow would. None when there is work to do."""
+    from pt2flow.flows.engine.fleet import NeedsFlow, fleet_context, settle_fleet
+
+    pipeline, ctx = fleet_context(
+        parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"]
+    )
+    try:
+        return settle_fleet(pipeline, ctx)
+    except NeedsFlow:
+        return None

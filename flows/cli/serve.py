@@ -1,0 +1,194 @@
+"""`pt2flow serve`: the fleet flow as a scheduled Prefect deployment, served from this process.
+
+Every check (config, options, schedule, server, store) raises before anything is registered
+(exit 2); Prefect is imported once the config and the options have been checked."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from pt2flow.flows.cli.errors import EXIT_OK
+from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
+from pt2flow.flows.cli.options import UsageError
+from pt2flow.flows.cli.support import Args, command
+
+SERVER_HINT = (
+    "start one with `prefect server start` (SQLite by default; PostgreSQL via "
+    "PREFECT_API_DATABASE_CONNECTION_URL) and point pt2flow at it: "
+    "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+)
+
+
+@command(
+    "serve",
+    help="Register CONFIG's fleet as a Prefect deployment with a cron or interval schedule and serve it: "
+    "scheduled runs execute here, one at a time, until Ctrl-C (exit 0; the schedule is paused). Needs PREFECT_API_URL "
+    "pointing at a running Prefect server (`prefect server start`). The config is read again at every run; "
+    "storage options stay in this process' environment, never in the deployment. Exit 2: bad config, usage or no server.",
+    arguments=CONFIG_HELP,
+    options_metavar="(--cron EXPR | --interval SECONDS) [OPTIONS]",
+)
+@click.argument("config", metavar="CONFIG")
+@click.option("--cron", metavar="EXPR", help='cron schedule, e.g. "0 3 * * *" (03:00 every day)')
+@click.option("--interval", type=float, metavar="SECONDS", help="run every SECONDS seconds")
+@click.option("--timezone", metavar="TZ", help="IANA time zone of the schedule (default UTC)")
+@fleet_options
+@click.option("--force", is_flag=True, help="re-run every stage at every scheduled run (default: cached stages are reused)")
+@click.option("--name", metavar="DEPLOYMENT", help="deployment name (default: the config file's stem); the full name is pt2flow-fleet/NAME")
+def serve_command(args: Args) -> int:
+    """Register the fleet flow as a deployment with a cron or interval schedule on a running Prefect
+    server and execute its scheduled runs in this process' children until Ctrl-C or SIGTERM (exit 0).
+    Exit 2, before anything is registered: a bad config or option, no server, an unreachable store."""
+    if (args.cron is None) == (args.interval is None):
+        problem = "one of --cron or --interval is required" if args.cron is None else "--cron and --interval exclude each other: give one"
+        raise click.UsageError(problem, ctx=click.get_current_context())
+    # A served deployment is a service: show Prefect's INFO lines (runs submitted, finished)
+    # unless the user chose a level. Set before Prefect is imported.
+    os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL") or "INFO"
+    from pt2flow.flows.config.schema import resolve_store_url
+    from pt2flow.storage.urls import redact_url
+
+    pipeline = load_for_run(args)
+    schedule, when = schedule_of(args)
+    store_url = resolve_store_url(args.store or pipeline.store)
+    refuse_credentials(store_url)
+    if store_url.startswith("memory://"):
+        raise UsageError("a memory:// store lives in one process; scheduled runs need a store that outlives them")
+    api_url = require_server()
+    # Storage options (credentials included) travel only in this process' environment, which
+    # the flow-run subprocesses inherit; never in the deployment's parameters.
+    open_checked_store(store_url, pipeline, args)
+
+    from pt2flow.flows.fleet import fleet_flow
+
+    name = args.name or os.path.splitext(os.path.basename(args.config))[0]
+    serve_forever(fleet_flow, name, schedule, deployment_parameters(args, pipeline, store_url), f"{when}, on the Prefect server at {redact_url(api_url)}")
+    print(f"pt2flow serve: stopped; the schedule of {fleet_flow.name}/{name} is paused until the next serve", file=sys.stderr)
+    return EXIT_OK
+
+
+def schedule_of(args: Args) -> tuple[Any, str]:
+    """The Prefect schedule of --cron or --interval (in --timezone) and how to say it."""
+    if args.interval is not None and not args.interval > 0:
+        raise UsageError("--interval must be a positive number of seconds")
+    if args.timezone:
+        import zoneinfo
+
+        try:
+            zoneinfo.ZoneInfo(args.timezone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise UsageError(f"--timezone: unknown time zone {args.timezone!r} (IANA names, e.g. Europe/Berlin)") from None
+    timezone = args.timezone or "UTC"
+    from prefect.schedules import Cron, Interval
+
+    try:
+        if args.cron is not None:
+            return Cron(args.cron, timezone=timezone), f"cron {args.cron!r} ({timezone})"
+        return Interval(args.interval, timezone=timezone), f"every {args.interval:g} s"
+    except ValueError as exc:
+        raise UsageError(f"--cron: {exc}") from None
+
+
+def require_server() -> str:
+    """The URL of the running Prefect server this process and its flow runs will use."""
+    from pt2flow.storage.urls import redact_url
+
+    api_url = prefect_api_url()
+    if not api_url:
+        raise UsageError(
+            "pt2flow serve needs a running Prefect server (schedules do not run on an ephemeral one) "
+            f"and PREFECT_API_URL is not set; {SERVER_HINT}"
+        )
+    # Never fall back to a temporary server, in this process or in the flow runs it starts.
+    os.environ["PREFECT_API_URL"] = api_url
+    os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if problem is not None:
+        raise UsageError(f"no Prefect server answers at PREFECT_API_URL={redact_url(api_url)} ({type(problem).__name__}: {problem}); {SERVER_HINT}")
+    return api_url
+
+
+def prefect_api_url() -> str | None:
+    """PREFECT_API_URL from the environment, else from the active Prefect profile."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        return url
+    try:
+        from prefect.settings import get_current_settings
+
+        return get_current_settings().api.url or None
+    except Exception:
+        return None
+
+
+def deployment_parameters(args: Args, pipeline: Any, store_url: str) -> dict[str, Any]:
+    """JSON-only parameters; no run_id, so that every scheduled run gets a new one."""
+    parameters: dict[str, Any] = {
+        "config_path": os.path.abspath(args.config),
+        "store": store_url,
+        "force": args.force,
+        "runner": runner_of(args),
+        "workers": args.workers,
+    }
+    if args.only:
+        parameters["only"] = list(args.only)
+    if args.stages:  # only when asked: otherwise each run follows the config's own list
+        parameters["stages"] = list(pipeline.stages)
+    if args.dask_address:
+        parameters["dask_address"] = args.dask_address
+    return parameters
+
+
+def serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, Any], where: str) -> None:
+    """Register the deployment and run its scheduled runs here until Ctrl-C or SIGTERM, both of
+    which stop the same way: in-flight runs end, the schedule is paused."""
+    import asyncio
+
+    from prefect.runner import Runner
+    from prefect.types.entrypoint import EntrypointType
+
+    serving: list[asyncio.Task[Any]] = []
+    # the flow runs' log lines are copied to our stdout: a log file should get them as they come
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+    class ServeRunner(Runner):
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            # prefect 3.8.8 calls stop() without awaiting it and exits halfway through the
+            # shutdown (the schedule stays active); stop as Ctrl-C does: cancel the serving task.
+            self._logger.info("SIGTERM received, shutting down...")
+            if serving and not serving[0].done():
+                serving[0].get_loop().call_soon_threadsafe(serving[0].cancel)
+
+    # one fleet run at a time: a run that is due while one is still going waits for it; when
+    # serving stops nobody runs the schedule, so it is paused rather than left to pile up late runs
+    runner = ServeRunner(name=name, pause_on_shutdown=True, limit=1)
+    deployment_id = runner.add_flow(
+        flow, name=name, schedule=schedule, parameters=parameters, tags=["pt2flow"], entrypoint_type=EntrypointType.MODULE_PATH
+    )
+    print(
+        f"pt2flow serve: serving deployment {flow.name}/{name} ({deployment_id}), {where}; Ctrl-C stops.\n"
+        f"  run it now: prefect deployment run '{flow.name}/{name}'",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    async def serve() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        serving.append(task)
+        await runner.start()
+
+    try:
+        asyncio.run(serve())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        pass
