@@ -25,14 +25,14 @@ import textwrap
 from pathlib import Path
 from typing import Any, Mapping
 
-from pt2flow.storage.errors import RecordNotFound, StorageError
+from pt2flow.storage.errors import RecordNotFound
 from pt2flow.storage.lineage import ancestors, decode, records_for_id
 
 REPRODUCIBLE = ("trace", "functionalize", "decompose", "serialize", "aot_compile")
 _PROGRAM_PARENT = {"functionalize": "trace", "decompose": "functionalize", "serialize": "decompose", "aot_compile": "decompose"}
 
 
-class ReproError(StorageError, LookupError):
+class ReproError(RecordNotFound):
     """Nothing to reproduce: no failure of that model or ID, or a stage repro does not cover."""
 
 

@@ -1,0 +1,85 @@
+"""Around the artifacts: `get` copies a verified artifact out of the store, `repro` writes a
+torch-only script that reproduces a failed stage, `schema` prints the config's JSON Schema
+(docs/architecture.md §4). `get` and `schema` import neither torch nor Prefect; `repro` imports
+torch (it builds the model's example inputs), never Prefect."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from pt2flow.flows.cli.errors import EXIT_OK, CommandUsageError
+from pt2flow.flows.cli.support import Args, command, dump, format_size, json_option, open_store, store_options
+
+ARTIFACT_KINDS = ("serialized", "compiled", "report")
+
+
+@command(
+    "get",
+    help="Copy a verified artifact out of the store to PATH: the one ID names, or with --model the newest ok one of that model "
+    "(in --run RUN). Only artifacts an ok index record vouches for, re-hashed (and zip-checked) first; exit 1 for a corrupt or missing blob.",
+    arguments={"ID": "artifact sha256 or a unique prefix of 8+ characters (or give --model)"},
+)
+@click.argument("id", metavar="[ID]", required=False)
+@click.option("--model", metavar="NAME", help="the newest ok artifact of this model")
+@click.option("--run", metavar="RUN", help="with --model: from this run (ID or unique prefix)")
+@click.option("--artifact", type=click.Choice(ARTIFACT_KINDS), help="serialized (.pt2 archive, the default with --model), compiled (AOTInductor package) or report (validation report)")
+@click.option("-o", "--output", "output", metavar="PATH", required=True, help="file to write (replaced atomically)")
+@store_options
+@json_option("print the artifact's record (with `path`) as JSON")
+def get_command(args: Args) -> int:
+    from pt2flow.flows.report.runs import resolve_run
+    from pt2flow.storage.retrieve import ArtifactRequestError, copy_out, find_by_id, find_for_model
+
+    if bool(args.id) == bool(args.model):
+        raise CommandUsageError("give an artifact ID or --model NAME (one of them)")
+    if args.run and not args.model:
+        raise CommandUsageError("--run goes with --model")
+    store = open_store(args)
+    try:
+        if args.id:
+            record = find_by_id(store.index, args.id, args.artifact)
+        else:
+            run_id = resolve_run(store.index, args.run) if args.run else None
+            record = find_for_model(store.index, args.model, args.artifact or "serialized", run_id)
+        result = copy_out(store, record, args.output)
+    except ArtifactRequestError as exc:
+        raise CommandUsageError(str(exc)) from None
+    if args.json:
+        dump(result)
+    else:
+        print(f"{result['artifact']} artifact of {result['model']} ({result['sha256']}, {format_size(result['size'])}, run {result['run_id']}) -> {result['path']}")
+    return EXIT_OK
+
+
+@command(
+    "repro",
+    help="Write DIR/repro.py, a script that needs torch alone (no pt2flow) and raises the exception a failed stage raised: "
+    "the model's factory call, weights, example inputs, dynamic shapes and the strategy that failed, from the store. "
+    "MODEL: its newest failure; ID: the failure report's artifact ID.",
+    arguments={"TARGET": "a model name, or the artifact ID (8+ hex characters) of a failed stage's report"},
+)
+@click.argument("target", metavar="TARGET")
+@click.option("-o", "--output", "output", metavar="DIR", required=True, help="folder to write repro.py and its data files into")
+@store_options
+@json_option("print what was written as JSON")
+def repro_command(args: Args) -> int:
+    from pt2flow.flows.engine.repro import write_repro
+
+    store = open_store(args)
+    written = write_repro(store, args.target, args.output)
+    if args.json:
+        dump(written)
+    else:
+        print(f"{written['model']}: {written['stage']} failed with {written['error_class']} (run {written['run_id']})")
+        print(f"wrote {', '.join(written['files'])} to {written['dir']}; reproduce with: python {written['dir']}/repro.py")
+    return EXIT_OK
+
+
+@command("schema", help="Print the JSON Schema of a version-1 config (the shipped configs reference docs/config.schema.json, the same schema).")
+def schema_command(args: Args) -> int:
+    from pt2flow.flows.config.jsonschema import config_json_schema_text
+
+    sys.stdout.write(config_json_schema_text())
+    return EXIT_OK

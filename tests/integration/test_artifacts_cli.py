@@ -1,0 +1,175 @@
+"""Around the artifacts, through the real `pt2flow` binary on a real run's store: `get` (verified
+copies out of the store, refusals), `repro` (torch-only scripts that raise the recorded exception
+in a fresh process where pt2flow cannot be imported) and `schema`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from pt2flow.storage import ArtifactStore
+from tests.conftest import ROOT, run_cli, run_json, write_config
+from tests.repro_models import custom_op_model
+
+pytestmark = pytest.mark.integration
+
+# pt2flow cannot be imported where the script runs: it must need torch alone
+NO_PT2FLOW = "import runpy, sys; sys.modules['pt2flow'] = None; runpy.run_path(sys.argv[1], run_name='__main__')"
+
+
+def _run_script(folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", NO_PT2FLOW, str(folder / "repro.py")], cwd=folder, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A real run: a data_dependent trace failure, a decomposition failure (a custom op with no
+    core ATen decomposition), and a healthy model that validates."""
+    work = tmp_path_factory.mktemp("artifacts")
+    torch.manual_seed(5)
+    save_file({k: v.contiguous() for k, v in custom_op_model().state_dict().items()}, str(work / "custom.safetensors"))
+    # failure_models lives in configs/: the config's folder is first on sys.path, so put a copy there
+    (work / "failure_models.py").write_text((ROOT / "configs" / "failure_models.py").read_text())
+    config = write_config(work / "c.yaml", [
+        {"name": "data-dependent", "factory": "failure_models:data_dependent_branch", "inputs": {"x": {"shape": [2, 8]}}},
+        {"name": "custom-op", "factory": "tests.repro_models:custom_op_model", "weights": "custom.safetensors",
+         "inputs": {"x": {"shape": [3, 8]}}, "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 32}}},
+        {"name": "healthy", "factory": "failure_models:healthy_mlp", "inputs": {"input": {"shape": [3, 8]}}},
+    ], stages=["trace", "functionalize", "decompose", "serialize", "validate"])
+    store = str(work / "store")
+    code, doc, stderr = run_json(["run", str(config), "--store", store])
+    assert code == 1, stderr[-3000:]
+    got = {m["name"]: (m["status"], m["failed_stage"], m["error_class"]) for m in doc["models"]}
+    assert got == {
+        "data-dependent": ("failed", "trace", "data_dependent"),
+        "custom-op": ("failed", "decompose", "decomposition"),
+        "healthy": ("ok", None, None),
+    }, got
+    return {"store": store, "doc": doc}
+
+
+def _failure_report(store: str, model: str) -> str:
+    """The artifact ID of a model's failure report (its failed record's sha256)."""
+    (row,) = [r for r in ArtifactStore(store).index.read().to_pylist() if r["model"] == model and r["status"] == "failed"]
+    assert row["sha256"], row
+    return str(row["sha256"])
+
+
+# ---------------------------------------------------------------------------------------------
+# get
+
+
+def test_get_by_model_and_by_id(run_store: dict, tmp_path: Path) -> None:
+    store = run_store["store"]
+    healthy = next(m for m in run_store["doc"]["models"] if m["name"] == "healthy")
+    code, record, stderr = run_json(["get", "--model", "healthy", "-o", str(tmp_path / "healthy.pt2"), "--store", store])
+    assert code == 0, stderr
+    assert record["sha256"] == healthy["artifacts"]["serialized"] and record["artifact"] == "serialized"
+    assert record["path"] == str(tmp_path / "healthy.pt2") and record["run_id"] == run_store["doc"]["run_id"]
+    data = (tmp_path / "healthy.pt2").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == healthy["artifacts"]["serialized"]
+    program = torch.export.load(str(tmp_path / "healthy.pt2"))  # a usable archive, as torch sees it
+    assert program.module()(torch.ones(3, 8)).shape == (3, 4)
+
+    # the validation report by ID prefix, and by model with --run (a prefix of the run ID)
+    report_id = healthy["stages"]["validate"]["artifact"]
+    proc = run_cli(["get", report_id[:12], "--artifact", "report", "-o", str(tmp_path / "report.json"), "--store", store])
+    assert proc.returncode == 0, proc.stderr
+    assert "report artifact of healthy" in proc.stdout and json.loads((tmp_path / "report.json").read_text())["passed"] is True
+    code, record, _ = run_json(["get", "--model", "healthy", "--run", run_store["doc"]["run_id"][:12], "--artifact", "report", "-o", str(tmp_path / "r2.json"), "--store", store])
+    assert code == 0 and record["sha256"] == report_id
+
+
+def test_get_refuses_what_the_index_does_not_vouch_for(run_store: dict, tmp_path: Path) -> None:
+    store = run_store["store"]
+    out = tmp_path / "out.bin"
+    stray = ArtifactStore(store).put_blob(b"a blob no record names").digest  # in the store, not in the index
+    failed = _failure_report(store, "data-dependent")  # the draft_export report of a failed trace
+    cases = [
+        (["get", stray], 1, f"no artifact with ID '{stray}'"),
+        (["get", failed], 1, "its only records are failures"),
+        (["get", "--model", "data-dependent"], 1, "no ok serialized artifact of model 'data-dependent'"),
+        (["get", "--model", "healthy", "--artifact", "compiled"], 1, "no ok compiled artifact"),
+        (["get", "--model", "healthy", "--run", "no-such-run"], 1, "no run 'no-such-run'"),
+        (["get"], 2, "give an artifact ID or --model NAME"),
+        (["get", "0123"], 2, "at least 8"),
+        (["get", "--model", "healthy", "--artifact", "weights"], 2, "'weights' is not one of"),
+    ]
+    for args, code, message in cases:
+        proc = run_cli([*args, "-o", str(out), "--store", store])
+        assert (proc.returncode, message in proc.stderr) == (code, True), (args, proc.returncode, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_get_refuses_a_corrupt_blob_and_writes_nothing(run_store: dict, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(run_store["store"], store)  # the module's store stays intact
+    healthy = next(m for m in run_store["doc"]["models"] if m["name"] == "healthy")
+    digest = healthy["artifacts"]["serialized"]
+    blob = store / "blobs" / "sha256" / digest[:2] / digest
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(data))
+    proc = run_cli(["get", digest[:16], "-o", str(tmp_path / "model.pt2"), "--store", str(store)])
+    assert proc.returncode == 1 and f"blob {digest} is corrupt" in proc.stderr, proc.stderr
+    assert not (tmp_path / "model.pt2").exists() and not list(tmp_path.glob(".pt2flow-get-*"))
+
+
+# ---------------------------------------------------------------------------------------------
+# repro
+
+
+def test_repro_of_a_data_dependent_trace_failure_raises_it_with_torch_alone(run_store: dict, tmp_path: Path) -> None:
+    code, written, stderr = run_json(["repro", "data-dependent", "-o", str(tmp_path / "dd"), "--store", run_store["store"]])
+    assert code == 0, stderr
+    assert (written["stage"], written["error_class"], written["files"]) == ("trace", "data_dependent", ["inputs.pt", "repro.py"])
+    # the failure's draft_export report ID names the same failure
+    code, by_id, _ = run_json(["repro", _failure_report(run_store["store"], "data-dependent")[:12], "-o", str(tmp_path / "by-id"), "--store", run_store["store"]])
+    assert code == 0 and by_id["model"] == "data-dependent" and by_id["stage"] == "trace"
+    script = (tmp_path / "dd" / "repro.py").read_text()
+    assert not re.search(r"^\s*(import|from) pt2flow", script, re.M)
+    assert "torch.export.export(model, args, kwargs" in script and "strict=False" in script
+    proc = _run_script(tmp_path / "dd")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "GuardOnDataDependentSymNode" in proc.stderr and "Could not guard on data-dependent expression" in proc.stderr
+
+
+def test_repro_of_a_decomposition_failure_raises_it_from_the_stored_program(run_store: dict, tmp_path: Path) -> None:
+    custom = next(m for m in run_store["doc"]["models"] if m["name"] == "custom-op")
+    assert "pt2flow_repro.scale.default" in custom["error"]
+    proc = run_cli(["repro", "custom-op", "-o", str(tmp_path / "dec"), "--store", run_store["store"]])
+    assert proc.returncode == 0, proc.stderr
+    assert "custom-op: decompose failed with decomposition" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "dec").iterdir()) == ["program.pt2", "repro.py"]
+    result = _run_script(tmp_path / "dec")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ops outside core ATen remain after decomposition: pt2flow_repro.scale.default" in result.stderr
+
+
+def test_repro_refuses_when_there_is_nothing_to_reproduce(run_store: dict, tmp_path: Path) -> None:
+    for target, message in (("healthy", "'healthy' has no failed stage"), ("nobody", "no model and no artifact ID 'nobody'")):
+        proc = run_cli(["repro", target, "-o", str(tmp_path / target), "--store", run_store["store"]])
+        assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / target).exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# schema
+
+
+def test_schema_prints_the_shipped_json_schema() -> None:
+    proc = run_cli(["schema"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (ROOT / "docs" / "config.schema.json").read_text()
+    assert json.loads(proc.stdout)["properties"]["version"] == {"const": 1}
