@@ -51,7 +51,7 @@ def _stdout_to_stderr() -> Iterator[Any]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pt2flow.flows.config.schema import ConfigError, load_config
+    from pt2flow.flows.config import ConfigError, load_config
 
     try:
         pipeline = load_config(args.config)
@@ -79,7 +79,7 @@ def _holds_credentials(url: str) -> bool:
 
 def _load_for_run(args: argparse.Namespace) -> Any:
     """The config with --only/--stages applied, or the exit code of a usage error (printed)."""
-    from pt2flow.flows.config.schema import ConfigError, apply_overrides, load_config
+    from pt2flow.flows.config import ConfigError, apply_overrides, load_config
 
     try:
         pipeline = load_config(args.config)
@@ -116,7 +116,7 @@ def _open_checked_store(store_url: str, pipeline: Any, args: argparse.Namespace)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pt2flow.flows.config.schema import resolve_store_url
+    from pt2flow.flows.config import resolve_store_url
 
     pipeline = _load_for_run(args)
     if isinstance(pipeline, int):
@@ -239,7 +239,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server and execute its scheduled runs in this process' children until Ctrl-C or SIGTERM (exit 0).
     Exit 2, before anything is registered: a bad config or option, no server, an unreachable store."""
     user_log_level = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL")
-    from pt2flow.flows.config.schema import resolve_store_url
+    from pt2flow.flows.config import resolve_store_url
 
     # A served deployment is a service: show Prefect's INFO lines (runs submitted, finished)
     # unless the user chose a level. Set before Prefect is imported.

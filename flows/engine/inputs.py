@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pt2flow.flows.engine import runtime
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
 
 

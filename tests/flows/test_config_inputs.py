@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pt2flow.flows.config.schema import ConfigError, ConfigIssue, InputConfig, Pipeline, parse_config
+from pt2flow.flows.config.inputs import InputConfig
+from pt2flow.flows.config.issues import ConfigError, ConfigIssue
+from pt2flow.flows.config.load import parse_config
+from pt2flow.flows.config.models import Pipeline
 from pt2flow.flows.engine.inputs import dynamic_json, inputs_manifest, model_inputs, tree_json
 from pt2flow.stages.source import InputSpec, bind_inputs
 from tests.conftest import ROOT
