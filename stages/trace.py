@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 from typing import Any
 
 import torch
 
 from pt2flow.stages import program
-from pt2flow.stages.classify import classify_trace_error, short_message
+from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
+from pt2flow.stages.classify import classify_trace_error, short_message, strip_ansi
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import TraceOptions
 from pt2flow.stages.quiet import WarningSink, quiet_torch
 from pt2flow.stages.result import StageResult
-from pt2flow.stages.source import BoundInputs, ModelInputs, bind_inputs, export_dynamic_shapes
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-
+from pt2flow.stages.example_inputs import BoundInputs, ModelInputs
 
 def _suggested_fixes(exc: BaseException, dynamic: Any) -> Any | None:
     """torch's own suggested fixes for a dynamic-shape error, applied to our dynamic_shapes."""
@@ -62,7 +57,7 @@ def draft_report(model: torch.nn.Module, bound: BoundInputs, dynamic: Any) -> st
         with quiet_torch(structured_trace=True), contextlib.redirect_stderr(io.StringIO()):
             draft = torch.export.draft_export(model, bound.args, bound.kwargs, dynamic_shapes=dynamic)
         report = getattr(draft, "_report", None)
-        return _ANSI.sub("", str(report)) if report is not None else "draft_export produced no report"
+        return strip_ansi(str(report)) if report is not None else "draft_export produced no report"
     except Exception as exc:
         return f"draft_export itself failed: {short_message(exc)}"
 

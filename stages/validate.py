@@ -22,13 +22,14 @@ import torch.utils._pytree as pytree
 
 from pt2flow.stages import program
 from pt2flow.stages.aot_compile import load_package
+from pt2flow.stages.binding import bind_inputs
 from pt2flow.stages.classify import short_message
 from pt2flow.stages.errors import StageError
+from pt2flow.stages.example_inputs import BoundInputs, ModelInputs, clone_tree
 from pt2flow.stages.options import ValidateOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.serialize import load_archive
-from pt2flow.stages.source import BoundInputs, ModelInputs, bind_inputs
 
 
 
@@ -71,10 +72,6 @@ def plan_samples(
         plan.append(Sample(f"random-{index}", sizes))
         index += 1
     return plan[:samples]
-
-
-def _clone(tree: Any) -> Any:
-    return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
 
 
 def _leaves_by_path(tree: Any) -> dict[str, Any]:
@@ -193,7 +190,7 @@ def _run_eager(model: torch.nn.Module, bound: BoundInputs, training: bool) -> An
 
 def _run_candidate(fn: Callable[..., Any], bound: BoundInputs, training: bool) -> Any:
     with torch.no_grad():
-        out = fn(*_clone(bound.args), **_clone(bound.kwargs))
+        out = fn(*clone_tree(bound.args), **clone_tree(bound.kwargs))
     if training:  # (loss, {param: grad}) as tensors detached from any graph
         out = pytree.tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
     return out

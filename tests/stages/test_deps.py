@@ -21,7 +21,8 @@ import torch
 
 from pt2flow.stages import deps
 from pt2flow.stages.options import TraceOptions
-from pt2flow.stages.source import InputSpec, ModelInputs, build_model, import_factory
+from pt2flow.stages.example_inputs import InputSpec, ModelInputs
+from pt2flow.stages.source import build_model, import_factory
 from pt2flow.stages.trace import trace
 
 _counter = itertools.count()
