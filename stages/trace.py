@@ -86,7 +86,7 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
                 ep = _export(model, bound, dyn, strict)
         except Exception as exc:
             error_class = classify_trace_error(exc)
-            attempts.append(_attempt(strategy, strict, dyn, error_class, short_message(exc, 1000)))
+            attempts.append(_attempt_record(strategy, strict, dyn, error_class, short_message(exc, 1000)))
             if error_class == "dynamic_shape" and not fixes_tried and dyn is not None and options.allows("suggested_fixes"):
                 fixes_tried = True
                 refined = _suggested_fixes(exc, dyn)
@@ -95,12 +95,12 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
             if index == len(ladder) and dynamic is not None and ladder[-1][0] != "static" and options.allows("static"):
                 ladder.append(("static", options.strict, None))
             continue
-        attempts.append(_attempt(strategy, strict, dyn, None, None))
+        attempts.append(_attempt_record(strategy, strict, dyn, None, None))
         return _exported(model, ep, bound, strategy, strict, attempts, list(sink.items))
     raise _failure(model, bound, dynamic, options, attempts)
 
 
-def _attempt(strategy: str, strict: bool, dynamic: Any, error_class: str | None, error: str | None) -> dict[str, Any]:
+def _attempt_record(strategy: str, strict: bool, dynamic: Any, error_class: str | None, error: str | None) -> dict[str, Any]:
     """One rung of the ladder as metadata records it."""
     return {"strategy": strategy, "strict": strict, "dynamic_shapes": _describe_dynamic(dynamic), "error_class": error_class, "error": error}
 

@@ -21,7 +21,7 @@ from pt2flow.flows.config.issues import ConfigIssue, YamlLines, pydantic_issues
 from pt2flow.flows.config.models import ModelConfig, ResolvedModel
 from pt2flow.stages.options import OPTIONS
 from pt2flow.stages.vocabulary import STAGES
-from pt2flow.storage.urls import redact_url
+from pt2flow.storage.urls import holds_credentials
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
@@ -98,10 +98,6 @@ def _plain_name(location: str) -> str:
     return location.split("?", 1)[0].lower()
 
 
-def _holds_credentials(location: str) -> bool:
-    return "://" in location and redact_url(location) != location
-
-
 def _input_sources(model: ModelConfig) -> list[str]:
     """Which of the three ways to give example inputs the model uses."""
     return [k for k in ("inputs", "inputs_factory", "inputs_file") if getattr(model, k) is not None]
@@ -119,7 +115,7 @@ def _check_identity(model: ModelConfig, search_path: str, add: Add) -> None:
     if model.weights is not None:
         if not _plain_name(model.weights).endswith(WEIGHT_SUFFIXES):
             add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")
-        if _holds_credentials(model.weights):
+        if holds_credentials(model.weights):
             add(("weights",), "the weights URL holds credentials, which would be stored in the index and Prefect's parameters; use storage_options or the environment")
 
 
@@ -131,7 +127,7 @@ def _check_input_sources(model: ModelConfig, search_path: str, add: Add) -> None
     if model.inputs_file is not None:
         if not _plain_name(model.inputs_file).endswith(INPUT_FILE_SUFFIXES):
             add(("inputs_file",), f"inputs_file must be a .safetensors file or a torch.save file ending in one of {list(INPUT_FILE_SUFFIXES[1:])}")
-        elif _holds_credentials(model.inputs_file):
+        elif holds_credentials(model.inputs_file):
             add(("inputs_file",), "the inputs_file URL holds credentials; use storage_options or the environment")
         elif "://" not in model.inputs_file and not (Path(search_path) / model.inputs_file).is_file():
             add(("inputs_file",), f"file not found: {Path(search_path) / model.inputs_file}")
