@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
 from pt2flow.flows.engine import runtime
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import RunContext
 from pt2flow.flows.engine.fleet import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
 from pt2flow.flows.engine.model_flow import STAGE_TASKS

@@ -86,3 +86,11 @@ def short_message(exc: BaseException, limit: int = 2000) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(exc).__name__}: {text}"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    """`text` without terminal escape sequences (torch colours some of its messages and reports)."""
+    return _ANSI.sub("", text)

@@ -40,6 +40,8 @@ run (`changed_entries`), not compute a new one to look the key up.
 Checking a manifest (`changed_entries`) reads and hashes the files and reads the installed
 versions from the dist-info folder names on sys.path: it imports neither torch nor the user's
 modules, so a fully cached re-run decides cache hits without them.
+
+What is installed, and at which version, is read by stages.distributions.
 """
 
 from __future__ import annotations
@@ -49,14 +51,14 @@ import functools
 import hashlib
 import importlib.util
 import os
-import re
 import sys
 import sysconfig
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any, Iterable, Iterator, Mapping
+
+from pt2flow.stages.distributions import installed_distributions, normalize_name, requirements, top_level_owners
 
 OWN_PACKAGE = "pt2flow"  # its changes reach the keys through the stage versions, not the manifest
 ALWAYS_DISTRIBUTIONS = ("torch",)
@@ -85,135 +87,6 @@ class ImportRecorder:
 def record_imports() -> ImportRecorder:
     """`with record_imports() as rec: build and trace` -> rec.new_modules."""
     return ImportRecorder()
-
-
-# ---------------------------------------------------------------------------------------------
-# installed distributions, read from the folders on sys.path (no imports, no METADATA parsing)
-
-
-def normalize_name(name: str) -> str:
-    """A distribution's canonical name (PEP 503): `Foo_Bar.baz` -> `foo-bar-baz`."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-@dataclass(frozen=True)
-class InstalledDistribution:
-    """One installed distribution, as its metadata folder on sys.path names it."""
-
-    name: str
-    version: str
-    base: str  # the sys.path entry holding the metadata folder
-    path: str  # the metadata folder
-
-
-def _path_state() -> tuple[tuple[str, int], ...]:
-    """sys.path with each folder's mtime: a pip install or uninstall renames a *.dist-info folder,
-    which changes its parent's mtime, so this tuple changes whenever an installed version does."""
-    state = []
-    for entry in sys.path:
-        folder = os.path.abspath(entry or os.curdir)
-        try:
-            state.append((folder, os.stat(folder).st_mtime_ns))
-        except OSError:
-            state.append((folder, -1))
-    return tuple(state)
-
-
-_dist_cache: dict[tuple[tuple[str, int], ...], dict[str, InstalledDistribution]] = {}
-
-
-def installed_distributions() -> dict[str, InstalledDistribution]:
-    """Canonical name -> the distribution an import would see (the first on sys.path).
-
-    Built from folder listings: `name-version.dist-info` names carry both; egg-info folders fall
-    back to their metadata. Cached per sys.path state, so repeated checks cost a stat per entry."""
-    state = _path_state()
-    cached = _dist_cache.get(state)
-    if cached is not None:
-        return cached
-    table: dict[str, InstalledDistribution] = {}
-    for folder, _ in state:
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            found = _dist_from_folder(folder, entry.name)
-            if found is not None and normalize_name(found.name) not in table:
-                table[normalize_name(found.name)] = found
-    _dist_cache.clear()
-    _dist_cache[state] = table
-    return table
-
-
-def _dist_from_folder(base: str, name: str) -> InstalledDistribution | None:
-    path = os.path.join(base, name)
-    if name.endswith(".dist-info"):
-        match = re.fullmatch(r"(.+?)-(\d.*)", name[: -len(".dist-info")])
-        if match:
-            return InstalledDistribution(match.group(1), match.group(2), base, path)
-    elif not name.endswith(".egg-info"):
-        return None
-    try:
-        meta = metadata.PathDistribution(Path(path)).metadata
-    except Exception:
-        return None
-    if not meta or not meta["Name"]:
-        return None
-    return InstalledDistribution(meta["Name"], meta["Version"] or "unknown", base, path)
-
-
-def _requirements(dist: InstalledDistribution) -> list[str]:
-    """Canonical names of what `dist` requires, extras left out."""
-    try:
-        requires = metadata.PathDistribution(Path(dist.path)).requires or []
-    except Exception:
-        return []
-    names = []
-    for requirement in requires:
-        spec, _, marker = requirement.partition(";")
-        if "extra" in marker:
-            continue
-        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
-        if match:
-            names.append(normalize_name(match.group(1)))
-    return names
-
-
-_owners_cache: dict[tuple[tuple[str, int], ...], dict[tuple[str, str], list[str]]] = {}
-
-
-def _top_level_owners() -> dict[tuple[str, str], list[str]]:
-    """(sys.path entry, top-level import name) -> canonical names of the distributions there that
-    ship it: from top_level.txt, else from the first part of each RECORD path."""
-    state = _path_state()
-    cached = _owners_cache.get(state)
-    if cached is not None:
-        return cached
-    owners: dict[tuple[str, str], list[str]] = {}
-    for dist in installed_distributions().values():
-        for top in _top_levels(dist.path):
-            owners.setdefault((os.path.abspath(dist.base), top), []).append(normalize_name(dist.name))
-    _owners_cache.clear()
-    _owners_cache[state] = owners
-    return owners
-
-
-def _top_levels(info: str) -> set[str]:
-    try:
-        return {line.strip() for line in Path(info, "top_level.txt").read_text().splitlines() if line.strip()}
-    except OSError:
-        pass
-    try:
-        record = Path(info, "RECORD").read_text()
-    except OSError:
-        return set()
-    tops = set()
-    for line in record.splitlines():
-        first = line.split(",", 1)[0].split("/", 1)[0]
-        if first and not first.endswith((".dist-info", ".data")) and first != "..":
-            tops.add(first[:-3] if first.endswith(".py") else first.split(".", 1)[0] if first.endswith(".so") else first)
-    return tops
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,7 +239,7 @@ def dependency_modules(seeds: Iterable[Any], search_path: str | None = None) -> 
         name = _seed_name(seed)
         if name:
             pending.extend(_with_parents(name))
-    roots, owners = _import_roots(search_path), _top_level_owners()
+    roots, owners = _import_roots(search_path), top_level_owners()
     if search_path:  # modules imported from the config's folder itself (not a site-packages inside it)
         folder = os.path.abspath(search_path)
         for name, module in modules.items():
@@ -438,7 +311,7 @@ def manifest(seeds: Iterable[Any], search_path: str | None = None) -> dict[str, 
         if name in distributions or dist is None:
             continue
         distributions[name] = dist.version
-        wanted.extend(_requirements(dist))
+        wanted.extend(requirements(dist))
     return {"files": dict(sorted(files.items())), "distributions": dict(sorted(distributions.items()))}
 
 

@@ -19,10 +19,10 @@ from pt2flow.stages.classify import short_message
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
+from pt2flow.stages.vocabulary import MODULE_NAME_PATTERN
 
 METADATA_FILE = "pt2flow.json"
 PYTREE_MODULES = "pytree_modules"  # metadata key: modules a loading process must have imported
-_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _TORCH_PYTREE_HOMES = ("builtins", "collections", "torch", "typing")
 
 
@@ -83,7 +83,7 @@ def archive_metadata(data: bytes) -> dict[str, Any]:
 
 def _import_modules(names: Any) -> None:
     for name in names if isinstance(names, list) else []:
-        if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
+        if not isinstance(name, str) or not MODULE_NAME_PATTERN.fullmatch(name):
             raise StageError("serialization", f"archive names {name!r} as a module to import; not a module name")
         try:
             importlib.import_module(name)

@@ -13,11 +13,11 @@ import functools
 import os
 import platform
 import subprocess
-from importlib import metadata
 from typing import Any, Mapping
 
 import torch
 
+from pt2flow.stages.distributions import installed_version
 # inductor options that change which compiler or ISA is used, and so the key's identity
 _CONFIG_KEYS = ("cpp.cxx", "cpp.simdlen", "cpp.march")
 
@@ -63,7 +63,7 @@ def _identity(state: tuple[Any, ...]) -> tuple[tuple[str, str], ...]:
         major, minor = torch.cuda.get_device_capability(index)
         identity["gpu_arch"] = f"sm_{major}{minor}"
         identity["cuda"] = str(torch.version.cuda)
-        identity["triton"] = _version("triton")
+        identity["triton"] = installed_version("triton", "absent")
     return tuple(sorted(identity.items()))
 
 
@@ -84,9 +84,3 @@ def _compiler() -> tuple[str, str]:
     first = next((line.strip() for line in out.splitlines() if line.strip()), "")
     return cxx, first
 
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "absent"

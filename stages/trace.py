@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 from typing import Any
 
 import torch
 
 from pt2flow.stages import program
-from pt2flow.stages.classify import classify_trace_error, short_message
+from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
+from pt2flow.stages.classify import classify_trace_error, short_message, strip_ansi
 from pt2flow.stages.errors import StageError
+from pt2flow.stages.example_inputs import BoundInputs, ModelInputs
 from pt2flow.stages.options import TraceOptions
 from pt2flow.stages.quiet import WarningSink, quiet_torch
 from pt2flow.stages.result import StageResult
-from pt2flow.stages.source import BoundInputs, ModelInputs, bind_inputs, export_dynamic_shapes
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
 
 
 def _suggested_fixes(exc: BaseException, dynamic: Any) -> Any | None:
@@ -62,7 +58,7 @@ def draft_report(model: torch.nn.Module, bound: BoundInputs, dynamic: Any) -> st
         with quiet_torch(structured_trace=True), contextlib.redirect_stderr(io.StringIO()):
             draft = torch.export.draft_export(model, bound.args, bound.kwargs, dynamic_shapes=dynamic)
         report = getattr(draft, "_report", None)
-        return _ANSI.sub("", str(report)) if report is not None else "draft_export produced no report"
+        return strip_ansi(str(report)) if report is not None else "draft_export produced no report"
     except Exception as exc:
         return f"draft_export itself failed: {short_message(exc)}"
 
@@ -90,15 +86,7 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
                 ep = _export(model, bound, dyn, strict)
         except Exception as exc:
             error_class = classify_trace_error(exc)
-            attempts.append(
-                {
-                    "strategy": strategy,
-                    "strict": strict,
-                    "dynamic_shapes": _describe_dynamic(dyn),
-                    "error_class": error_class,
-                    "error": short_message(exc, 1000),
-                }
-            )
+            attempts.append(_attempt_record(strategy, strict, dyn, error_class, short_message(exc, 1000)))
             if error_class == "dynamic_shape" and not fixes_tried and dyn is not None and options.allows("suggested_fixes"):
                 fixes_tried = True
                 refined = _suggested_fixes(exc, dyn)
@@ -107,28 +95,49 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
             if index == len(ladder) and dynamic is not None and ladder[-1][0] != "static" and options.allows("static"):
                 ladder.append(("static", options.strict, None))
             continue
-        attempts.append({"strategy": strategy, "strict": strict, "dynamic_shapes": _describe_dynamic(dyn), "error_class": None, "error": None})
-        warnings = list(sink.items)
-        if strategy != "configured":
-            failed = "; ".join(f"{a['strategy']}: {a['error_class']}" for a in attempts[:-1])
-            warnings.insert(0, f"exported with fallback strategy {strategy!r} after {failed}")
-        dims = program.effective_dims_of_leaves(ep, [per for _, _, per in bound.tensor_leaves()])
-        lost = sorted(name for name, d in dims.items() if d.get("static"))
-        if lost:
-            warnings.append(f"dynamic dims specialized to static sizes: {', '.join(lost)}")
-        metadata = {
-            **program.describe(ep),
-            "strategy": strategy,
-            "static_fallback": strategy == "static",
-            "specialized_dims": lost,
-            "strict": strict,
-            "attempts": attempts,
-            "dims": dims,
-            "training": bool(model.training),
-        }
-        return StageResult(output=ep, metadata=metadata, warnings=tuple(warnings))
+        attempts.append(_attempt_record(strategy, strict, dyn, None, None))
+        return _exported(model, ep, bound, strategy, strict, attempts, list(sink.items))
+    raise _failure(model, bound, dynamic, options, attempts)
 
-    # every strategy failed: pick the most specific class, keep torch's draft_export report
+
+def _attempt_record(strategy: str, strict: bool, dynamic: Any, error_class: str | None, error: str | None) -> dict[str, Any]:
+    """One rung of the ladder as metadata records it."""
+    return {"strategy": strategy, "strict": strict, "dynamic_shapes": _describe_dynamic(dynamic), "error_class": error_class, "error": error}
+
+
+def _exported(
+    model: torch.nn.Module,
+    ep: torch.export.ExportedProgram,
+    bound: BoundInputs,
+    strategy: str,
+    strict: bool,
+    attempts: list[dict[str, Any]],
+    warnings: list[str],
+) -> StageResult:
+    """The result of the strategy that worked: the program, its metadata and warnings about the
+    fallback taken and the dynamic dims that export specialized."""
+    if strategy != "configured":
+        failed = "; ".join(f"{a['strategy']}: {a['error_class']}" for a in attempts[:-1])
+        warnings.insert(0, f"exported with fallback strategy {strategy!r} after {failed}")
+    dims = program.effective_dims_of_leaves(ep, [per for _, _, per in bound.tensor_leaves()])
+    lost = sorted(name for name, d in dims.items() if d.get("static"))
+    if lost:
+        warnings.append(f"dynamic dims specialized to static sizes: {', '.join(lost)}")
+    metadata = {
+        **program.describe(ep),
+        "strategy": strategy,
+        "static_fallback": strategy == "static",
+        "specialized_dims": lost,
+        "strict": strict,
+        "attempts": attempts,
+        "dims": dims,
+        "training": bool(model.training),
+    }
+    return StageResult(output=ep, metadata=metadata, warnings=tuple(warnings))
+
+
+def _failure(model: torch.nn.Module, bound: BoundInputs, dynamic: Any, options: TraceOptions, attempts: list[dict[str, Any]]) -> StageError:
+    """Every strategy failed: the most specific class, with torch's draft_export report."""
     classes = [a["error_class"] for a in attempts]
     error_class = next((c for c in classes if c != "runtime"), classes[0])
     first = next(a for a in attempts if a["error_class"] == error_class)
@@ -145,7 +154,7 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
         except Exception as exc:
             first = {**first, "error": f"the model fails in eager mode on its example inputs: {short_message(exc, 1000)}"}
     tried = ", ".join(a["strategy"] for a in attempts)
-    raise StageError(
+    return StageError(
         error_class,
         f"{first['error']} (tried: {tried})",
         attempts=tuple(attempts),

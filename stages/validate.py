@@ -14,7 +14,7 @@ import random
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
@@ -22,15 +22,14 @@ import torch.utils._pytree as pytree
 
 from pt2flow.stages import program
 from pt2flow.stages.aot_compile import load_package
+from pt2flow.stages.binding import bind_inputs
 from pt2flow.stages.classify import short_message
 from pt2flow.stages.errors import StageError
+from pt2flow.stages.example_inputs import BoundInputs, ModelInputs, clone_tree
 from pt2flow.stages.options import ValidateOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.serialize import load_archive
-from pt2flow.stages.source import BoundInputs, ModelInputs, bind_inputs
-
-
 
 
 @dataclass(frozen=True)
@@ -71,10 +70,6 @@ def plan_samples(
         plan.append(Sample(f"random-{index}", sizes))
         index += 1
     return plan[:samples]
-
-
-def _clone(tree: Any) -> Any:
-    return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
 
 
 def _leaves_by_path(tree: Any) -> dict[str, Any]:
@@ -193,7 +188,7 @@ def _run_eager(model: torch.nn.Module, bound: BoundInputs, training: bool) -> An
 
 def _run_candidate(fn: Callable[..., Any], bound: BoundInputs, training: bool) -> Any:
     with torch.no_grad():
-        out = fn(*_clone(bound.args), **_clone(bound.kwargs))
+        out = fn(*clone_tree(bound.args), **clone_tree(bound.kwargs))
     if training:  # (loss, {param: grad}) as tensors detached from any graph
         out = pytree.tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
     return out
@@ -226,6 +221,16 @@ def _median_ms(fn: Callable[[], Any], runs: int) -> float:
     return statistics.median(times)
 
 
+@dataclass
+class _Findings:
+    """What went wrong over the samples, one line each: a candidate that raised, an output that
+    differs from eager, eager disagreeing with its twin."""
+
+    raised: list[str] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+    nondeterministic: list[str] = field(default_factory=list)
+
+
 def validate(
     build_reference: Callable[[], torch.nn.Module],
     model_inputs: ModelInputs,
@@ -244,18 +249,7 @@ def validate(
     with tempfile.TemporaryDirectory(prefix="pt2flow-validate-") as workdir, quiet_torch() as sink:
         reference = build_reference()
         twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
-        candidates: dict[str, Callable[..., Any]] = {}
-        buffer_names: list[str] = []
-        try:
-            if archive is not None:
-                archived = load_archive(archive)[0]
-                buffer_names = sorted(program.mutated_buffers_in_signature(archived))
-                candidates["archive"] = archived.module()
-            if package is not None:
-                candidates["compiled"] = load_package(package, workdir)
-        except Exception as exc:
-            raise StageError("serialization", f"a candidate artifact does not load: {short_message(exc)}") from exc
-
+        candidates, buffer_names = _load_candidates(archive, package, workdir)
         report: dict[str, Any] = {
             "passed": False,
             "nondeterministic": False,
@@ -266,64 +260,112 @@ def validate(
             "plan": [{"label": s.label, "sizes": s.sizes} for s in plan],
             "candidates": {name: {"max_abs_err": 0.0, "max_rel_err": 0.0, "samples": []} for name in candidates},
         }
-        raised: list[str] = []
-        mismatches: list[str] = []
-        nondeterministic: list[str] = []
+        findings = _Findings()
         for i, sample in enumerate(plan):
             bound = bind_inputs(reference, model_inputs, seed=options.seed + i, dim_sizes=sample.sizes)
-            try:
-                expected = _observe_eager(reference, bound, training, buffer_names)
-                again = _observe_eager(twin, bound, training, buffer_names)
-            except Exception as exc:
-                raise StageError("runtime", f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
-            self_check = compare_observed(again, expected, options.atol, options.rtol)
-            if not self_check.ok:
-                nondeterministic.append(f"{sample.label}: " + "; ".join(self_check.failures[:3]))
-            for name, fn in candidates.items():
-                entry = report["candidates"][name]
-                try:
-                    got = _observe_candidate(fn, bound, training, buffer_names)
-                except Exception as exc:
-                    text = f"{name} raised on sample {sample.label} {sample.sizes}: {short_message(exc, 500)}"
-                    raised.append(text)
-                    entry["samples"].append({"label": sample.label, "sizes": sample.sizes, "ok": False, "error": text})
-                    continue
-                result = compare_observed(got, expected, options.atol, options.rtol, buffers=isinstance(fn, torch.nn.Module))
-                entry["samples"].append(
-                    {
-                        "label": sample.label,
-                        "sizes": sample.sizes,
-                        "ok": result.ok,
-                        "max_abs_err": result.max_abs_err,
-                        "max_rel_err": result.max_rel_err,
-                        "failures": result.failures,
-                    }
-                )
-                entry["max_abs_err"] = max(entry["max_abs_err"], result.max_abs_err)
-                entry["max_rel_err"] = max(entry["max_rel_err"], result.max_rel_err)
-                mismatches.extend(f"{name} on {sample.label}: {f}" for f in result.failures)
+            _check_sample(sample, bound, reference, twin, candidates, buffer_names, training, options, report, findings)
 
         report["max_abs_err"] = max((c["max_abs_err"] for c in report["candidates"].values()), default=0.0)
         report["max_rel_err"] = max((c["max_rel_err"] for c in report["candidates"].values()), default=0.0)
-        report["nondeterministic"] = bool(nondeterministic)
-        report["passed"] = not (raised or mismatches or nondeterministic)
+        report["nondeterministic"] = bool(findings.nondeterministic)
+        report["passed"] = not (findings.raised or findings.mismatches or findings.nondeterministic)
         if options.benchmark and report["passed"]:
             bound = bind_inputs(reference, model_inputs, seed=options.seed)
-            latency = {"eager": _median_ms(lambda: _run_eager(reference, bound.clone(), training), options.benchmark_runs)}
-            for name, fn in candidates.items():
-                latency[name] = _median_ms(lambda fn=fn: _run_candidate(fn, bound, training), options.benchmark_runs)
-            report["latency_ms"] = latency
+            report["latency_ms"] = _latency(reference, candidates, bound, training, options.benchmark_runs)
         report["warnings"] = list(sink.items)
 
-    if nondeterministic:
+    _raise_findings(findings, report, options)
+    return StageResult(output=report, metadata={"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": report["max_rel_err"]}, warnings=tuple(report["warnings"]))
+
+
+def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str) -> tuple[dict[str, Callable[..., Any]], list[str]]:
+    """The candidates by name ("archive", "compiled"), and the buffers the program mutates."""
+    candidates: dict[str, Callable[..., Any]] = {}
+    buffer_names: list[str] = []
+    try:
+        if archive is not None:
+            archived = load_archive(archive)[0]
+            buffer_names = sorted(program.mutated_buffers_in_signature(archived))
+            candidates["archive"] = archived.module()
+        if package is not None:
+            candidates["compiled"] = load_package(package, workdir)
+    except Exception as exc:
+        raise StageError("serialization", f"a candidate artifact does not load: {short_message(exc)}") from exc
+    return candidates, buffer_names
+
+
+def _check_sample(
+    sample: Sample,
+    bound: BoundInputs,
+    reference: torch.nn.Module,
+    twin: torch.nn.Module,
+    candidates: Mapping[str, Callable[..., Any]],
+    buffer_names: list[str],
+    training: bool,
+    options: ValidateOptions,
+    report: dict[str, Any],
+    findings: _Findings,
+) -> None:
+    """One sample: eager against its twin, then every candidate against eager, into the report."""
+    try:
+        expected = _observe_eager(reference, bound, training, buffer_names)
+        again = _observe_eager(twin, bound, training, buffer_names)
+    except Exception as exc:
+        raise StageError("runtime", f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
+    self_check = compare_observed(again, expected, options.atol, options.rtol)
+    if not self_check.ok:
+        findings.nondeterministic.append(f"{sample.label}: " + "; ".join(self_check.failures[:3]))
+    for name, fn in candidates.items():
+        entry = report["candidates"][name]
+        try:
+            got = _observe_candidate(fn, bound, training, buffer_names)
+        except Exception as exc:
+            text = f"{name} raised on sample {sample.label} {sample.sizes}: {short_message(exc, 500)}"
+            findings.raised.append(text)
+            entry["samples"].append({"label": sample.label, "sizes": sample.sizes, "ok": False, "error": text})
+            continue
+        result = compare_observed(got, expected, options.atol, options.rtol, buffers=isinstance(fn, torch.nn.Module))
+        entry["samples"].append(
+            {
+                "label": sample.label,
+                "sizes": sample.sizes,
+                "ok": result.ok,
+                "max_abs_err": result.max_abs_err,
+                "max_rel_err": result.max_rel_err,
+                "failures": result.failures,
+            }
+        )
+        entry["max_abs_err"] = max(entry["max_abs_err"], result.max_abs_err)
+        entry["max_rel_err"] = max(entry["max_rel_err"], result.max_rel_err)
+        findings.mismatches.extend(f"{name} on {sample.label}: {f}" for f in result.failures)
+
+
+def _latency(
+    reference: torch.nn.Module,
+    candidates: Mapping[str, Callable[..., Any]],
+    bound: BoundInputs,
+    training: bool,
+    runs: int,
+) -> dict[str, float]:
+    """Median milliseconds per call: eager, then each candidate."""
+    latency = {"eager": _median_ms(lambda: _run_eager(reference, bound.clone(), training), runs)}
+    for name, fn in candidates.items():
+        latency[name] = _median_ms(lambda fn=fn: _run_candidate(fn, bound, training), runs)
+    return latency
+
+
+def _raise_findings(findings: _Findings, report: dict[str, Any], options: ValidateOptions) -> None:
+    """The StageError for the findings, the report attached; nothing when there are none."""
+    if findings.nondeterministic:
         raise StageError(
             "nondeterministic",
             "the eager model disagrees with itself on the same input, so the export cannot be judged: "
-            + " | ".join(nondeterministic[:3]),
+            + " | ".join(findings.nondeterministic[:3]),
             details=report,
         )
-    if raised:
-        raise StageError("runtime", " | ".join(raised[:3]), details=report)
+    if findings.raised:
+        raise StageError("runtime", " | ".join(findings.raised[:3]), details=report)
+    mismatches = findings.mismatches
     if mismatches:
         shown = " | ".join(mismatches[:5])
         more = f" (+{len(mismatches) - 5} more)" if len(mismatches) > 5 else ""
@@ -332,4 +374,3 @@ def validate(
             f"outputs differ beyond atol={options.atol:g}, rtol={options.rtol:g}: {shown}{more}",
             details=report,
         )
-    return StageResult(output=report, metadata={"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": report["max_rel_err"]}, warnings=tuple(report["warnings"]))

@@ -1,5 +1,5 @@
 """The words every layer shares, defined once: stage names and order, error classes and which of
-them a derivation key fully determines, dtype names, the `module:callable` pattern
+them a derivation key fully determines, dtype names, the module-name and `module:callable` patterns
 (docs/architecture.md §2, §3, §7). Imports nothing, so configs, stages, storage queries and the
 CLI can all use it without torch."""
 
@@ -48,5 +48,8 @@ DETERMINISTIC_FAILURES: frozenset[str] = frozenset({
 DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "bool"]
 
+# a dotted module path (or attribute path): identifiers joined by dots
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+MODULE_NAME_PATTERN = re.compile(_DOTTED)
 # dotted module path, a colon, dotted attribute path: nothing else (no calls, no '..', no slashes)
-FACTORY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+FACTORY_PATTERN = re.compile(f"{_DOTTED}:{_DOTTED}")

@@ -21,6 +21,11 @@ def redact_url(url: str) -> str:
     return _CREDENTIALS_IN_URL.sub(r"\1", url)
 
 
+def holds_credentials(url: str) -> bool:
+    """Whether `url` names a user or secret (user:secret@), which must not be printed or recorded."""
+    return redact_url(url) != url
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 

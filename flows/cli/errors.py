@@ -47,9 +47,9 @@ def _library_error(exc: BaseException, prefix: str) -> int:
     """Errors of the config and storage layers, imported only once one happened."""
     from pt2flow.storage.errors import AmbiguousId, InvalidId, RecordNotFound, StorageError
 
-    # a ConfigError comes from a loaded config.schema; looked up rather than imported, because
+    # a ConfigError comes from a loaded flows.config (issues.py); looked up rather than imported, because
     # the schema imports pt2flow.stages, which the query commands must not (import-linter)
-    schema = sys.modules.get("pt2flow.flows.config.schema")
+    schema = sys.modules.get("pt2flow.flows.config.issues")
     if schema is not None and isinstance(exc, schema.ConfigError):
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE

@@ -43,7 +43,7 @@ def runner_of(args: Args) -> str:
 
 def load_for_run(args: Args) -> Any:
     """The config with --only/--stages applied; raises ConfigError or UsageError."""
-    from pt2flow.flows.config.schema import apply_overrides, load_config
+    from pt2flow.flows.config import apply_overrides, load_config
 
     pipeline = load_config(args.config)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None

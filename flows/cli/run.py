@@ -47,7 +47,7 @@ def interrupt(signum: int, frame: Any) -> None:
 
 
 def run_fleet(args: Args) -> int:
-    from pt2flow.flows.config.schema import resolve_store_url
+    from pt2flow.flows.config import resolve_store_url
 
     pipeline = load_for_run(args)
     store_url = resolve_store_url(args.store or pipeline.store)

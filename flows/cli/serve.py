@@ -50,7 +50,7 @@ def serve_command(args: Args) -> int:
     # A served deployment is a service: show Prefect's INFO lines (runs submitted, finished)
     # unless the user chose a level. Set before Prefect is imported.
     os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL") or "INFO"
-    from pt2flow.flows.config.schema import resolve_store_url
+    from pt2flow.flows.config import resolve_store_url
     from pt2flow.storage.urls import redact_url
 
     pipeline = load_for_run(args)

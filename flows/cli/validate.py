@@ -14,7 +14,7 @@ from pt2flow.flows.cli.support import Args, command, json_option
 @click.argument("config", metavar="CONFIG")
 @json_option()
 def validate_command(args: Args) -> int:
-    from pt2flow.flows.config.schema import load_config
+    from pt2flow.flows.config import load_config
 
     pipeline = load_config(args.config)  # ConfigError: exit 2, every problem printed
     if args.json:

@@ -18,7 +18,8 @@ from pydantic import BaseModel
 
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
 from pt2flow.flows.config.limits import LimitsConfig
-from pt2flow.flows.config.schema import NAME_PATTERN, DimConfig
+from pt2flow.flows.config.checks import NAME_PATTERN
+from pt2flow.flows.config.models import DimConfig
 from pt2flow.stages.options import OPTIONS
 from pt2flow.stages.vocabulary import FACTORY_PATTERN, STAGES
 

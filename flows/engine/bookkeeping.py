@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from pt2flow.flows.engine import runtime
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import Outcome, RunContext, StageFailed, failed_outcome
 from pt2flow.flows.engine.planner import cached_outcome, find_cached
 from pt2flow.flows.engine.registry import options_json

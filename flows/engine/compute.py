@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pt2flow.flows.engine import runtime
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.artifacts import load_artifact
 from pt2flow.flows.engine.context import Outcome, RunContext
 from pt2flow.flows.engine.planner import read_weights, request_key, source_manifest

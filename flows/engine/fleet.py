@@ -10,7 +10,7 @@ import time
 from typing import Any, Sequence
 
 from pt2flow.flows.engine import runtime
-from pt2flow.flows.config.schema import ResolvedModel, apply_overrides, load_config, resolve_store_url
+from pt2flow.flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
 from pt2flow.flows.engine.context import RunContext, new_run_id
 from pt2flow.flows.engine.planner import Plan, plan_model
 from pt2flow.flows.engine.runner import run_model

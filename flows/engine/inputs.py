@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from pt2flow.flows.engine import runtime
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
 
 
 def to_stage_tree(tree: Any) -> Any:
-    """A config input tree with InputConfig leaves as stages.source.InputSpec leaves."""
-    from pt2flow.stages.source import InputSpec
+    """A config input tree with InputConfig leaves as stages.example_inputs.InputSpec leaves."""
+    from pt2flow.stages.example_inputs import InputSpec
 
     if isinstance(tree, InputConfig):
         return InputSpec(tuple(tree.shape), tree.dtype, tree.low, tree.high, tree.value)
@@ -31,10 +31,11 @@ def to_stage_tree(tree: Any) -> Any:
 
 
 def model_inputs(model: ResolvedModel) -> Any:
-    """stages.source.ModelInputs for `model`: from its YAML inputs, its inputs factory (imported
+    """stages.example_inputs.ModelInputs for `model`: from its YAML inputs, its inputs factory (imported
     and called here) or its inputs file (read here)."""
     from pt2flow.stages.errors import StageError
-    from pt2flow.stages.source import ModelInputs, check_inputs_call, import_factory, load_example_inputs
+    from pt2flow.stages.example_inputs import ModelInputs, check_inputs_call
+    from pt2flow.stages.source import import_factory, load_example_inputs
 
     positional: tuple[Any, ...] = ()
     if model.inputs_factory:

@@ -13,10 +13,10 @@ import json
 import platform
 import socket
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Mapping, Sequence
 
 from pt2flow.stages import STAGE_VERSIONS
+from pt2flow.stages.distributions import installed_version
 
 
 def canonical_json(value: Any) -> str:
@@ -36,12 +36,6 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
 
 @dataclass(frozen=True)
 class Environment:
@@ -57,9 +51,9 @@ class Environment:
     def current(cls) -> "Environment":
         """Read once per process: installed versions do not change under a running interpreter."""
         return cls(
-            torch_version=_version("torch"),
+            torch_version=installed_version("torch", "unknown"),
             python_version=platform.python_version(),
-            pt2flow_version=_version("pt2flow"),
+            pt2flow_version=installed_version("pt2flow", "unknown"),
             host=socket.gethostname(),
         )
 

@@ -11,7 +11,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import RunContext, TransientStageError
 from pt2flow.flows.engine.planner import Plan
 from pt2flow.flows.engine.registry import STAGE_SPECS

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from pt2flow.flows.engine import runtime
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import Outcome, RunContext
 from pt2flow.flows.engine.registry import STAGE_SPECS
 from pt2flow.flows.engine.keys import derivation_key

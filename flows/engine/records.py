@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.keys import Environment
 
 # Facts about an artifact that a cached record copies from the record that made it.

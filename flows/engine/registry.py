@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import Outcome
 from pt2flow.flows.engine.keys import Environment, derivation_key
 from pt2flow.stages.vocabulary import PROGRAM_STAGES

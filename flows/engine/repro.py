@@ -88,7 +88,7 @@ def search_path_of(module: str, module_file: str | None) -> str | None:
 def _resolved_model(source: Mapping[str, Any], manifest: Mapping[str, Any]) -> Any:
     """The model as the run resolved it, from its source record (no config needed)."""
     from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, parse_input
-    from pt2flow.flows.config.schema import ResolvedModel
+    from pt2flow.flows.config import ResolvedModel
 
     def problem(path: Any, message: str) -> None:
         raise ReproError(f"the recorded inputs of {source['model']} do not parse at {path}: {message}")
@@ -195,7 +195,8 @@ def _trace_body(store: Any, record: Mapping[str, Any], source: Mapping[str, Any]
     import torch
 
     from pt2flow.flows.engine.inputs import model_inputs
-    from pt2flow.stages.source import bind_inputs, build_model, export_dynamic_shapes, import_factory
+    from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
+    from pt2flow.stages.source import build_model, import_factory
 
     state = _weights(store, source.get("details") or {})
     eager = build_model(import_factory(model.factory, model.search_path), model.kwargs, state)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from pt2flow.flows.config.schema import ResolvedModel
+from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.bookkeeping import StageRun
 from pt2flow.flows.engine.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
 from pt2flow.flows.engine.planner import Plan, plan_model, source_key

@@ -116,44 +116,7 @@ def prefect_api(timeout: float = 90.0, while_starting: Callable[[], Any] | None 
     if existing:
         yield existing
         return
-    log_path = server_log_path()
-    process = None
-    api_url = ""
-    for _attempt in range(3):
-        port = _free_port()
-        api_url = f"http://127.0.0.1:{port}/api"
-        env = {
-            **os.environ,
-            "PREFECT_UI_ENABLED": "0",
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-        }
-        log = open(log_path, "ab")
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-                "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        log.close()
-        if while_starting is not None:  # useful work while the server boots on another core
-            while_starting()
-            while_starting = None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and process.poll() is None and not _healthy(api_url):
-            time.sleep(0.1)
-        if process.poll() is None and _healthy(api_url):
-            break
-        _stop(process)
-        process = None
-    if process is None:
-        raise RuntimeError(f"the Prefect server did not start; see {log_path}")
+    process, api_url = _start_server(timeout, while_starting)
     os.environ["PREFECT_API_URL"] = api_url
     # Worker processes inherit the URL; none of them may start an ephemeral server of its own
     # (an orphaned one would outlive the run and keep its stdout pipe open).
@@ -172,6 +135,51 @@ def prefect_api(timeout: float = 90.0, while_starting: Callable[[], Any] | None 
         else:
             os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = saved_ephemeral
         _stop(process)
+
+
+def _start_server(timeout: float, while_starting: Callable[[], Any] | None) -> tuple[subprocess.Popen[bytes], str]:
+    """A private Prefect server answering on a free port, and its API URL: three tries, each
+    given `timeout` seconds to become healthy; RuntimeError after that."""
+    log_path = server_log_path()
+    for _attempt in range(3):
+        port = _free_port()
+        api_url = f"http://127.0.0.1:{port}/api"
+        process = _spawn_server(port, log_path)
+        if while_starting is not None:  # useful work while the server boots on another core
+            while_starting()
+            while_starting = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and process.poll() is None and not _healthy(api_url):
+            time.sleep(0.1)
+        if process.poll() is None and _healthy(api_url):
+            return process, api_url
+        _stop(process)
+    raise RuntimeError(f"the Prefect server did not start; see {log_path}")
+
+
+def _spawn_server(port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """Prefect's API server (uvicorn, no UI) on `port`, its output appended to `log_path`."""
+    env = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    log = open(log_path, "ab")
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    log.close()
+    return process
 
 
 def _die_with_parent() -> None:

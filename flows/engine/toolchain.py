@@ -18,11 +18,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
 from pt2flow.flows.engine.keys import canonical_json
+from pt2flow.stages.distributions import installed_version
 
 # environment variables that inductor reads when it picks the compiler or the ISA
 _ENV = ("CXX", "ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CPP_MARCH", "TORCH_INDUCTOR_INSTALL_GXX", "CUDA_VISIBLE_DEVICES")
@@ -43,8 +43,8 @@ def toolchain_facts(device: str, inductor_configs: Mapping[str, Any] | None = No
     facts: dict[str, Any] = {
         "device": device,
         "configs": configs,
-        "torch": _version("torch"),
-        "triton": _version("triton"),
+        "torch": installed_version("torch", None),
+        "triton": installed_version("triton", None),
         "python": sys.executable,
         "machine": platform.machine(),
         "cpu_flags": _cpu_flags_hash(),
@@ -98,12 +98,6 @@ def _write_atomically(path: Path, payload: Mapping[str, Any]) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
 
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _file_facts(program: str) -> dict[str, Any]:

@@ -12,16 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pt2flow.flows.config.schema import (
-    NAME_PATTERN,
-    ConfigError,
-    ConfigIssue,
-    Pipeline,
-    apply_overrides,
-    check_stage_list,
-    load_config,
-    parse_config,
-)
+from pt2flow.flows.config.checks import NAME_PATTERN, check_stage_list
+from pt2flow.flows.config.issues import ConfigError, ConfigIssue
+from pt2flow.flows.config.load import apply_overrides, load_config, parse_config
+from pt2flow.flows.config.models import Pipeline
 from pt2flow.stages import STAGES
 from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
 from tests.conftest import ROOT, run_cli, write_config

@@ -128,7 +128,7 @@ def test_a_new_version_of_an_installed_distribution_re_runs_trace(tmp_path: Path
 def test_the_compile_key_follows_the_native_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Same program, same options: another C++ compiler (version) or another vector ISA gives
     another aot_compile key, so a package is never reused on a machine it was not built for."""
-    from pt2flow.flows.config.schema import parse_config
+    from pt2flow.flows.config.load import parse_config
     from pt2flow.flows.engine.registry import STAGE_SPECS
 
     text = "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [3, 8]}}\n"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pt2flow.flows.config.schema import load_config
+from pt2flow.flows.config import load_config
 from pt2flow.flows.engine.context import RunContext, new_run_id
 from pt2flow.flows.engine.model_flow import STAGE_RETRIES, export_model_flow
 from pt2flow.storage import ArtifactStore

@@ -128,7 +128,7 @@ def call_validate(
     """The validate stage on the given artifact outcomes, both halves in this process (so that
     the torch-load spies see every load): the worker's compute (flows.engine.compute.run_stage)
     and the orchestrator's bookkeeping (StageRun records it). Returns the outcome, failed or not."""
-    from pt2flow.flows.config.schema import parse_config
+    from pt2flow.flows.config.load import parse_config
     from pt2flow.flows.engine import compute
     from pt2flow.flows.engine.bookkeeping import StageRun
     from pt2flow.flows.engine.context import RunContext

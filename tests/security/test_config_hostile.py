@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pt2flow.flows.config.schema import MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, ConfigError, load_config, parse_config
+from pt2flow.flows.config.issues import ConfigError
+from pt2flow.flows.config.load import MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, load_config, parse_config
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.source import import_factory
 from tests.conftest import ROOT, run_cli

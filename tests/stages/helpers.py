@@ -10,7 +10,8 @@ from pt2flow.stages.decompose import decompose
 from pt2flow.stages.functionalize import functionalize
 from pt2flow.stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions
 from pt2flow.stages.result import StageResult
-from pt2flow.stages.source import InputSpec, ModelInputs, build_model, training_step
+from pt2flow.stages.example_inputs import InputSpec, ModelInputs
+from pt2flow.stages.source import build_model, training_step
 from pt2flow.stages.trace import trace
 
 

@@ -19,9 +19,10 @@ from typing import Iterator
 import pytest
 import torch
 
-from pt2flow.stages import deps
+from pt2flow.stages import deps, distributions
 from pt2flow.stages.options import TraceOptions
-from pt2flow.stages.source import InputSpec, ModelInputs, build_model, import_factory
+from pt2flow.stages.example_inputs import InputSpec, ModelInputs
+from pt2flow.stages.source import build_model, import_factory
 from pt2flow.stages.trace import trace
 
 _counter = itertools.count()
@@ -152,7 +153,7 @@ def test_a_new_distribution_version_is_detected(project: Project) -> None:
     m = model_manifest(project, model, rec)
     project.set_dist_version("2.0")
     assert deps.changed_entries(m, str(project.folder)) == [f"{project.dist}: 1.0 -> 2.0"]
-    assert deps.installed_distributions()[project.dist].version == "2.0"
+    assert distributions.installed_distributions()[project.dist].version == "2.0"
     assert metadata.version(project.dist) == "2.0"  # what importlib itself now reports
 
 

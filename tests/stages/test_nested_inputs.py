@@ -15,7 +15,8 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions, ValidateOptions
 from pt2flow.stages.functionalize import functionalize
 from pt2flow.stages.serialize import serialize
-from pt2flow.stages.source import InputSpec, ModelInputs, bind_inputs, export_dynamic_shapes
+from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
+from pt2flow.stages.example_inputs import InputSpec, ModelInputs
 from pt2flow.stages.trace import trace
 from pt2flow.stages.validate import validate
 

@@ -187,7 +187,8 @@ def test_gpt2_cold_and_warm_decompose_fail_alike(tmp_path: Path) -> None:
     from pt2flow.stages.decompose import decompose
     from pt2flow.stages.options import DecomposeOptions, FunctionalizeOptions, TraceOptions
     from pt2flow.stages.functionalize import functionalize
-    from pt2flow.stages.source import InputSpec, ModelInputs, build_model
+    from pt2flow.stages.example_inputs import InputSpec, ModelInputs
+    from pt2flow.stages.source import build_model
     from pt2flow.stages.trace import trace
 
     config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64, use_cache=False, bos_token_id=0, eos_token_id=0)

@@ -1,4 +1,4 @@
-"""stages.source: inputs bound to forward() by name, shared dynamic dims, the training wrapper."""
+"""stages.source, stages.example_inputs and stages.binding: inputs bound to forward() by name, shared dynamic dims, the training wrapper."""
 
 from __future__ import annotations
 
@@ -9,15 +9,9 @@ import pytest
 import torch
 
 from pt2flow.stages.errors import StageError
-from pt2flow.stages.source import (
-    InputSpec,
-    ModelInputs,
-    bind_inputs,
-    build_model,
-    export_dynamic_shapes,
-    load_state_dict,
-    training_step,
-)
+from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
+from pt2flow.stages.example_inputs import InputSpec, ModelInputs
+from pt2flow.stages.source import build_model, load_state_dict, training_step
 from tests import models
 
 

@@ -9,7 +9,7 @@ import torch
 
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import TraceOptions
-from pt2flow.stages.source import InputSpec, ModelInputs
+from pt2flow.stages.example_inputs import InputSpec, ModelInputs
 from pt2flow.stages.trace import trace
 from tests import models
 from tests.stages.helpers import builder, mlp_inputs, static_inputs, traced

@@ -1,0 +1,184 @@
+"""The semantic checks that follow the schema pass (docs/architecture.md §3): what pydantic
+cannot see. A model's name, its factory references, weights and example-input sources, its
+dynamic dims against its inputs, its stage options merged over the defaults; and a stage
+selection (the config's `stages`, or `--stages`).
+
+Problems are added to the caller's list of ConfigIssues, so that the loader reports them all
+at once; a model with none comes back as a ResolvedModel.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from pydantic import BaseModel, ValidationError
+
+from pt2flow.flows.config.factories import factory_problem
+from pt2flow.flows.config.inputs import INPUT_FILE_SUFFIXES, check_dims_named, check_dynamic
+from pt2flow.flows.config.issues import ConfigIssue, YamlLines, pydantic_issues
+from pt2flow.flows.config.models import ModelConfig, ResolvedModel
+from pt2flow.stages.options import OPTIONS
+from pt2flow.stages.vocabulary import STAGES
+from pt2flow.storage.urls import holds_credentials
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+Add = Callable[[tuple[Any, ...], str], None]  # (key path inside the model, message)
+
+
+def check_stage_list(stages: Sequence[str]) -> list[str]:
+    """Problems with a stage selection: unknown names, order, duplicates, missing prerequisites."""
+    problems = []
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        problems.append(f"unknown stage(s) {unknown}; stages are {list(STAGES)}")
+        return problems
+    if len(set(stages)) != len(stages):
+        problems.append("a stage is listed twice")
+    if list(stages) != [s for s in STAGES if s in stages]:
+        problems.append(f"stages must keep the pipeline order {list(STAGES)}")
+    if "trace" not in stages:
+        problems.append("trace is required: every other stage starts from its program")
+    if "validate" in stages and not ({"serialize", "aot_compile"} & set(stages)):
+        problems.append("validate needs serialize or aot_compile (it compares their artifacts with eager)")
+    return problems
+
+
+def check_model(
+    index: int,
+    model: ModelConfig,
+    inputs: dict[str, Any] | None,
+    defaults: Mapping[str, dict[str, Any]],
+    search_path: str,
+    lines: YamlLines,
+    issues: list[ConfigIssue],
+    check_options: bool = True,
+) -> ResolvedModel | None:
+    """`models[index]` checked: its problems are added to `issues` (None is returned then), else
+    its resolved form. `inputs`: its parsed input trees (flows.config.inputs.parse_inputs; None
+    where they are broken); `check_options=False` skips the stage options (broken defaults)."""
+    base = ("models", index)
+    before = len(issues)
+
+    def add(path: tuple[Any, ...], message: str) -> None:
+        issues.append(lines.issue(base + path, message))
+
+    def add_schema(exc: ValidationError, stage: str) -> None:
+        issues.extend(pydantic_issues(exc, base + ("stages", stage), lines))
+
+    _check_identity(model, search_path, add)
+    _check_input_sources(model, search_path, add)
+    dynamic = _check_dynamic_shapes(model, inputs, add)
+    options = _stage_options(model, defaults, check_options, add, add_schema)
+    validate_options = options.get("validate")
+    if validate_options is not None and dynamic and validate_options.samples < 3:  # type: ignore[attr-defined]
+        add(("stages", "validate", "samples"), "must be >= 3 for a model with dynamic dims (example, min and max)")
+    if len(issues) != before:
+        return None
+    return ResolvedModel(
+        name=model.name,
+        factory=model.factory,
+        kwargs=dict(model.kwargs),
+        weights=model.weights,
+        inputs=dict(inputs or {}),
+        dynamic_shapes=dynamic,
+        dims={k: (v.min, v.max) for k, v in model.dims.items()},
+        options=options,
+        search_path=search_path,
+        inputs_factory=model.inputs_factory,
+        inputs_file=model.inputs_file,
+    )
+
+
+def _plain_name(location: str) -> str:
+    """A file name or URL without its query, lower-cased: what its suffix is read from."""
+    return location.split("?", 1)[0].lower()
+
+
+def _input_sources(model: ModelConfig) -> list[str]:
+    """Which of the three ways to give example inputs the model uses."""
+    return [k for k in ("inputs", "inputs_factory", "inputs_file") if getattr(model, k) is not None]
+
+
+def _check_identity(model: ModelConfig, search_path: str, add: Add) -> None:
+    """The name, the factory references and the weights."""
+    if not NAME_PATTERN.fullmatch(model.name) or model.name in (".", "..") or ".." in model.name:
+        add(("name",), f"{model.name!r} is not a valid model name: use 1-128 of [A-Za-z0-9._-], no '..'")
+    for key in ("factory", "inputs_factory"):
+        value = getattr(model, key)
+        problem = factory_problem(value, search_path) if value is not None else None
+        if problem:
+            add((key,), problem)
+    if model.weights is not None:
+        if not _plain_name(model.weights).endswith(WEIGHT_SUFFIXES):
+            add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")
+        if holds_credentials(model.weights):
+            add(("weights",), "the weights URL holds credentials, which would be stored in the index and Prefect's parameters; use storage_options or the environment")
+
+
+def _check_input_sources(model: ModelConfig, search_path: str, add: Add) -> None:
+    """One way of giving example inputs, and a usable inputs_file."""
+    sources = _input_sources(model)
+    if len(sources) > 1:
+        add((sources[1],), f"give the example inputs one way: {' or '.join(sources)}, not both")
+    if model.inputs_file is not None:
+        if not _plain_name(model.inputs_file).endswith(INPUT_FILE_SUFFIXES):
+            add(("inputs_file",), f"inputs_file must be a .safetensors file or a torch.save file ending in one of {list(INPUT_FILE_SUFFIXES[1:])}")
+        elif holds_credentials(model.inputs_file):
+            add(("inputs_file",), "the inputs_file URL holds credentials; use storage_options or the environment")
+        elif "://" not in model.inputs_file and not (Path(search_path) / model.inputs_file).is_file():
+            add(("inputs_file",), f"file not found: {Path(search_path) / model.inputs_file}")
+
+
+def _check_dynamic_shapes(model: ModelConfig, inputs: dict[str, Any] | None, add: Add) -> dict[str, Any]:
+    """The dims tree of each argument, checked against its input where the config gives the
+    inputs (else only for its dim names), and the dims' ranges."""
+    dynamic: dict[str, Any] = {}
+    if model.inputs is not None:
+        if isinstance(model.inputs, dict) and not model.inputs:
+            add(("inputs",), "at least one input is required")
+        inputs = inputs or {}
+        for arg, per_arg in model.dynamic_shapes.items():
+            if arg in inputs and inputs[arg] is None and model.inputs.get(arg) is not None:
+                continue  # the input itself is broken, reported already
+            if arg not in inputs:
+                add(("dynamic_shapes", arg), f"no input named {arg!r} (inputs: {sorted(inputs)})")
+                continue
+            checked = check_dynamic(inputs[arg], per_arg, ("dynamic_shapes", arg), ("inputs", arg), model.dims, add)
+            if checked is not None:
+                dynamic[arg] = checked
+    elif _input_sources(model):
+        for arg, per_arg in model.dynamic_shapes.items():
+            checked = check_dims_named(per_arg, ("dynamic_shapes", arg), model.dims, add)
+            if checked is not None:
+                dynamic[arg] = checked
+    else:
+        add(("inputs",), "required key is missing")
+    for dim_name, spec in model.dims.items():
+        if spec.min > spec.max:
+            add(("dims", dim_name), f"min {spec.min} is greater than max {spec.max}")
+    return dynamic
+
+
+def _stage_options(
+    model: ModelConfig,
+    defaults: Mapping[str, dict[str, Any]],
+    check_options: bool,
+    add: Add,
+    add_schema: Callable[[ValidationError, str], None],
+) -> dict[str, BaseModel]:
+    """Each stage's options model: the model's overrides merged over the defaults, validated."""
+    options: dict[str, BaseModel] = {}
+    for stage in model.stages:
+        if stage not in STAGES:
+            add(("stages", stage), f"unknown stage {stage!r}; per-model overrides are for {list(STAGES)}")
+    for stage in STAGES if check_options else ():
+        merged = {**defaults.get(stage, {}), **model.stages.get(stage, {})}
+        try:
+            options[stage] = OPTIONS[stage](**merged)
+        except ValidationError as exc:
+            add_schema(exc, stage)
+    return options

@@ -1,0 +1,103 @@
+"""The config document (schema version 1, docs/architecture.md §3) in two forms.
+
+- What a YAML file may say: the pydantic models PipelineConfig, ModelConfig, StageDefaults and
+  DimConfig (unknown keys are errors). Checked further by flows.config.load and
+  flows.config.checks.
+- What the flows get once it is checked: Pipeline, with one ResolvedModel per model (stage
+  options merged over the defaults and validated, limits resolved).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pt2flow.flows.config.limits import Limits, LimitsConfig
+from pt2flow.stages.vocabulary import STAGES
+
+CONFIG_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DimConfig(_Strict):
+    min: int = Field(ge=1)
+    max: int = Field(ge=1, le=2**31 - 1)
+
+
+class StageDefaults(_Strict):
+    trace: dict[str, Any] = Field(default_factory=dict)
+    functionalize: dict[str, Any] = Field(default_factory=dict)
+    decompose: dict[str, Any] = Field(default_factory=dict)
+    serialize: dict[str, Any] = Field(default_factory=dict)
+    aot_compile: dict[str, Any] = Field(default_factory=dict)
+    validate_: dict[str, Any] = Field(default_factory=dict, alias="validate")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+
+
+class ModelConfig(_Strict):
+    name: str
+    factory: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    weights: str | None = None
+    # forward() argument name -> input tree, checked by flows.config.inputs.parse_inputs, which
+    # reports problems at their YAML path together with the schema's
+    inputs: Any = None
+    inputs_factory: str | None = None
+    inputs_file: str | None = None
+    # argument -> dims tree mirroring the input (flows.config.inputs.check_dynamic)
+    dynamic_shapes: dict[str, Any] = Field(default_factory=dict)
+    dims: dict[str, DimConfig] = Field(default_factory=dict)
+    stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    limits: LimitsConfig | None = None
+
+
+class PipelineConfig(_Strict):
+    version: Literal[1]
+    store: str = "./pt2-store"
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    stages: list[str] = Field(default_factory=lambda: list(STAGES))
+    defaults: StageDefaults = Field(default_factory=StageDefaults)
+    models: list[ModelConfig] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """One model with its stage options merged over the defaults and validated."""
+
+    name: str
+    factory: str
+    kwargs: Mapping[str, Any]
+    weights: str | None
+    inputs: Mapping[str, Any]  # argument -> input tree (InputConfig at tensors; see parse_inputs)
+    dynamic_shapes: Mapping[str, Any]  # argument -> dims tree ({dim index: dim name} at tensors)
+    dims: Mapping[str, tuple[int, int]]
+    options: Mapping[str, BaseModel]  # stage -> its options model
+    search_path: str  # the config's folder, first on sys.path when the factory is imported
+    inputs_factory: str | None = None  # "module:callable" returning (args, kwargs) for forward()
+    inputs_file: str | None = None  # safetensors or torch.save file of example inputs
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def training(self) -> bool:
+        return self.options["functionalize"].mode == "training"  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    path: str
+    store: str
+    storage_options: Mapping[str, Any] = field(repr=False)  # may hold credentials
+    stages: tuple[str, ...] = ()
+    models: tuple[ResolvedModel, ...] = ()
+    raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
+
+    def model(self, name: str) -> ResolvedModel:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
