@@ -30,6 +30,8 @@ from pt2flow.stages.options import ValidateOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.serialize import load_archive
+from pt2flow.stages.validation_io import IOSample, NotStorable
+from pt2flow.stages.validation_io import pack as pack_io
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,7 @@ class _Findings:
     raised: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
     nondeterministic: list[str] = field(default_factory=list)
+    io: list[IOSample] = field(default_factory=list)  # each sample's inputs and eager outputs
 
 
 def validate(
@@ -275,7 +278,22 @@ def validate(
         report["warnings"] = list(sink.items)
 
     _raise_findings(findings, report, options)
-    return StageResult(output=report, metadata={"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": report["max_rel_err"]}, warnings=tuple(report["warnings"]))
+    io, skipped = _stored_io(findings, training)
+    if skipped:
+        report["io_skipped"] = skipped
+    metadata = {"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": report["max_rel_err"]}
+    return StageResult(output=report, metadata=metadata, warnings=tuple(report["warnings"]), side={"io": io} if io else {})
+
+
+def _stored_io(findings: _Findings, training: bool) -> tuple[bytes | None, str | None]:
+    """Safetensors bytes of the samples' inputs and eager outputs (stages/validation_io.py), for a
+    later check that re-runs the artifacts without the model; or None and why not."""
+    if training:
+        return None, "training mode: the candidates' outputs are a loss and gradients"
+    try:
+        return pack_io(findings.io), None
+    except NotStorable as exc:
+        return None, str(exc)
 
 
 def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str) -> tuple[dict[str, Callable[..., Any]], list[str]]:
@@ -312,6 +330,7 @@ def _check_sample(
         again = _observe_eager(twin, bound, training, buffer_names)
     except Exception as exc:
         raise StageError("runtime", f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
+    findings.io.append(IOSample(sample.label, bound.args, dict(bound.kwargs), pytree.tree_leaves(expected.output)))
     self_check = compare_observed(again, expected, options.atol, options.rtol)
     if not self_check.ok:
         findings.nondeterministic.append(f"{sample.label}: " + "; ".join(self_check.failures[:3]))

@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from pt2flow.flows.cli.errors import EXIT_OK, CommandUsageError
-from pt2flow.flows.cli.support import Args, command, dump, format_size, json_option, open_store, store_options
+from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, CommandUsageError
+from pt2flow.flows.cli.support import Args, command, dump, format_size, json_option, open_store, rich_console, store_options
 
 ARTIFACT_KINDS = ("serialized", "compiled", "report")
 
@@ -83,3 +83,39 @@ def schema_command(args: Args) -> int:
 
     sys.stdout.write(config_json_schema_text())
     return EXIT_OK
+
+
+@command(
+    "check-compat",
+    help="Load every archive and AOTInductor package of RUN (default: the newest run) with the torch installed now, run them on the "
+    "inputs validate stored and compare with the eager outputs recorded then (the run's atol/rtol). Exit 1 if any artifact no longer "
+    "loads (class incompatible), raises (runtime) or computes differently (numeric_mismatch).",
+    arguments={"RUN": "run ID or unique prefix (default: the newest run)"},
+)
+@click.argument("run", metavar="[RUN]", required=False)
+@store_options
+@json_option("one JSON document on stdout")
+@click.option("--html", "html", metavar="FILE", help="also write a self-contained HTML page")
+def check_compat_command(args: Args) -> int:
+    from pt2flow.flows.engine.compat import check_compat
+    from pt2flow.flows.report.compat import compat_html, render_compat
+    from pt2flow.flows.report.runs import list_runs, resolve_run
+    from pt2flow.storage.errors import RecordNotFound
+
+    store = open_store(args)
+    if args.run:
+        run_id = resolve_run(store.index, args.run)
+    else:
+        runs = list_runs(store.index)
+        if not runs:
+            raise RecordNotFound(f"the index of {store.url} holds no run")
+        run_id = runs[-1]["run_id"]
+    doc = check_compat(store, run_id)
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as out:
+            out.write(compat_html(doc))
+    if args.json:
+        dump(doc)
+    else:
+        render_compat(doc, rich_console())
+    return EXIT_FAILED if doc["summary"]["failed"] else EXIT_OK

@@ -47,6 +47,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = {
     "get": ("pt2flow.flows.cli.artifacts:get_command", "copy a verified artifact out of the store"),
     "repro": ("pt2flow.flows.cli.artifacts:repro_command", "a torch-only script that reproduces a failed stage"),
     "schema": ("pt2flow.flows.cli.artifacts:schema_command", "print the config's JSON Schema"),
+    "check-compat": ("pt2flow.flows.cli.artifacts:check_compat_command", "do a run's artifacts still load and match under this torch?"),
 }
 
 

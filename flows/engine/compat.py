@@ -1,0 +1,84 @@
+"""`pt2flow check-compat`: do the archives and packages a run produced still load, run and compute
+the same with the torch installed now? The question to answer before a serving fleet upgrades
+torch (docs/architecture.md §6). Each artifact is checked by stages/compat.py on the inputs and
+eager outputs validate stored with it, with the run's tolerances: no model code, no weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pt2flow.storage.errors import RecordNotFound, StorageError
+from pt2flow.storage.lineage import decode
+
+ARTIFACT_STAGES = {"archive": "serialize", "compiled": "aot_compile"}
+
+
+def _run_records(index: Any, run_id: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """model -> stage -> its newest record in the run."""
+    import pyarrow.compute as pc
+
+    models: dict[str, dict[str, dict[str, Any]]] = {}
+    rows = sorted(index.scan(None, filter=pc.field("run_id") == run_id).to_pylist(), key=lambda r: r.get("ended_at") or 0)
+    for row in rows:
+        models.setdefault(row["model"], {})[row["stage"]] = decode(row)
+    return models
+
+
+def _samples(store: Any, validate: Mapping[str, Any] | None) -> tuple[Any, str | None]:
+    """The stored validation samples of a model, or (None, why there are none)."""
+    from pt2flow.stages.validation_io import unpack
+
+    if validate is None or validate.get("status") != "ok":
+        return None, "no ok validate record in this run: loading is all that can be checked"
+    io = (validate.get("details") or {}).get("io")
+    if not io:
+        why = (validate.get("details") or {}).get("io_skipped") or "validate stored no inputs (a run of an older pt2flow)"
+        return None, why
+    return unpack(store.get_blob(io["sha256"], io["size"])), None
+
+
+def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """One model's entry, or None when the run produced no archive or package of it."""
+    from pt2flow.stages.compat import check_artifact
+
+    built = {kind: records[stage] for kind, stage in ARTIFACT_STAGES.items() if records.get(stage, {}).get("status") == "ok"}
+    if not built:
+        return None
+    validate = records.get("validate")
+    samples, note = _samples(store, validate)
+    options = (validate or {}).get("options") or {}
+    atol, rtol = float(options.get("atol", 1e-5)), float(options.get("rtol", 1e-4))
+    entry: dict[str, Any] = {"name": name, "status": "ok", "error_class": None, "note": note}
+    for kind, record in built.items():
+        checked: dict[str, Any] = {"sha256": record["sha256"], "torch_version": record.get("torch_version"), "archive_version": record.get("archive_version")}
+        try:
+            data = store.get_blob(record["sha256"], record.get("size"))
+        except StorageError as exc:
+            checked.update(loads=False, runs=None, matches=None, error_class="storage", error=str(exc))
+        else:
+            checked.update(check_artifact(kind, data, samples, atol, rtol))
+        entry[kind] = checked
+        if checked["error_class"] and entry["error_class"] is None:
+            entry.update(status="failed", error_class=checked["error_class"])
+    return entry
+
+
+def check_compat(store: Any, run_id: str) -> dict[str, Any]:
+    """The check-compat document of a run: one entry per model with an archive or package."""
+    import torch
+
+    records = _run_records(store.index, run_id)
+    if not records:
+        raise RecordNotFound(f"no records of run {run_id!r} in the index")
+    models = [entry for name in sorted(records) if (entry := check_model(store, name, records[name])) is not None]
+    failed = sum(1 for m in models if m["status"] != "ok")
+    built_with = sorted({a["torch_version"] for m in models for k in ARTIFACT_STAGES if (a := m.get(k)) and a.get("torch_version")})
+    return {
+        "run_id": run_id,
+        "store": store.url,
+        "torch_version": torch.__version__,
+        "built_with": built_with,
+        "summary": {"ok": len(models) - failed, "failed": failed},
+        "models": models,
+    }

@@ -1,0 +1,53 @@
+"""check-compat's document as a terminal table and as one self-contained HTML page
+(templates/compat.html.j2). No torch, no Prefect."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+
+@functools.lru_cache(maxsize=1)
+def _template() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("pt2flow.flows.report", "templates"),
+        autoescape=True, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
+    )
+    return env.get_template("compat.html.j2")
+
+
+def compat_html(doc: Mapping[str, Any]) -> str:
+    return str(_template().render(doc=doc))
+
+
+def _flag(value: Any) -> str:
+    return "-" if value is None else ("yes" if value else "NO")
+
+
+def render_compat(doc: Mapping[str, Any], console: Any) -> None:
+    """A rich table: per model and artifact, loads / runs / matches and the class."""
+    from rich.table import Table
+
+    table = Table(title=f"run {doc['run_id']}: built with torch {', '.join(doc['built_with']) or '?'}, checked with {doc['torch_version']}", title_justify="left")
+    for column in ("model", "artifact", "loads", "runs", "matches", "max abs err", "class"):
+        table.add_column(column)
+    for model in doc["models"]:
+        for kind in ("archive", "compiled"):
+            artifact = model.get(kind)
+            if not artifact:
+                continue
+            err = artifact["max_abs_err"]
+            table.add_row(model["name"], f"{kind} {artifact['sha256'][:12]}", _flag(artifact["loads"]), _flag(artifact["runs"]), _flag(artifact["matches"]),
+                          "-" if err is None else f"{err:.3g}", artifact["error_class"] or "ok")
+    console.print(table)
+    for model in doc["models"]:
+        for kind in ("archive", "compiled"):
+            artifact = model.get(kind) or {}
+            if artifact.get("error"):
+                console.print(f"[bold]{model['name']}[/bold] {kind}: {artifact['error_class']}: {artifact['error']}", markup=True, highlight=False)
+        if model.get("note"):
+            console.print(f"{model['name']}: {model['note']}", markup=False, highlight=False)
+    summary = doc["summary"]
+    console.print(f"{summary['ok']} compatible, {summary['failed']} not", markup=False, highlight=False)

@@ -1,0 +1,62 @@
+"""Does an artifact built by another torch still work here? (`pt2flow check-compat`)
+
+Loads an archive or an AOTInductor package with the torch installed now, runs it on the inputs
+validate stored (stages/validation_io.py) and compares every output leaf with the eager outputs
+recorded then, with the run's tolerances. An artifact that no longer loads is `incompatible`; one
+that loads but raises is `runtime`; one whose outputs moved is `numeric_mismatch`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any, Callable, Sequence
+
+import torch.utils._pytree as pytree
+
+from pt2flow.stages.aot_compile import load_package
+from pt2flow.stages.classify import short_message
+from pt2flow.stages.quiet import quiet_torch
+from pt2flow.stages.serialize import load_archive
+from pt2flow.stages.validate import compare
+from pt2flow.stages.validation_io import IOSample
+
+KINDS = ("archive", "compiled")
+
+
+def _load(kind: str, data: bytes, workdir: str) -> Callable[..., Any]:
+    if kind == "archive":
+        return load_archive(data, import_pytree_modules=True)[0].module()
+    return load_package(data, workdir)
+
+
+def check_artifact(kind: str, data: bytes, samples: Sequence[IOSample] | None, atol: float, rtol: float) -> dict[str, Any]:
+    """{loads, runs, matches, max_abs_err, max_rel_err, samples, error_class, error} of one
+    artifact; runs/matches are None without stored samples."""
+    result: dict[str, Any] = {"loads": False, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None,
+                              "samples": 0, "error_class": None, "error": None}
+    with tempfile.TemporaryDirectory(prefix="pt2flow-compat-") as workdir, quiet_torch():
+        try:
+            fn = _load(kind, data, workdir)
+        except Exception as exc:  # noqa: BLE001 - whatever torch raises, the artifact does not load here
+            return {**result, "error_class": "incompatible", "error": f"{kind} does not load with this torch: {short_message(exc, 1000)}"}
+        result["loads"] = True
+        if not samples:
+            return result
+        return {**result, **_run_samples(fn, samples, atol, rtol)}
+
+
+def _run_samples(fn: Callable[..., Any], samples: Sequence[IOSample], atol: float, rtol: float) -> dict[str, Any]:
+    worst_abs = worst_rel = 0.0
+    failures: list[str] = []
+    for sample in samples:
+        try:
+            got = fn(*sample.args, **sample.kwargs)
+        except Exception as exc:  # noqa: BLE001
+            return {"runs": False, "samples": len(samples), "error_class": "runtime", "error": f"raised on sample {sample.label}: {short_message(exc, 1000)}"}
+        comparison = compare(pytree.tree_leaves(got), list(sample.outputs), atol, rtol)
+        worst_abs, worst_rel = max(worst_abs, comparison.max_abs_err), max(worst_rel, comparison.max_rel_err)
+        failures += [f"{sample.label}: {f}" for f in comparison.failures]
+    out = {"runs": True, "matches": not failures, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "samples": len(samples)}
+    if failures:
+        out.update(error_class="numeric_mismatch", error="; ".join(failures[:5]))
+    return out
