@@ -48,6 +48,6 @@ def export_model_flow(model: ResolvedModel, ctx: RunContext, plan: Plan | None =
     from pt2flow.flows.engine.pool import shared_pool
 
     result = run_model(model, ctx, plan, shared_pool(), tasks=STAGE_TASKS)
-    if result["status"] != "ok":
-        return Failed(message=f"{model.name}: {result['error_class']} at {result['failed_stage']}", data=result)
+    if result.status != "ok":
+        return Failed(message=f"{model.name}: {result.error_class} at {result.failed_stage}", data=result)
     return Completed(data=result)
