@@ -19,25 +19,22 @@ from prefect.states import Completed, Failed
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import RunContext
+from pt2flow.flows.engine.documents import ModelResult, RunDocument
 from pt2flow.flows.engine.fleet import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
 from pt2flow.flows.engine.model_flow import STAGE_TASKS
 from pt2flow.flows.engine.planner import Plan
-from pt2flow.flows.engine.runner import empty_result, run_logger, run_model
+from pt2flow.flows.engine.runner import run_logger, run_model
 
 RUNNERS = ("local", "process", "dask")
 
-def _model_result(state: Any, model: ResolvedModel) -> dict[str, Any]:
+def _model_result(state: Any, model: ResolvedModel) -> ModelResult:
     try:
         value = state.result(raise_on_failure=False)
     except Exception as exc:  # the flow crashed before it could report
         value = exc
-    if isinstance(value, dict) and "name" in value:
+    if isinstance(value, ModelResult):
         return value
-    return crashed_result(model.name, f"the model flow ended without a result: {value!r}")
-
-
-def crashed_result(name: str, message: str) -> dict[str, Any]:
-    return {**empty_result(name), "status": "failed", "error_class": "internal", "error": message}
+    return ModelResult.crashed(model.name, f"the model flow ended without a result: {value!r}")
 
 
 @task(name="export-model", task_run_name="{model.name}", cache_policy=NO_CACHE, persist_result=False)
@@ -49,8 +46,8 @@ def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> Any:
     from pt2flow.flows.engine.pool import shared_pool
 
     result = run_model(model, ctx, plan, shared_pool(), tasks=STAGE_TASKS)
-    if result["status"] != "ok":
-        return Failed(message=f"{model.name}: {result['error_class']} at {result['failed_stage']}", data=result)
+    if result.status != "ok":
+        return Failed(message=f"{model.name}: {result.error_class} at {result.failed_stage}", data=result)
     return Completed(data=result)
 
 
@@ -70,8 +67,8 @@ def _task_runner(runner: str, workers: int, dask_address: str | None) -> Any:
     raise ValueError(f"unknown runner {runner!r}")
 
 
-def _run_models(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext, runner: str, workers: int, dask_address: str | None) -> list[dict[str, Any]]:
-    results: dict[str, dict[str, Any]] = {}
+def _run_models(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext, runner: str, workers: int, dask_address: str | None) -> list[ModelResult]:
+    results: dict[str, ModelResult] = {}
     if runner != "dask":
         from pt2flow.flows.engine.pool import start_pool
 
@@ -83,47 +80,46 @@ def _run_models(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: Ru
                 future.wait()
                 results[model.name] = _model_result(future.state, model)
             except Exception as exc:  # the runner itself broke (a Dask worker lost, a cluster gone)
-                results[model.name] = crashed_result(model.name, f"worker failed: {type(exc).__name__}: {exc}")
+                results[model.name] = ModelResult.crashed(model.name, f"worker failed: {type(exc).__name__}: {exc}")
     return [results[m.name] for m in models]
 
 
-def _fleet_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
+def _fleet_rows(document: RunDocument) -> list[dict[str, Any]]:
     rows = []
-    for m in document["models"]:
-        stages = m.get("stages") or {}
-        validation = m.get("validation") or {}
+    for m in document.models:
+        stages = m.stages.values()
         rows.append({
-            "model": m["name"],
-            "status": m["status"],
-            "failed_stage": m.get("failed_stage") or "",
-            "error_class": m.get("error_class") or "",
-            "stages_run": sum(1 for s in stages.values() if not s.get("cached")),
-            "stages_cached": sum(1 for s in stages.values() if s.get("cached")),
-            "seconds": round(sum(float(s.get("seconds") or 0) for s in stages.values()), 2),
-            "max_abs_err": validation.get("max_abs_err"),
-            "compiled": (m.get("artifacts") or {}).get("compiled") or "",
+            "model": m.name,
+            "status": m.status,
+            "failed_stage": m.failed_stage or "",
+            "error_class": m.error_class or "",
+            "stages_run": sum(1 for s in stages if not s.cached),
+            "stages_cached": sum(1 for s in stages if s.cached),
+            "seconds": round(sum(float(s.seconds or 0) for s in stages), 2),
+            "max_abs_err": m.validation.max_abs_err if m.validation else None,
+            "compiled": m.artifacts.compiled or "",
         })
     return rows
 
 
-def fleet_markdown(document: dict[str, Any], comparison: str | None = None) -> str:
+def fleet_markdown(document: RunDocument, comparison: str | None = None) -> str:
     """The fleet run as markdown: totals, failures with their class and stage, then the drift
     against the previous run when there is one."""
-    summary = document["summary"]
+    summary = document.summary
     rows = _fleet_rows(document)
     cached = sum(1 for r in rows if r["status"] == "ok" and r["stages_run"] == 0)
     lines = [
-        f"# pt2flow run `{document['run_id']}`",
+        f"# pt2flow run `{document.run_id}`",
         "",
-        f"**{summary['ok']} ok**, **{summary['failed']} failed**, {cached} fully cached, {summary['seconds']:.1f} s; store `{document['store']}`",
+        f"**{summary.ok} ok**, **{summary.failed} failed**, {cached} fully cached, {summary.seconds:.1f} s; store `{document.store}`",
         "",
     ]
-    failed = [m for m in document["models"] if m["status"] != "ok"]
+    failed = [m for m in document.models if m.status != "ok"]
     if failed:
         lines += ["## Failed models", "", "| model | stage | error class | error |", "|---|---|---|---|"]
         for m in failed:
-            error = (m.get("error") or "").replace("|", "\\|").replace("\n", " ")[:200]
-            lines.append(f"| {m['name']} | {m.get('failed_stage') or '-'} | {m.get('error_class') or '-'} | {error} |")
+            error = (m.error or "").replace("|", "\\|").replace("\n", " ")[:200]
+            lines.append(f"| {m.name} | {m.failed_stage or '-'} | {m.error_class or '-'} | {error} |")
         lines.append("")
     if comparison:
         lines += [comparison, ""]
@@ -147,19 +143,19 @@ def _drift_markdown(store_obj: Any, run_id: str) -> str | None:
     return to_markdown(comparison)
 
 
-def _publish_artifacts(document: dict[str, Any], store_obj: Any, comparison: str | None = None) -> None:
+def _publish_artifacts(document: RunDocument, store_obj: Any, comparison: str | None = None) -> None:
     """A table and a markdown summary of the fleet in the Prefect UI. Best effort: the run's
     result does not depend on the UI."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     try:
-        create_table_artifact(table=_fleet_rows(document), key="pt2flow-fleet-models", description=f"pt2flow run {document['run_id']}: one row per model")
-        create_markdown_artifact(markdown=fleet_markdown(document, comparison), key="pt2flow-fleet-summary", description=f"pt2flow run {document['run_id']}")
+        create_table_artifact(table=_fleet_rows(document), key="pt2flow-fleet-models", description=f"pt2flow run {document.run_id}: one row per model")
+        create_markdown_artifact(markdown=fleet_markdown(document, comparison), key="pt2flow-fleet-summary", description=f"pt2flow run {document.run_id}")
     except Exception as exc:  # the API being unreachable must not fail an otherwise finished fleet
         run_logger().warning("could not publish the fleet artifacts: %s", exc)
 
 
-def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None) -> dict[str, Any]:
+def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None) -> RunDocument:
     """The run document of docs/architecture.md §4. Models the planner settles from the index need
     no worker and no Prefect task run; the rest go to the runner's supervised worker processes."""
     started = time.perf_counter()
@@ -191,7 +187,8 @@ def fleet_flow(
     run_id: str | None = None,
     retry_failed: bool = False,
 ) -> Any:
-    """Export every model of the config (or `only` those); returns the run document of docs/architecture.md §4."""
+    """Export every model of the config (or `only` those); returns the run document of
+    docs/architecture.md §4 as its JSON dict."""
     pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed)
     try:
         document = run_fleet(pipeline, ctx, runner, workers, dask_address)
@@ -199,8 +196,7 @@ def fleet_flow(
         from pt2flow.flows.engine.pool import stop_pool
 
         stop_pool()  # a served deployment runs many fleets in one process: free the workers
-    ok = document["summary"]["ok"]
-    total = len(document["models"])
+    ok, total = document.summary.ok, len(document.models)
     if ok != total:
-        return Failed(message=f"{total - ok} of {total} models failed", data=document)
-    return Completed(data=document)
+        return Failed(message=f"{total - ok} of {total} models failed", data=document.model_dump(mode="json"))
+    return Completed(data=document.model_dump(mode="json"))

@@ -22,63 +22,12 @@ import pyarrow.parquet as pq
 from pt2flow.storage.errors import StorageError
 from pt2flow.storage.faults import crash_point
 from pt2flow.storage.publish import atomic_write, remove_file
+from pt2flow.storage.records import COLUMNS, JSON_COLUMNS, SCHEMA, SCHEMA_VERSION, IndexRecord
 from pt2flow.storage.retry import DEFAULT_RETRY, RetryPolicy
 from pt2flow.storage.urls import is_local
 
-SCHEMA_VERSION = 1
-
-_TS = pa.timestamp("us", tz="UTC")
-
-SCHEMA = pa.schema(
-    [
-        pa.field("schema_version", pa.int16()),
-        pa.field("record_id", pa.string()),
-        pa.field("run_id", pa.string()),
-        pa.field("model", pa.string()),
-        pa.field("stage", pa.string()),
-        pa.field("status", pa.string()),  # ok | failed
-        pa.field("cached", pa.bool_()),
-        pa.field("key", pa.string()),  # derivation key (the cache key)
-        pa.field("parent_keys", pa.list_(pa.string())),
-        pa.field("sha256", pa.string()),  # content ID of the artifact (null if none)
-        pa.field("size", pa.int64()),
-        pa.field("uri", pa.string()),
-        pa.field("fingerprint", pa.string()),  # program fingerprint (stable across re-exports)
-        pa.field("op_histogram", pa.string()),  # JSON {op: count}
-        pa.field("node_count", pa.int64()),
-        pa.field("signature", pa.string()),  # JSON
-        pa.field("range_constraints", pa.string()),  # JSON {symbol: [min, max]}
-        pa.field("validation", pa.string()),  # JSON summary of the validation report
-        pa.field("passed", pa.bool_()),
-        pa.field("max_abs_err", pa.float64()),
-        pa.field("max_rel_err", pa.float64()),
-        pa.field("error_class", pa.string()),
-        pa.field("error_message", pa.string()),
-        pa.field("strategy", pa.string()),  # trace: the fallback strategy that worked
-        pa.field("options", pa.string()),  # JSON, canonical stage options
-        pa.field("warnings", pa.list_(pa.string())),
-        pa.field("seconds", pa.float64()),
-        pa.field("started_at", _TS),
-        pa.field("ended_at", _TS),
-        pa.field("torch_version", pa.string()),
-        pa.field("python_version", pa.string()),
-        pa.field("pt2flow_version", pa.string()),
-        pa.field("host", pa.string()),
-        pa.field("device", pa.string()),
-        pa.field("factory", pa.string()),
-        pa.field("kwargs", pa.string()),  # JSON
-        pa.field("code_hash", pa.string()),
-        pa.field("weights_digest", pa.string()),
-        pa.field("details", pa.string()),  # JSON: stage-specific metadata (dims, attempts, sizes...)
-        pa.field("blob_stat", pa.string()),  # the blob's stat signature when it was last verified (see ArtifactStore.blob_signature)
-    ]
-)
-
-COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
-JSON_COLUMNS = frozenset({"op_histogram", "signature", "range_constraints", "validation", "options", "kwargs", "details"})
-
-
-
+# The schema, its columns and its JSON columns follow from the one definition of a record.
+__all__ = ["COLUMNS", "JSON_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "CompactResult", "IndexRecord", "MetadataIndex", "dedupe", "records_to_table"]
 
 
 class _NameTaken(StorageError):
@@ -92,11 +41,15 @@ class CompactResult:
     written: str | None
 
 
-def records_to_table(records: Sequence[Mapping[str, Any]]) -> pa.Table:
-    unknown = {k for r in records for k in r} - set(COLUMNS)
+Record = IndexRecord | Mapping[str, Any]  # a mapping names some of IndexRecord's columns (bulk imports, tests)
+
+
+def records_to_table(records: Sequence[Record]) -> pa.Table:
+    mappings = [r for r in records if not isinstance(r, IndexRecord)]
+    unknown = {k for r in mappings for k in r} - set(COLUMNS)
     if unknown:
         raise StorageError(f"index records have fields the schema does not know: {sorted(unknown)}")
-    rows = [{"schema_version": SCHEMA_VERSION, **r} for r in records]
+    rows = [r.row() if isinstance(r, IndexRecord) else {"schema_version": SCHEMA_VERSION, **r} for r in records]
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
@@ -136,7 +89,7 @@ class MetadataIndex:
         self._pinned: list[str] | None = None  # the listing a snapshot() reuses
 
     # -- writing -------------------------------------------------------------------------
-    def append(self, records: Sequence[Mapping[str, Any]]) -> str | None:
+    def append(self, records: Sequence[Record]) -> str | None:
         """Write `records` as one new Parquet file; returns its path."""
         if not records:
             return None

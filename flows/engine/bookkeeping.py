@@ -12,12 +12,13 @@ from typing import Any, Mapping
 
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine.context import Outcome, RunContext, StageFailed, failed_outcome
+from pt2flow.flows.engine.context import Outcome, RunContext, StageFailed
 from pt2flow.flows.engine.planner import cached_outcome, find_cached
 from pt2flow.flows.engine.registry import options_json
 from pt2flow.flows.engine.keys import Environment
 from pt2flow.flows.engine.records import stage_record
 from pt2flow.storage import StorageError
+from pt2flow.storage.records import IndexRecord
 
 
 def _now() -> datetime:
@@ -27,7 +28,7 @@ def _now() -> datetime:
 class StageRun:
     """The bookkeeping around one stage of one model."""
 
-    def __init__(self, stage: str, model: ResolvedModel, ctx: RunContext, key: str, parents: list[str], records: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, stage: str, model: ResolvedModel, ctx: RunContext, key: str, parents: list[str], records: list[IndexRecord] | None = None) -> None:
         self.stage = stage
         self.records = records  # None: append each record to the index at once
         self.model = model
@@ -58,44 +59,43 @@ class StageRun:
         outcome = cached_outcome(hit, self.key, own=own, clock=self.clock)
         if not own:  # a retried attempt does not record its stage a second time
             self.record(outcome, source_row=hit)
-        if outcome["status"] != "ok":
+        if not outcome.ok:
             raise StageFailed(outcome)  # a known failure, reported again as it was
         return outcome
 
     def published(self, produced: Mapping[str, Any]) -> Outcome:
         """Record what a worker computed and stored."""
-        outcome: Outcome = {
-            "status": "ok",
-            "cached": False,
-            "seconds": round(self.seconds(), 6),
-            "artifact": produced["artifact"],
-            "size": produced["size"],
-            "uri": produced["uri"],
-            "key": self.key,
-            "fingerprint": produced.get("fingerprint") or produced["artifact"],
-            "details": dict(produced.get("details") or {}),
-            "warnings": list(produced.get("warnings") or []),
-            "blob_stat": produced.get("blob_stat"),
-        }
+        outcome = Outcome(
+            status="ok",
+            seconds=round(self.seconds(), 6),
+            artifact=produced["artifact"],
+            size=produced["size"],
+            uri=produced["uri"],
+            key=self.key,
+            fingerprint=produced.get("fingerprint") or produced["artifact"],
+            details=dict(produced.get("details") or {}),
+            warnings=list(produced.get("warnings") or []),
+            blob_stat=produced.get("blob_stat"),
+        )
         self.record(outcome)
         return outcome
 
     def fail(self, error_class: str, message: str, *, details: Mapping[str, Any] | None = None, report: bytes | None = None) -> StageFailed:
-        outcome = failed_outcome(self.key, error_class, message, seconds=self.seconds(), details=details)
+        outcome = Outcome.failure(self.key, error_class, message, seconds=self.seconds(), details=details)
         if report is not None:
             try:
                 ref = self.store.put_blob(report)
-                outcome.update(artifact=ref.digest, size=ref.size, uri=ref.uri)
-                outcome["details"]["report_sha256"] = ref.digest
+                outcome.artifact, outcome.size, outcome.uri = ref.digest, ref.size, ref.uri
+                outcome.details["report_sha256"] = ref.digest
             except StorageError:
                 pass  # the failure itself is what matters; the report is a bonus
         try:
             self.record(outcome)
         except StorageError as exc:
-            outcome["error"] += f" (and its index record could not be written: {exc})"
+            outcome.error = f"{message} (and its index record could not be written: {exc})"
         return StageFailed(outcome)
 
-    def record(self, outcome: Mapping[str, Any], source_row: Mapping[str, Any] | None = None) -> None:
+    def record(self, outcome: Outcome, source_row: Mapping[str, Any] | None = None) -> None:
         record = stage_record(
             run_id=self.ctx.run_id,
             model=self.model,

@@ -20,9 +20,10 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.artifacts import load_artifact
 from pt2flow.flows.engine.context import Outcome, RunContext
 from pt2flow.flows.engine.planner import read_weights, request_key, source_manifest
-from pt2flow.flows.engine.registry import PROGRAM, PROGRAM_STAGES
+from pt2flow.flows.engine.registry import PROGRAM, PROGRAM_STAGES, stage_options
 from pt2flow.flows.engine.inputs import model_inputs
 from pt2flow.flows.engine.keys import Environment, canonical_json
+from pt2flow.stages.options import AotCompileOptions, DecomposeOptions, FunctionalizeOptions, TraceOptions, ValidateOptions
 
 Produced = dict[str, Any]
 
@@ -43,11 +44,11 @@ def forget_programs() -> None:
     _BUILT.clear()
 
 
-def _load_program(store: Any, outcome: Mapping[str, Any], model: ResolvedModel) -> Any:
+def _load_program(store: Any, outcome: Outcome, model: ResolvedModel) -> Any:
     from pt2flow.stages.serialize import load_archive
     from pt2flow.stages.source import import_factory
 
-    digest = outcome["artifact"]
+    digest = outcome.artifact
     if digest in _PROGRAMS:
         _PROGRAMS.move_to_end(digest)
         return _PROGRAMS[digest]
@@ -55,7 +56,7 @@ def _load_program(store: Any, outcome: Mapping[str, Any], model: ResolvedModel) 
     # dataclass) are registered by the modules that define them: import the model's module and
     # the modules the program recorded when it was stored, as the cold run had them imported
     import_factory(model.factory, model.search_path)
-    data = load_artifact(store, digest, outcome.get("size"), PROGRAM_STAGES, "program")
+    data = load_artifact(store, digest, outcome.size, PROGRAM_STAGES, "program")
     program, _meta = load_archive(data, import_pytree_modules=True)
     _remember(digest, program)
     return program
@@ -74,12 +75,12 @@ def _publish(store: Any, data: bytes, *, fingerprint: str | None, details: Mappi
     }
 
 
-def model_builder(model: ResolvedModel, store: Any, source: Mapping[str, Any]) -> Callable[[], Any]:
-    """A function returning a fresh eager model (a TrainingStep in training mode), weights loaded."""
+def model_builder(model: ResolvedModel, store: Any, weights: Mapping[str, Any] | None) -> Callable[[], Any]:
+    """A function returning a fresh eager model (a TrainingStep in training mode), with the
+    weights the source stage recorded (its details' `weights`: sha256, size, filename) loaded."""
     from pt2flow.stages.source import build_model, import_factory, load_state_dict, training_step
 
     factory = import_factory(model.factory, model.search_path)
-    weights = source["details"].get("weights")
     state = None
     if weights:
         state = load_state_dict(store.get_blob(weights["sha256"], weights["size"]), weights["filename"])
@@ -87,7 +88,7 @@ def model_builder(model: ResolvedModel, store: Any, source: Mapping[str, Any]) -
     def build() -> Any:
         module = build_model(factory, model.kwargs, state, training=model.training)
         if model.training:
-            module = training_step(module, model.options["functionalize"].loss_output)  # type: ignore[attr-defined]
+            module = training_step(module, stage_options(model, "functionalize", FunctionalizeOptions).loss_output)
         return module
 
     return build
@@ -132,7 +133,7 @@ def _dependencies(model: ResolvedModel, store: Any, weights: Mapping[str, Any] |
         with record_imports() as recorded:
             if model.inputs_factory:  # its code makes the inputs: a dependency too
                 import_factory(model.inputs_factory, model.search_path)
-            built = model_builder(model, store, {"details": {"weights": weights}})()
+            built = model_builder(model, store, weights)()
     except Exception as exc:  # noqa: BLE001 - an unimportable or unbuildable model fails at trace, classified
         problem = f"{type(exc).__name__}: {exc}"
     else:
@@ -164,22 +165,22 @@ def trace(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], 
     store = runtime.open_store(ctx.store_url)
     built = _BUILT.pop(model.name, None)
     if built is None:
-        built = model_builder(model, store, inputs["source"])()
-    return _program_result(store, trace_stage(built, model_inputs(model), model.options["trace"]))  # type: ignore[arg-type]
+        built = model_builder(model, store, inputs["source"].details.get("weights"))()
+    return _program_result(store, trace_stage(built, model_inputs(model), stage_options(model, "trace", TraceOptions)))
 
 
 def functionalize(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
     from pt2flow.stages.functionalize import functionalize as functionalize_stage
 
     store = runtime.open_store(ctx.store_url)
-    return _program_result(store, functionalize_stage(_load_program(store, inputs[PROGRAM], model), model.options["functionalize"]))  # type: ignore[arg-type]
+    return _program_result(store, functionalize_stage(_load_program(store, inputs[PROGRAM], model), stage_options(model, "functionalize", FunctionalizeOptions)))
 
 
 def decompose(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
     from pt2flow.stages.decompose import decompose as decompose_stage
 
     store = runtime.open_store(ctx.store_url)
-    return _program_result(store, decompose_stage(_load_program(store, inputs[PROGRAM], model), model.options["decompose"]))  # type: ignore[arg-type]
+    return _program_result(store, decompose_stage(_load_program(store, inputs[PROGRAM], model), stage_options(model, "decompose", DecomposeOptions)))
 
 
 def serialize(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
@@ -191,9 +192,9 @@ def serialize(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcom
     metadata = {
         "pt2flow_version": env.pt2flow_version,
         "torch_version": env.torch_version,
-        "program_fingerprint": parent["fingerprint"],
+        "program_fingerprint": parent.fingerprint,
         "derivation_key": key,
-        "parent_key": parent["key"],
+        "parent_key": parent.key,
     }
     result = serialize_stage(_load_program(store, parent, model), metadata)
     return _publish(store, result.output, fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
@@ -203,7 +204,7 @@ def aot_compile(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outc
     from pt2flow.stages.aot_compile import aot_compile as compile_stage
 
     store = runtime.open_store(ctx.store_url)
-    result = compile_stage(_load_program(store, inputs[PROGRAM], model), model.options["aot_compile"])  # type: ignore[arg-type]
+    result = compile_stage(_load_program(store, inputs[PROGRAM], model), stage_options(model, "aot_compile", AotCompileOptions))
     return _publish(store, result.output, fingerprint=None, details=result.metadata, warnings=result.warnings)
 
 
@@ -212,13 +213,13 @@ def validate(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome
 
     store = runtime.open_store(ctx.store_url)
     serialized, compiled = inputs.get("serialize"), inputs.get("aot_compile")
-    archive = load_artifact(store, serialized["artifact"], serialized["size"], ("serialize",), "archive") if serialized else None
-    package = load_artifact(store, compiled["artifact"], compiled["size"], ("aot_compile",), "package") if compiled else None
+    archive = load_artifact(store, serialized.artifact, serialized.size, ("serialize",), "archive") if serialized else None
+    package = load_artifact(store, compiled.artifact, compiled.size, ("aot_compile",), "package") if compiled else None
     result = validate_stage(
-        model_builder(model, store, inputs["source"]),
+        model_builder(model, store, inputs["source"].details.get("weights")),
         model_inputs(model),
-        inputs["trace"]["details"].get("dims", {}),
-        model.options["validate"],  # type: ignore[arg-type]
+        inputs["trace"].details.get("dims", {}),
+        stage_options(model, "validate", ValidateOptions),
         archive=archive,
         package=package,
         training=model.training,

@@ -5,14 +5,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
 
 from pt2flow.flows.config.limits import Limits  # noqa: F401  (re-exported: the engine's view of a model's limits)
-
-# A stage outcome: status, cached, seconds, artifact (sha256), size, uri, key, fingerprint,
-# details, warnings; for failures also error_class and error. Plain dicts: they cross process
-# boundaries (worker pipes, Dask) and become index records and the run document.
-Outcome = dict[str, Any]
+from pt2flow.flows.engine.documents import Outcome  # noqa: F401  (re-exported: what every stage returns)
 
 
 @dataclass(frozen=True)
@@ -30,7 +25,7 @@ class StageFailed(Exception):
     """A stage ended in failure; `outcome` is what the run reports for it."""
 
     def __init__(self, outcome: Outcome) -> None:
-        super().__init__(outcome.get("error") or "stage failed")
+        super().__init__(outcome.error or "stage failed")
         self.outcome = outcome
 
 
@@ -41,19 +36,3 @@ class TransientStageError(Exception):
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
 
-
-def failed_outcome(key: str, error_class: str, message: str, *, seconds: float, details: Mapping[str, Any] | None = None) -> Outcome:
-    return {
-        "status": "failed",
-        "cached": False,
-        "seconds": round(seconds, 6),
-        "artifact": None,
-        "size": None,
-        "uri": None,
-        "key": key,
-        "fingerprint": None,
-        "details": dict(details or {}),
-        "warnings": [],
-        "error_class": error_class,
-        "error": message,
-    }

@@ -12,8 +12,10 @@ from typing import Any, Sequence
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
 from pt2flow.flows.engine.context import RunContext, new_run_id
+from pt2flow.flows.engine.documents import ModelResult, RunDocument, RunSummary
 from pt2flow.flows.engine.planner import Plan, plan_model
 from pt2flow.flows.engine.runner import run_model
+from pt2flow.storage.records import IndexRecord
 
 # Compact the index at the end of a run once it holds this many files.
 AUTO_COMPACT_FILES = 256
@@ -46,9 +48,9 @@ def plan_fleet(models: Sequence[ResolvedModel], ctx: RunContext, *, stop_at_work
     return plans
 
 
-def settle_from_index(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext) -> dict[str, dict[str, Any]]:
+def settle_from_index(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext) -> dict[str, ModelResult]:
     """Results of the models whose plan the index settles; their records in one index file."""
-    records: list[dict[str, Any]] = []
+    records: list[IndexRecord] = []
     results = {m.name: run_model(m, ctx, plans[m.name], records=records) for m in models if plans[m.name].fully_cached}
     if records:
         runtime.open_store(ctx.store_url).index.append(records)
@@ -61,25 +63,21 @@ def resolve_workers(workers: int | None, models_with_work: int) -> int:
     return max(1, workers) if workers else default_workers(max(1, models_with_work))
 
 
-def run_document(ctx: RunContext, results: list[dict[str, Any]], started: float, workers: int) -> dict[str, Any]:
+def run_document(ctx: RunContext, results: list[ModelResult], started: float, workers: int) -> RunDocument:
     """The run document (docs/architecture.md §4); compacts the index once it has many files."""
     store = runtime.open_store(ctx.store_url)
     if len(store.index.files()) >= AUTO_COMPACT_FILES:
         store.index.compact()
-    ok = sum(1 for r in results if r["status"] == "ok")
-    return {
-        "run_id": ctx.run_id,
-        "store": store.url,
-        "summary": {"ok": ok, "failed": len(results) - ok, "seconds": round(time.perf_counter() - started, 3)},
-        "models": results,
-        "workers": workers,
-    }
+    ok = sum(1 for r in results if r.status == "ok")
+    summary = RunSummary(ok=ok, failed=len(results) - ok, seconds=round(time.perf_counter() - started, 3))
+    return RunDocument(run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers)
 
 
 def settle_fleet(pipeline: Any, ctx: RunContext) -> dict[str, Any]:
-    """The run document of a fleet the index settles entirely; NeedsFlow at the first model with work."""
+    """The run document (as its JSON dict) of a fleet the index settles entirely; NeedsFlow at
+    the first model with work."""
     started = time.perf_counter()
     models = list(pipeline.models)
     plans = plan_fleet(models, ctx, stop_at_work=True)
     results = settle_from_index(models, plans, ctx)
-    return run_document(ctx, [results[m.name] for m in models], started, 0)
+    return run_document(ctx, [results[m.name] for m in models], started, 0).model_dump(mode="json")

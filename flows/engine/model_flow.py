@@ -43,11 +43,13 @@ STAGE_TASKS = {
 
 @flow(name="pt2flow-model", validate_parameters=False, persist_result=False)
 def export_model_flow(model: ResolvedModel, ctx: RunContext, plan: Plan | None = None) -> Any:
-    """One model through the configured stages on this process's worker pool; the flow run
-    fails when the model does, naming the stage and the class."""
+    """One model through the configured stages on this process's worker pool; returns its entry
+    of the run document (a dict). The flow run fails when the model does, naming the stage and
+    the class."""
     from pt2flow.flows.engine.pool import shared_pool
 
     result = run_model(model, ctx, plan, shared_pool(), tasks=STAGE_TASKS)
-    if result["status"] != "ok":
-        return Failed(message=f"{model.name}: {result['error_class']} at {result['failed_stage']}", data=result)
-    return Completed(data=result)
+    data = result.model_dump(mode="json")  # the flow's result: the model's entry of the run document
+    if result.status != "ok":
+        return Failed(message=f"{model.name}: {result.error_class} at {result.failed_stage}", data=data)
+    return Completed(data=data)

@@ -115,21 +115,20 @@ def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bo
 def cached_outcome(row: Mapping[str, Any], key: str, *, own: bool, clock: float) -> Outcome:
     """The outcome a stage reports for an index hit (`own`: this run's earlier attempt made it),
     a cached failure included: its class and original message."""
-    outcome = {
-        "status": row["status"],
-        "cached": bool(row["cached"]) if own else True,
-        "seconds": round(time.perf_counter() - clock, 6),
-        "artifact": row["sha256"],
-        "size": row["size"],
-        "uri": row["uri"],
-        "key": key,
-        "fingerprint": row["fingerprint"],
-        "details": json.loads(row["details"] or "{}"),
-        "warnings": [],
-    }
-    if row["status"] != "ok":
-        outcome.update(error_class=row["error_class"], error=row["error_message"])
-    return outcome
+    failed = row["status"] != "ok"
+    return Outcome(
+        status=row["status"],
+        cached=bool(row["cached"]) if own else True,
+        seconds=round(time.perf_counter() - clock, 6),
+        artifact=row["sha256"],
+        size=row["size"],
+        uri=row["uri"],
+        key=key,
+        fingerprint=row["fingerprint"],
+        details=json.loads(row["details"] or "{}"),
+        error_class=row["error_class"] if failed else None,
+        error=row["error_message"] if failed else None,
+    )
 
 
 @dataclass
@@ -177,7 +176,7 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
         if row is None:
             return plan
         plan.hits["source"] = (plan.source_key, row)
-        outcomes: dict[str, Outcome] = {"source": {"key": plan.source_key, **_facts(row)}}
+        outcomes: dict[str, Outcome] = {"source": _facts(plan.source_key, row)}
         for stage in ctx.stages:
             spec = STAGE_SPECS[stage]
             key = spec.key(model, spec.gather(outcomes))
@@ -188,7 +187,7 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
             plan.hits[stage] = (key, row)
             if row["status"] != "ok":  # a known failure: the model ends here, as it did before
                 break
-            outcomes[stage] = {"key": key, **_facts(row)}
+            outcomes[stage] = _facts(key, row)
     except Exception as exc:  # weights missing, an unreadable index: the model flow meets it again and reports it
         plan.problem = f"{type(exc).__name__}: {exc}"
         return plan
@@ -196,5 +195,6 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
     return plan
 
 
-def _facts(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {"artifact": row["sha256"], "fingerprint": row["fingerprint"], "size": row["size"]}
+def _facts(key: str, row: Mapping[str, Any]) -> Outcome:
+    """What the next keys need of a stage the index settles (the stage runs later, as a hit)."""
+    return Outcome(key=key, artifact=row["sha256"], fingerprint=row["fingerprint"], size=row["size"])

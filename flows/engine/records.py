@@ -1,4 +1,4 @@
-"""Index records (docs/architecture.md §5) built from stage outcomes."""
+"""Index records (docs/architecture.md §5) built from stage outcomes, through IndexRecord."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.engine.documents import Outcome
 from pt2flow.flows.engine.keys import Environment
+from pt2flow.flows.engine.registry import compile_device
+from pt2flow.storage.records import IndexRecord
 
 # Facts about an artifact that a cached record copies from the record that made it.
-_ARTIFACT_FACTS = (
+ARTIFACT_FACTS = (
     "op_histogram",
     "node_count",
     "signature",
@@ -37,67 +40,61 @@ def stage_record(
     run_id: str,
     model: ResolvedModel,
     stage: str,
-    outcome: Mapping[str, Any],
+    outcome: Outcome,
     parents: Sequence[str],
     options: Mapping[str, Any],
     env: Environment,
     started: datetime,
     ended: datetime,
     source_row: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    details = dict(outcome.get("details") or {})
-    device = None
-    if stage in ("aot_compile", "validate"):
-        device = model.options["aot_compile"].device  # type: ignore[attr-defined]
-    record: dict[str, Any] = {
-        "record_id": uuid.uuid4().hex,
-        "run_id": run_id,
-        "model": model.name,
-        "stage": stage,
-        "status": outcome["status"],
-        "cached": bool(outcome.get("cached")),
-        "key": outcome.get("key") or None,
-        "parent_keys": [p for p in parents if p],
-        "sha256": outcome.get("artifact"),
-        "size": outcome.get("size"),
-        "uri": outcome.get("uri"),
-        "fingerprint": outcome.get("fingerprint"),
-        "error_class": outcome.get("error_class"),
-        "error_message": outcome.get("error"),
-        "options": _json(dict(options)),
-        "warnings": list(outcome.get("warnings") or []),
-        "seconds": outcome.get("seconds"),
-        "started_at": started,
-        "ended_at": ended,
-        "torch_version": env.torch_version,
-        "python_version": env.python_version,
-        "pt2flow_version": env.pt2flow_version,
-        "host": env.host,
-        "device": device,
-        "blob_stat": outcome.get("blob_stat"),
-    }
-    if source_row is not None:
-        for column in _ARTIFACT_FACTS:
-            record[column] = source_row.get(column)
-    else:
-        for column in ("op_histogram", "signature", "range_constraints"):
-            if column in details:
-                record[column] = _json(details.pop(column))
-        if "node_count" in details:
-            record["node_count"] = details.pop("node_count")
-        if "strategy" in details:
-            record["strategy"] = details["strategy"]
-        validation = details.get("validation")
-        if validation:
-            record["validation"] = _json(validation)
-            record["passed"] = bool(validation.get("passed"))
-            record["max_abs_err"] = validation.get("max_abs_err")
-            record["max_rel_err"] = validation.get("max_rel_err")
-        record["details"] = _json(details)
+) -> IndexRecord:
+    """The record of one stage run; a cached one (`source_row`: the record that made the
+    artifact) copies that record's artifact facts, a new one takes them from its details."""
+    facts = {column: source_row.get(column) for column in ARTIFACT_FACTS} if source_row is not None else artifact_facts(outcome)
     if stage == "source":
-        manifest = details.get("manifest") or {}
-        record["factory"] = model.factory
-        record["kwargs"] = _json(dict(model.kwargs))
-        record["code_hash"] = manifest.get("code_hash")
-        record["weights_digest"] = manifest.get("weights")
-    return record
+        manifest = outcome.details.get("manifest") or {}
+        facts.update(factory=model.factory, kwargs=_json(dict(model.kwargs)), code_hash=manifest.get("code_hash"), weights_digest=manifest.get("weights"))
+    return IndexRecord(
+        record_id=uuid.uuid4().hex,
+        run_id=run_id,
+        model=model.name,
+        stage=stage,
+        status=outcome.status,
+        cached=outcome.cached,
+        key=outcome.key or None,
+        parent_keys=tuple(p for p in parents if p),
+        sha256=outcome.artifact,
+        size=outcome.size,
+        uri=outcome.uri,
+        fingerprint=outcome.fingerprint,
+        error_class=outcome.error_class,
+        error_message=outcome.error,
+        options=_json(dict(options)),
+        warnings=tuple(outcome.warnings),
+        seconds=outcome.seconds,
+        started_at=started,
+        ended_at=ended,
+        torch_version=env.torch_version,
+        python_version=env.python_version,
+        pt2flow_version=env.pt2flow_version,
+        host=env.host,
+        device=compile_device(model) if stage in ("aot_compile", "validate") else None,
+        **facts,
+    )
+
+
+def artifact_facts(outcome: Outcome) -> dict[str, Any]:
+    """The record's artifact facts from a stage's details: the program's graph facts, the trace
+    strategy, the validation summary; the rest of the details as JSON."""
+    details = dict(outcome.details)
+    facts: dict[str, Any] = {column: _json(details.pop(column)) for column in ("op_histogram", "signature", "range_constraints") if column in details}
+    if "node_count" in details:
+        facts["node_count"] = details.pop("node_count")
+    if "strategy" in details:
+        facts["strategy"] = details["strategy"]
+    validation = details.get("validation")
+    if validation:
+        facts.update(validation=_json(validation), passed=bool(validation.get("passed")), max_abs_err=validation.get("max_abs_err"), max_rel_err=validation.get("max_rel_err"))
+    facts["details"] = _json(details)
+    facts["blob_stat"] = outcome.blob_stat
+    return facts

@@ -8,11 +8,14 @@ Torch-free: keys are computed by the orchestrator and by the fully-cached check 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
+
+from pydantic import BaseModel
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import Outcome
 from pt2flow.flows.engine.keys import Environment, derivation_key
+from pt2flow.stages.options import AotCompileOptions, FunctionalizeOptions
 from pt2flow.stages.vocabulary import PROGRAM_STAGES
 
 PROGRAM = "program"  # in StageSpec.inputs: the newest program-stage outcome so far
@@ -22,8 +25,19 @@ def options_json(model: ResolvedModel, stage: str) -> dict[str, Any]:
     return model.options[stage].model_dump(mode="json") if stage in model.options else {}
 
 
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+def stage_options(model: ResolvedModel, stage: str, kind: type[OptionsT]) -> OptionsT:
+    """A stage's options as their own type (the config validated them with it)."""
+    options = model.options[stage]
+    if not isinstance(options, kind):
+        raise TypeError(f"{model.name}: the {stage} options are a {type(options).__name__}, not a {kind.__name__}")
+    return options
+
+
 def compile_device(model: ResolvedModel) -> str:
-    return str(model.options["aot_compile"].device)  # type: ignore[attr-defined]
+    return stage_options(model, "aot_compile", AotCompileOptions).device
 
 
 def _env(device: str) -> dict[str, str]:
@@ -31,11 +45,11 @@ def _env(device: str) -> dict[str, str]:
 
 
 def _trace_key(model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
-    functionalize = model.options["functionalize"]
-    options = {**options_json(model, "trace"), "mode": functionalize.mode}  # type: ignore[attr-defined]
+    functionalize = stage_options(model, "functionalize", FunctionalizeOptions)
+    options = {**options_json(model, "trace"), "mode": functionalize.mode}
     if model.training:
-        options["loss_output"] = functionalize.loss_output  # type: ignore[attr-defined]
-    return derivation_key("trace", [inputs["source"]["key"]], options, _env("cpu"))
+        options["loss_output"] = functionalize.loss_output
+    return derivation_key("trace", [inputs["source"].key], options, _env("cpu"))
 
 
 def _program_key(stage: str) -> Callable[[ResolvedModel, Mapping[str, Outcome]], str]:
@@ -43,7 +57,7 @@ def _program_key(stage: str) -> Callable[[ResolvedModel, Mapping[str, Outcome]],
 
     def key(model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
         device = compile_device(model) if stage == "aot_compile" else "cpu"
-        return derivation_key(stage, [inputs[PROGRAM]["fingerprint"]], options_json(model, stage), _env(device))
+        return derivation_key(stage, [inputs[PROGRAM].fingerprint], options_json(model, stage), _env(device))
 
     return key
 
@@ -57,7 +71,7 @@ def _compile_key(model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
     device = compile_device(model)
     options = options_json(model, "aot_compile")
     env = {**_env(device), "toolchain": toolchain_identity(device, cache_dir(), options.get("inductor_configs"))}
-    return derivation_key("aot_compile", [inputs[PROGRAM]["fingerprint"]], options, env)
+    return derivation_key("aot_compile", [inputs[PROGRAM].fingerprint], options, env)
 
 
 def cache_dir() -> str:
@@ -73,8 +87,8 @@ def cache_dir() -> str:
 
 
 def _validate_key(model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
-    candidates = [inputs[s]["artifact"] for s in ("serialize", "aot_compile") if s in inputs]
-    return derivation_key("validate", [inputs["source"]["key"], *candidates], options_json(model, "validate"), _env(compile_device(model)))
+    candidates = [inputs[s].artifact for s in ("serialize", "aot_compile") if s in inputs]
+    return derivation_key("validate", [inputs["source"].key, *candidates], options_json(model, "validate"), _env(compile_device(model)))
 
 
 @dataclass(frozen=True)
@@ -97,7 +111,7 @@ class StageSpec:
     slot: str | None = None
 
     def parent_keys(self, inputs: Mapping[str, Outcome]) -> list[str]:
-        return [inputs[name]["key"] for name in (*self.inputs, *self.optional) if name in inputs and inputs[name].get("key")]
+        return [key for name in (*self.inputs, *self.optional) if name in inputs and (key := inputs[name].key)]
 
     def gather(self, outcomes: Mapping[str, Outcome]) -> dict[str, Outcome]:
         """This stage's inputs from the outcomes a model has so far."""

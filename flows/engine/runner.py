@@ -21,9 +21,11 @@ from typing import Any, Callable, Mapping
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.bookkeeping import StageRun
 from pt2flow.flows.engine.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
+from pt2flow.flows.engine.documents import ModelResult, StageView, ValidationSummary
 from pt2flow.flows.engine.planner import Plan, plan_model, source_key
 from pt2flow.flows.engine.pool import Budget, Lease, WorkerLost, WorkerPool
 from pt2flow.flows.engine.registry import SOURCE, STAGE_SPECS
+from pt2flow.storage.records import IndexRecord
 
 StageCall = Callable[[str, ResolvedModel, RunContext, Mapping[str, Outcome]], Outcome]
 
@@ -37,7 +39,7 @@ class ModelRun:
     lease: Lease | None
     limits: Limits
     started: float
-    records: list[dict[str, Any]] | None = None  # collect index records here instead of appending each
+    records: list[IndexRecord] | None = None  # collect index records here instead of appending each
 
     def budget(self, stage: str) -> Budget:
         deadlines = []
@@ -126,37 +128,6 @@ def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome]) 
     raise run.fail(payload["error_class"], payload["error"], details=details, report=payload.get("report"))
 
 
-def _stage_view(outcome: Mapping[str, Any]) -> dict[str, Any]:
-    view = {
-        "status": outcome["status"],
-        "cached": bool(outcome.get("cached")),
-        "seconds": outcome.get("seconds"),
-        "artifact": outcome.get("artifact") if outcome["status"] == "ok" else None,
-    }
-    if outcome.get("warnings"):
-        view["warnings"] = list(outcome["warnings"])
-    if outcome["status"] != "ok":
-        view["error_class"] = outcome.get("error_class")
-        view["error"] = outcome.get("error")
-        if outcome.get("artifact"):
-            view["report"] = outcome["artifact"]
-    return view
-
-
-def empty_result(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "status": "ok",
-        "failed_stage": None,
-        "error_class": None,
-        "error": None,
-        "stages": {},
-        "artifacts": {"serialized": None, "compiled": None},
-        "validation": None,
-        "worker": None,
-    }
-
-
 def run_model(
     model: ResolvedModel,
     ctx: RunContext,
@@ -164,8 +135,8 @@ def run_model(
     pool: WorkerPool | None = None,
     *,
     tasks: Mapping[str, StageCall] | None = None,
-    records: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+    records: list[IndexRecord] | None = None,
+) -> ModelResult:
     """Run the configured stages for one model; never raises for a model's own failure.
 
     pool: where stage work goes (None: the plan must settle every stage from the index);
@@ -178,48 +149,49 @@ def run_model(
     if pool is None:
         logger.info("%s: settled from the index", model.name)
     lease = None if pool is None else Lease(pool)
-    model_run = ModelRun(plan, lease, model.limits, time.monotonic(), records)
     call: Callable[[str], StageCall] = (lambda s: run_stage) if tasks is None else (lambda s: tasks[s])
-    result = empty_result(model.name)
+    result = ModelResult(name=model.name)
     outcomes: dict[str, Outcome] = {}
     current = "source"
-    _current.run = model_run
+    _current.run = ModelRun(plan, lease, model.limits, time.monotonic(), records)
     try:
         outcomes["source"] = call("source")("source", model, ctx, {})
-        result["source"] = outcomes["source"]["artifact"]
+        result.source = outcomes["source"].artifact
         for stage in ctx.stages:
             current = stage
             spec = STAGE_SPECS[stage]
             logger.info("%s: %s", model.name, stage)
             outcomes[stage] = call(stage)(stage, model, ctx, spec.gather(outcomes))
-            result["stages"][stage] = _stage_view(outcomes[stage])
+            result.stages[stage] = StageView.of(outcomes[stage])
             if spec.slot:
-                result["artifacts"][spec.slot] = outcomes[stage]["artifact"]
+                setattr(result.artifacts, spec.slot, outcomes[stage].artifact)
     except StageFailed as failure:
-        outcome = failure.outcome
+        outcomes[current] = failure.outcome
         if current != "source":
-            result["stages"][current] = _stage_view(outcome)
-        result.update(status="failed", failed_stage=current, error_class=outcome.get("error_class"), error=outcome.get("error"))
-        tail = (outcome.get("details") or {}).get("stderr_tail")
-        if tail:
-            result["stderr_tail"] = tail
-        logger.warning("%s failed at %s (%s): %s", model.name, current, outcome.get("error_class"), outcome.get("error"))
-        outcomes[current] = outcome
+            result.stages[current] = StageView.of(failure.outcome)
+        result.fail(current, failure.outcome)
+        logger.warning("%s failed at %s (%s): %s", model.name, current, result.error_class, result.error)
     finally:
         _current.run = None
         if lease is not None:
             if lease.worker is not None:
-                result["worker"] = f"{socket.gethostname()}:{lease.worker.pid}"
+                result.worker = f"{socket.gethostname()}:{lease.worker.pid}"
             lease.release()
-    trace = outcomes.get("trace") or {}
-    strategy = (trace.get("details") or {}).get("strategy") if trace.get("status") == "ok" else None
-    # where the ladder gave up dynamic shapes, say so where the user looks (docs/architecture.md §4)
-    result["trace_strategy"] = strategy
-    result["static_fallback"] = strategy == "static"
-    validation = (outcomes.get("validate") or {}).get("details", {}).get("validation")
-    if validation:
-        result["validation"] = {k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples")}
+    add_trace_and_validation(result, outcomes)
     return result
+
+
+def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome]) -> None:
+    """The trace strategy (where the ladder gave up dynamic shapes, say so where the user looks,
+    docs/architecture.md §4) and the validation summary of a model's outcomes."""
+    trace = outcomes.get("trace")
+    strategy = trace.details.get("strategy") if trace is not None and trace.ok else None
+    result.trace_strategy = strategy
+    result.static_fallback = strategy == "static"
+    validate = outcomes.get("validate")
+    validation = validate.details.get("validation") if validate is not None else None
+    if validation:
+        result.validation = ValidationSummary(**{k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples")})
 
 
 def call_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], pool: WorkerPool) -> Outcome:

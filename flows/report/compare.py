@@ -1,5 +1,6 @@
 """Comparing two runs model by model (by name): status, source, graph, sizes, compile time,
-validation and latency. compare_runs() builds the one JSON-ready dict every view renders."""
+validation and latency. build_report() makes the one DriftReport (flows/report/drift.py) every
+view renders, as the dict compare_runs() returns."""
 
 from __future__ import annotations
 
@@ -8,6 +9,24 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
+from pt2flow.flows.report.drift import (
+    CompileSeconds,
+    DriftReport,
+    DriftSummary,
+    GraphFacts,
+    ModelDrift,
+    ModelState,
+    Numbers,
+    OpHistogramDiff,
+    Pair,
+    Regression,
+    RunInfo,
+    Runs,
+    SourceFacts,
+    StatusChange,
+    TorchChange,
+    ValidationFacts,
+)
 from pt2flow.flows.report.rules import regressions
 from pt2flow.flows.report.runs import iso, previous_run
 from pt2flow.storage.errors import RecordNotFound
@@ -29,11 +48,14 @@ def compare_with_previous(index: Any, run_id: str) -> dict[str, Any] | None:
 
 
 def compare_runs(index: Any, run_a: str, run_b: str) -> dict[str, Any]:
-    """Compare every model (by name) of run_a (before) with run_b (after).
+    """Compare every model (by name) of run_a (before) with run_b (after): build_report() as
+    its JSON dict {"report_version", "runs": {"a", "b"}, "torch", "summary", "models": [per-model
+    entries], "only_in_a", "only_in_b", "regressions"}. Raises RecordNotFound for an unknown run."""
+    return build_report(index, run_a, run_b).model_dump(mode="json")
 
-    Returns a JSON-ready dict: {"runs": {"a", "b"}, "torch", "summary", "models": [per-model
-    entries], "only_in_a", "only_in_b", "regressions"}. Raises RecordNotFound for an unknown run.
-    """
+
+def build_report(index: Any, run_a: str, run_b: str) -> DriftReport:
+    """The drift report of run_a (before) against run_b (after)."""
     import pyarrow.compute as pc
 
     table = index.scan(None, filter=pc.field("run_id").isin([run_a, run_b]))
@@ -48,40 +70,41 @@ def compare_runs(index: Any, run_a: str, run_b: str) -> dict[str, Any]:
     originals = _original_compile_records(index, cached)
 
     models = [_compare_model(name, per_a.get(name), per_b.get(name), originals) for name in sorted(set(per_a) | set(per_b))]
-    run_info = {"a": _run_summary(run_a, per_a, rows_a), "b": _run_summary(run_b, per_b, rows_b)}
-    comparison: dict[str, Any] = {
-        "report_version": REPORT_VERSION,
-        "runs": run_info,
-        "torch": _torch_change(run_info["a"]["torch_versions"], run_info["b"]["torch_versions"]),
-        "summary": _summary(models),
-        "models": models,
-        "only_in_a": [m["model"] for m in models if m["presence"] == "a"],
-        "only_in_b": [m["model"] for m in models if m["presence"] == "b"],
-    }
-    comparison["regressions"] = regressions(comparison)
-    comparison["summary"]["regressions"] = len(comparison["regressions"])
-    return comparison
+    runs = Runs(a=_run_summary(run_a, per_a, rows_a), b=_run_summary(run_b, per_b, rows_b))
+    report = DriftReport(
+        report_version=REPORT_VERSION,
+        runs=runs,
+        torch=_torch_change(runs.a.torch_versions, runs.b.torch_versions),
+        summary=_summary(models),
+        models=models,
+        only_in_a=[m.model for m in models if m.presence == "a"],
+        only_in_b=[m.model for m in models if m.presence == "b"],
+    )
+    report.regressions = [Regression(**found) for found in regressions(report.model_dump(mode="json"))]
+    report.summary.regressions = len(report.regressions)
+    return report
 
 
-def _summary(models: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    both = [m for m in models if m["presence"] == "both"]
-    changes = [m["status"]["change"] for m in models]
-    return {
-        "models": len(models),
-        "in_both": len(both),
-        "only_in_a": changes.count("only_in_a"),
-        "only_in_b": changes.count("only_in_b"),
-        "newly_failing": changes.count("newly_failing"),
-        "newly_passing": changes.count("newly_passing"),
-        "still_failing": changes.count("still_failing"),
-        "changed": sum(1 for m in both if m["changes"]),
-        "unchanged": sum(1 for m in both if not m["changes"]),
+def _summary(models: Sequence[ModelDrift]) -> DriftSummary:
+    both = [m for m in models if m.presence == "both"]
+    changes = [m.status.change for m in models]
+    return DriftSummary(
+        models=len(models),
+        in_both=len(both),
+        only_in_a=changes.count("only_in_a"),
+        only_in_b=changes.count("only_in_b"),
+        newly_failing=changes.count("newly_failing"),
+        newly_passing=changes.count("newly_passing"),
+        still_failing=changes.count("still_failing"),
+        changed=sum(1 for m in both if m.changes),
+        unchanged=sum(1 for m in both if not m.changes),
         # a torch upgrade changes every stage key (the source key does not depend on torch)
-        "all_keys_changed": sum(
-            1 for m in both
-            if m["keys_changed"] and set(m["keys_changed"]) >= set(m["status"]["a"]["stages"]) & set(m["status"]["b"]["stages"])
-        ),
-    }
+        all_keys_changed=sum(1 for m in both if m.keys_changed and set(m.keys_changed) >= _stages_of(m.status.a) & _stages_of(m.status.b)),
+    )
+
+
+def _stages_of(state: ModelState | None) -> set[str]:
+    return set(state.stages) if state is not None else set()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +153,7 @@ def _original_compile_records(index: Any, cached: Sequence[Mapping[str, Any]]) -
     return found
 
 
-def _state(stages: Stages | None) -> dict[str, Any] | None:
+def _state(stages: Stages | None) -> ModelState | None:
     """A model's outcome in one run: ok, or failed at its first failed stage with the error class."""
     if stages is None:
         return None
@@ -139,17 +162,17 @@ def _state(stages: Stages | None) -> dict[str, Any] | None:
     ran = [s for s in STAGES if s in stages and s != "source"]
     message = (first or {}).get("error_message")
     strategy = (stages.get("trace") or {}).get("strategy")
-    return {
-        "status": "failed" if failed else "ok",
-        "failed_stage": failed[0] if failed else None,
-        "error_class": first.get("error_class") if first else None,
-        "error": (message[:300] + " …") if message and len(message) > 300 else message,
-        "stages": ran,
-        "cached": bool(ran) and all(stages[s].get("cached") for s in ran),
+    return ModelState(
+        status="failed" if failed else "ok",
+        failed_stage=failed[0] if failed else None,
+        error_class=first.get("error_class") if first else None,
+        error=(message[:300] + " …") if message and len(message) > 300 else message,
+        stages=ran,
+        cached=bool(ran) and all(stages[s].get("cached") for s in ran),
         # the trace ladder gave up the dynamic dims: the program takes only the example's shapes
-        "trace_strategy": strategy,
-        "static_fallback": strategy == "static",
-    }
+        trace_strategy=strategy,
+        static_fallback=strategy == "static",
+    )
 
 
 def _graph(stages: Stages) -> dict[str, Any]:
@@ -204,27 +227,27 @@ def _torch_of(stages: Stages | None) -> str | None:
     return ", ".join(versions) or None
 
 
-def _run_summary(run_id: str, per_model: Mapping[str, Stages], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _run_summary(run_id: str, per_model: Mapping[str, Stages], rows: Sequence[Mapping[str, Any]]) -> RunInfo:
     starts = [r.get("started_at") or r.get("ended_at") for r in rows if r.get("started_at") or r.get("ended_at")]
     ends = [r["ended_at"] for r in rows if r.get("ended_at")]
     states = [_state(stages) for stages in per_model.values()]
-    return {
-        "run_id": run_id,
-        "started_at": iso(min(starts) if starts else None),
-        "ended_at": iso(max(ends) if ends else None),
-        "torch_versions": sorted({r["torch_version"] for r in rows if r.get("torch_version")}),
-        "models": len(per_model),
-        "ok": sum(1 for s in states if s and s["status"] == "ok"),
-        "failed": sum(1 for s in states if s and s["status"] != "ok"),
-        "records": len(rows),
-    }
+    return RunInfo(
+        run_id=run_id,
+        started_at=iso(min(starts) if starts else None),
+        ended_at=iso(max(ends) if ends else None),
+        torch_versions=sorted({r["torch_version"] for r in rows if r.get("torch_version")}),
+        models=len(per_model),
+        ok=sum(1 for s in states if s and s.status == "ok"),
+        failed=sum(1 for s in states if s and s.status != "ok"),
+        records=len(rows),
+    )
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
 
 
-def _torch_change(a: Sequence[str], b: Sequence[str]) -> dict[str, Any]:
+def _torch_change(a: Sequence[str], b: Sequence[str]) -> TorchChange:
     shown_a, shown_b = ", ".join(a) or None, ", ".join(b) or None
     change = "same"
     if shown_a != shown_b:
@@ -232,89 +255,83 @@ def _torch_change(a: Sequence[str], b: Sequence[str]) -> dict[str, Any]:
         if len(a) == 1 and len(b) == 1:
             ta, tb = _version_tuple(a[0]), _version_tuple(b[0])
             change = "upgrade" if tb > ta else ("downgrade" if tb < ta else "changed")
-    return {"a": shown_a, "b": shown_b, "change": change, "changed": change != "same"}
+    return TorchChange(a=shown_a, b=shown_b, change=change, changed=change != "same")
 
 
 # ---------------------------------------------------------------------------------------------
 # one model, before and after
 
 
-def _pair(a: Any, b: Any) -> dict[str, Any]:
-    """Two values of one fact; `changed` only when both runs know it."""
-    return {"a": a, "b": b, "changed": a is not None and b is not None and a != b}
-
-
-def _numbers(a: Any, b: Any) -> dict[str, Any]:
-    """Two measurements with their difference and ratio (b / a)."""
-    both = a is not None and b is not None
-    ratio = None
-    if both:
-        ratio = (b / a) if a else (None if b else 1.0)
-    return {"a": a, "b": b, "delta": (b - a) if both else None, "ratio": ratio, "changed": both and a != b}
-
-
-def _histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]:
+def _histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> OpHistogramDiff:
     added = {op: b[op] for op in sorted(set(b) - set(a))}
     removed = {op: a[op] for op in sorted(set(a) - set(b))}
     changed = {op: [a[op], b[op]] for op in sorted(set(a) & set(b)) if a[op] != b[op]}
-    return {"added": added, "removed": removed, "changed": changed}
+    return OpHistogramDiff(added=added, removed=removed, changed=changed, changed_ops=len(added) + len(removed) + len(changed))
 
 
-def _status_change(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str:
+def _status_change(a: ModelState | None, b: ModelState | None) -> str:
     if a is None:
         return "only_in_b"
     if b is None:
         return "only_in_a"
-    if a["status"] == "ok" and b["status"] != "ok":
+    if a.status == "ok" and b.status != "ok":
         return "newly_failing"
-    if a["status"] != "ok" and b["status"] == "ok":
+    if a.status != "ok" and b.status == "ok":
         return "newly_passing"
-    if a["status"] != "ok":
+    if a.status != "ok":
         return "still_failing"
     return "ok"
 
 
-def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Stages) -> dict[str, Any]:
+def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Stages) -> ModelDrift:
     state_a, state_b = _state(a), _state(b)
-    entry: dict[str, Any] = {
-        "model": name,
-        "presence": "both" if a is not None and b is not None else ("a" if a is not None else "b"),
-        "status": {"a": state_a, "b": state_b, "change": _status_change(state_a, state_b)},
-        "torch_version": _pair(_torch_of(a), _torch_of(b)),
-    }
+    presence = "both" if a is not None and b is not None else ("a" if a is not None else "b")
+    torch_version = Pair.of(_torch_of(a), _torch_of(b))
     a, b = a or {}, b or {}
-    entry["source"] = _source_facts(a.get("source") or {}, b.get("source") or {})
-    static_a, static_b = bool(state_a and state_a["static_fallback"]), bool(state_b and state_b["static_fallback"])
-    entry["static_fallback"] = {"a": static_a, "b": static_b, "changed": state_a is not None and state_b is not None and static_a != static_b}
-    entry["keys_changed"] = [s for s in STAGES if s in a and s in b and a[s].get("key") and b[s].get("key") and a[s]["key"] != b[s]["key"]]
-    entry["graph"] = _graph_facts(_graph(a), _graph(b))
-    entry.update(_cost_facts(a, b, originals))
-    entry.update(_validation_facts(_validation(a), _validation(b)))
-    entry["changes"] = _changes(entry)
+    static_a, static_b = bool(state_a and state_a.static_fallback), bool(state_b and state_b.static_fallback)
+    validation, latency = _validation_facts(_validation(a), _validation(b))
+    entry = ModelDrift(
+        model=name,
+        presence=presence,
+        status=StatusChange(a=state_a, b=state_b, change=_status_change(state_a, state_b)),
+        torch_version=torch_version,
+        source=_source_facts(a.get("source") or {}, b.get("source") or {}),
+        static_fallback=Pair(a=static_a, b=static_b, changed=state_a is not None and state_b is not None and static_a != static_b),
+        keys_changed=[s for s in STAGES if s in a and s in b and a[s].get("key") and b[s].get("key") and a[s]["key"] != b[s]["key"]],
+        graph=_graph_facts(_graph(a), _graph(b)),
+        **_cost_facts(a, b, originals),
+        validation=validation,
+        latency_ms=latency,
+        changes=[],
+    )
+    entry.changes = _changes(entry)
     return entry
 
 
-def _source_facts(src_a: Mapping[str, Any], src_b: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "factory": _pair(src_a.get("factory"), src_b.get("factory")),
-        "kwargs": _pair(_loads(src_a.get("kwargs")), _loads(src_b.get("kwargs"))),
-        "code_hash": _pair(src_a.get("code_hash"), src_b.get("code_hash")),
+def _source_facts(src_a: Mapping[str, Any], src_b: Mapping[str, Any]) -> SourceFacts:
+    return SourceFacts(
+        factory=Pair.of(src_a.get("factory"), src_b.get("factory")),
+        kwargs=Pair.of(_loads(src_a.get("kwargs")), _loads(src_b.get("kwargs"))),
+        code_hash=Pair.of(src_a.get("code_hash"), src_b.get("code_hash")),
         # no weights (factory init) is a value too: None -> digest is a change
-        "weights": {"a": src_a.get("weights_digest"), "b": src_b.get("weights_digest"),
-                    "changed": bool(src_a) and bool(src_b) and src_a.get("weights_digest") != src_b.get("weights_digest")},
-    }
+        weights=Pair(
+            a=src_a.get("weights_digest"),
+            b=src_b.get("weights_digest"),
+            changed=bool(src_a) and bool(src_b) and src_a.get("weights_digest") != src_b.get("weights_digest"),
+        ),
+    )
 
 
-def _graph_facts(graph_a: Mapping[str, Any], graph_b: Mapping[str, Any]) -> dict[str, Any]:
-    hist = _histogram_diff(graph_a.get("op_histogram") or {}, graph_b.get("op_histogram") or {}) if graph_a and graph_b else {"added": {}, "removed": {}, "changed": {}}
-    return {
-        "stage": _pair(graph_a.get("stage"), graph_b.get("stage")),
-        "fingerprint": _pair(graph_a.get("fingerprint"), graph_b.get("fingerprint")),
-        "node_count": _numbers(graph_a.get("node_count"), graph_b.get("node_count")),
-        "op_histogram": {**hist, "changed_ops": len(hist["added"]) + len(hist["removed"]) + len(hist["changed"])},
-        "signature": _pair(graph_a.get("signature"), graph_b.get("signature")),
-        "range_constraints": _pair(graph_a.get("range_constraints"), graph_b.get("range_constraints")),
-    }
+def _graph_facts(graph_a: Mapping[str, Any], graph_b: Mapping[str, Any]) -> GraphFacts:
+    hist = _histogram_diff(graph_a.get("op_histogram") or {}, graph_b.get("op_histogram") or {}) if graph_a and graph_b else _histogram_diff({}, {})
+    return GraphFacts(
+        stage=Pair.of(graph_a.get("stage"), graph_b.get("stage")),
+        fingerprint=Pair.of(graph_a.get("fingerprint"), graph_b.get("fingerprint")),
+        node_count=Numbers.of(graph_a.get("node_count"), graph_b.get("node_count")),
+        op_histogram=hist,
+        signature=Pair.of(graph_a.get("signature"), graph_b.get("signature")),
+        range_constraints=Pair.of(graph_a.get("range_constraints"), graph_b.get("range_constraints")),
+    )
 
 
 def _cost_facts(a: Stages, b: Stages, originals: Stages) -> dict[str, Any]:
@@ -323,55 +340,49 @@ def _cost_facts(a: Stages, b: Stages, originals: Stages) -> dict[str, Any]:
     package_a, package_b = _ok(a, "aot_compile"), _ok(b, "aot_compile")
     secs_a, cached_a, by_a = _compile_time(package_a, originals)
     secs_b, cached_b, by_b = _compile_time(package_b, originals)
+    seconds = Numbers.of(secs_a, secs_b)
     return {
-        "archive_size": _numbers((archive_a or {}).get("size"), (archive_b or {}).get("size")),
-        "package_size": _numbers((package_a or {}).get("size"), (package_b or {}).get("size")),
-        "compile_seconds": {
-            **_numbers(secs_a, secs_b),
-            "a_cached": cached_a,
-            "b_cached": cached_b,
-            "a_compiled_in": by_a,
-            "b_compiled_in": by_b,
-        },
+        "archive_size": Numbers.of((archive_a or {}).get("size"), (archive_b or {}).get("size")),
+        "package_size": Numbers.of((package_a or {}).get("size"), (package_b or {}).get("size")),
+        "compile_seconds": CompileSeconds(**dict(seconds), a_cached=cached_a, b_cached=cached_b, a_compiled_in=by_a, b_compiled_in=by_b),
     }
 
 
-def _validation_facts(val_a: Mapping[str, Any], val_b: Mapping[str, Any]) -> dict[str, Any]:
+def _validation_facts(val_a: Mapping[str, Any], val_b: Mapping[str, Any]) -> tuple[ValidationFacts, dict[str, Numbers] | None]:
+    """The validation facts, and the latency per measurement (None: neither run measured it)."""
     lat_a, lat_b = val_a.get("latency_ms") or {}, val_b.get("latency_ms") or {}
-    return {
-        "validation": {
-            "passed": _pair(val_a.get("passed"), val_b.get("passed")),
-            "max_abs_err": _numbers(val_a.get("max_abs_err"), val_b.get("max_abs_err")),
-            "max_rel_err": _numbers(val_a.get("max_rel_err"), val_b.get("max_rel_err")),
-            "a_cached": val_a.get("cached", False),
-            "b_cached": val_b.get("cached", False),
-        },
-        "latency_ms": {k: _numbers(lat_a.get(k), lat_b.get(k)) for k in sorted(set(lat_a) | set(lat_b))} or None,
-    }
+    facts = ValidationFacts(
+        passed=Pair.of(val_a.get("passed"), val_b.get("passed")),
+        max_abs_err=Numbers.of(val_a.get("max_abs_err"), val_b.get("max_abs_err")),
+        max_rel_err=Numbers.of(val_a.get("max_rel_err"), val_b.get("max_rel_err")),
+        a_cached=val_a.get("cached", False),
+        b_cached=val_b.get("cached", False),
+    )
+    return facts, {k: Numbers.of(lat_a.get(k), lat_b.get(k)) for k in sorted(set(lat_a) | set(lat_b))} or None
 
 
-def _changes(entry: Mapping[str, Any]) -> list[str]:
+def _changes(entry: ModelDrift) -> list[str]:
     """Names of the facts that differ between the runs (timings are measurements, not listed)."""
-    if entry["presence"] != "both":
-        return ["only_in_" + entry["presence"]]
+    if entry.presence != "both":
+        return ["only_in_" + entry.presence]
     out = []
-    status_a, status_b = entry["status"]["a"], entry["status"]["b"]
-    if entry["status"]["change"] not in ("ok", "still_failing"):
+    status = entry.status
+    if status.change not in ("ok", "still_failing"):
         out.append("status")
-    elif entry["status"]["change"] == "still_failing" and (
-        (status_a["failed_stage"], status_a["error_class"]) != (status_b["failed_stage"], status_b["error_class"])
+    elif status.change == "still_failing" and status.a and status.b and (
+        (status.a.failed_stage, status.a.error_class) != (status.b.failed_stage, status.b.error_class)
     ):
         out.append("failure")
-    out += [field for field in ("factory", "kwargs", "code_hash", "weights") if entry["source"][field]["changed"]]
-    if entry.get("static_fallback", {}).get("changed"):
+    out += [field for field in ("factory", "kwargs", "code_hash", "weights") if getattr(entry.source, field).changed]
+    if entry.static_fallback.changed:
         out.append("static_fallback")
-    if entry["torch_version"]["changed"]:
+    if entry.torch_version.changed:
         out.append("torch_version")
-    graph = entry["graph"]
-    out += [field for field in ("fingerprint", "node_count", "signature", "range_constraints") if graph[field]["changed"]]
-    if graph["op_histogram"]["changed_ops"]:
+    graph = entry.graph
+    out += [field for field in ("fingerprint", "node_count", "signature", "range_constraints") if getattr(graph, field).changed]
+    if graph.op_histogram.changed_ops:
         out.append("op_histogram")
-    out += [field for field in ("archive_size", "package_size") if entry[field]["changed"]]
-    if entry["validation"]["max_abs_err"]["changed"]:
+    out += [field for field, facts in (("archive_size", entry.archive_size), ("package_size", entry.package_size)) if facts.changed]
+    if entry.validation.max_abs_err.changed:
         out.append("max_abs_err")
     return out

@@ -622,3 +622,21 @@ def test_a_model_that_newly_falls_back_to_static_shapes_is_a_regression_every_vi
     console = Console(record=True, width=200)
     render_terminal(comparison, console)
     assert "static!" in console.export_text()
+
+
+def test_the_drift_report_is_its_typed_model(store: ArtifactStore) -> None:
+    """compare_runs() dumps the DriftReport model: the same keys in the same order, and the
+    JSON validated back through the model dumps to itself."""
+    from pt2flow.flows.report.drift import DriftReport
+
+    comparison = fleet(store)
+    assert list(comparison) == ["report_version", "runs", "torch", "summary", "models", "only_in_a", "only_in_b", "regressions"]
+    assert list(comparison["summary"])[-1] == "regressions" and comparison["summary"]["regressions"] == len(comparison["regressions"]) > 0
+    assert list(comparison["models"][0]) == [
+        "model", "presence", "status", "torch_version", "source", "static_fallback", "keys_changed", "graph",
+        "archive_size", "package_size", "compile_seconds", "validation", "latency_ms", "changes",
+    ]
+    assert list(comparison["regressions"][0]) == ["model", "rule", "a", "b", "ratio", "message"]
+    text = json.dumps(comparison)
+    again = DriftReport.model_validate_json(text).model_dump(mode="json")
+    assert json.dumps(again) == text

@@ -98,6 +98,19 @@ def test_run_json_contract_digests_and_archive(tmp_path: Path) -> None:
         assert {k: v["artifact"] for k, v in model["stages"].items()} == {k: v["artifact"] for k, v in by_name[model["name"]]["stages"].items()}
     assert doc2["run_id"] != doc["run_id"]
 
+    # both documents are the typed RunDocument's dump, and the drift report between the two runs
+    # is the typed DriftReport's: validated back, each dumps to the same JSON, key order included
+    from pt2flow.flows.engine.documents import RunDocument
+    from pt2flow.flows.report.drift import DriftReport
+
+    for document in (doc, doc2):
+        assert list(document) == ["run_id", "store", "summary", "models", "workers"]
+        assert json.dumps(RunDocument.model_validate(document).model_dump(mode="json")) == json.dumps(document)
+    code3, drift, stderr3 = run_json(["report", doc["run_id"], doc2["run_id"], "--store", str(store_dir)])
+    assert code3 == 0, stderr3[-3000:]
+    assert json.dumps(DriftReport.model_validate(drift).model_dump(mode="json")) == json.dumps(drift)
+    assert drift["summary"]["models"] == 2 and drift["summary"]["unchanged"] == 2
+
 
 def test_run_summary_table_without_json(tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.yaml", [mlp_entry()], stages=["trace", "serialize", "validate"])

@@ -131,7 +131,7 @@ def call_validate(
     from pt2flow.flows.config.load import parse_config
     from pt2flow.flows.engine import compute
     from pt2flow.flows.engine.bookkeeping import StageRun
-    from pt2flow.flows.engine.context import RunContext
+    from pt2flow.flows.engine.context import Outcome, RunContext
     from tests.conftest import ROOT
 
     text = (
@@ -140,10 +140,10 @@ def call_validate(
     )
     model = parse_config(text, source="security.yaml", base_dir=str(ROOT)).models[0]
     ctx = RunContext(run_id="security-test", store_url=store_url, stages=tuple(STAGES))
-    inputs = {"source": source or {"key": "security-source-key", "details": {}}, "trace": {"details": {}}}
-    inputs.update({name: c for name, c in (("serialize", archive), ("aot_compile", package)) if c is not None})
+    given = {"source": source or {"key": "security-source-key"}, "trace": {}, "serialize": archive, "aot_compile": package}
+    inputs = {name: Outcome.model_validate(c) for name, c in given.items() if c is not None}
     status, payload = compute.run_stage("validate", model, ctx, inputs, "security-validate-key")
     run = StageRun("validate", model, ctx, "security-validate-key", [c["key"] for c in (archive, package) if c])
     if status == "ok":
-        return run.published(payload)
-    return run.fail(payload["error_class"], payload["error"], details=payload["details"], report=payload["report"]).outcome
+        return run.published(payload).model_dump()
+    return run.fail(payload["error_class"], payload["error"], details=payload["details"], report=payload["report"]).outcome.model_dump()
