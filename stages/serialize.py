@@ -153,8 +153,24 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
     changed = roundtrip_differences(ep, reloaded)
     if changed:
         raise StageError("serialization", f"the reloaded program differs from the saved one: {'; '.join(changed)}")
-    result_meta = {**program.describe(ep), "size": len(data)}
+    result_meta = {**program.describe(ep), "size": len(data), "archive_version": archive_version(data)}
     return StageResult(output=data, metadata=result_meta, warnings=sink.items)
+
+
+def archive_version(data: bytes) -> str | None:
+    """The serializer schema version ("major.minor") an archive's program was written with: what
+    a torch that reads it must support (torch._export.serde.schema.SCHEMA_VERSION when written)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            name = next(n for n in sorted(archive.namelist()) if "/models/" in n and n.endswith(".json"))
+            version = json.loads(archive.read(name)).get("schema_version") or {}
+    except (zipfile.BadZipFile, StopIteration, ValueError, KeyError):
+        return None
+    if "major" not in version:
+        return None
+    return f"{version['major']}.{version.get('minor', 0)}"
 
 
 def roundtrip_differences(saved: ExportedProgram, loaded: ExportedProgram) -> list[str]:

@@ -16,22 +16,27 @@ DEFAULT_GRACE_SECONDS = 3600
 
 
 def _referenced(store: Any) -> dict[str, dict[str, Any]]:
-    """digest -> {"size": recorded size, "records": [...]} for every blob a record points to."""
+    """digest -> {"size": recorded size, "records": [...]} for every blob a record points to: its
+    artifact, the source's weights, validate's stored inputs and outputs (details.io)."""
     table = store.index.scan(["record_id", "run_id", "model", "stage", "sha256", "size", "weights_digest", "details"])
     refs: dict[str, dict[str, Any]] = {}
+
+    def add(digest: str, size: Any, who: dict[str, Any]) -> None:
+        refs.setdefault(digest, {"size": size, "records": []})["records"].append(who)
+
     for row in table.to_pylist():
         who = {"record_id": row["record_id"], "model": row["model"], "stage": row["stage"], "run_id": row["run_id"]}
         if row["sha256"]:
-            entry = refs.setdefault(row["sha256"], {"size": row["size"], "records": []})
-            entry["records"].append(who)
+            add(row["sha256"], row["size"], who)
+        try:
+            details = json.loads(row["details"] or "{}")
+        except ValueError:
+            details = {}
         if row["weights_digest"]:
-            size = None
-            try:
-                size = (json.loads(row["details"] or "{}").get("weights") or {}).get("size")
-            except ValueError:
-                pass
-            entry = refs.setdefault(row["weights_digest"], {"size": size, "records": []})
-            entry["records"].append({**who, "as": "weights"})
+            add(row["weights_digest"], (details.get("weights") or {}).get("size"), {**who, "as": "weights"})
+        io = details.get("io") if isinstance(details, dict) else None
+        if isinstance(io, dict) and io.get("sha256"):
+            add(io["sha256"], io.get("size"), {**who, "as": "validation inputs and outputs"})
     return refs
 
 

@@ -55,6 +55,8 @@ def ls_filter(args: Args) -> Any:
         conditions.append(pc.field("status") == args.status)
     if args.torch:
         conditions.append(pc.field("torch_version") == args.torch)
+    if args.archive_version:
+        conditions.append(pc.field("archive_version") == args.archive_version)
     if args.run:
         conditions.append(pc.field("run_id") == args.run)
     if args.since:
@@ -69,7 +71,7 @@ def ls_filter(args: Args) -> Any:
 
 LS_COLUMNS = (
     "record_id", "run_id", "model", "stage", "status", "cached", "sha256", "size", "seconds",
-    "error_class", "ended_at", "torch_version", "max_abs_err", "passed",
+    "error_class", "ended_at", "torch_version", "max_abs_err", "passed", "archive_version",
 )
 
 
@@ -79,6 +81,7 @@ LS_COLUMNS = (
 @click.option("--stage", metavar="S", type=click.Choice(STAGE_NAMES))
 @click.option("--status", type=click.Choice(["ok", "failed"]))
 @click.option("--torch", metavar="VERSION", help="only records made with this torch version")
+@click.option("--archive-version", "archive_version", metavar="MAJOR.MINOR", help="only serialize records whose archive has this torch.export schema version")
 @click.option("--run", metavar="RUN_ID", help="only records of this run")
 @click.option("--since", metavar="DATE", help="only records that ended at or after this ISO date/time (UTC)")
 @click.option("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")

@@ -225,7 +225,11 @@ def validate(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome
         training=model.training,
     )
     report = json.dumps(result.output, indent=1, default=str).encode()
-    return _publish(store, report, fingerprint=None, details={"validation": validation_summary(result.output)}, warnings=result.warnings)
+    details: dict[str, Any] = {"validation": validation_summary(result.output)}
+    if "io" in result.side:  # the inputs and eager outputs, for check-compat after a torch upgrade
+        io_ref = store.put_blob(result.side["io"])
+        details["io"] = {"sha256": io_ref.digest, "size": io_ref.size}
+    return _publish(store, report, fingerprint=None, details=details, warnings=result.warnings)
 
 
 COMPUTE: dict[str, Callable[[ResolvedModel, RunContext, Mapping[str, Outcome], str], Produced]] = {

@@ -26,6 +26,7 @@ ARTIFACT_FACTS = (
     "strategy",
     "details",
     "blob_stat",
+    "archive_version",
 )
 
 
@@ -92,6 +93,8 @@ def artifact_facts(outcome: Outcome) -> dict[str, Any]:
         facts["node_count"] = details.pop("node_count")
     if "strategy" in details:
         facts["strategy"] = details["strategy"]
+    if "archive_version" in details:
+        facts["archive_version"] = details.pop("archive_version")
     validation = details.get("validation")
     if validation:
         facts.update(validation=_json(validation), passed=bool(validation.get("passed")), max_abs_err=validation.get("max_abs_err"), max_rel_err=validation.get("max_rel_err"))

@@ -173,3 +173,81 @@ def test_schema_prints_the_shipped_json_schema() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (ROOT / "docs" / "config.schema.json").read_text()
     assert json.loads(proc.stdout)["properties"]["version"] == {"const": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# check-compat
+
+
+def _altered_archive(data: bytes, major: int) -> bytes:
+    """The archive with its program's serializer schema version set to `major`.0, as an archive
+    written by a torch whose format this one does not read."""
+    import io
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            content = src.read(info.filename)
+            if "/models/" in info.filename and info.filename.endswith(".json"):
+                program = json.loads(content)
+                program["schema_version"] = {"major": major, "minor": 0}
+                content = json.dumps(program).encode()
+            dst.writestr(info, content)
+    return out.getvalue()
+
+
+@pytest.mark.compile
+def test_check_compat_passes_a_run_and_flags_an_archive_of_an_unsupported_format(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", [
+        {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}},
+         "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}}},
+    ])
+    store = str(tmp_path / "store")
+    code, doc, stderr = run_json(["run", str(config), "--store", store])
+    assert code == 0, stderr[-3000:]
+
+    # the archive version is on record, and ls filters by it
+    code, rows, _ = run_json(["ls", "--archive-version", torch_archive_version(), "--store", store])
+    assert code == 0 and [(r["model"], r["stage"]) for r in rows] == [("mlp", "serialize")]
+
+    code, report, stderr = run_json(["check-compat", "--store", store, "--html", str(tmp_path / "compat.html")])
+    assert code == 0, stderr
+    (model,) = report["models"]
+    assert report["run_id"] == doc["run_id"] and report["built_with"] == [torch.__version__]
+    for kind in ("archive", "compiled"):
+        checked = model[kind]
+        assert (checked["loads"], checked["runs"], checked["matches"], checked["error_class"]) == (True, True, True, None), checked
+        assert checked["samples"] == 3 and checked["max_abs_err"] <= 1e-5  # every validation sample, from the stored inputs
+    assert model["archive"]["archive_version"] == torch_archive_version()
+    html = (tmp_path / "compat.html").read_text()
+    assert "<script" not in html and "mlp" in html and doc["run_id"] in html
+
+    # the same run, but its archive written in a format version this torch does not read
+    records = [r for r in ArtifactStore(store).index.read().to_pylist() if r["run_id"] == doc["run_id"]]
+    serialized = next(r for r in records if r["stage"] == "serialize")
+    altered = ArtifactStore(store).put_blob(_altered_archive(ArtifactStore(store).get_blob(serialized["sha256"]), 99))
+    upgraded_run = "altered-" + doc["run_id"]
+    copies = []
+    for r in records:
+        r = {**r, "record_id": r["record_id"] + "x", "run_id": upgraded_run}
+        if r["stage"] == "serialize":
+            r.update(sha256=altered.digest, size=altered.size, archive_version="99.0")
+        copies.append(r)
+    ArtifactStore(store).index.append(copies)
+
+    code, report, stderr = run_json(["check-compat", upgraded_run, "--store", store])
+    assert code == 1, stderr
+    (model,) = report["models"]
+    assert model["status"] == "failed" and model["error_class"] == "incompatible"
+    assert model["archive"]["loads"] is False and model["archive"]["error_class"] == "incompatible"
+    assert "schema version" in model["archive"]["error"] and "99" in model["archive"]["error"]
+    assert model["compiled"]["matches"] is True  # the package is untouched and still fine
+    proc = run_cli(["check-compat", upgraded_run[:12], "--store", store])  # a unique prefix
+    assert proc.returncode == 1 and "incompatible" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def torch_archive_version() -> str:
+    from torch._export.serde.schema import SCHEMA_VERSION
+
+    return f"{SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}"
