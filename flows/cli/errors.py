@@ -17,7 +17,7 @@ import sys
 
 import click
 
-from pt2flow.flows.cli.options import UsageError
+from pt2flow.flows.options import UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 

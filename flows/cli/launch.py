@@ -1,6 +1,7 @@
 """What `run` and `serve` share: the options that say what to run and where, loading the config
 with --only/--stages applied, and opening the store they will write. Every check raises
-(UsageError, ConfigError: exit 2); torch and Prefect are never imported here."""
+(UsageError, ConfigError: exit 2); the checks themselves are flows/api/running.py's, which the
+Python API uses too. torch and Prefect are never imported here."""
 
 from __future__ import annotations
 
@@ -8,15 +9,11 @@ from typing import Any
 
 import click
 
-from pt2flow.flows.cli.options import UsageError, merge_options, parse_storage_options
+from pt2flow.flows.api.running import refuse_credentials  # noqa: F401  (run and serve check the URL alike)
 from pt2flow.flows.cli.support import Args, store_options
+from pt2flow.flows.options import parse_storage_options
 
 CONFIG_HELP = {"CONFIG": "pipeline config (YAML, schema version 1)"}
-
-CREDENTIALS_IN_URL = (
-    "the store URL holds credentials, which would be saved in Prefect's flow parameters; "
-    "pass them with --storage-option, the config's storage_options or the environment"
-)
 
 
 def fleet_options(fn: Any) -> Any:
@@ -43,37 +40,14 @@ def runner_of(args: Args) -> str:
 
 def load_for_run(args: Args) -> Any:
     """The config with --only/--stages applied; raises ConfigError or UsageError."""
-    from pt2flow.flows.config import apply_overrides, load_config
+    from pt2flow.flows.api.running import load_for_run as load
 
-    pipeline = load_config(args.config)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
-    pipeline = apply_overrides(pipeline, only=args.only or (), stages=stages)
-    if args.workers is not None and args.workers < 1:
-        raise UsageError("--workers must be at least 1")
-    if args.dask_address and args.runner != "dask":
-        raise UsageError("--dask-address needs --runner dask")
-    return pipeline
-
-
-def refuse_credentials(store_url: str) -> None:
-    """A store URL with credentials would be saved in Prefect's flow parameters: refused."""
-    from pt2flow.storage.urls import redact_url
-
-    if redact_url(store_url) != store_url:
-        raise UsageError(CREDENTIALS_IN_URL)
+    return load(args.config, only=args.only or (), stages=stages, workers=args.workers, runner=runner_of(args), dask_address=args.dask_address)
 
 
 def open_checked_store(store_url: str, pipeline: Any, args: Args) -> Any:
-    """Set the run's storage options (config, then --storage-option) in this process'
-    environment and open the store; UsageError if it is unreachable."""
-    from pt2flow.flows.engine import runtime
-    from pt2flow.storage.urls import redact_url
+    """The store of a run, with the config's storage options and --storage-option over them."""
+    from pt2flow.flows.api.running import open_checked_store as open_checked
 
-    options = merge_options(dict(pipeline.storage_options), parse_storage_options(args.storage_option or []))
-    runtime.set_storage_options(store_url, options)
-    try:
-        store = runtime.open_store(store_url)
-        store.index.files()  # fail fast on an unreachable store
-    except Exception as exc:
-        raise UsageError(f"store {redact_url(store_url)}: {exc}") from exc
-    return store
+    return open_checked(store_url, pipeline, parse_storage_options(args.storage_option or []))

@@ -1,59 +1,13 @@
 """Store upkeep for the CLI: verify (re-hash every blob) and gc (delete unreferenced blobs, compact
-the index). Storage only: no torch, no Prefect."""
+the index), printing what flows/api/upkeep.py finds. Storage only: no torch, no Prefect."""
 
 from __future__ import annotations
 
-import json
-from datetime import datetime, timedelta, timezone
-from typing import Any
-
 import click
 
+from pt2flow.flows.api.upkeep import DEFAULT_GRACE_SECONDS, collect_garbage, verify_store
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK
 from pt2flow.flows.cli.support import Args, command, dump, format_size, json_option, open_store, store_options
-
-DEFAULT_GRACE_SECONDS = 3600
-
-
-def _referenced(store: Any) -> dict[str, dict[str, Any]]:
-    """digest -> {"size": recorded size, "records": [...]} for every blob a record points to: its
-    artifact, the source's weights, validate's stored inputs and outputs (details.io)."""
-    table = store.index.scan(["record_id", "run_id", "model", "stage", "sha256", "size", "weights_digest", "details"])
-    refs: dict[str, dict[str, Any]] = {}
-
-    def add(digest: str, size: Any, who: dict[str, Any]) -> None:
-        refs.setdefault(digest, {"size": size, "records": []})["records"].append(who)
-
-    for row in table.to_pylist():
-        who = {"record_id": row["record_id"], "model": row["model"], "stage": row["stage"], "run_id": row["run_id"]}
-        if row["sha256"]:
-            add(row["sha256"], row["size"], who)
-        try:
-            details = json.loads(row["details"] or "{}")
-        except ValueError:
-            details = {}
-        if row["weights_digest"]:
-            add(row["weights_digest"], (details.get("weights") or {}).get("size"), {**who, "as": "weights"})
-        io = details.get("io") if isinstance(details, dict) else None
-        if isinstance(io, dict) and io.get("sha256"):
-            add(io["sha256"], io.get("size"), {**who, "as": "validation inputs and outputs"})
-    return refs
-
-
-def verify_store(store: Any) -> dict[str, Any]:
-    """Re-hash every blob in the store and every blob the index references."""
-    refs = _referenced(store)
-    present = {b.digest: b for b in store.list_blobs()}
-    missing, corrupt = [], []
-    for digest in sorted(set(refs) | set(present)):
-        ref = refs.get(digest, {"size": None, "records": []})
-        if digest not in present:
-            missing.append({"sha256": digest, "records": ref["records"]})
-            continue
-        status = store.blob_status(digest, ref["size"])
-        if status != "ok":
-            corrupt.append({"sha256": digest, "status": status, "records": ref["records"]})
-    return {"checked": len(set(refs) | set(present)), "missing": missing, "corrupt": corrupt}
 
 
 @command("verify", help="Re-hash every blob; exit 1 naming each missing or corrupt blob and the records that point to it.")
@@ -72,34 +26,6 @@ def verify_command(args: Args) -> int:
                 users = ", ".join(f"{r['model']}/{r['stage']} (run {r['run_id']})" for r in item["records"]) or "no record"
                 print(f"  {label}: {item['sha256']} — used by {users}")
     return EXIT_FAILED if bad else EXIT_OK
-
-
-def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
-    """Delete blobs no record references and older than the grace period (a running export may
-    have published a blob whose record is not written yet)."""
-    refs = _referenced(store)
-    cutoff = datetime.now(timezone.utc) - timedelta(seconds=grace_seconds)
-    unreferenced, kept_young = [], 0
-    for blob in store.list_blobs():
-        if blob.digest in refs:
-            continue
-        if blob.modified is None or blob.modified > cutoff:
-            kept_young += 1
-            continue
-        unreferenced.append(blob)
-    freed = sum(blob.size for blob in unreferenced)
-    # temp files of writers killed mid-write (local stores without O_TMPFILE), past the grace period
-    stale = [t for t in store.temp_files() if t.modified is not None and t.modified <= cutoff]
-    if not dry_run:
-        store.delete_blobs(b.digest for b in unreferenced)
-        for temp in stale:
-            store.delete_temp_file(temp.path)
-    return {
-        "deleted" if not dry_run else "would_delete": [b.digest for b in unreferenced],
-        "bytes": freed,
-        "kept_within_grace": kept_young,
-        "temp_files_deleted" if not dry_run else "temp_files_would_delete": len(stale),
-    }
 
 
 @command(

@@ -30,43 +30,16 @@ def _when(value: Any) -> str:
     return str(value or "-")
 
 
-def _parse_time(text: str, flag: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise CommandUsageError(f"{flag}: {text!r} is not an ISO date or time (e.g. 2026-11-01 or 2026-11-01T03:00)") from exc
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-
-
 # ---------------------------------------------------------------------------------------------
 # ls
 
 
 def ls_filter(args: Args) -> Any:
     """The pyarrow filter of ls's --model, --stage, ... (all must hold); None without any."""
-    import pyarrow.compute as pc
+    from pt2flow.flows.api.store import record_filter
 
-    conditions = []
-    if args.model:
-        conditions.append(pc.field("model") == args.model)
-    if args.stage:
-        conditions.append(pc.field("stage") == args.stage)
-    if args.status:
-        conditions.append(pc.field("status") == args.status)
-    if args.torch:
-        conditions.append(pc.field("torch_version") == args.torch)
-    if args.archive_version:
-        conditions.append(pc.field("archive_version") == args.archive_version)
-    if args.run:
-        conditions.append(pc.field("run_id") == args.run)
-    if args.since:
-        conditions.append(pc.field("ended_at") >= _parse_time(args.since, "--since"))
-    if args.until:
-        conditions.append(pc.field("ended_at") <= _parse_time(args.until, "--until"))
-    expression = None
-    for condition in conditions:
-        expression = condition if expression is None else expression & condition
-    return expression
+    return record_filter(model=args.model, stage=args.stage, status=args.status, torch=args.torch, archive_version=args.archive_version,
+                         run=args.run, since=args.since, until=args.until)
 
 
 LS_COLUMNS = (
@@ -121,16 +94,6 @@ def ls_command(args: Args) -> int:
 # show
 
 
-def _report_of(store: Any, record: Mapping[str, Any]) -> Any:
-    """A validate record's stored report (verified by digest), or None."""
-    if record.get("stage") != "validate" or not record.get("sha256"):
-        return None
-    try:
-        return json.loads(store.get_blob(record["sha256"], record.get("size")))
-    except Exception as exc:  # noqa: BLE001 - shown to the user as part of the record
-        return {"error": f"report unavailable: {exc}"}
-
-
 @command(
     "show",
     help="Show the newest record of artifact ID (a sha256 or a unique prefix of 8+ characters): every field, the op histogram and, for validate, the report.",
@@ -139,15 +102,10 @@ def _report_of(store: Any, record: Mapping[str, Any]) -> Any:
 @store_options
 @json_option()
 def show_command(args: Args) -> int:
-    from pt2flow.storage.lineage import decode, records_for_id
+    from pt2flow.flows.api.store import Store
 
-    store = open_store(args)
-    records = records_for_id(store.index, args.id)
-    record = decode(records[0])
-    record["recorded_in_runs"] = sorted({r["run_id"] for r in records if r.get("run_id")})
-    report = _report_of(store, records[0])
-    if report is not None:
-        record["report"] = report
+    record = Store.of(open_store(args)).show(args.id)
+    report = record.get("report")
     if args.json:
         dump(record)
         return EXIT_OK
@@ -200,13 +158,13 @@ def _brief(record: Mapping[str, Any]) -> str:
 @click.option("--weights", metavar="DIGEST", help="everything built from this checkpoint (sha256 or prefix)")
 @json_option()
 def lineage_command(args: Args) -> int:
-    from pt2flow.storage import lineage
+    from pt2flow.flows.api.store import Store
 
-    store = open_store(args)
+    store = Store.of(open_store(args))
     if args.weights:
-        result = lineage.by_weights(store.index, args.weights)
+        result = store.built_from_weights(args.weights)
         if args.json:
-            dump({"weights": result["weights"], "sources": [lineage.decode(r) for r in result["sources"]], "descendants": [lineage.decode(r) for r in result["descendants"]]})
+            dump(result)
             return EXIT_OK
         from rich.tree import Tree
 
@@ -220,12 +178,12 @@ def lineage_command(args: Args) -> int:
         return EXIT_OK
     if not args.id:
         raise CommandUsageError("give an artifact ID, or --weights DIGEST")
-    record = lineage.resolve(store.index, args.id)
-    chain = lineage.ancestors(store.index, record)
-    below = lineage.descendants(store.index, record) if args.descendants else []
+    found = store.lineage(args.id, descendants=args.descendants)
     if args.json:
-        dump({"id": record["sha256"], "ancestors": [lineage.decode(r) for r in chain[:-1]], "record": lineage.decode(record), "descendants": [lineage.decode(r) for r in below]})
+        dump(found)
         return EXIT_OK
+    record, below = found["record"], found["descendants"]
+    chain = [*found["ancestors"], record]
     from rich.tree import Tree
 
     tree = Tree(f"[bold]{record['model']}[/bold] lineage of {record['sha256']}")
@@ -244,45 +202,16 @@ def lineage_command(args: Args) -> int:
 # diff
 
 
-def _histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]:
-    added = {op: b[op] for op in sorted(set(b) - set(a))}
-    removed = {op: a[op] for op in sorted(set(a) - set(b))}
-    changed = {op: [a[op], b[op]] for op in sorted(set(a) & set(b)) if a[op] != b[op]}
-    return {"added": added, "removed": removed, "changed": changed, "counts": {"added": len(added), "removed": len(removed), "changed": len(changed)}}
-
-
-def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """What differs between two decoded records (the fields `pt2flow diff` compares)."""
-    def pair(key: str) -> dict[str, Any]:
-        return {"a": a.get(key), "b": b.get(key), "same": a.get(key) == b.get(key)}
-
-    va, vb = a.get("validation") or {}, b.get("validation") or {}
-    return {
-        "a": {k: a.get(k) for k in ("sha256", "model", "stage", "run_id", "torch_version")},
-        "b": {k: b.get(k) for k in ("sha256", "model", "stage", "run_id", "torch_version")},
-        "signature": pair("signature"),
-        "op_histogram": _histogram_diff(a.get("op_histogram") or {}, b.get("op_histogram") or {}),
-        "node_count": pair("node_count"),
-        "range_constraints": pair("range_constraints"),
-        "size": pair("size"),
-        "fingerprint": pair("fingerprint"),
-        "validation": {"a": va.get("max_abs_err"), "b": vb.get("max_abs_err"), "a_passed": va.get("passed"), "b_passed": vb.get("passed")},
-        "seconds": pair("seconds"),
-    }
-
-
 @command("diff", help="Compare graph signature, op histogram, node count, range constraints, sizes, validation errors and timings of two records.")
 @click.argument("id_a", metavar="ID_A")
 @click.argument("id_b", metavar="ID_B")
 @store_options
 @json_option()
 def diff_command(args: Args) -> int:
-    from pt2flow.storage import lineage
+    from pt2flow.flows.api.store import Store
 
-    store = open_store(args)
-    a = lineage.decode(lineage.resolve(store.index, args.id_a))
-    b = lineage.decode(lineage.resolve(store.index, args.id_b))
-    result = diff_records(a, b)
+    result = Store.of(open_store(args)).diff(args.id_a, args.id_b)
+    a, b = result["a"], result["b"]
     if args.json:
         dump(result)
         return EXIT_OK

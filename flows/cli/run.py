@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import click
 
+from pt2flow.flows.api.running import execute
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK
 from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
 from pt2flow.flows.cli.support import Args, command, json_option, rich_console
@@ -71,11 +72,11 @@ def run_fleet(args: Args) -> int:
     )
     if args.json:
         with stdout_to_stderr() as real_stdout:
-            document = execute(parameters, store, pipeline, show_progress=False)
+            document = execute(parameters, store, pipeline)
             real_stdout.write(json.dumps(document, default=str) + "\n")
             real_stdout.flush()
     else:
-        document = execute(parameters, store, pipeline, show_progress=sys.stderr.isatty() or args.progress)
+        document = execute(parameters, store, pipeline, progress=terminal_progress if sys.stderr.isatty() or args.progress else None)
         from pt2flow.flows.cli.summary import render_run
 
         render_run(document, rich_console())
@@ -97,50 +98,10 @@ def stdout_to_stderr() -> Iterator[Any]:
         os.close(saved)
 
 
-def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, show_progress: bool) -> dict[str, Any]:
-    from pt2flow.flows.engine import runtime
+def terminal_progress(store: Any, run_id: str, models: list[str], stages: Any) -> Any:
+    """The live progress bar of a fleet run, on stderr."""
+    from rich.console import Console
 
-    if not parameters["force"] and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
-        document = nothing_to_build(parameters)
-        if document is not None:
-            return document
-    starting = None
-    if parameters["runner"] != "dask":  # the workers import torch while the Prefect server starts
-        starting = lambda: start_workers(parameters["workers"], len(pipeline.models))  # noqa: E731
-    with runtime.prefect_api(while_starting=starting):
-        from pt2flow.flows.fleet import fleet_flow
+    from pt2flow.flows.cli.progress import FleetProgress
 
-        progress: Any = contextlib.nullcontext()
-        if show_progress:
-            from rich.console import Console
-
-            from pt2flow.flows.cli.progress import FleetProgress
-
-            progress = FleetProgress(store, parameters["run_id"], [m.name for m in pipeline.models], pipeline.stages, Console(stderr=True))
-        with progress:
-            state = fleet_flow(**parameters, return_state=True)
-        document = state.result(raise_on_failure=False)
-    if not isinstance(document, dict):
-        raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
-    return document
-
-
-def start_workers(workers: int | None, models: int) -> None:
-    from pt2flow.flows.engine.pool import default_workers, start_pool
-
-    start_pool(workers or default_workers(models))
-
-
-def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
-    """When every model is already built (each stage's key has an ok record whose blob verifies),
-    settle the run from the index without starting Prefect: the cached records are written under
-    this run's id, as a flow would. None when there is work to do."""
-    from pt2flow.flows.engine.fleet import NeedsFlow, fleet_context, settle_fleet
-
-    pipeline, ctx = fleet_context(
-        parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"]
-    )
-    try:
-        return settle_fleet(pipeline, ctx)
-    except NeedsFlow:
-        return None
+    return FleetProgress(store, run_id, models, stages, Console(stderr=True))

@@ -14,7 +14,7 @@ import click
 
 from pt2flow.flows.cli.errors import EXIT_OK
 from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
-from pt2flow.flows.cli.options import UsageError
+from pt2flow.flows.options import UsageError
 from pt2flow.flows.cli.support import Args, command
 
 SERVER_HINT = (

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 import click
 
 from pt2flow.flows.cli.errors import CommandUsageError
-from pt2flow.flows.cli.options import UsageError, parse_storage_options
+from pt2flow.flows.options import UsageError, parse_storage_options
 
 DEFAULT_STORE = "./pt2-store"
 

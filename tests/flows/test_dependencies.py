@@ -133,7 +133,9 @@ def test_the_compile_key_follows_the_native_toolchain(tmp_path: Path, monkeypatc
 
     text = "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [3, 8]}}\n"
     model = parse_config(text, source="k.yaml", base_dir=str(ROOT)).models[0]
-    inputs = {"program": {"fingerprint": "f" * 64, "key": "k"}}
+    from pt2flow.flows.engine.documents import Outcome
+
+    inputs = {"program": Outcome(fingerprint="f" * 64, key="k")}
     monkeypatch.setenv("PT2FLOW_CACHE_DIR", str(tmp_path / "cache"))
     key = STAGE_SPECS["aot_compile"].key(model, inputs)
     assert STAGE_SPECS["aot_compile"].key(model, inputs) == key  # stable on one machine

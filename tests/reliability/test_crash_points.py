@@ -124,7 +124,7 @@ def test_fleet_killed_at_crash_point(point: str, tmp_path: Path, fleet_config: P
     reused = sum(1 for r in rerun if r["stage"] != "source" and r["cached"])
     assert reused == sum(1 for r in before["records"] if r["stage"] != "source" and r["status"] == "ok")
 
-    from pt2flow.flows.cli.maintenance import verify_store
+    from pt2flow.flows.api.upkeep import verify_store
 
     verified = verify_store(ArtifactStore(str(store_dir)))
     assert verified["missing"] == [] and verified["corrupt"] == []

@@ -1,5 +1,5 @@
-"""Command-line storage options (`--storage-option KEY=VALUE`, dotted keys nest), shared by
-`run`, `serve` and the query commands."""
+"""Storage options given as KEY=VALUE pairs (`--storage-option`, dotted keys nest) and merged over a
+config's; and UsageError, the error of an option or argument that cannot be used (exit 2)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,69 @@
+"""pt2flow from Python: what the CLI does, as functions that return values and raise the errors
+the CLI turns into exit codes (docs/architecture.md §4).
+
+    from pt2flow.flows import api
+
+    doc = api.run("configs/demo.yaml", store="./pt2-store", workers=2)   # a RunDocument
+    doc.summary.failed, [m.name for m in doc.models if m.status == "failed"]
+
+    store = api.open_store("./pt2-store")          # or s3://bucket/prefix, storage_options={...}
+    store.ls(model="mlp", stage="serialize")        # records, newest first
+    store.show(doc.models[0].artifacts.serialized)  # every field, the validation report
+    store.lineage(ID, descendants=True)
+    store.diff(ID_A, ID_B)
+    store.get("mlp.pt2", model="mlp")               # a verified copy of the newest ok archive
+    store.compare()                                 # drift between the last two runs
+    store.verify()
+    api.check_compat(store)                         # do the newest run's artifacts still work here?
+    api.repro(store, "mlp", "repro/")               # a torch-only script raising a failure again
+
+Errors: ConfigError (a bad config), UsageError / InvalidId / AmbiguousId (arguments that cannot be
+used: the CLI's exit 2), RecordNotFound / StorageError / IntegrityError (what the store does not
+hold or cannot give: exit 1). `run` reports failed models in its document; it raises only before
+anything ran. `ls`, `show`, `lineage`, `diff`, `get`, `compare` and `verify` import neither torch
+nor Prefect.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pt2flow.flows.api.running import run
+from pt2flow.flows.api.store import Store
+from pt2flow.flows.config import ConfigError
+from pt2flow.flows.options import UsageError
+from pt2flow.storage.errors import AmbiguousId, IntegrityError, InvalidId, RecordNotFound, StorageError
+
+
+def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> Store:
+    """A store to query: a local path, file://, memory:// or s3://bucket/prefix."""
+    return Store(url, storage_options)
+
+
+def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
+    """`pt2flow check-compat --json`: every archive and package of `run` (default: the newest)
+    loaded, run and compared under the torch installed now. Imports torch."""
+    from pt2flow.flows.engine.compat import check_compat as check
+
+    return check(store.artifacts, store.run_id(run))
+
+
+def repro(store: Store, target: str, out_dir: str) -> dict[str, Any]:
+    """`pt2flow repro --json`: write a torch-only script reproducing `target`'s failure (a model's
+    newest, or a failure report's ID) into `out_dir`. Imports torch."""
+    from pt2flow.flows.engine.repro import write_repro
+
+    return write_repro(store.artifacts, target, out_dir)
+
+
+def config_schema() -> dict[str, Any]:
+    """The config's JSON Schema (`pt2flow schema`)."""
+    from pt2flow.flows.config.jsonschema import config_json_schema
+
+    return config_json_schema()
+
+
+__all__ = [
+    "AmbiguousId", "ConfigError", "IntegrityError", "InvalidId", "RecordNotFound", "StorageError", "Store", "UsageError",
+    "check_compat", "config_schema", "open_store", "repro", "run",
+]

@@ -1,0 +1,137 @@
+"""Running a config from Python (`pt2flow.flows.api.run`), and the steps `pt2flow run` and
+`pt2flow serve` share with it: loading the config with overrides, refusing what cannot work,
+opening the store, and running the fleet (from the index alone when nothing is left to build).
+torch and Prefect are imported only once the config and the store have been checked."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, ContextManager, Mapping, Sequence
+
+from pt2flow.flows.options import UsageError, merge_options
+
+CREDENTIALS_IN_URL = (
+    "the store URL holds credentials, which would be saved in Prefect's flow parameters; "
+    "pass them with --storage-option, the config's storage_options or the environment"
+)
+RUNNERS = ("local", "process", "dask")
+
+# progress(store, run_id, model names, stages) -> a context manager shown while the fleet runs
+Progress = Callable[[Any, str, list[str], Sequence[str]], ContextManager[Any]]
+
+
+def load_for_run(config: str, *, only: Sequence[str] = (), stages: Sequence[str] | None = None, workers: int | None = None,
+                 runner: str = "local", dask_address: str | None = None) -> Any:
+    """The config with `only`/`stages` applied; raises ConfigError or UsageError."""
+    from pt2flow.flows.config import apply_overrides, load_config
+
+    if runner not in RUNNERS:
+        raise UsageError(f"runner must be one of {', '.join(RUNNERS)}, not {runner!r}")
+    pipeline = load_config(config)
+    pipeline = apply_overrides(pipeline, only=tuple(only or ()), stages=list(stages) if stages else None)
+    if workers is not None and workers < 1:
+        raise UsageError("--workers must be at least 1")
+    if dask_address and runner != "dask":
+        raise UsageError("--dask-address needs --runner dask")
+    return pipeline
+
+
+def refuse_credentials(store_url: str) -> None:
+    """A store URL with credentials would be saved in Prefect's flow parameters: refused."""
+    from pt2flow.storage.urls import redact_url
+
+    if redact_url(store_url) != store_url:
+        raise UsageError(CREDENTIALS_IN_URL)
+
+
+def open_checked_store(store_url: str, pipeline: Any, storage_options: Mapping[str, Any] | None) -> Any:
+    """Set the run's storage options (the config's, then `storage_options` over them) in this
+    process' environment and open the store; UsageError if it is unreachable."""
+    from pt2flow.flows.engine import runtime
+    from pt2flow.storage.urls import redact_url
+
+    runtime.set_storage_options(store_url, merge_options(dict(pipeline.storage_options), dict(storage_options or {})))
+    try:
+        store = runtime.open_store(store_url)
+        store.index.files()  # fail fast on an unreachable store
+    except Exception as exc:
+        raise UsageError(f"store {redact_url(store_url)}: {exc}") from exc
+    return store
+
+
+def run(
+    config: str | os.PathLike[str],
+    *,
+    store: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    only: Sequence[str] = (),
+    stages: Sequence[str] | None = None,
+    workers: int | None = None,
+    runner: str = "local",
+    dask_address: str | None = None,
+    force: bool = False,
+    retry_failed: bool = False,
+    progress: Progress | None = None,
+) -> Any:
+    """Run a config as `pt2flow run` does; returns the typed run document (RunDocument).
+
+    Raises ConfigError (a bad config) or UsageError (bad arguments, an unreachable store) before
+    anything runs; a model that fails is in the document, not an exception."""
+    from pt2flow.flows.config import resolve_store_url
+    from pt2flow.flows.engine.context import new_run_id
+    from pt2flow.flows.engine.documents import RunDocument
+
+    pipeline = load_for_run(str(config), only=only, stages=stages, workers=workers, runner=runner, dask_address=dask_address)
+    store_url = resolve_store_url(store or pipeline.store)
+    refuse_credentials(store_url)
+    opened = open_checked_store(store_url, pipeline, storage_options)
+    parameters = dict(
+        config_path=os.path.abspath(config), store=store_url, only=list(only) or None, stages=list(pipeline.stages), force=force,
+        runner=runner, workers=workers, dask_address=dask_address, run_id=new_run_id(), retry_failed=retry_failed,
+    )
+    return RunDocument.model_validate(execute(parameters, opened, pipeline, progress=progress))
+
+
+def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the fleet flow with `parameters` (fleet_flow's); the run document as JSON-ready dict."""
+    from pt2flow.flows.engine import runtime
+
+    if not parameters["force"] and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
+        document = nothing_to_build(parameters)
+        if document is not None:
+            return document
+    starting = None
+    if parameters["runner"] != "dask":  # the workers import torch while the Prefect server starts
+        starting = lambda: start_workers(parameters["workers"], len(pipeline.models))  # noqa: E731
+    with runtime.prefect_api(while_starting=starting):
+        from pt2flow.flows.fleet import fleet_flow
+
+        shown = progress(store, parameters["run_id"], [m.name for m in pipeline.models], pipeline.stages) if progress else contextlib.nullcontext()
+        with shown:
+            state = fleet_flow(**parameters, return_state=True)
+        document = state.result(raise_on_failure=False)
+    if not isinstance(document, dict):
+        raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
+    return document
+
+
+def start_workers(workers: int | None, models: int) -> None:
+    from pt2flow.flows.engine.pool import default_workers, start_pool
+
+    start_pool(workers or default_workers(models))
+
+
+def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
+    """When every model is already built (each stage's key has an ok record whose blob verifies),
+    settle the run from the index without starting Prefect: the cached records are written under
+    this run's id, as a flow would. None when there is work to do."""
+    from pt2flow.flows.engine.fleet import NeedsFlow, fleet_context, settle_fleet
+
+    pipeline, ctx = fleet_context(
+        parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"]
+    )
+    try:
+        return settle_fleet(pipeline, ctx)
+    except NeedsFlow:
+        return None

@@ -1,0 +1,206 @@
+"""A store from Python: the index queries `pt2flow ls`, `show`, `lineage`, `diff`, `verify`,
+`report` and `get` answer, as values (`pt2flow.flows.api.open_store`). No torch, no Prefect.
+
+Errors are the CLI's: InvalidId / AmbiguousId / UsageError for arguments that cannot be used
+(the CLI's exit 2), RecordNotFound and StorageError for what the store does not hold or cannot
+give (exit 1).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from pt2flow.flows.options import UsageError
+
+
+def parse_time(text: str, what: str) -> datetime:
+    """An ISO date or time (UTC unless it says otherwise)."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {text!r} is not an ISO date or time (e.g. 2026-11-01 or 2026-11-01T03:00)") from exc
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def record_filter(*, model: str | None = None, stage: str | None = None, status: str | None = None, torch: str | None = None,
+                  archive_version: str | None = None, run: str | None = None, since: str | None = None, until: str | None = None) -> Any:
+    """The pyarrow filter of `ls`'s filters (all must hold); None without any."""
+    import pyarrow.compute as pc
+
+    equal = {"model": model, "stage": stage, "status": status, "torch_version": torch, "archive_version": archive_version, "run_id": run}
+    conditions = [pc.field(column) == value for column, value in equal.items() if value]
+    if since:
+        conditions.append(pc.field("ended_at") >= parse_time(since, "--since"))
+    if until:
+        conditions.append(pc.field("ended_at") <= parse_time(until, "--until"))
+    expression = None
+    for condition in conditions:
+        expression = condition if expression is None else expression & condition
+    return expression
+
+
+def histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]:
+    added = {op: b[op] for op in sorted(set(b) - set(a))}
+    removed = {op: a[op] for op in sorted(set(a) - set(b))}
+    changed = {op: [a[op], b[op]] for op in sorted(set(a) & set(b)) if a[op] != b[op]}
+    return {"added": added, "removed": removed, "changed": changed, "counts": {"added": len(added), "removed": len(removed), "changed": len(changed)}}
+
+
+def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """What differs between two decoded records (the fields `pt2flow diff` compares)."""
+    def pair(key: str) -> dict[str, Any]:
+        return {"a": a.get(key), "b": b.get(key), "same": a.get(key) == b.get(key)}
+
+    va, vb = a.get("validation") or {}, b.get("validation") or {}
+    return {
+        "a": {k: a.get(k) for k in ("sha256", "model", "stage", "run_id", "torch_version")},
+        "b": {k: b.get(k) for k in ("sha256", "model", "stage", "run_id", "torch_version")},
+        "signature": pair("signature"),
+        "op_histogram": histogram_diff(a.get("op_histogram") or {}, b.get("op_histogram") or {}),
+        "node_count": pair("node_count"),
+        "range_constraints": pair("range_constraints"),
+        "size": pair("size"),
+        "fingerprint": pair("fingerprint"),
+        "validation": {"a": va.get("max_abs_err"), "b": vb.get("max_abs_err"), "a_passed": va.get("passed"), "b_passed": vb.get("passed")},
+        "seconds": pair("seconds"),
+    }
+
+
+def report_of(store: Any, record: Mapping[str, Any]) -> Any:
+    """A validate record's stored report (verified by digest), or None."""
+    import json
+
+    if record.get("stage") != "validate" or not record.get("sha256"):
+        return None
+    try:
+        return json.loads(store.get_blob(record["sha256"], record.get("size")))
+    except Exception as exc:  # noqa: BLE001 - shown to the user as part of the record
+        return {"error": f"report unavailable: {exc}"}
+
+
+class Store:
+    """An artifact store and its index, queried as the CLI does. `artifacts` is the underlying
+    pt2flow.storage.ArtifactStore."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        from pt2flow.storage import ArtifactStore
+
+        self.artifacts = ArtifactStore(url, storage_options)
+        self.url = self.artifacts.url
+
+    @classmethod
+    def of(cls, artifacts: Any) -> "Store":
+        """A Store around an open pt2flow.storage.ArtifactStore."""
+        store = cls.__new__(cls)
+        store.artifacts, store.url = artifacts, artifacts.url
+        return store
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    def ls(self, *, limit: int | None = 100, columns: tuple[str, ...] | None = None, **filters: Any) -> list[dict[str, Any]]:
+        """Records, newest first, filtered like `pt2flow ls` (model, stage, status, torch,
+        archive_version, run, since, until); `limit` None or 0 for all."""
+        from pt2flow.storage.lineage import decode
+
+        table = self.artifacts.index.scan(list(columns) if columns else None, filter=record_filter(**filters))
+        table = table.sort_by([("ended_at", "descending")])
+        if limit:
+            table = table.slice(0, limit)
+        return [decode(r) for r in table.to_pylist()]
+
+    def count(self, **filters: Any) -> int:
+        return int(self.artifacts.index.scan(["record_id"], filter=record_filter(**filters)).num_rows)
+
+    def show(self, id: str) -> dict[str, Any]:
+        """The newest record of artifact `id` (sha256 or unique prefix), with the runs that
+        recorded it and, for validate, its report."""
+        from pt2flow.storage.lineage import decode, records_for_id
+
+        records = records_for_id(self.artifacts.index, id)
+        record = decode(records[0])
+        record["recorded_in_runs"] = sorted({r["run_id"] for r in records if r.get("run_id")})
+        report = report_of(self.artifacts, records[0])
+        if report is not None:
+            record["report"] = report
+        return record
+
+    def lineage(self, id: str, *, descendants: bool = False) -> dict[str, Any]:
+        """{id, ancestors (source first), record, descendants}: where `id` came from."""
+        from pt2flow.storage import lineage
+
+        record = lineage.resolve(self.artifacts.index, id)
+        chain = lineage.ancestors(self.artifacts.index, record)
+        below = lineage.descendants(self.artifacts.index, record) if descendants else []
+        return {"id": record["sha256"], "ancestors": [lineage.decode(r) for r in chain[:-1]], "record": lineage.decode(record),
+                "descendants": [lineage.decode(r) for r in below]}
+
+    def built_from_weights(self, digest: str) -> dict[str, Any]:
+        """{weights, sources, descendants}: everything built from a checkpoint."""
+        from pt2flow.storage import lineage
+
+        result = lineage.by_weights(self.artifacts.index, digest)
+        return {"weights": result["weights"], "sources": [lineage.decode(r) for r in result["sources"]],
+                "descendants": [lineage.decode(r) for r in result["descendants"]]}
+
+    def diff(self, id_a: str, id_b: str) -> dict[str, Any]:
+        from pt2flow.storage import lineage
+
+        a = lineage.decode(lineage.resolve(self.artifacts.index, id_a))
+        b = lineage.decode(lineage.resolve(self.artifacts.index, id_b))
+        return diff_records(a, b)
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run in the index, oldest first (run_id, started_at, ended_at, records)."""
+        from pt2flow.flows.report.runs import list_runs
+
+        return list_runs(self.artifacts.index)
+
+    def run_id(self, prefix: str | None = None) -> str:
+        """The run a full ID or unique prefix names; without one, the newest run."""
+        from pt2flow.flows.report.runs import resolve_run
+        from pt2flow.storage.errors import RecordNotFound
+
+        if prefix:
+            return resolve_run(self.artifacts.index, prefix)
+        runs = self.runs()
+        if not runs:
+            raise RecordNotFound(f"the index of {self.url} holds no run")
+        return str(runs[-1]["run_id"])
+
+    def compare(self, run_a: str | None = None, run_b: str | None = None) -> dict[str, Any]:
+        """The drift report between two runs (default: the last two), as `pt2flow report --json`."""
+        from pt2flow.flows.report.compare import compare_runs
+        from pt2flow.flows.report.runs import last_two_runs
+
+        if run_a and run_b:
+            a, b = self.run_id(run_a), self.run_id(run_b)
+        elif run_a or run_b:
+            raise UsageError("give both runs, or neither for the last two")
+        else:
+            a, b = last_two_runs(self.artifacts.index)
+        return dict(compare_runs(self.artifacts.index, a, b))
+
+    def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None) -> dict[str, Any]:
+        """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with `path`."""
+        from pt2flow.storage.retrieve import ArtifactRequestError, copy_out, find_by_id, find_for_model
+
+        if bool(id) == bool(model):
+            raise UsageError("give an artifact ID or a model (one of them)")
+        if run and not model:
+            raise UsageError("a run goes with a model")
+        try:
+            if id:
+                record = find_by_id(self.artifacts.index, id, artifact)
+            else:
+                record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None)
+            return copy_out(self.artifacts, record, output)
+        except ArtifactRequestError as exc:
+            raise UsageError(str(exc)) from None
+
+    def verify(self) -> dict[str, Any]:
+        """Re-hash every blob: {checked, missing, corrupt}, as `pt2flow verify --json`."""
+        from pt2flow.flows.api.upkeep import verify_store
+
+        return verify_store(self.artifacts)
