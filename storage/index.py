@@ -298,7 +298,7 @@ class MetadataIndex:
         for number, path in enumerate(paths):
             if number:
                 crash_point("mid_compaction_delete")
-            for victim in (path, _sidecar_of(path)):
+            for victim in (path, sidecar_of(path)):
                 try:
                     remove_file(self.fs, victim)
                 except Exception as exc:
@@ -312,7 +312,7 @@ class MetadataIndex:
         small row group instead of scanning the sha256 column of every record."""
         ids = merged.select(["sha256", "model"]).filter(pc.is_valid(merged["sha256"]))
         ids = ids.sort_by([("sha256", "ascending")])
-        self._write_table(ids, _sidecar_of(target), row_group_size=8192)
+        self._write_table(ids, sidecar_of(target), row_group_size=8192)
 
     def models_for_digest(self, prefix: str) -> set[str]:
         """Models having a record whose sha256 starts with `prefix` (to narrow a full scan)."""
@@ -329,9 +329,9 @@ class MetadataIndex:
             raise StorageError(f"cannot list index {self.root}: {exc}") from exc
         sidecars = {n.rstrip("/").rsplit("/", 1)[-1] for n in names}
         for path in self.files():
-            if _sidecar_of(path).rsplit("/", 1)[-1] in sidecars:
+            if sidecar_of(path).rsplit("/", 1)[-1] in sidecars:
                 try:
-                    table = self._scan([_sidecar_of(path)], ["model"], condition, None)
+                    table = self._scan([sidecar_of(path)], ["model"], condition, None)
                 except FileNotFoundError:
                     continue
                 models.update(table["model"].to_pylist())
@@ -343,6 +343,6 @@ class MetadataIndex:
         return {m for m in models if m is not None}
 
 
-def _sidecar_of(path: str) -> str:
+def sidecar_of(path: str) -> str:
     head, _, name = path.rpartition("/")
     return f"{head}/_ids-{name}"

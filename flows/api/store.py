@@ -41,9 +41,9 @@ def record_filter(*, model: str | None = None, stage: str | None = None, status:
 
 
 def histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]:
-    added = {op: b[op] for op in sorted(set(b) - set(a))}
-    removed = {op: a[op] for op in sorted(set(a) - set(b))}
-    changed = {op: [a[op], b[op]] for op in sorted(set(a) & set(b)) if a[op] != b[op]}
+    from pt2flow.flows.report.text import op_changes
+
+    added, removed, changed = op_changes(a, b)
     return {"added": added, "removed": removed, "changed": changed, "counts": {"added": len(added), "removed": len(removed), "changed": len(changed)}}
 
 

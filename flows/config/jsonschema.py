@@ -12,7 +12,7 @@ and reports every problem with its file and line.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel
 
@@ -42,39 +42,44 @@ def _stage_options(defs: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "additionalProperties": False}
 
 
+def _recursive(defs: dict[str, Any], name: str, description: str, alternatives: Callable[[dict[str, Any]], list[Any]]) -> dict[str, Any]:
+    """A self-referencing definition `name` (its alternatives get the $ref to it); the $ref."""
+    ref = {"$ref": f"#/$defs/{name}"}
+    defs[name] = {"title": name, "description": description, "anyOf": alternatives(ref)}
+    return ref
+
+
 def _input_tree(defs: dict[str, Any]) -> dict[str, Any]:
     """One forward() argument: a tensor spec, a container of input trees, or a plain value."""
-    tree = {"$ref": "#/$defs/input_tree"}
-    defs["input_tree"] = {
-        "title": "input_tree",
-        "description": "a tensor ({shape: [...], dtype, low, high, value}), {tuple: [...]}, {dict: {...}}, "
-        "a mapping or list of input trees, a number, a bool, a string or null",
-        "anyOf": [
-            _definition(InputConfig, defs, "tensor_input"),
+    tensor = _definition(InputConfig, defs, "tensor_input")
+    special = [{"required": ["shape"]}, {"required": [TUPLE_KEY]}, {"required": [DICT_KEY]}]
+    return _recursive(
+        defs, "input_tree",
+        "a tensor ({shape: [...], dtype, low, high, value}), {tuple: [...]}, {dict: {...}}, a mapping or list of input trees, "
+        "a number, a bool, a string or null",
+        lambda tree: [
+            tensor,
             {"type": "object", "properties": {TUPLE_KEY: {"type": "array", "items": tree}}, "required": [TUPLE_KEY], "additionalProperties": False},
             {"type": "object", "properties": {DICT_KEY: {"type": "object", "additionalProperties": tree}}, "required": [DICT_KEY], "additionalProperties": False},
-            {"type": "object", "not": {"anyOf": [{"required": ["shape"]}, {"required": [TUPLE_KEY]}, {"required": [DICT_KEY]}]}, "additionalProperties": tree},
+            {"type": "object", "not": {"anyOf": special}, "additionalProperties": tree},
             {"type": "array", "items": tree},
             {"type": ["number", "boolean", "string", "null"]},
         ],
-    }
-    return tree
+    )
 
 
 def _dims_tree(defs: dict[str, Any]) -> dict[str, Any]:
     """The dynamic_shapes of one argument: it mirrors the input tree; a tensor's is {axis: dim name}."""
-    tree = {"$ref": "#/$defs/dims_tree"}
-    defs["dims_tree"] = {
-        "title": "dims_tree",
-        "description": "for a tensor, {axis: dim name} (axes as integers; negative counts from the end); "
-        "for a container, the same container of dims trees; null: static",
-        "anyOf": [
+    return _recursive(
+        defs, "dims_tree",
+        "for a tensor, {axis: dim name} (axes as integers; negative counts from the end); for a container, the same container "
+        "of dims trees; null: static",
+        lambda tree: [
             {"type": "object", "additionalProperties": {"anyOf": [tree, {"type": "string"}]}},
             {"type": "array", "items": tree},
             {"type": "null"},
         ],
-    }
-    return tree
+    )
 
 
 def _model(defs: dict[str, Any], stage_options: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pt2flow.flows.report.drift import (
 )
 from pt2flow.flows.report.rules import regressions
 from pt2flow.flows.report.runs import iso, previous_run
+from pt2flow.flows.report.text import op_changes
 from pt2flow.storage.errors import RecordNotFound
 
 STAGES = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
@@ -263,9 +264,7 @@ def _torch_change(a: Sequence[str], b: Sequence[str]) -> TorchChange:
 
 
 def _histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> OpHistogramDiff:
-    added = {op: b[op] for op in sorted(set(b) - set(a))}
-    removed = {op: a[op] for op in sorted(set(a) - set(b))}
-    changed = {op: [a[op], b[op]] for op in sorted(set(a) & set(b)) if a[op] != b[op]}
+    added, removed, changed = op_changes(a, b)
     return OpHistogramDiff(added=added, removed=removed, changed=changed, changed_ops=len(added) + len(removed) + len(changed))
 
 

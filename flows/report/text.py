@@ -146,3 +146,12 @@ def format_size(value: Any) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return str(value)
+
+
+def op_changes(a: Mapping[str, int], b: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int], dict[str, list[int]]]:
+    """Between two op histograms: ops added (count after), removed (count before), and those
+    whose count changed ([before, after]), each sorted by op name."""
+    added = {op: b[op] for op in sorted(set(b) - set(a))}
+    removed = {op: a[op] for op in sorted(set(a) - set(b))}
+    changed = {op: [a[op], b[op]] for op in sorted(set(a) & set(b)) if a[op] != b[op]}
+    return added, removed, changed

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pt2flow.storage import ArtifactStore, StorageError
-from pt2flow.storage.index import COLUMNS, SCHEMA, SCHEMA_VERSION, _sidecar_of
+from pt2flow.storage.index import COLUMNS, SCHEMA, SCHEMA_VERSION, sidecar_of
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 
@@ -138,7 +138,7 @@ def test_id_lookup_uses_the_sidecar_after_compaction(store: ArtifactStore) -> No
     store.index.compact(min_files=1)
     store.index.append(recs[20:])  # a plain file beside the compacted one
     compacted = [p for p in store.index.files() if "compact-" in p][0]
-    assert store.fs.exists(_sidecar_of(compacted))
+    assert store.fs.exists(sidecar_of(compacted))
     assert store.index.models_for_digest("05" * 4) == {"m5"}  # found through the sidecar
     assert store.index.models_for_digest("1e" * 4) == {"m30"}  # found in the plain file
     assert store.index.models_for_digest("ff" * 4) == set()
