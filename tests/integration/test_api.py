@@ -76,7 +76,7 @@ def test_store_queries_answer_as_the_cli(runs: dict, tmp_path: Path) -> None:
     got = store.get(str(tmp_path / "healthy.pt2"), model="healthy")
     assert got["sha256"] == archive and (tmp_path / "healthy.pt2").stat().st_size == got["size"]
     drift = store.compare()
-    assert drift["runs"]["b"]["run_id"] == store.run_id() and [m["name"] for m in drift["models"]]
+    assert drift["runs"]["b"]["run_id"] == store.run_id() and sorted(m["model"] for m in drift["models"]) == ["data-dependent", "healthy"]
     assert store.verify()["corrupt"] == []
 
 
