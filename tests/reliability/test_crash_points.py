@@ -35,9 +35,10 @@ from tests.reliability.invariants import check_local_store, raw_index_rows, temp
 STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 MODELS = 2
 STAGES_PER_MODEL = 1 + len(STAGES)  # the source record, then one per stage: one blob + one record each
+# (validate publishes one more blob before its report: the inputs and eager outputs it used)
 
-# Where each point is armed in a 2-model fleet run (12 blob publishes, each followed by its
-# record's index append): spread over both models and over the stages.
+# Where each point is armed in a 2-model fleet run (14 blob publishes; each record's index append
+# follows its stage's blobs): spread over both models and over the stages.
 FLEET_POINTS = {
     "mid_blob_write": 3,
     "before_blob_publish": 5,
@@ -69,14 +70,12 @@ def fleet_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _expected_before(point: str, nth: int) -> tuple[int, int]:
-    """(blobs, records) on disk when the point fires for the nth time: publishes and appends alternate."""
-    if point in ("mid_blob_write", "before_blob_publish"):
-        return nth - 1, nth - 1
-    if point == "after_blob_upload":
-        return nth, nth - 1
+    """(blobs, records) on disk when an index point fires for the nth time: each record's append
+    follows its stage's blobs, and each model's validate (its last record) published two."""
+    blobs = nth + nth // STAGES_PER_MODEL  # the validate io blobs of the models done by then
     if point == "after_index_append":
-        return nth, nth
-    return nth, nth - 1  # before_index_append, mid_index_write, before_index_publish
+        return blobs, nth
+    return blobs, nth - 1  # before_index_append, mid_index_write, before_index_publish
 
 
 @pytest.mark.integration
