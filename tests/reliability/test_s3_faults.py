@@ -26,8 +26,11 @@ from tests.reliability import stats
 from tests.reliability.faults import FaultProxy, run_proxy
 
 ATTEMPTS = 4
-BASE_DELAY = 0.15
-SAME_ATTEMPT = 0.05  # hits closer than this are aiohttp's immediate re-send, not a new attempt
+BASE_DELAY = 0.3  # the first retry waits 0.15-0.3 s: far above any re-send delay on a loaded machine
+# hits closer than this are aiohttp's immediate re-send, not a new attempt. It is milliseconds on
+# an idle machine; 57 ms was seen with other test runs loading both cores, hence the margin (a
+# retry still cannot start closer than BASE_DELAY / 2 * 0.9 = 0.135 s, which _assert_backoff checks)
+SAME_ATTEMPT = 0.12
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def proxy(moto_s3) -> Iterator[FaultProxy]:
 @pytest.fixture
 def faulty_store(proxy: FaultProxy, moto_s3) -> Iterator[ArtifactStore]:
     options = {"endpoint_url": proxy.url, "config_kwargs": {"retries": {"total_max_attempts": 1}, "connect_timeout": 5, "read_timeout": 10}}
-    store = ArtifactStore(f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}", options, retry=RetryPolicy(attempts=ATTEMPTS, base_delay=BASE_DELAY, max_delay=1.0))
+    store = ArtifactStore(f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}", options, retry=RetryPolicy(attempts=ATTEMPTS, base_delay=BASE_DELAY, max_delay=2.0))
     store.fs.retries = 1  # s3fs's own retry loop: off
     proxy.clear()
     yield store
