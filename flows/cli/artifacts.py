@@ -29,23 +29,13 @@ ARTIFACT_KINDS = ("serialized", "compiled", "report")
 @store_options
 @json_option("print the artifact's record (with `path`) as JSON")
 def get_command(args: Args) -> int:
-    from pt2flow.flows.report.runs import resolve_run
-    from pt2flow.storage.retrieve import ArtifactRequestError, copy_out, find_by_id, find_for_model
+    from pt2flow.flows.api.store import Store
 
     if bool(args.id) == bool(args.model):
         raise CommandUsageError("give an artifact ID or --model NAME (one of them)")
     if args.run and not args.model:
         raise CommandUsageError("--run goes with --model")
-    store = open_store(args)
-    try:
-        if args.id:
-            record = find_by_id(store.index, args.id, args.artifact)
-        else:
-            run_id = resolve_run(store.index, args.run) if args.run else None
-            record = find_for_model(store.index, args.model, args.artifact or "serialized", run_id)
-        result = copy_out(store, record, args.output)
-    except ArtifactRequestError as exc:
-        raise CommandUsageError(str(exc)) from None
+    result = Store.of(open_store(args)).get(args.output, args.id, model=args.model, run=args.run, artifact=args.artifact)
     if args.json:
         dump(result)
     else:
@@ -97,20 +87,10 @@ def schema_command(args: Args) -> int:
 @json_option("one JSON document on stdout")
 @click.option("--html", "html", metavar="FILE", help="also write a self-contained HTML page")
 def check_compat_command(args: Args) -> int:
-    from pt2flow.flows.engine.compat import check_compat
+    from pt2flow.flows.api import Store, check_compat
     from pt2flow.flows.report.compat import compat_html, render_compat
-    from pt2flow.flows.report.runs import list_runs, resolve_run
-    from pt2flow.storage.errors import RecordNotFound
 
-    store = open_store(args)
-    if args.run:
-        run_id = resolve_run(store.index, args.run)
-    else:
-        runs = list_runs(store.index)
-        if not runs:
-            raise RecordNotFound(f"the index of {store.url} holds no run")
-        run_id = runs[-1]["run_id"]
-    doc = check_compat(store, run_id)
+    doc = check_compat(Store.of(open_store(args)), args.run)
     if args.html:
         with open(args.html, "w", encoding="utf-8") as out:
             out.write(compat_html(doc))
