@@ -6,33 +6,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.export import ExportedProgram
 
 from pt2flow.stages.classify import classify_compile_error, short_message
+from pt2flow.stages.devices import device_index, on_device, require_device
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import AotCompileOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 
 
-
-
-def _check_device(device: str) -> None:
-    try:
-        kind = torch.device(device).type
-    except RuntimeError as exc:
-        raise StageError("config", f"aot_compile.device: {device!r} is not a torch device") from exc
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise StageError("compile", f"aot_compile.device is {device!r} but no CUDA device is available here")
-
-
 def aot_compile(ep: ExportedProgram, options: AotCompileOptions) -> StageResult:
     """Output: the package's bytes (a .pt2 zip holding the compiled shared library and weights)."""
     from torch._inductor import aoti_compile_and_package
 
-    _check_device(options.device)
-    if torch.device(options.device).type != "cpu":
+    if require_device(options.device, "compile").type != "cpu":
         from torch.export.passes import move_to_device_pass
 
         ep = move_to_device_pass(ep, options.device)
@@ -48,11 +36,21 @@ def aot_compile(ep: ExportedProgram, options: AotCompileOptions) -> StageResult:
     return StageResult(output=data, metadata={"size": len(data), "device": options.device}, warnings=sink.items)
 
 
-def load_package(data: bytes, workdir: str) -> Any:
-    """Load a compiled package from bytes (written under `workdir`, which must outlive the runner)."""
+def load_package(data: bytes, workdir: str, device: str = "cpu") -> Any:
+    """Load a compiled package from bytes (written under `workdir`, which must outlive the runner).
+
+    `device`: the one it was compiled for (its record's `device`); the runner takes and returns
+    tensors there (stages/devices.py `on_device` makes it take CPU tensors)."""
     from torch._inductor import aoti_load_package
 
     path = Path(workdir) / "package.pt2"
     path.write_bytes(data)
     with quiet_torch():
-        return aoti_load_package(str(path))
+        return aoti_load_package(str(path), device_index=device_index(device))
+
+
+def load_runner(data: bytes, workdir: str, device: str = "cpu") -> Any:
+    """The package loaded for `device`, called with CPU tensors like the eager model and returning
+    CPU tensors (stages/devices.py). StageError("runtime") when `device` is not usable here."""
+    require_device(device, "runtime")
+    return on_device(load_package(data, workdir, device), device)

@@ -69,9 +69,10 @@ class SerializeOptions(_Options):
 
 
 class AotCompileOptions(_Options):
-    """device: where the package runs (cpu here; cuda where there is one); inductor_configs: passed through."""
+    """device: where the package runs (cpu here; cuda or cuda:N where there is a GPU; the device
+    types AOTInductor compiles for); inductor_configs: passed through."""
 
-    device: str = "cpu"
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda|xpu|mps)(:[0-9]+)?$")
     inductor_configs: dict[str, Any] = Field(default_factory=dict)
 
 

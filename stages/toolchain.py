@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import torch
 
+from pt2flow.stages.devices import missing_device
 from pt2flow.stages.distributions import installed_version
 # inductor options that change which compiler or ISA is used, and so the key's identity
 _CONFIG_KEYS = ("cpp.cxx", "cpp.simdlen", "cpp.march")
@@ -59,7 +60,10 @@ def _identity(state: tuple[Any, ...]) -> tuple[tuple[str, str], ...]:
         "cxx_version": version,
         "march": config.cpp.march or "",
     }
-    if kind == "cuda":
+    missing = missing_device(str(torch.device(kind, index)))
+    if missing is not None:  # aot_compile will fail with this reason; the key still says why
+        identity["device_missing"] = missing
+    elif kind == "cuda":
         major, minor = torch.cuda.get_device_capability(index)
         identity["gpu_arch"] = f"sm_{major}{minor}"
         identity["cuda"] = str(torch.version.cuda)

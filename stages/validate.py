@@ -21,7 +21,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from pt2flow.stages import program
-from pt2flow.stages.aot_compile import load_package
+from pt2flow.stages.aot_compile import load_runner
 from pt2flow.stages.binding import bind_inputs
 from pt2flow.stages.classify import short_message
 from pt2flow.stages.errors import StageError
@@ -243,20 +243,22 @@ def validate(
     archive: bytes | None = None,
     package: bytes | None = None,
     training: bool = False,
+    device: str = "cpu",
 ) -> StageResult:
     """Output: the validation report (a dict). Raises StageError(numeric_mismatch | nondeterministic |
-    runtime) when the candidates disagree with eager, with the report attached as `details`."""
+    runtime) when the candidates disagree with eager, with the report attached as `details`.
+    device: where the package was compiled for; it runs there on copies of the CPU inputs."""
     if archive is None and package is None:
         raise StageError("config", "validate needs serialize or aot_compile to have produced a candidate")
     plan = plan_samples(dims, model_inputs.dims, options.samples, options.seed)
     with tempfile.TemporaryDirectory(prefix="pt2flow-validate-") as workdir, quiet_torch() as sink:
         reference = build_reference()
         twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
-        candidates, buffer_names = _load_candidates(archive, package, workdir)
+        candidates, buffer_names = _load_candidates(archive, package, workdir, device)
         report: dict[str, Any] = {
             "passed": False,
             "nondeterministic": False,
-            "training": training,
+            "training": training, "device": device,
             "atol": options.atol,
             "rtol": options.rtol,
             "samples": len(plan),
@@ -296,7 +298,7 @@ def _stored_io(findings: _Findings, training: bool) -> tuple[bytes | None, str |
         return None, str(exc)
 
 
-def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str) -> tuple[dict[str, Callable[..., Any]], list[str]]:
+def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str, device: str) -> tuple[dict[str, Callable[..., Any]], list[str]]:
     """The candidates by name ("archive", "compiled"), and the buffers the program mutates."""
     candidates: dict[str, Callable[..., Any]] = {}
     buffer_names: list[str] = []
@@ -306,7 +308,9 @@ def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str)
             buffer_names = sorted(program.mutated_buffers_in_signature(archived))
             candidates["archive"] = archived.module()
         if package is not None:
-            candidates["compiled"] = load_package(package, workdir)
+            candidates["compiled"] = load_runner(package, workdir, device)
+    except StageError:
+        raise
     except Exception as exc:
         raise StageError("serialization", f"a candidate artifact does not load: {short_message(exc)}") from exc
     return candidates, buffer_names

@@ -39,7 +39,9 @@ def _samples(store: Any, validate: Mapping[str, Any] | None) -> tuple[Any, str |
 
 
 def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
-    """One model's entry, or None when the run produced no archive or package of it."""
+    """One model's entry, or None when the run produced no archive or package of it. Its status:
+    failed (an artifact failed), unchecked (none failed, one could not be run here: a CUDA package
+    on a machine without CUDA), ok."""
     from pt2flow.stages.compat import check_artifact
 
     built = {kind: records[stage] for kind, stage in ARTIFACT_STAGES.items() if records.get(stage, {}).get("status") == "ok"}
@@ -57,10 +59,12 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]])
         except StorageError as exc:
             checked.update(loads=False, runs=None, matches=None, error_class="storage", error=str(exc))
         else:
-            checked.update(check_artifact(kind, data, samples, atol, rtol))
+            checked.update(check_artifact(kind, data, samples, atol, rtol, record.get("device") or "cpu"))
         entry[kind] = checked
         if checked["error_class"] and entry["error_class"] is None:
             entry.update(status="failed", error_class=checked["error_class"])
+        elif checked.get("skipped") and entry["status"] == "ok":
+            entry["status"] = "unchecked"
     return entry
 
 
@@ -72,13 +76,14 @@ def check_compat(store: Any, run_id: str) -> dict[str, Any]:
     if not records:
         raise RecordNotFound(f"no records of run {run_id!r} in the index")
     models = [entry for name in sorted(records) if (entry := check_model(store, name, records[name])) is not None]
-    failed = sum(1 for m in models if m["status"] != "ok")
+    failed = sum(1 for m in models if m["status"] == "failed")
+    unchecked = sum(1 for m in models if m["status"] == "unchecked")
     built_with = sorted({a["torch_version"] for m in models for k in ARTIFACT_STAGES if (a := m.get(k)) and a.get("torch_version")})
     return {
         "run_id": run_id,
         "store": store.url,
         "torch_version": torch.__version__,
         "built_with": built_with,
-        "summary": {"ok": len(models) - failed, "failed": failed},
+        "summary": {"ok": len(models) - failed - unchecked, "failed": failed, "unchecked": unchecked},
         "models": models,
     }

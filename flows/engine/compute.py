@@ -223,6 +223,7 @@ def validate(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome
         archive=archive,
         package=package,
         training=model.training,
+        device=compiled.details.get("device", "cpu") if compiled else "cpu",  # where the package was compiled for
     )
     report = json.dumps(result.output, indent=1, default=str).encode()
     details: dict[str, Any] = {"validation": validation_summary(result.output)}

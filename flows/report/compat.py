@@ -40,14 +40,17 @@ def render_compat(doc: Mapping[str, Any], console: Any) -> None:
                 continue
             err = artifact["max_abs_err"]
             table.add_row(model["name"], f"{kind} {artifact['sha256'][:12]}", _flag(artifact["loads"]), _flag(artifact["runs"]), _flag(artifact["matches"]),
-                          "-" if err is None else f"{err:.3g}", artifact["error_class"] or "ok")
+                          "-" if err is None else f"{err:.3g}", artifact["error_class"] or ("not checked" if artifact.get("skipped") else "ok"))
     console.print(table)
     for model in doc["models"]:
         for kind in ("archive", "compiled"):
             artifact = model.get(kind) or {}
             if artifact.get("error"):
                 console.print(f"[bold]{model['name']}[/bold] {kind}: {artifact['error_class']}: {artifact['error']}", markup=True, highlight=False)
+            elif artifact.get("skipped"):
+                console.print(f"{model['name']} {kind}: {artifact['skipped']}", markup=False, highlight=False)
         if model.get("note"):
             console.print(f"{model['name']}: {model['note']}", markup=False, highlight=False)
     summary = doc["summary"]
-    console.print(f"{summary['ok']} compatible, {summary['failed']} not", markup=False, highlight=False)
+    unchecked = f", {summary['unchecked']} not checked here" if summary.get("unchecked") else ""
+    console.print(f"{summary['ok']} compatible, {summary['failed']} not{unchecked}", markup=False, highlight=False)

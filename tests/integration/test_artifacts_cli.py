@@ -246,6 +246,25 @@ def test_check_compat_passes_a_run_and_flags_an_archive_of_an_unsupported_format
     proc = run_cli(["check-compat", upgraded_run[:12], "--store", store])  # a unique prefix
     assert proc.returncode == 1 and "incompatible" in proc.stdout and "Traceback" not in proc.stderr
 
+    if torch.cuda.is_available():
+        return  # what follows is the view from a checker without a GPU
+    # the same run, as if its package had been compiled for a GPU: a CPU-only checker cannot run
+    # it, says so, and claims nothing about it (neither compatible nor incompatible)
+    gpu_run = "gpu-" + doc["run_id"]
+    ArtifactStore(store).index.append([
+        {**r, "record_id": r["record_id"] + "g", "run_id": gpu_run, **({"device": "cuda"} if r["stage"] == "aot_compile" else {})}
+        for r in records
+    ])
+    code, report, stderr = run_json(["check-compat", gpu_run, "--store", store])
+    assert code == 0, stderr
+    (model,) = report["models"]
+    assert model["status"] == "unchecked" and model["error_class"] is None
+    assert report["summary"] == {"ok": 0, "failed": 0, "unchecked": 1}
+    assert model["archive"]["matches"] is True
+    assert model["compiled"]["loads"] is None and "no CUDA device is available here" in model["compiled"]["skipped"]
+    proc = run_cli(["check-compat", gpu_run, "--store", store])
+    assert proc.returncode == 0 and "0 compatible, 0 not, 1 not checked here" in proc.stdout, proc.stdout
+
 
 def torch_archive_version() -> str:
     from torch._export.serde.schema import SCHEMA_VERSION

@@ -164,6 +164,18 @@ def test_failure_fleet_is_classified_and_the_rest_completes(tmp_path: Path) -> N
     assert "data dependent" in report.lower() or "data-dependent" in report.lower()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_cuda_target_without_a_gpu_fails_at_aot_compile_and_keeps_the_archive(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", [{**mlp_entry(), "stages": {"aot_compile": {"device": "cuda"}}}])
+    code, doc, stderr = run_json(["run", str(config), "--store", str(tmp_path / "store")])
+    assert code == 1, stderr[-3000:]
+    (model,) = doc["models"]
+    assert (model["failed_stage"], model["error_class"]) == ("aot_compile", "compile")
+    assert model["error"] == "aot_compile.device is 'cuda' but no CUDA device is available here"
+    statuses = {name: view["status"] for name, view in model["stages"].items()}
+    assert statuses["serialize"] == "ok" and statuses["aot_compile"] == "failed"
+
+
 @pytest.mark.compile
 def test_run_on_s3_then_ls_lineage_verify(tmp_path: Path, moto_s3) -> None:
     state = save_weights(tmp_path / "mlp.safetensors", seed=3)

@@ -6,6 +6,7 @@ import io
 import zipfile
 from pathlib import Path
 
+import pydantic
 import pytest
 import torch
 
@@ -72,11 +73,11 @@ def test_compile_failures_are_classified(monkeypatch: pytest.MonkeyPatch, raised
     assert info.value.message.startswith("AOTInductor compile failed")
 
 
-def test_a_device_that_is_not_one_is_a_config_error() -> None:
-    with pytest.raises(StageError) as info:
-        aot_compile(_tiny_program(), AotCompileOptions(device="gpu0"))
-    assert info.value.error_class == "config"
-    assert "gpu0" in info.value.message
+def test_a_device_that_is_not_one_is_refused_by_the_options() -> None:
+    with pytest.raises(pydantic.ValidationError) as info:
+        AotCompileOptions(device="gpu0")
+    assert info.value.errors()[0]["loc"] == ("device",) and "pattern" in info.value.errors()[0]["msg"]
+    assert AotCompileOptions(device="cuda:1").device == "cuda:1"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
