@@ -30,6 +30,9 @@ CRASH_POINTS: tuple[str, ...] = (
     "mid_multipart_upload",  # S3: some parts of a multipart upload are sent; it is not completed
 )
 
+# Points outside storage that use the same switches: "before_compat_check" (a check-compat
+# worker, flows/engine/worker.py, as it starts checking an artifact: a loader that crashes).
+
 _hits: dict[str, int] = {}
 _faults_fired: set[str] = set()
 

@@ -42,7 +42,8 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> St
 
 def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
     """`pt2flow check-compat --json`: every archive and package of `run` (default: the newest)
-    loaded, run and compared under the torch installed now. Imports torch."""
+    loaded, run and compared under the torch installed now, in a worker process (a loader that
+    crashes fails that artifact, not the caller)."""
     from pt2flow.flows.engine.compat import check_compat as check
 
     return check(store.artifacts, store.run_id(run))

@@ -2,16 +2,52 @@
 the same with the torch installed now? The question to answer before a serving fleet upgrades
 torch (docs/architecture.md §6). Each artifact is checked by stages/compat.py on the inputs and
 eager outputs validate stored with it, with the run's tolerances: no model code, no weights.
+
+The checks run in a supervised worker process (engine/pool.py), never in the caller: a loader
+that crashes, hangs or runs out of memory fails that artifact alone (class crash, timeout or
+out_of_memory) and a fresh worker checks the rest. This process imports no torch.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import time
 from typing import Any, Mapping
 
+from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
 from pt2flow.storage.errors import RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
 
 ARTIFACT_STAGES = {"archive": "serialize", "compiled": "aot_compile"}
+CHECK_TIMEOUT_S = 600.0  # one artifact: the worker's start, the load and every stored sample
+_UNCHECKED = {"loads": None, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None, "samples": 0, "skipped": None}
+
+
+class Checker:
+    """stages.compat.check_artifact in one worker process at a time, replaced when it is lost."""
+
+    def __init__(self, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self.worker: Worker | None = None
+
+    def check(self, kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str) -> dict[str, Any]:
+        if self.worker is None:
+            self.worker = Worker(threads=None)
+        budget = Budget(deadline=time.monotonic() + self.timeout_s, deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s")
+        try:
+            status, payload = self.worker.call(("compat", kind, data, io, atol, rtol, device), budget)
+        except WorkerLost as lost:
+            self.close()
+            return {**_UNCHECKED, "error_class": lost.error_class, "error": f"{lost.message} while checking the {kind}",
+                    "stderr_tail": lost.stderr_tail[-4000:]}
+        if status != "ok":
+            return {**_UNCHECKED, "error_class": payload["error_class"], "error": payload["error"]}
+        return dict(payload)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
 
 def _run_records(index: Any, run_id: str) -> dict[str, dict[str, dict[str, Any]]]:
@@ -25,25 +61,21 @@ def _run_records(index: Any, run_id: str) -> dict[str, dict[str, dict[str, Any]]
     return models
 
 
-def _samples(store: Any, validate: Mapping[str, Any] | None) -> tuple[Any, str | None]:
-    """The stored validation samples of a model, or (None, why there are none)."""
-    from pt2flow.stages.validation_io import unpack
-
+def _samples(store: Any, validate: Mapping[str, Any] | None) -> tuple[bytes | None, str | None]:
+    """The stored validation samples of a model (safetensors bytes), or (None, why there are none)."""
     if validate is None or validate.get("status") != "ok":
         return None, "no ok validate record in this run: loading is all that can be checked"
     io = (validate.get("details") or {}).get("io")
     if not io:
         why = (validate.get("details") or {}).get("io_skipped") or "validate stored no inputs (a run of an older pt2flow)"
         return None, why
-    return unpack(store.get_blob(io["sha256"], io["size"])), None
+    return store.get_blob(io["sha256"], io["size"]), None
 
 
-def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]], checker: Checker) -> dict[str, Any] | None:
     """One model's entry, or None when the run produced no archive or package of it. Its status:
     failed (an artifact failed), unchecked (none failed, one could not be run here: a CUDA package
     on a machine without CUDA), ok."""
-    from pt2flow.stages.compat import check_artifact
-
     built = {kind: records[stage] for kind, stage in ARTIFACT_STAGES.items() if records.get(stage, {}).get("status") == "ok"}
     if not built:
         return None
@@ -59,7 +91,7 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]])
         except StorageError as exc:
             checked.update(loads=False, runs=None, matches=None, error_class="storage", error=str(exc))
         else:
-            checked.update(check_artifact(kind, data, samples, atol, rtol, record.get("device") or "cpu"))
+            checked.update(checker.check(kind, data, samples, atol, rtol, record.get("device") or "cpu"))
         entry[kind] = checked
         if checked["error_class"] and entry["error_class"] is None:
             entry.update(status="failed", error_class=checked["error_class"])
@@ -70,19 +102,21 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]])
 
 def check_compat(store: Any, run_id: str) -> dict[str, Any]:
     """The check-compat document of a run: one entry per model with an archive or package."""
-    import torch
-
     records = _run_records(store.index, run_id)
     if not records:
         raise RecordNotFound(f"no records of run {run_id!r} in the index")
-    models = [entry for name in sorted(records) if (entry := check_model(store, name, records[name])) is not None]
+    checker = Checker()
+    try:
+        models = [entry for name in sorted(records) if (entry := check_model(store, name, records[name], checker)) is not None]
+    finally:
+        checker.close()
     failed = sum(1 for m in models if m["status"] == "failed")
     unchecked = sum(1 for m in models if m["status"] == "unchecked")
     built_with = sorted({a["torch_version"] for m in models for k in ARTIFACT_STAGES if (a := m.get(k)) and a.get("torch_version")})
     return {
         "run_id": run_id,
         "store": store.url,
-        "torch_version": torch.__version__,
+        "torch_version": importlib.metadata.version("torch"),  # the workers' torch: this environment's
         "built_with": built_with,
         "summary": {"ok": len(models) - failed - unchecked, "failed": failed, "unchecked": unchecked},
         "models": models,

@@ -285,6 +285,18 @@ def classify(stage: str, exc: BaseException) -> dict[str, Any]:
     return {"error_class": "internal", "error": f"pt2flow bug: {type(exc).__name__}: {exc}", "details": {"traceback": tb}, "report": None}
 
 
+def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str) -> tuple[str, Any]:
+    """check-compat's check of one artifact (stages/compat.py) on the stored samples `io`:
+    ("ok", result) or ("failed", failure)."""
+    from pt2flow.stages.compat import check_artifact as check
+    from pt2flow.stages.validation_io import unpack
+
+    try:
+        return "ok", check(kind, data, unpack(io) if io is not None else None, atol, rtol, device)
+    except Exception as exc:
+        return "failed", classify("check-compat", exc)
+
+
 def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> tuple[str, dict[str, Any]]:
     """("ok", produced) or ("failed", failure): never raises for the stage's own errors."""
     try:

@@ -52,6 +52,7 @@ def main(fd: int, parent: int) -> int:
     import pt2flow.stages.trace  # noqa: F401  (torch and the stages: once per worker, before the first model)
 
     from pt2flow.flows.engine import compute
+    from pt2flow.storage.faults import crash_point
 
     _set_threads()
     conn.send(("ready", os.getpid()))
@@ -69,6 +70,9 @@ def main(fd: int, parent: int) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             conn.send((status, payload))
+        elif kind == "compat":  # check-compat: one artifact (flows/engine/compat.py)
+            crash_point("before_compat_check")
+            conn.send(compute.check_artifact(*message[1:]))
         elif kind == "new_model":
             compute.forget_programs()
             conn.send(("ok", None))

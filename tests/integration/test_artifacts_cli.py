@@ -223,6 +223,17 @@ def test_check_compat_passes_a_run_and_flags_an_archive_of_an_unsupported_format
     html = (tmp_path / "compat.html").read_text()
     assert "<script" not in html and "mlp" in html and doc["run_id"] in html
 
+    # a loader that kills its process fails that artifact alone: the checks run in a worker, and
+    # a fresh one checks the rest (PT2FLOW_CRASH_AT kills the first worker as it starts a check)
+    crash = {"PT2FLOW_CRASH_AT": "before_compat_check", "PT2FLOW_CRASH_ONCE": str(tmp_path / "crashed")}
+    code, report, stderr = run_json(["check-compat", "--store", store], env=crash)
+    assert code == 1, stderr
+    (model,) = report["models"]
+    assert model["status"] == "failed" and model["error_class"] == "crash"
+    assert model["archive"]["error_class"] == "crash" and "was killed by SIGKILL" in model["archive"]["error"]
+    assert model["archive"]["loads"] is None  # nothing is claimed about an artifact whose check died
+    assert (model["compiled"]["loads"], model["compiled"]["matches"]) == (True, True)
+
     # the same run, but its archive written in a format version this torch does not read
     records = [r for r in ArtifactStore(store).index.read().to_pylist() if r["run_id"] == doc["run_id"]]
     serialized = next(r for r in records if r["stage"] == "serialize")
