@@ -36,7 +36,8 @@ def check_prefix(prefix: str, what: str = "ID") -> str:
     return value
 
 
-def _newest_first(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def newest_first(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Records as dicts, the newest (by ended_at) first."""
     return sorted((dict(r) for r in rows), key=lambda r: (r.get("ended_at") or _EPOCH), reverse=True)
 
 
@@ -59,7 +60,7 @@ def records_for_id(index: MetadataIndex, prefix: str) -> list[dict[str, Any]]:
     table = index.scan(None, filter=pc.field("model").isin(sorted(models)) & _prefix_filter("sha256", value))
     if table.num_rows == 0:
         raise RecordNotFound(f"no artifact with ID {prefix!r} in the index")
-    rows = _newest_first(table.to_pylist())
+    rows = newest_first(table.to_pylist())
     digests = sorted({r["sha256"] for r in rows})
     if len(digests) > 1:
         shown = ", ".join(
@@ -82,7 +83,7 @@ class _Graph:
     def __init__(self, table: pa.Table) -> None:
         self.by_key: dict[str, list[dict[str, Any]]] = {}
         self.children: dict[str, set[str]] = {}
-        for row in _newest_first(table.to_pylist()):
+        for row in newest_first(table.to_pylist()):
             key = row.get("key")
             if not key:
                 continue
@@ -161,7 +162,7 @@ def _walk_down(graph: _Graph, roots: Sequence[str]) -> list[dict[str, Any]]:
 def by_weights(index: MetadataIndex, prefix: str) -> dict[str, Any]:
     """Every source record built from a checkpoint and everything derived from those sources."""
     value = check_prefix(prefix, "weights digest")
-    sources = _newest_first(index.scan(None, filter=_prefix_filter("weights_digest", value)).to_pylist())
+    sources = newest_first(index.scan(None, filter=_prefix_filter("weights_digest", value)).to_pylist())
     if not sources:
         raise RecordNotFound(f"no source record uses weights {prefix!r}")
     digests = sorted({r["weights_digest"] for r in sources})

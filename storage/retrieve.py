@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from pt2flow.storage.errors import IntegrityError, RecordNotFound, StorageError
 from pt2flow.storage.index import MetadataIndex
-from pt2flow.storage.lineage import decode, records_for_id
+from pt2flow.storage.lineage import decode, newest_first, records_for_id
 from pt2flow.storage.safety import check_archive
 
 # what a user asks for -> the stage whose record holds it
@@ -32,10 +32,6 @@ def artifact_kind(stage: str) -> str | None:
     return next((kind for kind, owner in ARTIFACT_STAGES.items() if owner == stage), None)
 
 
-def _newest(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return max(rows, key=lambda r: r.get("ended_at") or r.get("started_at") or "")
-
-
 def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None) -> dict[str, Any]:
     """The newest ok record of the artifact an ID (prefix) names. Refuses an ID the index does not
     vouch for: unknown (RecordNotFound), ambiguous, only failed records, or not a `kind` artifact."""
@@ -43,7 +39,7 @@ def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None) -> di
     ok = [r for r in rows if r.get("status") == "ok"]
     if not ok:
         raise RecordNotFound(f"the index vouches for no artifact with ID {prefix!r}: its only records are failures (see `pt2flow show {prefix}`)")
-    record = _newest(ok)
+    record = newest_first(ok)[0]
     have = artifact_kind(record["stage"])
     if have is None:
         raise ArtifactRequestError(f"ID {prefix!r} is the {record['stage']} record of {record['model']}, which has no artifact to get (serialized, compiled or report)")
@@ -63,7 +59,7 @@ def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | No
     if not rows:
         where = f" in run {run_id}" if run_id else ""
         raise RecordNotFound(f"the index holds no ok {kind} artifact of model {model!r}{where}")
-    return _newest(rows)
+    return newest_first(rows)[0]
 
 
 def copy_out(store: Any, record: Mapping[str, Any], destination: str) -> dict[str, Any]:

@@ -6,16 +6,12 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
+from pt2flow.flows.report.templating import environment
+
 
 @functools.lru_cache(maxsize=1)
 def _template() -> Any:
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("pt2flow.flows.report", "templates"),
-        autoescape=True, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
-    )
-    return env.get_template("compat.html.j2")
+    return environment().get_template("compat.html.j2")
 
 
 def compat_html(doc: Mapping[str, Any]) -> str:

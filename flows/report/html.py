@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 from pt2flow.flows.report.compare import REPORT_VERSION
 from pt2flow.flows.report.plot import Row, bar_chart
 from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_GROWTH, flagged_fields, regressions, row_order
+from pt2flow.flows.report.templating import environment
 from pt2flow.flows.report.text import (
     format_size,
     arrow, compile_text, err, latency_text, ops_text, pct, ranges_text, secs, signature_cell, signature_text, status_text,
@@ -55,17 +56,7 @@ def _joined(items: Sequence[Any]) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _template() -> Any:
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("pt2flow.flows.report", "templates"),
-        autoescape=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
-        finalize=_escape,
-    )
+    env = environment(finalize=_escape)
     env.globals.update(
         anchor=anchor, status_text=status_text, signature_text=signature_text, ranges_text=ranges_text, source_value=_source_value, joined=_joined,
     )
