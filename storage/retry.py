@@ -6,6 +6,7 @@ The only retry layer pt2flow adds; errors that mean "no room" or "not there" are
 from __future__ import annotations
 
 import errno
+import logging
 import random
 import re
 import time
@@ -14,6 +15,7 @@ from typing import Callable, TypeVar
 from pt2flow.storage.errors import FULL_ERRNOS, StorageError, StorageFull, TransientStorageError
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 # Errors worth retrying: the backend was reachable before and may be again.
 _TRANSIENT_NAMES = {
@@ -58,7 +60,8 @@ class RetryPolicy:
     """Bounded retries with exponential backoff and jitter for transient backend errors.
 
     The only retry layer pt2flow adds: `attempts` tries in all, then the error goes up. (botocore
-    and s3fs retry on their own too unless storage_options turn that off; see README.)
+    and s3fs retry on their own too unless storage_options turn that off; see README.) Each retry
+    is logged (logger pt2flow.storage.retry, INFO, with `attempt` and `delay` on the record).
     """
 
     def __init__(self, attempts: int = 5, base_delay: float = 0.2, max_delay: float = 5.0) -> None:
@@ -76,8 +79,10 @@ class RetryPolicy:
             except Exception as exc:
                 if attempt >= self.attempts or not is_transient(exc):
                     raise
-            delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
-            time.sleep(delay * (0.5 + random.random() / 2))
+            delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+            _log.info("%s: attempt %d of %d failed with a transient error; retrying in %.2f s", what, attempt, self.attempts, delay,
+                      extra={"attempt": attempt, "delay": delay, "what": what})
+            time.sleep(delay)
         raise AssertionError("unreachable")
 
 

@@ -167,7 +167,7 @@ class FaultProxy:
             for plan in self.plans:
                 if plan.method == method and plan.path_contains in path:
                     action = plan.actions[plan.attempts] if plan.attempts < len(plan.actions) else "pass"
-                    plan.seen.append((time.monotonic(), action))
+                    plan.seen.append((time.time(), action))  # wall clock: comparable with log records' `created`
                     return action
         return "pass"
 
