@@ -279,6 +279,12 @@ def _program_body(record: Mapping[str, Any]) -> str:
             torch.export.load(buffer)
             """)
     configs = (options.get("inductor_configs") or {})
+    device = options.get("device") or "cpu"
+    if device != "cpu":  # as the aot_compile stage does: the program moved to the target device
+        load += textwrap.dedent(f"""\
+            from torch.export.passes import move_to_device_pass
+            ep = move_to_device_pass(ep, {device!r})
+            """)
     return load + textwrap.dedent(f"""\
         import tempfile
         from torch._inductor import aoti_compile_and_package
