@@ -50,11 +50,14 @@ def _identity(state: tuple[Any, ...]) -> tuple[tuple[str, str], ...]:
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     kind, index = state[0], state[1]
-    isa = pick_vec_isa()
+    try:
+        isa = pick_vec_isa()  # builds a probe with the compiler: none that works, no ISA to name
+    except Exception:  # noqa: BLE001 - inductor's InvalidCxxCompiler and the like: the compile will say
+        isa = None
     cxx, version = _compiler()
     identity = {
         "machine": platform.machine(),
-        "vec_isa": str(isa) or "none",
+        "vec_isa": str(isa or "") or "none",
         "vec_bits": str(isa.bit_width()) if isa else "0",
         "cxx": cxx,
         "cxx_version": version,

@@ -33,7 +33,9 @@ def _run_script(folder: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A real run: a data_dependent trace failure, a decomposition failure (a custom op with no
-    core ATen decomposition), and a healthy model that validates."""
+    core ATen decomposition), a functionalize failure (a training step through that op, which has
+    no autograd formula), a traced program that fails the round trip (an output type torch cannot
+    serialize), and a healthy model that validates."""
     work = tmp_path_factory.mktemp("artifacts")
     torch.manual_seed(5)
     save_file({k: v.contiguous() for k, v in custom_op_model().state_dict().items()}, str(work / "custom.safetensors"))
@@ -44,6 +46,9 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
         {"name": "custom-op", "factory": "tests.repro_models:custom_op_model", "weights": "custom.safetensors",
          "inputs": {"x": {"shape": [3, 8]}}, "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 32}}},
         {"name": "healthy", "factory": "failure_models:healthy_mlp", "inputs": {"input": {"shape": [3, 8]}}},
+        {"name": "train-custom-op", "factory": "tests.repro_models:loss_through_custom_op", "inputs": {"x": {"shape": [3, 8]}},
+         "stages": {"functionalize": {"mode": "training", "loss_output": 0}}},
+        {"name": "pair-output", "factory": "tests.repro_models:pair_output", "inputs": {"x": {"shape": [3, 8]}}},
     ], stages=["trace", "functionalize", "decompose", "serialize", "validate"])
     store = str(work / "store")
     code, doc, stderr = run_json(["run", str(config), "--store", store])
@@ -53,6 +58,8 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "data-dependent": ("failed", "trace", "data_dependent"),
         "custom-op": ("failed", "decompose", "decomposition"),
         "healthy": ("ok", None, None),
+        "train-custom-op": ("failed", "functionalize", "decomposition"),
+        "pair-output": ("failed", "trace", "serialization"),
     }, got
     return {"store": store, "doc": doc}
 
@@ -155,6 +162,38 @@ def test_repro_of_a_decomposition_failure_raises_it_from_the_stored_program(run_
     result = _run_script(tmp_path / "dec")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "ops outside core ATen remain after decomposition: pt2flow_repro.scale.default" in result.stderr
+
+
+@pytest.mark.parametrize(("model", "stage", "raised"), [
+    ("train-custom-op", "functionalize", "RuntimeError: Trying to backward through pt2flow_repro.scale.default but no autograd formula"),
+    ("pair-output", "trace", "NotImplementedError: No registered serialization name for <class 'tests.repro_models.Pair'>"),
+])
+def test_repro_of_functionalize_and_round_trip_failures_raises_them(run_store: dict, tmp_path: Path, model: str, stage: str, raised: str) -> None:
+    failed = next(m for m in run_store["doc"]["models"] if m["name"] == model)
+    code, written, stderr = run_json(["repro", model, "-o", str(tmp_path / model), "--store", run_store["store"]])
+    assert code == 0, stderr
+    assert (written["stage"], written["error_class"]) == (stage, failed["error_class"])
+    result = _run_script(tmp_path / model)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert raised in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
+    assert "does not reproduce" not in result.stdout
+
+
+def test_repro_of_an_aot_compile_failure_raises_it(tmp_path: Path) -> None:
+    """AOTInductor told to use a C++ compiler that does not exist: the package cannot be built."""
+    config = write_config(tmp_path / "c.yaml", [
+        {"name": "no-compiler", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}},
+         "stages": {"aot_compile": {"inductor_configs": {"cpp.cxx": ["/nonexistent/c++"]}}}},
+    ])
+    store = str(tmp_path / "store")
+    code, doc, stderr = run_json(["run", str(config), "--store", store])
+    (model,) = doc["models"]
+    assert code == 1 and (model["failed_stage"], model["error_class"]) == ("aot_compile", "compile"), stderr[-3000:]
+    code, written, stderr = run_json(["repro", "no-compiler", "-o", str(tmp_path / "out"), "--store", store])
+    assert code == 0 and written["files"] == ["program.pt2", "repro.py"], stderr
+    result = _run_script(tmp_path / "out")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "InvalidCxxCompiler: No working C++ compiler found" in result.stderr.strip().splitlines()[-1]
 
 
 def test_repro_refuses_when_there_is_nothing_to_reproduce(run_store: dict, tmp_path: Path) -> None:
