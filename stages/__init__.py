@@ -15,7 +15,7 @@ STAGE_VERSIONS: dict[str, int] = {
     "trace": 1,
     "functionalize": 1,
     "decompose": 1,
-    "serialize": 1,
+    "serialize": 2,  # 2: the archive's metadata names the modules its pytree types need (check-compat)
     "aot_compile": 1,
     "validate": 1,
 }

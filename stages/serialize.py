@@ -133,8 +133,13 @@ def check_round_trip(data: bytes) -> ExportedProgram:
 
 
 def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
-    """Output: the archive's bytes. Reloads them and checks that the program came back unchanged."""
-    text = json.dumps(dict(metadata), sort_keys=True)
+    """Output: the archive's bytes. Reloads them and checks that the program came back unchanged.
+
+    The archive's pt2flow metadata is `metadata` plus, when the program's inputs or outputs hold
+    pytree types registered outside torch, the modules that register them (PYTREE_MODULES): a
+    process that loads the archive later (check-compat) imports them first."""
+    modules = pytree_modules(ep)
+    text = json.dumps({**metadata, **({PYTREE_MODULES: modules} if modules else {})}, sort_keys=True)
     buffer = io.BytesIO()
     with quiet_torch() as sink:
         try:

@@ -3,7 +3,8 @@ in tests/hf_models.py, no download) through a real `pt2flow run`. BERT exports a
 GPT-2 fails at decompose (a view its core ATen decomposition cannot express) with the same stage
 and class cold, warm (from the index) and when the decompose stage runs again in a fresh worker
 process on its functionalize program read back from the store: that program's output type is
-transformers' own pytree node, registered when the model's code is imported."""
+transformers' own pytree node, registered when the model's code is imported. `check-compat` then
+loads BERT's archive in a fresh process and matches the outputs validate stored."""
 
 from __future__ import annotations
 
@@ -40,3 +41,12 @@ def test_tiny_bert_and_gpt2_cold_warm_and_retried(tmp_path: Path) -> None:
     assert cold[3] == {"trace": False, "functionalize": False, "decompose": False}
     assert warm[3] == {"trace": True, "functionalize": True, "decompose": True}  # a known failure
     assert retried[3] == {"trace": True, "functionalize": True, "decompose": False}  # loaded from the store
+
+    # BERT's archive under check-compat, in a fresh worker that has never imported transformers:
+    # its output type (a ModelOutput) is registered by the module the archive's metadata names
+    code, report, stderr = run_json(["check-compat", "--store", str(tmp_path / "store")])
+    assert code == 0, stderr[-3000:]
+    assert [m["name"] for m in report["models"]] == ["bert"]  # GPT-2 built no archive
+    archive = report["models"][0]["archive"]
+    assert (archive["loads"], archive["runs"], archive["matches"]) == (True, True, True), archive
+    assert archive["samples"] == 3 and archive["max_abs_err"] < 1e-4
