@@ -198,3 +198,21 @@ def test_a_dynamic_dim_inside_a_list_through_the_cli(exportdb_run: dict[str, Any
     # validated at the example batch, at the dim's min and at its max
     assert [p["sizes"] for p in report["plan"]] == [{}, {"batch": 1}, {"batch": 12}]
     assert report["passed"] is True
+
+
+def test_check_compat_reloads_every_archive_and_matches_the_stored_outputs(exportdb_run: dict[str, Any]) -> None:
+    """check-compat on the whole ExportDB run: every archive loads in a fresh worker process and,
+    where validate could store its inputs and outputs, computes them again."""
+    code, report, stderr = run_json(["check-compat", "--store", str(exportdb_run["store"])], timeout=1200)
+    assert "Traceback" not in stderr, stderr[-4000:]
+    built = {m["name"] for m in exportdb_run["document"]["models"] if m["artifacts"].get("serialized")}
+    checked = {m["name"]: m for m in report["models"]}
+    assert set(checked) == built and len(built) >= 30, (sorted(set(checked) ^ built), len(built))
+    bad = {n: (m["error_class"], (m["archive"]["error"] or "")[:200]) for n, m in checked.items() if m["status"] != "ok"}
+    assert code == 0 and not bad, bad
+    compared = [m for m in checked.values() if m["archive"]["matches"] is not None]
+    assert all(m["archive"]["matches"] for m in compared)
+    # every ok model had its samples stored, except where validate said why not
+    unstored = {n: m["note"] for n, m in checked.items() if m["archive"]["matches"] is None}
+    assert all(note for note in unstored.values()), unstored
+    print(f"\ncheck-compat on ExportDB: {len(checked)} archives load, {len(compared)} re-run on stored samples; not stored: {unstored}")
