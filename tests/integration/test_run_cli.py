@@ -207,6 +207,16 @@ def test_run_on_s3_then_ls_lineage_verify(tmp_path: Path, moto_s3) -> None:
     assert code == 0 and verified["missing"] == [] and verified["corrupt"] == []
     assert verified["checked"] >= 8  # 6 stage artifacts + source manifest + weights
 
+    # the package out of S3, verified, and the run's artifacts checked again under this torch
+    target = tmp_path / "mlp-package.pt2"
+    code, got, stderr = run_json(["get", "--model", "mlp", "--artifact", "compiled", "-o", str(target), "--store", store], env=moto_s3.env)
+    assert code == 0 and got["sha256"] == compiled, stderr
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == compiled
+    code, compat, stderr = run_json(["check-compat", "--store", store], env=moto_s3.env)
+    assert code == 0, stderr[-3000:]
+    (checked,) = compat["models"]
+    assert checked["archive"]["matches"] is True and checked["compiled"]["matches"] is True, checked
+
 
 def test_queries_on_s3_exit_cleanly_every_time(tmp_path: Path, moto_s3) -> None:
     """`lineage`, `ls` and `verify` on S3 exit 0 every time. When pyarrow scanned the index through
