@@ -35,7 +35,11 @@ def load_archive(data: bytes, *, import_pytree_modules: bool = False) -> tuple[E
     (program_bytes_checked records them); only for archives from a store trusted to name modules.
     Raises StageError('serialization') naming torch's reason when the archive does not load."""
     if import_pytree_modules:
-        _import_modules(archive_metadata(data).get(PYTREE_MODULES, []))
+        named = archive_metadata(data).get(PYTREE_MODULES)
+        if named is None:  # an archive from before serialize v2, or not from pt2flow
+            _import_guessed(_spec_type_names(data))
+        else:
+            _import_modules(named)
     extra = {METADATA_FILE: ""}
     with quiet_torch(), _load_failures() as causes:
         try:
@@ -89,6 +93,48 @@ def _import_modules(names: Any) -> None:
             importlib.import_module(name)
         except Exception as exc:
             raise StageError("import", f"importing {name!r} (it registers a pytree type the program uses) failed: {short_message(exc)}") from exc
+
+
+def _spec_type_names(data: bytes) -> set[str]:
+    """The serialized type names in an archive's treespecs (the in_spec/out_spec strings of its
+    program JSON), read from the zip without loading the program."""
+    names: set[str] = set()
+
+    def walk(node: Any, in_spec: bool) -> None:
+        if isinstance(node, dict):
+            if in_spec and isinstance(node.get("type"), str):
+                names.add(node["type"])
+            for key, value in node.items():
+                if key in ("in_spec", "out_spec") and isinstance(value, str):
+                    with contextlib.suppress(ValueError):
+                        walk(json.loads(value), True)
+                else:
+                    walk(value, in_spec)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, in_spec)
+
+    with contextlib.suppress(zipfile.BadZipFile, KeyError, ValueError), zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for name in archive.namelist():
+            if "/models/" in name and name.endswith(".json"):
+                walk(json.loads(archive.read(name)), False)
+    return names
+
+
+def _import_guessed(type_names: set[str]) -> None:
+    """Import the module each non-torch type name points into, by the "module.Class" convention
+    (transformers' ModelOutput classes follow it): the longest importable prefix. A guess that
+    does not import is skipped; the load then fails with torch's own reason."""
+    for type_name in sorted(type_names):
+        parts = type_name.split(".")
+        if parts[0] in _TORCH_PYTREE_HOMES or not MODULE_NAME_PATTERN.fullmatch(type_name):
+            continue
+        for end in range(len(parts) - 1, 0, -1):
+            try:
+                importlib.import_module(".".join(parts[:end]))
+                break
+            except Exception:  # noqa: BLE001 - not a module (a class path), or one that fails
+                continue
 
 
 def pytree_modules(ep: ExportedProgram) -> list[str]:

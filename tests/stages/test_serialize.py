@@ -134,3 +134,51 @@ def test_a_save_failure_is_a_serialization_error(
         serialize(mlp_program, METADATA)
     assert info.value.error_class == "serialization"
     assert "disk on fire" in info.value.message
+
+
+_LOAD_IN_A_FRESH_PROCESS = (
+    "import sys; from pt2flow.stages.serialize import load_archive\n"
+    "data = open(sys.argv[1], 'rb').read()\n"
+    "try:\n"
+    "    ep, _ = load_archive(data, import_pytree_modules=sys.argv[2] == 'import')\n"
+    "    print('loaded', type(ep.module()(__import__('torch').ones(2))).__qualname__)\n"
+    "except Exception as exc:\n"
+    "    print('failed', exc)\n"
+)
+
+
+def _load_elsewhere(path, mode: str) -> str:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-c", _LOAD_IN_A_FRESH_PROCESS, str(path), mode], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
+def test_the_archive_names_the_modules_of_its_pytree_types_and_loads_in_a_fresh_process(tmp_path) -> None:
+    from tests.pytree_models import point_output
+
+    ep = torch.export.export(point_output(), (torch.ones(2),))
+    data = serialize(ep, {"run": "r"}).output
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith("/extra/" + METADATA_FILE)]
+        assert json.loads(archive.read(name)) == {"run": "r", "pytree_modules": ["tests.pytree_models"]}
+    (tmp_path / "named.pt2").write_bytes(data)
+    assert _load_elsewhere(tmp_path / "named.pt2", "import") == "loaded Point"
+    assert "not registered" in _load_elsewhere(tmp_path / "named.pt2", "no-import")
+
+
+def test_an_archive_that_names_no_modules_loads_by_its_type_names(tmp_path) -> None:
+    """An archive from before serialize v2 (or not from pt2flow): the modules are guessed from the
+    serialized type names of its treespecs ("module.Class")."""
+    from tests.pytree_models import point_output
+
+    buffer = io.BytesIO()
+    torch.export.save(torch.export.export(point_output(), (torch.ones(2),)), buffer, extra_files={METADATA_FILE: "{}"})
+    (tmp_path / "old.pt2").write_bytes(buffer.getvalue())
+    assert serialize_module._spec_type_names(buffer.getvalue()) >= {"tests.pytree_models.Point"}
+    assert _load_elsewhere(tmp_path / "old.pt2", "import") == "loaded Point"
+    assert "not registered" in _load_elsewhere(tmp_path / "old.pt2", "no-import")
