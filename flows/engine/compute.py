@@ -230,6 +230,8 @@ def validate(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome
     if "io" in result.side:  # the inputs and eager outputs, for check-compat after a torch upgrade
         io_ref = store.put_blob(result.side["io"])
         details["io"] = {"sha256": io_ref.digest, "size": io_ref.size}
+    elif result.output.get("io_skipped"):  # why not (training mode, an output safetensors cannot hold)
+        details["io_skipped"] = result.output["io_skipped"]
     return _publish(store, report, fingerprint=None, details=details, warnings=result.warnings)
 
 

@@ -35,7 +35,7 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A real run: a data_dependent trace failure, a decomposition failure (a custom op with no
     core ATen decomposition), a functionalize failure (a training step through that op, which has
     no autograd formula), a traced program that fails the round trip (an output type torch cannot
-    serialize), and a healthy model that validates."""
+    serialize), a healthy model that validates, and one validated in training mode."""
     work = tmp_path_factory.mktemp("artifacts")
     torch.manual_seed(5)
     save_file({k: v.contiguous() for k, v in custom_op_model().state_dict().items()}, str(work / "custom.safetensors"))
@@ -49,6 +49,8 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
         {"name": "train-custom-op", "factory": "tests.repro_models:loss_through_custom_op", "inputs": {"x": {"shape": [3, 8]}},
          "stages": {"functionalize": {"mode": "training", "loss_output": 0}}},
         {"name": "pair-output", "factory": "tests.repro_models:pair_output", "inputs": {"x": {"shape": [3, 8]}}},
+        {"name": "train-regressor", "factory": "tests.models:regressor", "inputs": {"x": {"shape": [4, 4]}, "y": {"shape": [4]}},
+         "stages": {"functionalize": {"mode": "training"}}},
     ], stages=["trace", "functionalize", "decompose", "serialize", "validate"])
     store = str(work / "store")
     code, doc, stderr = run_json(["run", str(config), "--store", store])
@@ -60,6 +62,7 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "healthy": ("ok", None, None),
         "train-custom-op": ("failed", "functionalize", "decomposition"),
         "pair-output": ("failed", "trace", "serialization"),
+        "train-regressor": ("ok", None, None),
     }, got
     return {"store": store, "doc": doc}
 
@@ -234,6 +237,18 @@ def _altered_archive(data: bytes, major: int) -> bytes:
                 content = json.dumps(program).encode()
             dst.writestr(info, content)
     return out.getvalue()
+
+
+def test_check_compat_of_a_run_without_packages_says_what_it_could_not_compare(run_store: dict) -> None:
+    code, report, stderr = run_json(["check-compat", "--store", run_store["store"]])
+    assert code == 0, stderr
+    models = {m["name"]: m for m in report["models"]}
+    assert set(models) == {"healthy", "train-regressor"}  # the failed models built no archive
+    assert (models["healthy"]["archive"]["matches"], models["healthy"]["note"]) == (True, None)
+    assert "compiled" not in models["healthy"]
+    trained = models["train-regressor"]
+    assert (trained["status"], trained["archive"]["loads"], trained["archive"]["matches"]) == ("ok", True, None)
+    assert trained["note"] == "training mode: the candidates' outputs are a loss and gradients"
 
 
 @pytest.mark.compile
