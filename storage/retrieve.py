@@ -75,16 +75,21 @@ def copy_out(store: Any, record: Mapping[str, Any], destination: str) -> dict[st
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         raise ArtifactRequestError(f"cannot write {destination}: no folder {folder}")
-    handle, temporary = tempfile.mkstemp(prefix=".pt2flow-get-", dir=folder)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=".pt2flow-get-", dir=folder)
+    except OSError as exc:
+        raise ArtifactRequestError(f"cannot write {destination}: {exc.strerror or exc}") from exc
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+        if isinstance(exc, OSError):
+            raise ArtifactRequestError(f"cannot write {destination}: {exc.strerror or exc}") from exc
         raise
     result = decode(record)
     result["artifact"] = artifact_kind(record["stage"])

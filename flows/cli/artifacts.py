@@ -10,7 +10,9 @@ import sys
 import click
 
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, CommandUsageError
-from pt2flow.flows.cli.support import Args, command, dump, format_size, json_option, open_store, rich_console, store_options
+from pt2flow.flows.cli.support import (
+    Args, check_page_path, command, dump, format_size, json_option, open_store, rich_console, store_options, write_page,
+)
 
 ARTIFACT_KINDS = ("serialized", "compiled", "report")
 
@@ -90,10 +92,11 @@ def check_compat_command(args: Args) -> int:
     from pt2flow.flows.api import Store, check_compat
     from pt2flow.flows.report.compat import compat_html, render_compat
 
+    if args.html:
+        check_page_path(args.html)  # before the work, not after it
     doc = check_compat(Store.of(open_store(args)), args.run)
     if args.html:
-        with open(args.html, "w", encoding="utf-8") as out:
-            out.write(compat_html(doc))
+        write_page(args.html, lambda: compat_html(doc))
     if args.json:
         dump(doc)
     else:

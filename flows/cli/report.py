@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, CommandUsageError
-from pt2flow.flows.cli.support import Args, command, dump, json_option, open_store, rich_console, store_options
+from pt2flow.flows.cli.support import Args, check_page_path, command, dump, json_option, open_store, rich_console, store_options, write_page
 
 
 @command(
@@ -29,6 +27,8 @@ def report_command(args: Args) -> int:
 
     if len(args.runs) not in (0, 2):
         raise CommandUsageError("give two runs (RUN_A RUN_B), or none for the last two runs of the store")
+    if args.html:
+        check_page_path(args.html)  # before the work, not after it
     store = open_store(args)
     if args.runs:
         run_a, run_b = (resolve_run(store.index, r) for r in args.runs)
@@ -38,12 +38,7 @@ def report_command(args: Args) -> int:
     if args.html:
         from pt2flow.flows.report.html import to_html
 
-        try:
-            with open(args.html, "w", encoding="utf-8") as fh:
-                fh.write(to_html(comparison))
-        except OSError as exc:
-            raise CommandUsageError(f"cannot write {args.html}: {exc}") from exc
-        print(f"wrote {args.html}", file=sys.stderr)
+        write_page(args.html, lambda: to_html(comparison))
     if args.json:
         dump(comparison)
     else:

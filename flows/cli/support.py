@@ -94,6 +94,27 @@ def open_store(args: Args) -> Any:
     return ArtifactStore(url, options)
 
 
+def write_page(path: str, render: Callable[[], str]) -> None:
+    """Write `render()` to the file `path` (an --html option), or CommandUsageError naming why not.
+    Call check_page_path first, so that a bad path is refused before the work."""
+    check_page_path(path)
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(render())
+    except OSError as exc:
+        raise CommandUsageError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def check_page_path(path: str) -> None:
+    """CommandUsageError when `path` cannot be a file to write: a folder, or in no folder."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise CommandUsageError(f"{path} is a directory: give the file to write")
+    if not os.path.isdir(os.path.dirname(target)):
+        raise CommandUsageError(f"cannot write {path}: no folder {os.path.dirname(target)}")
+
+
 def rich_console() -> Any:
     from rich.console import Console
 

@@ -119,6 +119,8 @@ def test_get_refuses_what_the_index_does_not_vouch_for(run_store: dict, tmp_path
         assert (proc.returncode, message in proc.stderr) == (code, True), (args, proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr
     assert not out.exists()
+    proc = run_cli(["get", "--model", "healthy", "-o", "/proc/pt2flow-get.pt2", "--store", store])  # a folder no file can be made in
+    assert proc.returncode == 2 and "cannot write /proc/pt2flow-get.pt2" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_get_refuses_a_corrupt_blob_and_writes_nothing(run_store: dict, tmp_path: Path) -> None:
@@ -239,7 +241,7 @@ def _altered_archive(data: bytes, major: int) -> bytes:
     return out.getvalue()
 
 
-def test_check_compat_of_a_run_without_packages_says_what_it_could_not_compare(run_store: dict) -> None:
+def test_check_compat_of_a_run_without_packages_says_what_it_could_not_compare(run_store: dict, tmp_path: Path) -> None:
     code, report, stderr = run_json(["check-compat", "--store", run_store["store"]])
     assert code == 0, stderr
     models = {m["name"]: m for m in report["models"]}
@@ -249,6 +251,9 @@ def test_check_compat_of_a_run_without_packages_says_what_it_could_not_compare(r
     trained = models["train-regressor"]
     assert (trained["status"], trained["archive"]["loads"], trained["archive"]["matches"]) == ("ok", True, None)
     assert trained["note"] == "training mode: the candidates' outputs are a loss and gradients"
+    for page, message in ((tmp_path / "no-such-folder" / "c.html", "no folder"), (tmp_path, "is a directory")):
+        proc = run_cli(["check-compat", "--store", run_store["store"], "--html", str(page)])
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.compile
