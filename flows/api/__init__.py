@@ -52,9 +52,12 @@ def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
 def repro(store: Store, target: str, out_dir: str) -> dict[str, Any]:
     """`pt2flow repro --json`: write a torch-only script reproducing `target`'s failure (a model's
     newest, or a failure report's ID) into `out_dir`. Imports torch."""
-    from pt2flow.flows.engine.repro import write_repro
+    from pt2flow.flows.engine.repro import ReproOutputError, write_repro
 
-    return write_repro(store.artifacts, target, out_dir)
+    try:
+        return write_repro(store.artifacts, target, out_dir)
+    except ReproOutputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def config_schema() -> dict[str, Any]:

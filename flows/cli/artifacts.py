@@ -57,10 +57,9 @@ def get_command(args: Args) -> int:
 @store_options
 @json_option("print what was written as JSON")
 def repro_command(args: Args) -> int:
-    from pt2flow.flows.engine.repro import write_repro
+    from pt2flow.flows.api import Store, repro
 
-    store = open_store(args)
-    written = write_repro(store, args.target, args.output)
+    written = repro(Store.of(open_store(args)), args.target, args.output)
     if args.json:
         dump(written)
     else:

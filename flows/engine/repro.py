@@ -41,6 +41,10 @@ class ReproError(RecordNotFound):
     """Nothing to reproduce: no failure of that model or ID, or a stage repro does not cover."""
 
 
+class ReproOutputError(ValueError):
+    """The folder to write into cannot be made or written (a file of that name, no permission)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # finding the failure and what it was made from
 
@@ -179,6 +183,17 @@ def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
     manifest = json.loads(store.get_blob(source["sha256"], source.get("size")))
     model = _resolved_model(source, manifest)
     folder = Path(out_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ReproOutputError(f"{out_dir} is a file: give the folder to write into")
+    try:
+        return _write(store, record, chain, source, model, folder)
+    except OSError as exc:
+        raise ReproOutputError(f"cannot write into {out_dir}: {exc.strerror or exc}") from exc
+
+
+def _write(store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], source: Mapping[str, Any], model: Any, folder: Path) -> dict[str, Any]:
+    import torch
+
     folder.mkdir(parents=True, exist_ok=True)
     files = ["repro.py"]
     if record["stage"] == "trace":

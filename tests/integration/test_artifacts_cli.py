@@ -206,6 +206,10 @@ def test_repro_refuses_when_there_is_nothing_to_reproduce(run_store: dict, tmp_p
         proc = run_cli(["repro", target, "-o", str(tmp_path / target), "--store", run_store["store"]])
         assert proc.returncode == 1 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and not (tmp_path / target).exists()
+    (tmp_path / "a-file").write_text("")
+    for out, message in ((tmp_path / "a-file", "is a file: give the folder"), (Path("/proc/pt2flow-repro"), "cannot write into /proc/pt2flow-repro")):
+        proc = run_cli(["repro", "data-dependent", "-o", str(out), "--store", run_store["store"]])
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------
