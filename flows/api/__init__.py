@@ -26,6 +26,7 @@ nor Prefect.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 from pt2flow.flows.api.running import run
@@ -36,7 +37,10 @@ from pt2flow.storage.errors import AmbiguousId, IntegrityError, InvalidId, Recor
 
 
 def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> Store:
-    """A store to query: a local path, file://, memory:// or s3://bucket/prefix."""
+    """A store to query: a local path, file://, memory:// or s3://bucket/prefix. UsageError for a
+    local path that is not a folder (a typo would otherwise answer every query with nothing)."""
+    if "://" not in url and not os.path.isdir(url):
+        raise UsageError(f"no store at {os.path.abspath(url)}")
     return Store(url, storage_options)
 
 

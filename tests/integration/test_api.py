@@ -88,6 +88,11 @@ def test_errors_are_the_clis(runs: dict, tmp_path: Path) -> None:
         store.show("0" * 64)
     with pytest.raises(api.UsageError, match="give an artifact ID or a model"):
         store.get(str(tmp_path / "x"))
+    with pytest.raises(api.UsageError, match="no store at"):
+        api.open_store(str(tmp_path / "no-such-store"))
+    with pytest.raises(api.UsageError, match="is a file: give the folder"):
+        (tmp_path / "a-file").write_text("")
+        api.repro(store, "data-dependent", str(tmp_path / "a-file"))
     with pytest.raises(api.UsageError, match="--workers must be at least 1"):
         api.run(runs["config"], store=runs["store"], workers=0)
     with pytest.raises(api.UsageError, match="runner must be one of"):
