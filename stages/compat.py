@@ -3,9 +3,10 @@
 Loads an archive or an AOTInductor package with the torch installed now, runs it on the inputs
 validate stored (stages/validation_io.py) and compares every output leaf with the eager outputs
 recorded then, with the run's tolerances. An artifact that no longer loads is `incompatible`; one
-that loads but raises is `runtime`; one whose outputs moved is `numeric_mismatch`. A package
-compiled for a device this process does not have (a CUDA package on a CPU-only checker) is not
-checked at all: `skipped` says why, and nothing is claimed about it.
+that loads but raises is `runtime`; one whose outputs moved is `numeric_mismatch`; an archive
+whose pytree modules do not import here is `import` (the model's code is missing here, which is
+not torch's doing). A package compiled for a device this process does not have (a CUDA package on
+a CPU-only checker) is not checked at all: `skipped` says why, and nothing is claimed about it.
 """
 
 from __future__ import annotations
@@ -18,34 +19,44 @@ import torch.utils._pytree as pytree
 from pt2flow.stages.aot_compile import load_runner
 from pt2flow.stages.classify import short_message
 from pt2flow.stages.devices import missing_device
+from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
-from pt2flow.stages.serialize import load_archive
+from pt2flow.stages.serialize import import_archive_modules, load_archive
 from pt2flow.stages.validate import compare
 from pt2flow.stages.validation_io import IOSample
 
 KINDS = ("archive", "compiled")
 
 
-def _load(kind: str, data: bytes, workdir: str, device: str) -> Callable[..., Any]:
+def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str]) -> Callable[..., Any]:
+    """The artifact, callable; `imported` gets the modules loading it imported (an archive's
+    pytree types, stages/serialize.py)."""
     if kind == "archive":
-        return load_archive(data, import_pytree_modules=True)[0].module()
+        imported += import_archive_modules(data)
+        return load_archive(data)[0].module()
     return load_runner(data, workdir, device)
 
 
 def check_artifact(
     kind: str, data: bytes, samples: Sequence[IOSample] | None, atol: float, rtol: float, device: str = "cpu"
 ) -> dict[str, Any]:
-    """{loads, runs, matches, max_abs_err, max_rel_err, samples, error_class, error, skipped} of
-    one artifact; runs/matches are None without stored samples, all three None when skipped.
-    device: where a package was compiled for (its record's `device`)."""
+    """{loads, runs, matches, max_abs_err, max_rel_err, samples, error_class, error, skipped,
+    imported} of one artifact; runs/matches are None without stored samples, all three None when
+    skipped; imported: the modules loading it imported (a process that checks another artifact
+    after this one is no longer clean). device: where a package was compiled for (its record's
+    `device`)."""
     result: dict[str, Any] = {"loads": False, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None,
-                              "samples": 0, "error_class": None, "error": None, "skipped": None}
+                              "samples": 0, "error_class": None, "error": None, "skipped": None, "imported": []}
     why = missing_device(device) if kind == "compiled" else None
     if why is not None:
         return {**result, "loads": None, "skipped": f"compiled for {device}, and {why}: not checked"}
     with tempfile.TemporaryDirectory(prefix="pt2flow-compat-") as workdir, quiet_torch():
         try:
-            fn = _load(kind, data, workdir, device)
+            fn = _load(kind, data, workdir, device, result["imported"])
+        except StageError as exc:
+            if exc.error_class == "import":  # a module the archive names does not import here: not torch's doing
+                return {**result, "loads": None, "error_class": "import", "error": exc.message}
+            return {**result, "error_class": "incompatible", "error": f"{kind} does not load with this torch: {exc.message}"}
         except Exception as exc:  # noqa: BLE001 - whatever torch raises, the artifact does not load here
             return {**result, "error_class": "incompatible", "error": f"{kind} does not load with this torch: {short_message(exc, 1000)}"}
         result["loads"] = True

@@ -68,9 +68,18 @@ class OnDevice:
         out = self.fn(*pytree.tree_map(there, args), **pytree.tree_map(there, kwargs))
         for original, copy in moved:  # a package that mutates an input mutates the device copy
             back = copy.to(original.device)
-            if not torch.equal(back, original):
+            if not _same(back, original):
                 original.copy_(back)
         return pytree.tree_map(lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, out)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN (an input holding NaN is not taken for a mutated one)."""
+    if torch.equal(a, b):
+        return True
+    if not (a.is_floating_point() or a.is_complex()) or a.shape != b.shape:
+        return False
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def on_device(fn: Callable[..., Any], device: str) -> Callable[..., Any]:

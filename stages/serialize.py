@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import re
+import sys
 import zipfile
 from typing import Any, Iterator, Mapping
 
@@ -35,11 +36,7 @@ def load_archive(data: bytes, *, import_pytree_modules: bool = False) -> tuple[E
     (program_bytes_checked records them); only for archives from a store trusted to name modules.
     Raises StageError('serialization') naming torch's reason when the archive does not load."""
     if import_pytree_modules:
-        named = archive_metadata(data).get(PYTREE_MODULES)
-        if named is None:  # an archive from before serialize v2, or not from pt2flow
-            _import_guessed(_spec_type_names(data))
-        else:
-            _import_modules(named)
+        import_archive_modules(data)
     extra = {METADATA_FILE: ""}
     with quiet_torch(), _load_failures() as causes:
         try:
@@ -83,6 +80,19 @@ def archive_metadata(data: bytes) -> dict[str, Any]:
             return json.loads(archive.read(names[0])) if names else {}
     except (zipfile.BadZipFile, ValueError, KeyError) as exc:
         raise StageError("serialization", f"not a readable .pt2 archive: {short_message(exc)}") from exc
+
+
+def import_archive_modules(data: bytes) -> list[str]:
+    """Import the modules registering the pytree types of an archive's program: those its
+    metadata names, or for an archive that names none (from before serialize v2, or not from
+    pt2flow) those its treespecs' type names point into. Returns the ones this call imported."""
+    before = set(sys.modules)
+    named = archive_metadata(data).get(PYTREE_MODULES)
+    if named is None:
+        _import_guessed(_spec_type_names(data))
+    else:
+        _import_modules(named)
+    return sorted(set(sys.modules) - before)
 
 
 def _import_modules(names: Any) -> None:

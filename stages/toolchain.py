@@ -19,6 +19,7 @@ import torch
 
 from pt2flow.stages.devices import missing_device
 from pt2flow.stages.distributions import installed_version
+UNKNOWN = "unknown"  # the vector ISA could not be probed (no working compiler): not worth caching
 # inductor options that change which compiler or ISA is used, and so the key's identity
 _CONFIG_KEYS = ("cpp.cxx", "cpp.simdlen", "cpp.march")
 
@@ -57,7 +58,7 @@ def _identity(state: tuple[Any, ...]) -> tuple[tuple[str, str], ...]:
     cxx, version = _compiler()
     identity = {
         "machine": platform.machine(),
-        "vec_isa": str(isa or "") or "none",
+        "vec_isa": UNKNOWN if isa is None else (str(isa) or "none"),
         "vec_bits": str(isa.bit_width()) if isa else "0",
         "cxx": cxx,
         "cxx_version": version,

@@ -107,12 +107,15 @@ def write_page(path: str, render: Callable[[], str]) -> None:
 
 
 def check_page_path(path: str) -> None:
-    """CommandUsageError when `path` cannot be a file to write: a folder, or in no folder."""
+    """CommandUsageError when `path` cannot be a file to write: a folder, in no folder, or in one
+    this user may not write in."""
     target = os.path.abspath(path)
     if os.path.isdir(target):
         raise CommandUsageError(f"{path} is a directory: give the file to write")
     if not os.path.isdir(os.path.dirname(target)):
         raise CommandUsageError(f"cannot write {path}: no folder {os.path.dirname(target)}")
+    if not os.access(os.path.dirname(target), os.W_OK):
+        raise CommandUsageError(f"cannot write {path}: no permission to write in {os.path.dirname(target)}")
 
 
 def rich_console() -> Any:

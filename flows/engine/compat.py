@@ -15,6 +15,7 @@ import time
 from typing import Any, Mapping
 
 from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
+from pt2flow.flows.engine.runner import default_memory_gb
 from pt2flow.storage.errors import RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
 
@@ -24,16 +25,23 @@ _UNCHECKED = {"loads": None, "runs": None, "matches": None, "max_abs_err": None,
 
 
 class Checker:
-    """stages.compat.check_artifact in one worker process at a time, replaced when it is lost."""
+    """stages.compat.check_artifact in one worker process at a time, under a deadline and the
+    memory ceiling a run's worker gets. A worker is replaced when it is lost, after any check
+    that failed (a broken CUDA context must not fail the next artifact), and after a check that
+    imported modules outside torch (an archive's pytree types: what one archive registered must
+    not make the next one load)."""
 
     def __init__(self, timeout_s: float = CHECK_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
+        self.memory_bytes = int(default_memory_gb() * 2**30)
         self.worker: Worker | None = None
+        self.torch_version: str | None = None  # the workers' torch.__version__, once one answered
 
     def check(self, kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str) -> dict[str, Any]:
         if self.worker is None:
             self.worker = Worker(threads=None)
-        budget = Budget(deadline=time.monotonic() + self.timeout_s, deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s")
+        budget = Budget(deadline=time.monotonic() + self.timeout_s, deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s",
+                        memory_bytes=self.memory_bytes)
         try:
             status, payload = self.worker.call(("compat", kind, data, io, atol, rtol, device), budget)
         except WorkerLost as lost:
@@ -41,13 +49,26 @@ class Checker:
             return {**_UNCHECKED, "error_class": lost.error_class, "error": f"{lost.message} while checking the {kind}",
                     "stderr_tail": lost.stderr_tail[-4000:]}
         if status != "ok":
+            self.close()
             return {**_UNCHECKED, "error_class": payload["error_class"], "error": payload["error"]}
-        return dict(payload)
+        result = dict(payload)
+        self.torch_version = result.pop("checked_with", None) or self.torch_version
+        if result.pop("imported", None) or result.get("error_class"):
+            self.close()
+        return result
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+
+
+def _installed_torch() -> str | None:
+    """The torch version of this environment, for a run whose artifacts no worker checked."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _run_records(index: Any, run_id: str) -> dict[str, dict[str, dict[str, Any]]]:
@@ -116,7 +137,7 @@ def check_compat(store: Any, run_id: str) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "store": store.url,
-        "torch_version": importlib.metadata.version("torch"),  # the workers' torch: this environment's
+        "torch_version": checker.torch_version or _installed_torch(),
         "built_with": built_with,
         "summary": {"ok": len(models) - failed - unchecked, "failed": failed, "unchecked": unchecked},
         "models": models,

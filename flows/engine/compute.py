@@ -289,14 +289,17 @@ def classify(stage: str, exc: BaseException) -> dict[str, Any]:
 
 def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str) -> tuple[str, Any]:
     """check-compat's check of one artifact (stages/compat.py) on the stored samples `io`:
-    ("ok", result) or ("failed", failure)."""
+    ("ok", result with `checked_with`, this torch's version) or ("failed", failure)."""
+    import torch
+
     from pt2flow.stages.compat import check_artifact as check
     from pt2flow.stages.validation_io import unpack
 
     try:
-        return "ok", check(kind, data, unpack(io) if io is not None else None, atol, rtol, device)
+        result = check(kind, data, unpack(io) if io is not None else None, atol, rtol, device)
     except Exception as exc:
         return "failed", classify("check-compat", exc)
+    return "ok", {**result, "checked_with": torch.__version__}
 
 
 def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> tuple[str, dict[str, Any]]:

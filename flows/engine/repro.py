@@ -176,6 +176,9 @@ def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
     import torch
 
     record = find_failure(store.index, target)
+    if record["stage"] == "aot_compile" and (record.get("error_message") or "").startswith("aot_compile.device is"):
+        raise ReproError(f"{record['model']}'s aot_compile failed because that machine lacked the device "
+                         f"({record.get('error_message')}), not inside torch: there is nothing to reproduce")
     chain = _chain(store.index, record)
     source = chain.get("source")
     if source is None:
@@ -186,15 +189,15 @@ def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
     if folder.exists() and not folder.is_dir():
         raise ReproOutputError(f"{out_dir} is a file: give the folder to write into")
     try:
-        return _write(store, record, chain, source, model, folder)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ReproOutputError(f"cannot write into {out_dir}: {exc.strerror or exc}") from exc
+    return _write(store, record, chain, source, model, folder)
 
 
 def _write(store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], source: Mapping[str, Any], model: Any, folder: Path) -> dict[str, Any]:
     import torch
 
-    folder.mkdir(parents=True, exist_ok=True)
     files = ["repro.py"]
     if record["stage"] == "trace":
         body = _trace_body(store, record, source, model, folder, files)

@@ -71,7 +71,10 @@ def toolchain_identity(
     except (OSError, ValueError, KeyError, TypeError):
         pass
     identity = _compute(device, dict(inductor_configs or {}))
-    _write_atomically(path, {"facts": facts, "identity": identity})
+    if "device_missing" not in identity and identity.get("vec_isa") != "unknown":
+        # an identity of a missing device or a compiler that does not work is computed again next
+        # time: what fixes it (a driver, headers) need not change the facts
+        _write_atomically(path, {"facts": facts, "identity": identity})
     return identity
 
 

@@ -64,3 +64,15 @@ def test_another_isa_setting_gets_its_own_identity(tmp_path: Path, monkeypatch: 
     assert narrowed["vec_isa"] == "avx2" != default["vec_isa"]
     assert narrowed["cxx_version"] == default["cxx_version"]
     assert len(list(cache.glob("toolchain-*.json"))) == 2
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_the_identity_of_a_missing_device_or_a_broken_compiler_is_not_cached(tmp_path: Path) -> None:
+    """Installing a driver or a compiler's headers need not change the facts: such an identity is
+    computed again next time instead of being served from the cache."""
+    cache = tmp_path / "cache"
+    assert toolchain_identity("cuda", cache)["device_missing"] == "no CUDA device is available here"
+    assert toolchain_identity("cpu", cache, {"cpp.cxx": ["/nonexistent/c++"]})["vec_isa"] == "unknown"
+    assert list(cache.glob("toolchain-*.json")) == []
+    toolchain_identity("cpu", cache)
+    assert len(list(cache.glob("toolchain-*.json"))) == 1  # a working one is cached

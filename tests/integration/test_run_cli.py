@@ -174,6 +174,9 @@ def test_a_cuda_target_without_a_gpu_fails_at_aot_compile_and_keeps_the_archive(
     assert model["error"] == "aot_compile.device is 'cuda' but no CUDA device is available here"
     statuses = {name: view["status"] for name, view in model["stages"].items()}
     assert statuses["serialize"] == "ok" and statuses["aot_compile"] == "failed"
+    # the machine lacked the device: nothing for torch's maintainers, so no reproducer
+    proc = run_cli(["repro", "mlp", "-o", str(tmp_path / "repro"), "--store", str(tmp_path / "store")])
+    assert proc.returncode == 1 and "lacked the device" in proc.stderr and not (tmp_path / "repro").exists(), proc.stderr
 
 
 @pytest.mark.compile

@@ -42,6 +42,13 @@ def test_on_device_gives_the_callee_copies_and_copies_in_place_changes_back() ->
     assert out.device.type == "cpu" and rest["sum"].device.type == "cpu"
 
 
+def test_an_input_holding_nan_is_not_taken_for_a_mutated_one() -> None:
+    # an expanded tensor cannot be written to: copying "back" into it would raise
+    x = torch.full((1,), float("nan")).expand(3)
+    out = OnDevice(lambda t: t.clone(), "cpu")(x)
+    assert out.isnan().all()
+
+
 def test_on_device_is_the_function_itself_on_the_cpu() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return x
