@@ -203,7 +203,8 @@ def test_a_dynamic_dim_inside_a_list_through_the_cli(exportdb_run: dict[str, Any
 def test_check_compat_reloads_every_archive_and_matches_the_stored_outputs(exportdb_run: dict[str, Any]) -> None:
     """check-compat on the whole ExportDB run: every archive loads in a worker process (not the
     one that built it) and, where validate could store its inputs and outputs, computes them again."""
-    code, report, stderr = run_json(["check-compat", "--store", str(exportdb_run["store"])], timeout=1200)
+    run_id = exportdb_run["document"]["run_id"]  # other tests add runs to this store
+    code, report, stderr = run_json(["check-compat", run_id, "--store", str(exportdb_run["store"])], timeout=1200)
     assert "Traceback" not in stderr, stderr[-4000:]
     built = {m["name"] for m in exportdb_run["document"]["models"] if m["artifacts"].get("serialized")}
     checked = {m["name"]: m for m in report["models"]}
