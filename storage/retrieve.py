@@ -62,6 +62,18 @@ def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | No
     return newest_first(rows)[0]
 
 
+def check_destination(destination: str) -> str:
+    """The absolute path of `destination`, a file to write; ArtifactRequestError when it names a
+    folder or lies in no folder (`get`, and the CLI's --html pages)."""
+    target = os.path.abspath(destination)
+    if os.path.isdir(target):
+        raise ArtifactRequestError(f"{destination} is a directory: give the file to write")
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise ArtifactRequestError(f"cannot write {destination}: no folder {folder}")
+    return target
+
+
 def copy_out(store: Any, record: Mapping[str, Any], destination: str) -> dict[str, Any]:
     """Write the artifact of `record` to the local path `destination` after checking its size and
     sha256 (IntegrityError for a corrupt blob, BlobNotFound for a missing one) and, for archives,
@@ -69,25 +81,19 @@ def copy_out(store: Any, record: Mapping[str, Any], destination: str) -> dict[st
     data = store.get_blob(record["sha256"], record.get("size"))
     if record["stage"] in _ARCHIVES:
         check_archive(data, what=f"artifact {record['sha256'][:16]}")
-    target = os.path.abspath(destination)
-    if os.path.isdir(target):
-        raise ArtifactRequestError(f"{destination} is a directory: give the file to write")
-    folder = os.path.dirname(target)
-    if not os.path.isdir(folder):
-        raise ArtifactRequestError(f"cannot write {destination}: no folder {folder}")
+    target = check_destination(destination)
+    temporary = None
     try:
-        handle, temporary = tempfile.mkstemp(prefix=".pt2flow-get-", dir=folder)
-    except OSError as exc:
-        raise ArtifactRequestError(f"cannot write {destination}: {exc.strerror or exc}") from exc
-    try:
+        handle, temporary = tempfile.mkstemp(prefix=".pt2flow-get-", dir=os.path.dirname(target))
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, target)
     except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+        if temporary is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
         if isinstance(exc, OSError):
             raise ArtifactRequestError(f"cannot write {destination}: {exc.strerror or exc}") from exc
         raise
@@ -97,4 +103,4 @@ def copy_out(store: Any, record: Mapping[str, Any], destination: str) -> dict[st
     return result
 
 
-__all__ = ["ARTIFACT_STAGES", "ArtifactRequestError", "IntegrityError", "artifact_kind", "copy_out", "find_by_id", "find_for_model"]
+__all__ = ["ARTIFACT_STAGES", "ArtifactRequestError", "IntegrityError", "artifact_kind", "check_destination", "copy_out", "find_by_id", "find_for_model"]

@@ -97,7 +97,6 @@ def open_store(args: Args) -> Any:
 def write_page(path: str, render: Callable[[], str]) -> None:
     """Write `render()` to the file `path` (an --html option), or CommandUsageError naming why not.
     Call check_page_path first, so that a bad path is refused before the work."""
-    check_page_path(path)
     try:
         with open(path, "w", encoding="utf-8") as out:
             out.write(render())
@@ -109,11 +108,12 @@ def write_page(path: str, render: Callable[[], str]) -> None:
 def check_page_path(path: str) -> None:
     """CommandUsageError when `path` cannot be a file to write: a folder, in no folder, or in one
     this user may not write in."""
-    target = os.path.abspath(path)
-    if os.path.isdir(target):
-        raise CommandUsageError(f"{path} is a directory: give the file to write")
-    if not os.path.isdir(os.path.dirname(target)):
-        raise CommandUsageError(f"cannot write {path}: no folder {os.path.dirname(target)}")
+    from pt2flow.storage.retrieve import ArtifactRequestError, check_destination
+
+    try:
+        target = check_destination(path)
+    except ArtifactRequestError as exc:
+        raise CommandUsageError(str(exc)) from None
     if not os.access(os.path.dirname(target), os.W_OK):
         raise CommandUsageError(f"cannot write {path}: no permission to write in {os.path.dirname(target)}")
 
