@@ -17,6 +17,10 @@ import torch.utils._pytree as pytree
 from pt2flow.stages.errors import StageError
 
 
+# how a device this machine lacks is reported (require_device); `repro` recognises it by this
+MISSING_DEVICE_PREFIX = "aot_compile.device is "
+
+
 def parse_device(device: str, setting: str = "aot_compile.device") -> torch.device:
     """torch.device(device), or StageError("config") naming the setting."""
     try:
@@ -44,7 +48,7 @@ def require_device(device: str, error_class: str) -> torch.device:
     """The parsed device, or StageError(error_class) saying why it cannot be used here."""
     why = missing_device(device)
     if why is not None:
-        raise StageError(error_class, f"aot_compile.device is {device!r} but {why}")
+        raise StageError(error_class, f"{MISSING_DEVICE_PREFIX}{device!r} but {why}")
     return parse_device(device)
 
 

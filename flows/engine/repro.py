@@ -173,10 +173,10 @@ def _dims_code(dynamic: Any) -> tuple[list[str], str]:
 
 def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
     """Write the reproducer of `target`'s failure into `out_dir`; returns what was written."""
-    import torch
+    from pt2flow.stages.devices import MISSING_DEVICE_PREFIX
 
     record = find_failure(store.index, target)
-    if record["stage"] == "aot_compile" and (record.get("error_message") or "").startswith("aot_compile.device is"):
+    if record["stage"] == "aot_compile" and (record.get("error_message") or "").startswith(MISSING_DEVICE_PREFIX):
         raise ReproError(f"{record['model']}'s aot_compile failed because that machine lacked the device "
                          f"({record.get('error_message')}), not inside torch: there is nothing to reproduce")
     chain = _chain(store.index, record)
