@@ -11,11 +11,14 @@ from pt2flow.stages.vocabulary import STAGES  # noqa: F401  (the contract order;
 # Bump a stage's version when its output for the same input changes: it is part of every
 # derivation key, so artifacts made by an older pt2flow are rebuilt instead of reused.
 STAGE_VERSIONS: dict[str, int] = {
-    "source": 2,  # 2: the dependency manifest of the model's code is part of the source key
-    "trace": 1,
-    "functionalize": 1,
-    "decompose": 1,
-    "serialize": 2,  # 2: the archive's metadata names the modules its pytree types need (check-compat)
-    "aot_compile": 1,
-    "validate": 1,
+    # 3: the dependency manifest no longer depends on the worker's history (stages/deps.py)
+    "source": 3,
+    # 2 (trace, functionalize, decompose, serialize, aot_compile): the program fingerprint covers
+    # every node's tensor metadata (stages/program.py); no record keyed by the old one is reused
+    "trace": 2,
+    "functionalize": 2,
+    "decompose": 2,
+    "serialize": 3,  # 2: the archive names the modules its pytree types need; 3: the new fingerprint
+    "aot_compile": 2,
+    "validate": 2,  # 2: the candidates' signatures are checked against the configured inputs
 }

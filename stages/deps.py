@@ -1,13 +1,12 @@
 """Dependency manifest of a model's code, as a compiler cache keeps one: which local files (by
 content) and which installed distributions (by name and version) a model was built and traced from.
 
-Which modules a model depends on (the rule). Seeds: the factory's module, the modules that define
-the built model's classes, every module newly imported while the model was built and traced
-(`record_imports`), and every loaded module imported from the config's folder (`search_path`;
-not from a more specific sys.path entry inside it, such as a virtual environment's site-packages). From the seeds, the walk follows each *local* module's imports: the names its
-`import` statements name (read from its source, so `from layers import SCALE` counts) and the
-modules of the objects in its globals (so imports made by code that ran also count). A module
-is then one of
+Which modules a model depends on (the rule). Seeds: the factory's module, the inputs factory's
+module and the modules that define the built model's classes (all fixed by the config and the
+code). From the seeds, the walk follows each *local* module's import statements (read from its
+source with `ast`, so `from layers import SCALE` and an import inside a function both count),
+resolving every name to a file the way the import system would, but without importing it. A
+module is then one of
 
 - standard library or pt2flow's own packages (stages, storage, flows): left out; the Python,
   pt2flow and stage versions are in every key already;
@@ -18,24 +17,22 @@ is then one of
 - anything else (the config's folder, a checkout on PYTHONPATH, an editable install): a local
   file, recorded by sha256 of its bytes, and walked.
 
-Why it is sound where it matters: a worker process is reused across models, so a module an
-earlier model imported is not "new" for a later one; the walk from the factory's module and the
-model's classes finds it anyway, from what is loaded, not from what happened to be imported
-last. What it can miss: code reached only through a string import (importlib.import_module) of a
-module that was already loaded and that lives outside the config's folder, and a change in
-*which* module an import resolves to when the earlier one was absent (a try/except ImportError
-fallback that starts succeeding). The manifest can hold more than a model needs (a sibling model's
-file in the same folder, once loaded): that costs a re-trace, never a stale artifact.
+Why it is deterministic (docs/architecture.md §5): nothing in the rule depends on what the
+process imported before. A worker is reused across models and may have any history; the walk
+reads only the seeds, source files and the file system, so the same model gets the same manifest
+in a fresh worker, a reused one, under `--workers 2` or on a Dask worker (tests/flows/
+test_dependencies.py runs all of them). The earlier rule also seeded the walk with "every module
+newly imported while the model was built" and followed module globals; both depend on the
+process's history (a lazily imported `h2` or `tomli`, a submodule another model imported) and
+made unchanged re-runs re-trace. What it can miss: code reached only through a string import
+(importlib.import_module) that no import statement names, and an installed distribution that a
+distribution imports optionally without requiring it. The manifest can hold more than a model
+needs (an import inside a function that this model never calls): that costs a re-trace, never a
+stale artifact.
 
-Use (in the worker, around the model's build and trace):
+Use (in the worker, after building the model):
 
-    with record_imports() as rec:
-        factory = import_factory(...); model = build_model(...); trace(...)
-    recorded = manifest([factory_module, *rec.new_modules, *(type(m) for m in model.modules())], search_path)
-
-The manifest can differ with a worker's history (a first model in a fresh worker also records
-what torch imports lazily). A re-run should therefore check the manifest recorded by the last
-run (`changed_entries`), not compute a new one to look the key up.
+    recorded = manifest([factory_module, *(type(m) for m in model.modules())], search_path)
 
 Checking a manifest (`changed_entries`) reads and hashes the files and reads the installed
 versions from the dist-info folder names on sys.path: it imports neither torch nor the user's
@@ -49,13 +46,14 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+from types import ModuleType
 from typing import Any, Iterable, Iterator, Mapping
 
 from pt2flow.stages.distributions import installed_distributions, normalize_name, requirements, top_level_owners
@@ -63,30 +61,6 @@ from pt2flow.stages.distributions import installed_distributions, normalize_name
 OWN_PACKAGE = "pt2flow"  # its changes reach the keys through the stage versions, not the manifest
 ALWAYS_DISTRIBUTIONS = ("torch",)
 _SKIPPED_NAMES = frozenset({"__main__", "__mp_main__", "builtins"})
-
-
-# ---------------------------------------------------------------------------------------------
-# recording what gets imported
-
-
-@dataclass
-class ImportRecorder:
-    """Snapshot of sys.modules on entry; `new_modules` holds what was imported inside the block."""
-
-    before: frozenset[str] = field(default_factory=frozenset)
-    new_modules: tuple[str, ...] = ()
-
-    def __enter__(self) -> "ImportRecorder":
-        self.before = frozenset(list(sys.modules))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.new_modules = tuple(sorted(name for name in list(sys.modules) if name not in self.before))
-
-
-def record_imports() -> ImportRecorder:
-    """`with record_imports() as rec: build and trace` -> rec.new_modules."""
-    return ImportRecorder()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,10 +85,11 @@ def _module_file(module: ModuleType) -> str | None:
 
 
 def _import_roots(search_path: str | None) -> tuple[str, ...]:
-    roots = [os.path.abspath(p or os.curdir) for p in sys.path]
-    if search_path:
-        roots.append(os.path.abspath(search_path))
-    return tuple(roots)
+    """Where imports are looked up, in order: the config's folder first (the worker puts it
+    first on sys.path before importing a factory), then sys.path."""
+    roots = [os.path.abspath(search_path)] if search_path else []
+    roots += [os.path.abspath(p or os.curdir) for p in sys.path]
+    return tuple(dict.fromkeys(roots))
 
 
 def _home(path: str, candidates: tuple[str, ...]) -> str | None:
@@ -132,17 +107,51 @@ def _is_under(path: str, folder: str) -> bool:
 
 @dataclass(frozen=True)
 class ModuleKind:
-    """What a loaded module is to a manifest."""
+    """What a module is to a manifest."""
 
     kind: str  # "skip", "dist" or "file"
     value: str = ""  # the distribution's canonical name, or the file's absolute path
 
 
-def _classify(name: str, module: ModuleType, roots: tuple[str, ...], owners: Mapping[tuple[str, str], list[str]]) -> ModuleKind:
+@dataclass(frozen=True)
+class Located:
+    """Where a module's code is, found without importing it: its file (None for a namespace
+    package or a builtin) and, for a package, the folders its submodules are looked up in."""
+
+    path: str | None
+    search: tuple[str, ...] = ()
+
+
+def _locate(name: str, roots: tuple[str, ...]) -> Located | None:
+    """The module `name` as the import system would find it, importing nothing: a loaded module
+    is where it was loaded from; otherwise its top-level package is looked up on `roots` and each
+    submodule in its parent's folders (importlib.machinery.PathFinder, which only reads the file
+    system). None when it cannot be found (a name that is an attribute, not a module)."""
+    loaded = sys.modules.get(name)
+    if isinstance(loaded, ModuleType):
+        return Located(_module_file(loaded), tuple(getattr(loaded, "__path__", None) or ()))
+    parent, _, _leaf = name.rpartition(".")
+    if parent:
+        above = _locate(parent, roots)
+        if above is None or not above.search:
+            return None
+        where = list(above.search)
+    else:
+        where = list(roots)
+    try:
+        spec = importlib.machinery.PathFinder.find_spec(name, where)
+    except (ImportError, ValueError, OSError):
+        return None
+    if spec is None:
+        return None
+    origin = spec.origin if spec.has_location and spec.origin and os.path.isfile(spec.origin) else None
+    return Located(os.path.abspath(origin) if origin else None, tuple(spec.submodule_search_locations or ()))
+
+
+def _classify(name: str, path: str | None, roots: tuple[str, ...], owners: Mapping[tuple[str, str], list[str]]) -> ModuleKind:
     top = name.partition(".")[0]
     if name in _SKIPPED_NAMES or top in sys.stdlib_module_names or top.startswith("__editable__"):
         return ModuleKind("skip")
-    path = _module_file(module)
     if path is None:  # builtin, frozen or namespace package: nothing on disk of its own
         return ModuleKind("skip")
     if top == OWN_PACKAGE:
@@ -185,32 +194,26 @@ def _import_statements(path: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return _imports_cache[key]
 
 
-def _referenced_modules(name: str, module: ModuleType) -> Iterator[str]:
-    """Names of the modules a local module refers to: by its import statements and its globals."""
-    path = _module_file(module)
-    if path and path.endswith(".py"):
-        package = getattr(module, "__package__", None) or (name if hasattr(module, "__path__") else name.rpartition(".")[0])
-        for target, names in _import_statements(path):
-            try:
-                resolved = importlib.util.resolve_name(target, package) if target.startswith(".") else target
-            except (ImportError, ValueError):
-                continue
-            yield resolved
-            for sub in names:
+def _package_of(name: str, path: str) -> str:
+    """The package relative imports in module `name` (from file `path`) resolve against."""
+    return name if os.path.basename(path).startswith("__init__.") else name.rpartition(".")[0]
+
+
+def _referenced_modules(name: str, path: str) -> Iterator[str]:
+    """Names of the modules a local source file's import statements name (and, for `from m
+    import x`, `m.x`, which is a module when x is a submodule)."""
+    if not path.endswith(".py"):
+        return
+    package = _package_of(name, path)
+    for target, names in _import_statements(path):
+        try:
+            resolved = importlib.util.resolve_name(target, package) if target.startswith(".") else target
+        except (ImportError, ValueError):
+            continue
+        yield resolved
+        for sub in names:
+            if sub != "*":
                 yield f"{resolved}.{sub}"
-    for value in list(vars(module).values()):
-        if isinstance(value, ModuleType):
-            yield value.__name__
-        elif isinstance(value, type) or _is_function(value):
-            owner = getattr(value, "__module__", None)
-            if isinstance(owner, str):
-                yield owner
-        else:
-            yield type(value).__module__
-
-
-def _is_function(value: Any) -> bool:
-    return isinstance(value, (FunctionType, BuiltinFunctionType, MethodType))
 
 
 def _with_parents(name: str) -> Iterator[str]:
@@ -224,28 +227,22 @@ def _seed_name(seed: Any) -> str | None:
         return seed
     if isinstance(seed, ModuleType):
         return seed.__name__
-    owner = getattr(seed, "__module__", None) if isinstance(seed, type) or _is_function(seed) else type(seed).__module__
+    owner = getattr(seed, "__module__", None) if isinstance(seed, type) or callable(seed) else type(seed).__module__
     return owner if isinstance(owner, str) else None
 
 
 def dependency_modules(seeds: Iterable[Any], search_path: str | None = None) -> dict[str, ModuleKind]:
-    """The loaded modules the seeds depend on, by the rule of this module's docstring.
+    """The modules the seeds depend on, by the rule of this module's docstring.
 
     Seeds are module names, modules, classes, functions or instances (their defining module).
-    Returns module name -> what it is; pt2flow's own and standard-library modules are left out."""
-    modules = dict(sys.modules)
+    Returns module name -> what it is; pt2flow's own and standard-library modules are left out.
+    Depends only on the seeds and the files on disk, not on what this process imported before."""
     pending: list[str] = []
     for seed in seeds:
         name = _seed_name(seed)
         if name:
             pending.extend(_with_parents(name))
     roots, owners = _import_roots(search_path), top_level_owners()
-    if search_path:  # modules imported from the config's folder itself (not a site-packages inside it)
-        folder = os.path.abspath(search_path)
-        for name, module in modules.items():
-            path = _module_file(module) if isinstance(module, ModuleType) else None
-            if path and _is_under(path, folder) and _home(path, roots) == folder:
-                pending.append(name)
     kinds: dict[str, ModuleKind] = {}
     seen: set[str] = set()
     while pending:
@@ -253,15 +250,20 @@ def dependency_modules(seeds: Iterable[Any], search_path: str | None = None) -> 
         if name in seen:
             continue
         seen.add(name)
-        module = modules.get(name)
-        if not isinstance(module, ModuleType):
+        top = name.partition(".")[0]
+        if not top or top in sys.stdlib_module_names or top == OWN_PACKAGE:
             continue
-        kind = _classify(name, module, roots, owners)
+        located = _locate(name, roots)
+        if located is None:
+            continue
+        kind = _classify(name, located.path, roots, owners)
         if kind.kind == "skip":
             continue
+        if kind.kind == "dist" and any(k.kind == "dist" and n.partition(".")[0] == top for n, k in kinds.items()):
+            continue  # one module of a distribution names it
         kinds[name] = kind
-        if kind.kind == "file":
-            for ref in _referenced_modules(name, module):
+        if kind.kind == "file" and located.path:
+            for ref in _referenced_modules(name, located.path):
                 pending.extend(n for n in _with_parents(ref) if n not in seen)
     return kinds
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -74,7 +75,7 @@ def signature_summary(ep: ExportedProgram) -> dict[str, Any]:
     return {"inputs": inputs, "outputs": outputs, "counts": dict(sorted(kinds.items()))}
 
 
-def _bound(value: Any) -> int | None:
+def range_end(value: Any) -> int | None:
     """An int range end, or None for an open end: sympy's (int_)oo, or anything not an integer."""
     if getattr(value, "is_finite", True) is False:
         return None
@@ -89,7 +90,7 @@ def range_constraints(ep: ExportedProgram) -> dict[str, list[int | None]]:
     """Symbol -> [lower, upper]; None stands for an unbounded end."""
     out = {}
     for symbol, vr in ep.range_constraints.items():
-        out[str(symbol)] = [_bound(vr.lower), _bound(vr.upper)]
+        out[str(symbol)] = [range_end(vr.lower), range_end(vr.upper)]
     return dict(sorted(out.items()))
 
 
@@ -131,7 +132,7 @@ def effective_dims_of_leaves(ep: ExportedProgram, leaf_dims: Sequence[Mapping[in
                 expr = size.node.expr
                 vr = ranges.get(str(expr))
                 if vr is not None:
-                    entry = {"min": _bound(vr.lower), "max": _bound(vr.upper), "static": False, "value": None}
+                    entry = {"min": range_end(vr.lower), "max": range_end(vr.upper), "static": False, "value": None}
                 else:  # a derived expression such as 2*s0: its range is implied by its root
                     entry = {"min": None, "max": None, "static": False, "value": None, "expr": str(expr)}
             else:
@@ -202,37 +203,95 @@ def non_core_ops(ep: ExportedProgram, preserve: Iterable[str] = ()) -> list[str]
     return sorted(bad)
 
 
+# Node metadata that says where a node was written or which passes made it, not what it
+# computes: left out of the fingerprint, so that the same model exported twice (another
+# process, another checkout path, a parent program loaded from the store instead of kept in
+# memory) has the same identity (docs/architecture.md §5, "Program fingerprint").
+# stack_trace: file names and line numbers; from_node: pass provenance with graph ids (addresses).
+VOLATILE_NODE_METADATA = frozenset({"stack_trace", "from_node"})
+# What torch.export's serializer writes that is not the program: the torch build that wrote it
+# (every derivation key covers the torch version already).
+VOLATILE_PROGRAM_FIELDS = frozenset({"torch_version"})
+
+
 def _hash_tensor(h: "hashlib._Hash", name: str, value: Any) -> None:
+    """A state-dict entry or constant: its name, its tensor metadata and its bytes."""
     h.update(name.encode())
     if isinstance(value, torch.Tensor):
         t = value.detach()
-        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        meta = (t.dtype, tuple(t.shape), tuple(t.stride()), t.layout, t.device.type, value.requires_grad, type(value).__name__)
+        h.update(repr(meta).encode())
         if t.numel():
             t = t.contiguous().cpu()
-            h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, torch.ScriptObject):  # a torchbind object: its state, not its address
+        state = value.__getstate__() if hasattr(value, "__getstate__") else None
+        h.update(f"{value._type().qualified_name()}:{state!r}".encode())
     else:
-        h.update(repr(value).encode())
+        h.update(f"{type(value).__module__}.{type(value).__qualname__}:{value!r}".encode())
+
+
+def _strip_volatile(value: Any) -> Any:
+    """The serialized program with VOLATILE_NODE_METADATA removed from every node's metadata,
+    nested graphs (control flow, HOP subgraphs) included."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key == "metadata" and isinstance(item, dict):
+                item = {k: v for k, v in item.items() if k not in VOLATILE_NODE_METADATA}
+            out[key] = _strip_volatile(item)
+        return out
+    if isinstance(value, list):
+        return [_strip_volatile(item) for item in value]
+    return value
+
+
+def canonical_program(ep: ExportedProgram) -> bytes:
+    """torch's own serialized form of the program (torch.export's JSON schema: graph, every
+    node's tensor metadata with symbolic sizes, strides, dtype, device, layout and
+    requires_grad, range constraints, graph signature with input/output kinds and targets,
+    module call graph with pytree specs, opset and schema versions, verifiers), with node
+    source locations removed, as canonical JSON. The weights and constants are not in it
+    (fingerprint hashes them separately, without pickling)."""
+    from torch._export.serde.serialize import serialize
+
+    artifact = serialize(ep, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False)
+    document = json.loads(artifact.exported_program)
+    for name in VOLATILE_PROGRAM_FIELDS:
+        document.pop(name, None)
+    return json.dumps(_strip_volatile(document), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _fallback_form(ep: ExportedProgram) -> bytes:
+    """For a program torch cannot serialize (it fails its stage with `serialization` and is never
+    stored or used as a parent): the graph code and every node's tensor metadata."""
+    parts = [ep.graph_module.code, str(ep.graph_signature), repr(range_constraints(ep)), str(ep.call_spec)]
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            parts.append(f"{node.name}:{val.dtype}:{tuple(val.shape)}:{val.stride()}:{val.device}:{val.requires_grad}:{val.layout}")
+        else:
+            parts.append(f"{node.name}:{val!r}")
+    return "\n".join(parts).encode()
 
 
 def fingerprint(ep: ExportedProgram) -> str:
-    """sha256 of the program's graph code, signature, ranges, call specs and weights.
+    """The program's identity: sha256 of its canonical serialized form (canonical_program),
+    its state dict and its constants (name, tensor metadata, bytes).
 
-    Identical when the same model is exported twice, unlike the bytes of torch.export.save.
+    Everything that can change what the program computes or accepts is in it (an input's
+    shape, dtype or dynamic range, a weight, a buffer, an op); what only says where the code
+    was written is not, so the same model exported twice, in any process, gets the same one.
     """
-    h = hashlib.sha256()
-    h.update(ep.graph_module.code.encode())
-    h.update(str(ep.graph_signature).encode())
-    h.update(repr(range_constraints(ep)).encode())
-    for entry in ep.module_call_graph:
-        sig = entry.signature
-        h.update(entry.fqn.encode())
-        if sig is not None:
-            h.update(str(sig.in_spec).encode())
-            h.update(str(sig.out_spec).encode())
+    h = hashlib.sha256(b"pt2flow-program-fingerprint-v2\n")
+    try:
+        h.update(canonical_program(ep))
+    except Exception:  # noqa: BLE001 - unserializable: the stage fails at its round trip anyway
+        h.update(b"unserializable\n" + _fallback_form(ep))
     for name in sorted(ep.state_dict):
-        _hash_tensor(h, name, ep.state_dict[name])
+        _hash_tensor(h, f"state:{name}", ep.state_dict[name])
     for name in sorted(ep.constants):
-        _hash_tensor(h, name, ep.constants[name])
+        _hash_tensor(h, f"constant:{name}", ep.constants[name])
     return h.hexdigest()
 
 

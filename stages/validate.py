@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.utils._pytree as pytree
 
-from pt2flow.stages import program
+from pt2flow.stages import program, signature
 from pt2flow.stages.aot_compile import load_runner
 from pt2flow.stages.binding import bind_inputs
 from pt2flow.stages.classify import short_message
@@ -254,7 +254,7 @@ def validate(
     with tempfile.TemporaryDirectory(prefix="pt2flow-validate-") as workdir, quiet_torch() as sink:
         reference = build_reference()
         twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
-        candidates, buffer_names = _load_candidates(archive, package, workdir, device)
+        candidates, buffer_names, archived = _load_candidates(archive, package, workdir, device)
         report: dict[str, Any] = {
             "passed": False,
             "nondeterministic": False,
@@ -268,7 +268,9 @@ def validate(
         findings = _Findings()
         for i, sample in enumerate(plan):
             bound = bind_inputs(reference, model_inputs, seed=options.seed + i, dim_sizes=sample.sizes)
-            _check_sample(sample, bound, reference, twin, candidates, buffer_names, training, options, report, findings)
+            if i == 0:  # before any number: do the artifacts take these inputs at all?
+                _check_signature(archived, candidates.get("compiled"), bound, dims, report)
+            _check_sample(sample, bound, reference, twin, candidates, archived, buffer_names, training, options, report, findings)
 
         report["max_abs_err"] = max((c["max_abs_err"] for c in report["candidates"].values()), default=0.0)
         report["max_rel_err"] = max((c["max_rel_err"] for c in report["candidates"].values()), default=0.0)
@@ -298,10 +300,27 @@ def _stored_io(findings: _Findings, training: bool) -> tuple[bytes | None, str |
         return None, str(exc)
 
 
-def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str, device: str) -> tuple[dict[str, Callable[..., Any]], list[str]]:
-    """The candidates by name ("archive", "compiled"), and the buffers the program mutates."""
+def _check_signature(archived: Any, compiled: Any, bound: BoundInputs, dims: Mapping[str, Mapping[str, Any]], report: dict[str, Any]) -> None:
+    """StageError(numeric_mismatch) naming every input the archive does not take as configured
+    (dtype, rank, which dims are dynamic and their ranges, static sizes), or a package whose
+    input/output structure is not the archive's (stages/signature.py)."""
+    if archived is None:
+        return
+    problems = signature.input_mismatches(archived, bound, dims)
+    if compiled is not None and (spec_problem := signature.call_spec_mismatch(archived, compiled)):
+        problems.append(spec_problem)
+    report["signature"] = problems
+    if problems:
+        shown = " | ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+        raise StageError("numeric_mismatch", f"signature mismatch: {shown}", details=report)
+
+
+def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str, device: str) -> tuple[dict[str, Callable[..., Any]], list[str], Any]:
+    """The candidates by name ("archive", "compiled"), the buffers the program mutates, and the
+    archive's ExportedProgram (None without an archive)."""
     candidates: dict[str, Callable[..., Any]] = {}
     buffer_names: list[str] = []
+    archived = None
     try:
         if archive is not None:
             archived = load_archive(archive)[0]
@@ -313,7 +332,7 @@ def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str,
         raise
     except Exception as exc:
         raise StageError("serialization", f"a candidate artifact does not load: {short_message(exc)}") from exc
-    return candidates, buffer_names
+    return candidates, buffer_names, archived
 
 
 def _check_sample(
@@ -322,6 +341,7 @@ def _check_sample(
     reference: torch.nn.Module,
     twin: torch.nn.Module,
     candidates: Mapping[str, Callable[..., Any]],
+    archived: Any,
     buffer_names: list[str],
     training: bool,
     options: ValidateOptions,
@@ -335,6 +355,11 @@ def _check_sample(
     except Exception as exc:
         raise StageError("runtime", f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
     findings.io.append(IOSample(sample.label, bound.args, dict(bound.kwargs), pytree.tree_leaves(expected.output)))
+    if archived is not None and not training and sample.label == "example":
+        problems = signature.output_mismatches(archived, expected.output)
+        if problems:
+            report["signature"] = [*report.get("signature", []), *problems]
+            raise StageError("numeric_mismatch", "signature mismatch: " + " | ".join(problems[:5]), details=report)
     self_check = compare_observed(again, expected, options.atol, options.rtol)
     if not self_check.ok:
         findings.nondeterministic.append(f"{sample.label}: " + "; ".join(self_check.failures[:3]))

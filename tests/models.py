@@ -179,3 +179,15 @@ class NestedInputs(nn.Module):
 
 def nested_inputs() -> nn.Module:
     return NestedInputs()
+
+
+def plain() -> nn.Module:
+    """One nn.Linear(8, 4): the same code and weights whatever inputs a config gives it."""
+    torch.manual_seed(0)
+    return nn.Linear(8, 4)
+
+
+def embedding() -> nn.Module:
+    """An nn.Embedding: its kernel takes int64 and int32 ids alike."""
+    torch.manual_seed(0)
+    return nn.Embedding(16, 4)

@@ -16,6 +16,7 @@ the CLI turns into exit codes (docs/architecture.md §4).
     store.verify()
     api.check_compat(store)                         # do the newest run's artifacts still work here?
     api.repro(store, "mlp", "repro/")               # a torch-only script raising a failure again
+    api.audit(store, sample=0.1)                    # is the cache honest? (rebuild a sample)
 
 Errors: ConfigError (a bad config), UsageError / InvalidId / AmbiguousId (arguments that cannot be
 used: the CLI's exit 2), RecordNotFound / StorageError / IntegrityError (what the store does not
@@ -51,6 +52,20 @@ def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
     from pt2flow.flows.engine.compat import check_compat as check
 
     return check(store.artifacts, store.run_id(run))
+
+
+def audit(store: Store, run: str | None = None, *, sample: float = 1.0, seed: int = 0, config: str | None = None) -> dict[str, Any]:
+    """`pt2flow audit --json`: a sample (`sample`, a fraction, drawn with `seed`) of `run`'s
+    program records (default: the newest run) checked in fresh worker processes: each record's
+    blob must hold the program its fingerprint names, and the stage run again on the recorded
+    inputs must give that program again (trace too, for the models of `config`)."""
+    from pt2flow.flows.config import load_config
+    from pt2flow.flows.engine.audit import audit as audit_run
+
+    if not 0.0 < sample <= 1.0:
+        raise UsageError(f"--sample must be a fraction in (0, 1], not {sample:g}")
+    models = load_config(config).models if config else ()
+    return audit_run(store.artifacts, store.run_id(run), fraction=sample, seed=seed, models=models)
 
 
 def repro(store: Store, target: str, out_dir: str) -> dict[str, Any]:

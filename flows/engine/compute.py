@@ -9,7 +9,6 @@ Torch is imported inside the functions, so the registry stays importable without
 from __future__ import annotations
 
 import json
-import sys
 import traceback
 from collections import OrderedDict
 from pathlib import Path
@@ -122,25 +121,28 @@ _BUILT: dict[str, Any] = {}
 
 
 def _dependencies(model: ResolvedModel, store: Any, weights: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
-    """The dependency manifest of the model's code (stages/deps.py), from building it once."""
-    from pt2flow.stages.deps import manifest, record_imports
+    """The dependency manifest of the model's code (stages/deps.py), from building it once.
+
+    Seeds: the factory's module, the inputs factory's module and the modules of the built
+    model's classes; the walk from them reads source files only, so the manifest does not depend
+    on what this worker ran before (docs/architecture.md §5)."""
+    from pt2flow.stages.deps import manifest
     from pt2flow.stages.source import import_factory
 
     _BUILT.clear()
-    module_name = model.factory.split(":", 1)[0]
     built = None
     try:
-        with record_imports() as recorded:
-            if model.inputs_factory:  # its code makes the inputs: a dependency too
-                import_factory(model.inputs_factory, model.search_path)
-            built = model_builder(model, store, weights)()
+        if model.inputs_factory:  # its code makes the inputs: a dependency too
+            import_factory(model.inputs_factory, model.search_path)
+        built = model_builder(model, store, weights)()
     except Exception as exc:  # noqa: BLE001 - an unimportable or unbuildable model fails at trace, classified
         problem = f"{type(exc).__name__}: {exc}"
     else:
         problem = None
         _BUILT[model.name] = built
-    inputs_module = model.inputs_factory.split(":", 1)[0] if model.inputs_factory else None
-    seeds: list[Any] = [name for name in (module_name, inputs_module, *recorded.new_modules) if name and name in sys.modules]
+    seeds: list[Any] = [model.factory.split(":", 1)[0]]
+    if model.inputs_factory:
+        seeds.append(model.inputs_factory.split(":", 1)[0])
     if built is not None:
         seeds += sorted({type(m) for m in built.modules()}, key=lambda t: f"{t.__module__}.{t.__qualname__}")
     try:

@@ -58,8 +58,11 @@ def request_key(static: Mapping[str, Any]) -> str:
     """What the config and the weights say about a model (the manifest without its code's
     dependencies): finds the source records whose dependency manifest a re-run checks."""
     from pt2flow.flows.engine.keys import canonical_json, sha256_text
+    from pt2flow.stages import STAGE_VERSIONS
 
-    return sha256_text("source-request:" + canonical_json(static))
+    # the source stage's version too: a pt2flow that records manifests differently never
+    # reuses a manifest an older one recorded
+    return sha256_text(f"source-request:v{STAGE_VERSIONS['source']}:" + canonical_json(static))
 
 
 def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str, Any] | None:

@@ -73,6 +73,10 @@ def main(fd: int, parent: int) -> int:
         elif kind == "compat":  # check-compat: one artifact (flows/engine/compat.py)
             crash_point("before_compat_check")
             conn.send(compute.check_artifact(*message[1:]))
+        elif kind == "audit":  # pt2flow audit: one program record rebuilt (flows/engine/audit.py)
+            from pt2flow.flows.engine.rebuild import rebuild
+
+            conn.send(rebuild(*message[1:]))
         elif kind == "new_model":
             compute.forget_programs()
             conn.send(("ok", None))

@@ -94,23 +94,21 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build_and_trace(p: Project) -> tuple[torch.nn.Module, deps.ImportRecorder]:
-    with deps.record_imports() as rec:
-        factory = import_factory(f"{p.models}:make", str(p.folder))
-        model = build_model(factory, {})
-        trace(model, ModelInputs({"x": InputSpec((2, 3))}), TraceOptions())
-    return model, rec
+def build_and_trace(p: Project) -> torch.nn.Module:
+    factory = import_factory(f"{p.models}:make", str(p.folder))
+    model = build_model(factory, {})
+    trace(model, ModelInputs({"x": InputSpec((2, 3))}), TraceOptions())
+    return model
 
 
-def model_manifest(p: Project, model: torch.nn.Module, rec: deps.ImportRecorder) -> dict:
-    seeds = [p.models, *rec.new_modules, *(type(m) for m in model.modules())]
-    return deps.manifest(seeds, str(p.folder))
+def model_manifest(p: Project, model: torch.nn.Module) -> dict:
+    """As the source stage seeds it: the factory's module and the model's classes."""
+    return deps.manifest([p.models, *(type(m) for m in model.modules())], str(p.folder))
 
 
 def test_manifest_of_a_traced_model(project: Project) -> None:
-    model, rec = build_and_trace(project)
-    assert {project.models, project.layers, project.dist} <= set(rec.new_modules)
-    m = model_manifest(project, model, rec)
+    model = build_and_trace(project)
+    m = model_manifest(project, model)
     assert m["files"] == {
         f"{project.models}.py": sha(project.folder / f"{project.models}.py"),
         f"{project.layers}.py": sha(project.layers_file),
@@ -125,8 +123,8 @@ def test_manifest_of_a_traced_model(project: Project) -> None:
 
 
 def test_stdlib_and_pt2flow_are_left_out(project: Project) -> None:
-    model, rec = build_and_trace(project)
-    m = model_manifest(project, model, rec)
+    model = build_and_trace(project)
+    m = model_manifest(project, model)
     stdlib = os.path.dirname(os.__file__)
     own = Path(deps.__file__).resolve().parent.parent
     for name in m["files"]:
@@ -140,8 +138,8 @@ def test_stdlib_and_pt2flow_are_left_out(project: Project) -> None:
 
 
 def test_editing_a_helper_module_names_it(project: Project) -> None:
-    model, rec = build_and_trace(project)
-    m = model_manifest(project, model, rec)
+    model = build_and_trace(project)
+    m = model_manifest(project, model)
     project.layers_file.write_text(project.layers_file.read_text().replace("torch.relu", "torch.sigmoid"))
     assert deps.changed_entries(m, str(project.folder)) == [f"{project.layers}.py: content changed"]
     project.layers_file.unlink()
@@ -149,8 +147,8 @@ def test_editing_a_helper_module_names_it(project: Project) -> None:
 
 
 def test_a_new_distribution_version_is_detected(project: Project) -> None:
-    model, rec = build_and_trace(project)
-    m = model_manifest(project, model, rec)
+    model = build_and_trace(project)
+    m = model_manifest(project, model)
     project.set_dist_version("2.0")
     assert deps.changed_entries(m, str(project.folder)) == [f"{project.dist}: 1.0 -> 2.0"]
     assert distributions.installed_distributions()[project.dist].version == "2.0"
@@ -160,9 +158,8 @@ def test_a_new_distribution_version_is_detected(project: Project) -> None:
 def test_worker_reuse_modules_imported_before_still_count(project: Project) -> None:
     """A reused worker: the factory's modules were imported by an earlier model, so none is new."""
     importlib.import_module(project.models)
-    model, rec = build_and_trace(project)
-    assert project.layers not in rec.new_modules and project.dist not in rec.new_modules
-    m = model_manifest(project, model, rec)
+    model = build_and_trace(project)
+    m = model_manifest(project, model)
     assert f"{project.layers}.py" in m["files"]
     assert m["distributions"][project.dist] == "1.0"
     # and the same manifest as a fresh process would record (the walk, not the import history)
@@ -189,8 +186,8 @@ def test_constant_imported_by_name_counts(tmp_path: Path, project: Project) -> N
 
 
 def test_check_imports_neither_torch_nor_user_modules(project: Project) -> None:
-    model, rec = build_and_trace(project)
-    m = model_manifest(project, model, rec)
+    model = build_and_trace(project)
+    m = model_manifest(project, model)
     project.layers_file.write_text("raise SystemExit('imported!')\n")
     code = textwrap.dedent(
         f"""
@@ -227,3 +224,24 @@ def test_installed_modules_under_the_config_folder_count_only_when_used(project:
         assert set(m["files"]) == {f"config/{project.models}.py", f"config/{project.layers}.py"}
     finally:
         sys.modules.pop(f"other_{project.dist}", None)
+
+
+def test_manifest_does_not_depend_on_what_the_process_imported_before(project: Project) -> None:
+    """The rule reads source files, not sys.modules: an import inside a function that has not run
+    yet counts, and a sibling model's module that an earlier model loaded into this (reused)
+    worker does not, so a fresh worker and a reused one record the same manifest."""
+    (project.folder / f"lazy_{project.models}.py").write_text(f"def make():\n    import {project.layers}\n    return {project.layers}.Block()\n")
+    (project.folder / f"sibling_{project.models}.py").write_text("import json\n")
+    lazy = f"lazy_{project.models}"
+    try:
+        before = deps.manifest([lazy], str(project.folder))  # nothing of it imported yet
+        assert project.layers not in sys.modules
+        importlib.import_module(f"sibling_{project.models}")  # another model's module, loaded first
+        model = build_model(import_factory(f"{lazy}:make", str(project.folder)), {})
+        after = deps.manifest([lazy, *(type(m) for m in model.modules())], str(project.folder))
+        assert before == after
+        assert set(after["files"]) == {f"{lazy}.py", f"{project.layers}.py"}  # no sibling
+        assert after["distributions"][project.dist] == "1.0"  # reached through layers' import
+    finally:
+        for name in (lazy, f"sibling_{project.models}"):
+            sys.modules.pop(name, None)

@@ -134,16 +134,26 @@ def test_noisy_forward_is_nondeterministic_not_a_mismatch() -> None:
 
 
 def test_candidate_that_raises_is_a_runtime_error() -> None:
-    # an archive exported with static shapes, validated as if its batch could vary
+    # an archive whose batch takes [1, 8], validated up to 16 (no trace dims to say otherwise)
     build = builder(models.tiny_mlp)
-    tr, dec = decomposed(build, static_inputs(4, 8))
+    tr, dec = decomposed(build, mlp_inputs(1, 8))
     with pytest.raises(StageError) as info:
         validate(build, mlp_inputs(1, 16), {}, ValidateOptions(samples=3), archive=_archive(dec.output))
     err = info.value
     assert err.error_class == "runtime"
-    assert "archive raised on sample min {'batch': 1}" in err.message
+    assert "archive raised on sample max {'batch': 16}" in err.message
     samples = err.details["candidates"]["archive"]["samples"]
-    assert [(s["label"], s["ok"]) for s in samples] == [("example", True), ("min", False), ("max", False)]
+    assert [(s["label"], s["ok"]) for s in samples] == [("example", True), ("min", True), ("max", False)]
+
+
+def test_a_static_archive_for_a_dynamic_config_fails_before_any_sample() -> None:
+    build = builder(models.tiny_mlp)
+    tr, dec = decomposed(build, static_inputs(4, 8))
+    with pytest.raises(StageError) as info:
+        validate(build, mlp_inputs(1, 16), {}, ValidateOptions(samples=3), archive=_archive(dec.output))
+    assert info.value.error_class == "numeric_mismatch"
+    assert info.value.message == "signature mismatch: input x: dim 0 (batch) is dynamic in the config but static (4) in the artifact"
+    assert info.value.details["candidates"]["archive"]["samples"] == []
 
 
 def test_a_dim_the_export_specialized_is_not_varied() -> None:

@@ -1,0 +1,148 @@
+"""`pt2flow audit`: prove that the cache is honest, as reproducible-build checkers do.
+
+A sample of a run's program records (trace, functionalize, decompose, serialize: the records the
+cache serves to later runs) is checked in fresh worker processes, one per model
+(docs/architecture.md §5, "Audit"):
+
+- stored: the record's blob is read (hash verified), its program loaded and fingerprinted; it
+  must be the record's fingerprint. A record pointing at another valid program fails here.
+- rebuilt: the stage runs again on the record's own inputs (its parent record's program and its
+  recorded options; trace from the config's model, when `--config` names it) and the new
+  program's fingerprint must be the record's. A key that does not determine its program (a
+  dependency the key misses) fails here.
+
+The sample is chosen by hashing each record ID with the seed, so the same fraction and seed pick
+the same records on any machine. This process imports no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any, Mapping, Sequence
+
+from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
+from pt2flow.flows.engine.runner import default_memory_gb
+from pt2flow.storage.errors import RecordNotFound, StorageError
+from pt2flow.storage.lineage import decode
+
+AUDITED_STAGES = ("trace", "functionalize", "decompose", "serialize")
+AUDIT_TIMEOUT_S = 900.0  # one record: loading, and the stage run again
+
+
+def sampled(record_id: str, fraction: float, seed: int) -> bool:
+    """Whether the record is in the sample: a uniform draw from its ID and the seed."""
+    if fraction >= 1.0:
+        return True
+    draw = int(hashlib.sha256(f"{seed}:{record_id}".encode()).hexdigest()[:15], 16) / 16**15
+    return draw < fraction
+
+
+def _records(index: Any, run_id: str) -> list[dict[str, Any]]:
+    import pyarrow.compute as pc
+
+    condition = (pc.field("run_id") == run_id) & (pc.field("status") == "ok") & pc.field("stage").isin(list(AUDITED_STAGES))
+    rows = [decode(row) for row in index.scan(None, filter=condition).to_pylist()]
+    order = {stage: i for i, stage in enumerate(AUDITED_STAGES)}
+    return sorted(rows, key=lambda r: (r["model"], order[r["stage"]]))
+
+
+def _parent(index: Any, record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ok record the program stage consumed: its first parent key's newest ok record."""
+    import pyarrow.compute as pc
+
+    keys = list(record.get("parent_keys") or [])
+    if not keys:
+        return None
+    rows = index.scan(None, filter=(pc.field("key") == keys[0]) & (pc.field("status") == "ok")).to_pylist()
+    rows = [r for r in rows if r.get("sha256")]
+    return decode(max(rows, key=lambda r: r.get("ended_at") or 0)) if rows else None
+
+
+def _source_weights(index: Any, record: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    source = _parent(index, record)
+    return ((source or {}).get("details") or {}).get("weights")
+
+
+class Auditor:
+    """One fresh worker per model (what one model's stages import must not help another's)."""
+
+    def __init__(self, store: Any, models: Mapping[str, ResolvedModel]) -> None:
+        self.store = store
+        self.models = models
+        self.worker: Worker | None = None
+        self.current: str | None = None
+        self.memory_bytes = int(default_memory_gb() * 2**30)
+
+    def _worker_for(self, model: str) -> Worker:
+        if self.worker is None or self.current != model:
+            self.close()
+            self.worker = Worker(threads=None)
+            self.current = model
+        return self.worker
+
+    def check(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "record_id": record["record_id"], "model": record["model"], "stage": record["stage"], "key": record["key"],
+            "sha256": record["sha256"], "fingerprint": record["fingerprint"], "cached": bool(record.get("cached")),
+            "stored": None, "rebuilt": None, "status": "ok", "problem": None,
+        }
+        index = self.store.index
+        try:
+            data = self.store.get_blob(record["sha256"], record.get("size"))
+            parent_record = None if record["stage"] == "trace" else _parent(index, record)
+            parent = self.store.get_blob(parent_record["sha256"], parent_record.get("size")) if parent_record else None
+        except StorageError as exc:
+            return {**entry, "status": "failed", "problem": f"storage: {exc}"}
+        model = self.models.get(record["model"])
+        weights = _source_weights(index, record) if record["stage"] == "trace" and model is not None else None
+        budget = Budget(deadline=time.monotonic() + AUDIT_TIMEOUT_S, deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
+                        memory_bytes=self.memory_bytes)
+        message = ("audit", record["stage"], data, record.get("options") or {}, parent, model, self.store.url, weights)
+        try:
+            status, payload = self._worker_for(record["model"]).call(message, budget)
+        except WorkerLost as lost:
+            self.close()
+            return {**entry, "status": "failed", "problem": f"{lost.error_class}: {lost.message}"}
+        if status != "ok":
+            self.close()
+            return {**entry, "status": "failed", "problem": f"{payload['error_class']}: {payload['error']}"}
+        entry.update(stored=payload["stored"], rebuilt=payload["rebuilt"])
+        problems = []
+        if payload["stored"] != record["fingerprint"]:
+            problems.append("the stored blob holds another program than the record says")
+        if payload["rebuilt"] is not None and payload["rebuilt"] != record["fingerprint"]:
+            problems.append(f"{record['stage']} run again on the recorded inputs gives another program")
+        if payload["rebuilt"] is None:
+            entry["note"] = "not rebuilt: pass --config with the model to re-trace it" if record["stage"] == "trace" else "not rebuilt: no parent program"
+        if problems:
+            entry.update(status="failed", problem="; ".join(problems))
+        return entry
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+            self.current = None
+
+
+def audit(store: Any, run_id: str, *, fraction: float = 1.0, seed: int = 0, models: Sequence[ResolvedModel] = ()) -> dict[str, Any]:
+    """The audit document of a run: every sampled record with its stored and rebuilt fingerprints."""
+    records = _records(store.index, run_id)
+    if not records:
+        raise RecordNotFound(f"run {run_id!r} has no ok program records to audit")
+    chosen = [r for r in records if sampled(r["record_id"], fraction, seed)]
+    auditor = Auditor(store, {m.name: m for m in models})
+    try:
+        checked = [auditor.check(record) for record in chosen]
+    finally:
+        auditor.close()
+    failed = [c for c in checked if c["status"] != "ok"]
+    return {
+        "run_id": run_id,
+        "store": store.url,
+        "sample": {"fraction": fraction, "seed": seed, "records": len(records), "checked": len(checked)},
+        "summary": {"ok": len(checked) - len(failed), "failed": len(failed), "rebuilt": sum(1 for c in checked if c["rebuilt"] is not None)},
+        "records": checked,
+    }

@@ -1,0 +1,73 @@
+"""The worker's side of `pt2flow audit` (flows/engine/audit.py): one program record checked.
+
+Two fingerprints of the record's program, compared by the caller with the one the record holds:
+`stored`, of the program in the record's blob as it loads now, and `rebuilt`, of the stage run
+again on its recorded inputs (the parent program from the store, the recorded options; for
+trace the model from the config). Imports torch; runs only in a worker process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.engine import runtime
+from pt2flow.flows.engine.compute import classify, model_builder
+from pt2flow.flows.engine.inputs import model_inputs
+
+
+def _program(data: bytes) -> Any:
+    from pt2flow.stages.serialize import load_archive
+
+    return load_archive(data, import_pytree_modules=True)[0]
+
+
+def _rerun(stage: str, options: Mapping[str, Any], parent: Any) -> str:
+    """The fingerprint of `stage` run again on `parent` with the recorded options."""
+    from pt2flow.stages import decompose, functionalize
+    from pt2flow.stages.options import DecomposeOptions, FunctionalizeOptions
+    from pt2flow.stages.program import fingerprint
+
+    if stage == "functionalize":
+        return str(functionalize.functionalize(parent, FunctionalizeOptions(**options)).metadata["fingerprint"])
+    if stage == "decompose":
+        return str(decompose.decompose(parent, DecomposeOptions(**options)).metadata["fingerprint"])
+    return fingerprint(parent)  # serialize stores its parent program as it is
+
+
+def _retrace(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> str:
+    from pt2flow.stages.options import TraceOptions
+    from pt2flow.stages.trace import trace
+
+    built = model_builder(model, runtime.open_store(store_url), weights)()
+    options = model.options["trace"]
+    if not isinstance(options, TraceOptions):
+        raise TypeError(f"{model.name}: the trace options are a {type(options).__name__}")
+    return str(trace(built, model_inputs(model), options).metadata["fingerprint"])
+
+
+def rebuild(
+    stage: str,
+    stored: bytes,
+    options: Mapping[str, Any],
+    parent: bytes | None,
+    model: ResolvedModel | None,
+    store_url: str,
+    weights: Mapping[str, Any] | None,
+) -> tuple[str, dict[str, Any]]:
+    """("ok", {"stored": fingerprint, "rebuilt": fingerprint or None}) or ("failed", failure)."""
+    from pt2flow.stages.program import fingerprint
+    from pt2flow.stages.source import import_factory
+
+    try:
+        if model is not None:  # the pytree types the program uses, as the run had them
+            import_factory(model.factory, model.search_path)
+        found: dict[str, Any] = {"stored": fingerprint(_program(stored)), "rebuilt": None}
+        if stage == "trace":
+            if model is not None:
+                found["rebuilt"] = _retrace(model, store_url, weights)
+        elif parent is not None:
+            found["rebuilt"] = _rerun(stage, options, _program(parent))
+        return "ok", found
+    except Exception as exc:  # noqa: BLE001 - reported as the record's failure to rebuild
+        return "failed", classify(stage, exc)
