@@ -19,8 +19,14 @@ serialize and validate (no compile)
   cold-small  `pt2flow run --workers 1` on an empty store
   warm-small  `pt2flow run` again
 
-Goals (issues 10 and 11): cold-1 / bare <= 1.05; cold-2 / cold-1 <= 0.62; warm / cold-1 <= 0.02;
-cold-small / bare-small <= 1.25; warm-small / bare-small <= 0.03.
+transformers fleet (--transformers, on by default): BERT, DistilBERT, RoBERTa with tiny random
+configs and GPT-2 (a known failure at decompose), trace to validate (no compile)
+  cold-hf     `pt2flow run --workers 1` on an empty store
+  warm-hf     `pt2flow run` again: must do no stage work at all (issue 19: an unchanged re-run
+              of transformers models used to re-trace two of them, warm/cold 0.20)
+
+Goals (issues 10, 11 and 19): cold-1 / bare <= 1.05; cold-2 / cold-1 <= 0.62; warm / cold-1 <= 0.02;
+cold-small / bare-small <= 1.25; warm-small / bare-small <= 0.03; warm-hf / cold-hf <= 0.02.
 Prints one table and a JSON line with every figure (--json-out FILE also writes it).
 """
 
@@ -64,6 +70,15 @@ STAGES = ["trace", "functionalize", "decompose", "serialize", "aot_compile", "va
 SMALL_STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 
 
+IDS = {"shape": [2, 8], "dtype": "int64", "low": 3, "high": 100}
+TRANSFORMERS = [
+    ("bert", "hf_models:bert_tiny", {}, {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}, {}, {}),
+    ("distilbert", "hf_models:distilbert_tiny", {}, {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}, {}, {}),
+    ("roberta", "hf_models:roberta_tiny", {}, {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}, {}, {}),
+    ("gpt2", "hf_models:gpt2_tiny", {}, {"input_ids": IDS}, {}, {}),  # fails at decompose, every night
+]
+
+
 def small_fleet(count: int) -> list[tuple[str, str, dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[int, str]], dict[str, tuple[int, int]]]]:
     return [(f"mlp-{i:03d}", "mlp", {"hidden": 8 + i}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}) for i in range(count)]
 
@@ -71,6 +86,8 @@ def small_fleet(count: int) -> list[tuple[str, str, dict[str, Any], dict[str, di
 def fleet_models(kind: str, count: int) -> list[Any]:
     if kind == "small":
         return small_fleet(count)
+    if kind == "transformers":
+        return TRANSFORMERS
     return [*FLEET[:count], *FAILING]
 
 
@@ -80,6 +97,7 @@ def write_config(folder: Path, kind: str, count: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for module in ("demo_models.py", "failure_models.py"):
         shutil.copy(ROOT / "configs" / module, folder / module)
+    shutil.copy(ROOT / "tests" / "hf_models.py", folder / "hf_models.py")
     models = []
     for name, factory, kwargs, inputs, dynamic, dims in fleet_models(kind, count):
         models.append({
@@ -92,7 +110,7 @@ def write_config(folder: Path, kind: str, count: int) -> Path:
             "stages": {"validate": {"atol": 1e-4}},
         })
     path = folder / "fleet.yaml"
-    stages = SMALL_STAGES if kind == "small" else STAGES
+    stages = STAGES if kind == "compile" else SMALL_STAGES
     path.write_text(yaml.safe_dump({"version": 1, "stages": stages, "models": models}, sort_keys=False))
     return path
 
@@ -201,6 +219,7 @@ GOALS = {
     "warm_over_cold1": 0.02,
     "cold_small_over_bare_small": 1.25,
     "warm_small_over_bare_small": 0.03,
+    "warm_hf_over_cold_hf": 0.02,
 }
 
 
@@ -223,6 +242,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=8, help=f"compile fleet size (at most {len(FLEET)}; default 8), plus {len(FAILING)} failing models")
     parser.add_argument("--small", type=int, default=100, help="small fleet size (default 100; 0 skips it)")
+    parser.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=True, help="run the transformers fleet (cold, warm)")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "pt2-bench-fleet"))
     parser.add_argument("--json-out", metavar="FILE")
     parser.add_argument("--bare", choices=["compile", "small"], help=argparse.SUPPRESS)  # a bare arm's child process
@@ -267,6 +287,15 @@ def main() -> int:
         _check(out, args.small, cached=True)
         figures["ratios"]["cold_small_over_bare_small"] = round(figures["cold_small_s"] / figures["bare_small_s"], 3)
         figures["ratios"]["warm_small_over_bare_small"] = round(figures["warm_small_s"] / figures["bare_small_s"], 4)
+
+    if args.transformers:
+        hf = write_config(workdir / "transformers", "transformers", len(TRANSFORMERS))
+        run = [pt2flow, "run", str(hf), "--json", "--store", str(workdir / "store-hf")]
+        figures["cold_hf_s"], out = _arm("cold-hf", [*run, "--workers", "1"], _env(workdir, "cold-hf"), workdir)
+        _check(out, len(TRANSFORMERS) - 1, failed=1)
+        figures["warm_hf_s"], out = _arm("warm-hf", run, _env(workdir, "warm-hf"), workdir)
+        _check(out, len(TRANSFORMERS) - 1, cached=True, failed=1)
+        figures["ratios"]["warm_hf_over_cold_hf"] = round(figures["warm_hf_s"] / figures["cold_hf_s"], 4)
 
     print("\nratio                          measured   goal", file=sys.stderr)
     for key, value in figures["ratios"].items():

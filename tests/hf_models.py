@@ -21,3 +21,19 @@ def gpt2_tiny() -> nn.Module:
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=1, n_head=2, use_cache=False)
     return GPT2LMHeadModel(config).eval()
+
+
+def distilbert_tiny() -> nn.Module:
+    from transformers import DistilBertConfig, DistilBertModel
+
+    torch.manual_seed(0)
+    config = DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=64, max_position_embeddings=64)
+    return DistilBertModel(config).eval()
+
+
+def roberta_tiny() -> nn.Module:
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    config = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=72)
+    return RobertaModel(config).eval()

@@ -50,3 +50,38 @@ def test_tiny_bert_and_gpt2_cold_warm_and_retried(tmp_path: Path) -> None:
     archive = report["models"][0]["archive"]
     assert (archive["loads"], archive["runs"], archive["matches"]) == (True, True, True), archive
     assert archive["samples"] == 3 and archive["max_abs_err"] < 1e-4
+
+
+# three transformers architectures, a known failure (GPT-2 at decompose) and a plain model
+MIXED = [
+    *FLEET,
+    {"name": "distilbert", "factory": "tests.hf_models:distilbert_tiny", "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}},
+    {"name": "roberta", "factory": "tests.hf_models:roberta_tiny", "inputs": {"input_ids": {**IDS, "low": 3}, "attention_mask": {**IDS, "value": 1}}},
+    {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}},
+]
+
+
+def _sources(document: dict) -> dict[str, str]:
+    return {m["name"]: m["source"] for m in document["models"]}
+
+
+def test_manifests_do_not_depend_on_workers_order_or_runner_and_a_warm_rerun_does_nothing(tmp_path: Path) -> None:
+    """The source blob is the canonical manifest: the same fleet, cold, with one worker, with two
+    in the reverse order and on a Dask cluster, records the same one for every model; an
+    unchanged re-run then does no stage work at all (no worker started)."""
+    config = write_config(tmp_path / "hf.yaml", MIXED, stages=STAGES)
+    reverse = write_config(tmp_path / "reverse" / "hf.yaml", MIXED[::-1], stages=STAGES)
+    runs = {}
+    for label, path, extra in (("one", config, ["--workers", "1"]), ("two", reverse, ["--workers", "2"]), ("dask", config, ["--runner", "dask", "--workers", "2"])):
+        code, document, stderr = run_json(["run", str(path), "--store", str(tmp_path / f"store-{label}"), *extra])
+        assert code == 1, stderr[-3000:]
+        statuses = {m["name"]: (m["status"], m["failed_stage"]) for m in document["models"]}
+        assert statuses == {"bert": ("ok", None), "gpt2": ("failed", "decompose"), "distilbert": ("ok", None), "roberta": ("ok", None), "mlp": ("ok", None)}
+        runs[label] = document
+    assert _sources(runs["one"]) == _sources(runs["two"]) == _sources(runs["dask"])
+
+    code, warm, stderr = run_json(["run", str(config), "--store", str(tmp_path / "store-one"), "--workers", "2"])
+    assert code == 1, stderr[-3000:]
+    assert warm["workers"] == 0  # no worker process: nothing to build
+    assert all(s["cached"] for m in warm["models"] for s in m["stages"].values())
+    assert _sources(warm) == _sources(runs["one"])
