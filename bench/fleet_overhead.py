@@ -20,7 +20,8 @@ serialize and validate (no compile)
   warm-small  `pt2flow run` again
 
 transformers fleet (--transformers, on by default): BERT, DistilBERT, RoBERTa with tiny random
-configs and GPT-2 (a known failure at decompose), trace to validate (no compile)
+configs, each at two sequence lengths, and GPT-2 (a known failure at decompose), trace to
+validate (no compile)
   cold-hf     `pt2flow run --workers 1` on an empty store
   warm-hf     `pt2flow run` again: must do no stage work at all (issue 19: an unchanged re-run
               of transformers models used to re-trace two of them, warm/cold 0.20)
@@ -70,12 +71,18 @@ STAGES = ["trace", "functionalize", "decompose", "serialize", "aot_compile", "va
 SMALL_STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 
 
-IDS = {"shape": [2, 8], "dtype": "int64", "low": 3, "high": 100}
+def _ids(seq: int) -> dict[str, Any]:
+    return {"shape": [2, seq], "dtype": "int64", "low": 3, "high": 100}
+
+
+# each architecture at two sequence lengths (two programs), and GPT-2, which fails at decompose
 TRANSFORMERS = [
-    ("bert", "hf_models:bert_tiny", {}, {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}, {}, {}),
-    ("distilbert", "hf_models:distilbert_tiny", {}, {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}, {}, {}),
-    ("roberta", "hf_models:roberta_tiny", {}, {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}, {}, {}),
-    ("gpt2", "hf_models:gpt2_tiny", {}, {"input_ids": IDS}, {}, {}),  # fails at decompose, every night
+    *[
+        (f"{arch}-s{seq}", f"hf_models:{arch}_tiny", {}, {"input_ids": _ids(seq), "attention_mask": {**_ids(seq), "value": 1}}, {}, {})
+        for arch in ("bert", "distilbert", "roberta")
+        for seq in (8, 16)
+    ],
+    ("gpt2", "hf_models:gpt2_tiny", {}, {"input_ids": _ids(8)}, {}, {}),
 ]
 
 
