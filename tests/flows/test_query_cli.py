@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import run_cli, run_json
+from tests.conftest import run_cli, run_cli_into_closed_pipe, run_json
 from tests.records import CHAIN, h, make_chain
 
 
@@ -170,6 +170,21 @@ def test_ambiguous_prefix_exits_2(tmp_path: Path) -> None:
     proc = run_cli(["show", "deadbeef", "--store", str(tmp_path / "s")])
     assert proc.returncode == 2
     assert "matches 2 artifacts" in proc.stderr
+
+
+def test_a_closed_stdout_ends_every_query_quietly_with_141(populated: dict) -> None:
+    """`pt2flow ls --json | head`: the reader leaves, pt2flow stops with 141 (as if SIGPIPE had
+    ended it) and prints no traceback; the same command into an open pipe exits 0."""
+    root, sha = str(populated["root"]), populated["alpha"]["decompose"]["sha256"]
+    commands = [["ls"], ["ls", "--json"], ["show", sha[:10]], ["show", sha[:10], "--json"], ["lineage", sha[:10]],
+                ["diff", sha[:10], populated["beta"]["decompose"]["sha256"][:10], "--json"], ["report"], ["report", "--json"],
+                ["verify", "--json"]]
+    for args in commands:
+        assert run_cli([*args, "--store", root]).returncode == 0, args
+        proc = run_cli_into_closed_pipe([*args, "--store", root])
+        assert (proc.returncode, proc.stderr) == (141, ""), (args, proc.stderr)
+    proc = run_cli_into_closed_pipe(["schema"])  # no store: stdout only
+    assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
 
 
 def test_missing_store_is_a_usage_error(tmp_path: Path) -> None:
