@@ -54,6 +54,35 @@ def test_ls_filters_and_json(populated: dict) -> None:
     assert proc.returncode == 0 and "beta" in proc.stdout and "alpha" not in proc.stdout
 
 
+def test_ls_torch_without_local_part_and_run_prefixes(tmp_path: Path) -> None:
+    """`--torch 2.13.0` matches every local build of 2.13.0 (not 2.13.01); `--run` takes a unique
+    prefix, as `get --run` and `report` do, and says so when a prefix names several runs or none."""
+    from pt2flow.flows import api
+
+    root = tmp_path / "s"
+    store = ArtifactStore(str(root))
+    runs = {"a": "20261124T150000Z-aaaaaaaa", "b": "20261124T160000Z-bbbbbbbb", "c": "20261125T090000Z-cccccccc"}
+    torches = {"a": "2.13.0+cpu", "b": "2.13.0+cu126", "c": "2.13.01"}
+    store.index.append([{"record_id": key, "run_id": runs[key], "model": "m", "stage": "trace", "status": "ok", "key": h(key),
+                         "sha256": h(key), "size": 1, "torch_version": torches[key]} for key in runs]
+                       + [{"record_id": "exact", "run_id": runs["c"], "model": "n", "stage": "trace", "status": "ok", "key": h("exact"),
+                           "sha256": h("exact"), "size": 1, "torch_version": "2.13.0"}])
+    code, rows, _ = run_json(["ls", "--store", str(root), "--torch", "2.13.0"])
+    assert code == 0 and sorted(r["record_id"] for r in rows) == ["a", "b", "exact"]
+    code, rows, _ = run_json(["ls", "--store", str(root), "--torch", "2.13.0+cpu"])
+    assert code == 0 and [r["record_id"] for r in rows] == ["a"]
+    code, rows, _ = run_json(["ls", "--store", str(root), "--run", "20261124T16"])
+    assert code == 0 and [r["record_id"] for r in rows] == ["b"]
+    code, rows, _ = run_json(["ls", "--store", str(root), "--run", runs["c"][:12], "--torch", "2.13.0"])
+    assert code == 0 and [r["record_id"] for r in rows] == ["exact"]
+    proc = run_cli(["ls", "--store", str(root), "--run", "20261124"])
+    assert proc.returncode == 2 and "run prefix '20261124' matches 2 runs" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    proc = run_cli(["ls", "--store", str(root), "--run", "20261126"])
+    assert proc.returncode == 1 and "no run '20261126'" in proc.stderr and proc.stdout == "", proc.stderr
+    python = api.open_store(str(root))
+    assert [r["record_id"] for r in python.ls(run="20261125", torch="2.13.0")] == ["exact"] and python.count(run="20261124T15") == 1
+
+
 def test_show_prints_every_field_and_the_report(populated: dict) -> None:
     root = str(populated["root"])
     code, record, _ = run_json(["show", populated["report"][:10], "--store", root])
