@@ -55,7 +55,7 @@ def exit_code(exc: BaseException, command: str | None) -> int:
 
 def _library_error(exc: BaseException, prefix: str) -> int:
     """Errors of the config and storage layers, imported only once one happened."""
-    from pt2flow.storage.errors import AmbiguousId, InvalidId, RecordNotFound, StorageError
+    from pt2flow.storage.errors import IdError, RecordNotFound, StorageError
 
     # a ConfigError comes from a loaded flows.config (issues.py); looked up rather than imported, because
     # the schema imports pt2flow.stages, which the query commands must not (import-linter)
@@ -63,7 +63,7 @@ def _library_error(exc: BaseException, prefix: str) -> int:
     if schema is not None and isinstance(exc, schema.ConfigError):
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE
-    if isinstance(exc, (CommandUsageError, InvalidId, AmbiguousId)):
+    if isinstance(exc, (CommandUsageError, IdError)):
         print(f"{prefix}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if isinstance(exc, RecordNotFound):

@@ -216,6 +216,24 @@ def test_a_closed_stdout_ends_every_query_quietly_with_141(populated: dict) -> N
     assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
 
 
+def test_bad_ids_are_not_storage_errors_in_python(populated: dict) -> None:
+    """The CLI exits 2 for a bad or ambiguous ID and 1 for a storage error: from Python they are
+    told apart the same way (`except api.StorageError` does not swallow a caller's bad ID)."""
+    from pt2flow.flows import api
+
+    store = api.open_store(str(populated["root"]))
+    populated["store"].index.append([{"record_id": "x1", "run_id": "r", "model": "m", "stage": "trace", "status": "ok", "key": "k",
+                                      "sha256": "deadbeef" + "0" * 56}, {"record_id": "x2", "run_id": "r", "model": "m", "stage": "trace",
+                                                                          "status": "ok", "key": "k", "sha256": "deadbeef" + "1" * 56}])
+    for bad, error, builtin in (("xyz", api.InvalidId, ValueError), ("deadbeef", api.AmbiguousId, LookupError)):
+        with pytest.raises(error) as raised:
+            store.show(bad)
+        assert isinstance(raised.value, builtin) and not isinstance(raised.value, api.StorageError)
+        assert run_cli(["show", bad, "--store", str(populated["root"])]).returncode == 2
+    with pytest.raises(api.StorageError):  # what the store does not hold is still one
+        store.show("0" * 64)
+
+
 def test_missing_store_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_cli(["ls", "--store", str(tmp_path / "nowhere")])
     assert proc.returncode == 2 and "no store at" in proc.stderr
