@@ -168,6 +168,22 @@ def test_only_takes_comma_lists_the_document_keeps_config_order_and_the_summary_
     assert (proc.stdout + proc.stderr).count(error) == 1, proc.stdout + proc.stderr
 
 
+def test_uint8_int8_int16_inputs_export_and_validate(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", [{
+        "name": "bytes", "factory": "tests.models:byte_image",
+        "inputs": {"image": {"shape": [2, 3, 8], "dtype": "uint8", "high": 256}, "offset": {"shape": [2, 3, 8], "dtype": "int8", "low": -128, "high": 128},
+                   "ids": {"shape": [2, 5], "dtype": "int16", "high": 300}},
+        "dynamic_shapes": {"image": {0: "batch"}, "offset": {0: "batch"}, "ids": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 8}},
+    }], stages=["trace", "serialize", "validate"])
+    code, doc, stderr = run_json(["run", str(config), "--store", str(tmp_path / "store")])
+    assert code == 0, stderr[-3000:]
+    (model,) = doc["models"]
+    assert model["validation"]["passed"] is True and model["validation"]["samples"] >= 3
+    code, record, _ = run_json(["show", model["stages"]["trace"]["artifact"], "--store", str(tmp_path / "store")])
+    users = [(i["name"], i["dtype"]) for i in record["signature"]["inputs"] if i["name"] in ("image", "offset", "ids")]
+    assert users == [("image", "uint8"), ("offset", "int8"), ("ids", "int16")], record["signature"]
+
+
 def test_failure_fleet_is_classified_and_the_rest_completes(tmp_path: Path) -> None:
     code, doc, stderr = run_json(["run", str(ROOT / "configs" / "failures.yaml"), "--store", str(tmp_path / "store")])
     assert code == 1
