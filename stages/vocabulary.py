@@ -45,8 +45,11 @@ DETERMINISTIC_FAILURES: frozenset[str] = frozenset({
     "serialization", "compile", "numeric_mismatch", "nondeterministic",
 })
 
-DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
-DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "bool"]
+DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
+# the values the narrow integer dtypes hold (inclusive): a config's value, low and high must fit
+# (random values are drawn from [low, high), so high may be one past the largest)
+INTEGER_RANGES: dict[str, tuple[int, int]] = {"int16": (-(2**15), 2**15 - 1), "int8": (-128, 127), "uint8": (0, 255)}
 
 # a dotted module path (or attribute path): identifiers joined by dots
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"

@@ -26,11 +26,16 @@ class RecordNotFound(StorageError, LookupError):
     """No index record matches the given ID."""
 
 
-class AmbiguousId(StorageError, LookupError):
+class IdError(Exception):
+    """An ID given to the store that cannot be used: the caller's mistake (the CLI's exit 2), not
+    the store's failure, so not a StorageError (whose exit is 1)."""
+
+
+class AmbiguousId(IdError, LookupError):
     """An ID prefix matches more than one artifact."""
 
 
-class InvalidId(StorageError, ValueError):
+class InvalidId(IdError, ValueError):
     """Not a usable artifact ID (hex, at least 8 characters)."""
 
 

@@ -62,6 +62,22 @@ def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeou
     )
 
 
+def run_cli_into_closed_pipe(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """`pt2flow ARGS` writing into a pipe whose reader, a real process (`true`), has already
+    exited, as `pt2flow ls --json | head` meets once head has read its lines: every write fails."""
+    read_end, write_end = os.pipe()
+    try:
+        subprocess.run(["true"], stdin=read_end, check=True)  # the reader comes and goes
+    finally:
+        os.close(read_end)  # now no process holds the read end
+    try:
+        proc = subprocess.run([str(BIN / "pt2flow"), *args], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=timeout, env=cli_env(env), cwd=str(ROOT))
+    finally:
+        os.close(write_end)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", proc.stderr)
+
+
 def run_json(args: Sequence[str], **kwargs: Any) -> tuple[int, dict[str, Any], str]:
     """Run a `--json` command; returns (exit code, parsed stdout, stderr). stdout must be one JSON document."""
     proc = run_cli([*args, "--json"], **kwargs)

@@ -191,3 +191,20 @@ def embedding() -> nn.Module:
     """An nn.Embedding: its kernel takes int64 and int32 ids alike."""
     torch.manual_seed(0)
     return nn.Embedding(16, 4)
+
+
+class ByteImage(nn.Module):
+    """Takes a uint8 image, an int8 offset map and int16 ids, as camera and quantized pipelines do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 4)
+        self.embed = nn.Embedding(300, 4)
+
+    def forward(self, image: torch.Tensor, offset: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        pixels = image.float() / 255.0 + offset.float() / 128.0
+        return self.proj(pixels) + self.embed(ids.long()).sum(1, keepdim=True)
+
+
+def byte_image() -> nn.Module:
+    return ByteImage()

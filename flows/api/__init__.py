@@ -19,8 +19,8 @@ the CLI turns into exit codes (docs/architecture.md §4).
     api.audit(store, sample=0.1)                    # is the cache honest? (rebuild a sample)
 
 Errors: ConfigError (a bad config), UsageError / InvalidId / AmbiguousId (arguments that cannot be
-used: the CLI's exit 2), RecordNotFound / StorageError / IntegrityError (what the store does not
-hold or cannot give: exit 1). `run` reports failed models in its document; it raises only before
+used: the CLI's exit 2; InvalidId and AmbiguousId are no StorageError), RecordNotFound /
+StorageError / IntegrityError (what the store does not hold or cannot give: exit 1). `run` reports failed models in its document; it raises only before
 anything ran. `ls`, `show`, `lineage`, `diff`, `get`, `compare` and `verify` import neither torch
 nor Prefect.
 """

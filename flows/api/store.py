@@ -25,11 +25,16 @@ def parse_time(text: str, what: str) -> datetime:
 
 def record_filter(*, model: str | None = None, stage: str | None = None, status: str | None = None, torch: str | None = None,
                   archive_version: str | None = None, run: str | None = None, since: str | None = None, until: str | None = None) -> Any:
-    """The pyarrow filter of `ls`'s filters (all must hold); None without any."""
+    """The pyarrow filter of `ls`'s filters (all must hold); None without any. `run` is a full run
+    ID (Store.run_id resolves a prefix); `torch` without a local part (`2.13.0`) matches every
+    local build of that version (`2.13.0+cpu`, `2.13.0+cu126`), with one (`2.13.0+cpu`) only it."""
     import pyarrow.compute as pc
 
-    equal = {"model": model, "stage": stage, "status": status, "torch_version": torch, "archive_version": archive_version, "run_id": run}
+    equal = {"model": model, "stage": stage, "status": status, "archive_version": archive_version, "run_id": run}
     conditions = [pc.field(column) == value for column, value in equal.items() if value]
+    if torch:
+        same = pc.field("torch_version") == torch
+        conditions.append(same if "+" in torch else same | pc.starts_with(pc.field("torch_version"), pattern=torch + "+"))
     if since:
         conditions.append(pc.field("ended_at") >= parse_time(since, "--since"))
     if until:
@@ -101,17 +106,22 @@ class Store:
 
     def ls(self, *, limit: int | None = 100, columns: tuple[str, ...] | None = None, **filters: Any) -> list[dict[str, Any]]:
         """Records, newest first, filtered like `pt2flow ls` (model, stage, status, torch,
-        archive_version, run, since, until); `limit` None or 0 for all."""
+        archive_version, run: an ID or unique prefix, since, until); `limit` None or 0 for all."""
         from pt2flow.storage.lineage import decode
 
-        table = self.artifacts.index.scan(list(columns) if columns else None, filter=record_filter(**filters))
+        table = self.artifacts.index.scan(list(columns) if columns else None, filter=self.filter(**filters))
         table = table.sort_by([("ended_at", "descending")])
         if limit:
             table = table.slice(0, limit)
         return [decode(r) for r in table.to_pylist()]
 
     def count(self, **filters: Any) -> int:
-        return int(self.artifacts.index.scan(["record_id"], filter=record_filter(**filters)).num_rows)
+        return int(self.artifacts.index.scan(["record_id"], filter=self.filter(**filters)).num_rows)
+
+    def filter(self, *, run: str | None = None, **filters: Any) -> Any:
+        """record_filter of `ls`'s filters, `run` resolved from a prefix: RecordNotFound for a run
+        the index does not hold, AmbiguousId for a prefix of several (never an empty answer)."""
+        return record_filter(run=self.run_id(run) if run else None, **filters)
 
     def show(self, id: str) -> dict[str, Any]:
         """The newest record of artifact `id` (sha256 or unique prefix), with the runs that

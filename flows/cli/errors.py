@@ -7,12 +7,18 @@ flagged) and raise for everything else; `exit_code` prints the message and picks
     click's usage errors (unknown command or option, missing argument, bad value)   2
     no such record, storage error                                                    1
     Ctrl-C (and SIGTERM during `run`): worker processes stopped                      130
+    stdout closed by its reader (`pt2flow ls --json | head`): nothing more printed   141
+
+141 is what a shell reports for a tool that SIGPIPE killed (128 + 13), as `ls -R / | head`
+does: a pipeline under `set -o pipefail` sees the output was cut short, and no traceback is
+printed. stdout is pointed at /dev/null first, so the interpreter's final flush is silent too.
 
 Anything else is a bug and propagates with its traceback. Storage only: no torch, no Prefect.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -20,6 +26,7 @@ import click
 from pt2flow.flows.options import UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_BROKEN_PIPE = 128 + 13  # as if SIGPIPE had ended the process
 
 
 class CommandUsageError(Exception):
@@ -33,6 +40,9 @@ def exit_code(exc: BaseException, command: str | None) -> int:
     if isinstance(exc, click.ClickException):
         exc.show()
         return exc.exit_code
+    if isinstance(exc, BrokenPipeError):
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
     if isinstance(exc, KeyboardInterrupt):
         stop_workers()
         print("pt2flow: interrupted; worker processes stopped", file=sys.stderr)
@@ -45,7 +55,7 @@ def exit_code(exc: BaseException, command: str | None) -> int:
 
 def _library_error(exc: BaseException, prefix: str) -> int:
     """Errors of the config and storage layers, imported only once one happened."""
-    from pt2flow.storage.errors import AmbiguousId, InvalidId, RecordNotFound, StorageError
+    from pt2flow.storage.errors import IdError, RecordNotFound, StorageError
 
     # a ConfigError comes from a loaded flows.config (issues.py); looked up rather than imported, because
     # the schema imports pt2flow.stages, which the query commands must not (import-linter)
@@ -53,7 +63,7 @@ def _library_error(exc: BaseException, prefix: str) -> int:
     if schema is not None and isinstance(exc, schema.ConfigError):
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE
-    if isinstance(exc, (CommandUsageError, InvalidId, AmbiguousId)):
+    if isinstance(exc, (CommandUsageError, IdError)):
         print(f"{prefix}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if isinstance(exc, RecordNotFound):
@@ -63,6 +73,17 @@ def _library_error(exc: BaseException, prefix: str) -> int:
         print(f"{prefix}: storage error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     raise exc
+
+
+def silence_stdout() -> None:
+    """Point fd 1 at /dev/null: what is still buffered for a reader that left goes nowhere,
+    instead of failing again (with "Exception ignored ... BrokenPipeError") when Python exits."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no fd 1 to redirect (stdout replaced or closed)
+        pass
 
 
 def stop_workers() -> None:

@@ -30,8 +30,16 @@ def fleet_options(fn: Any) -> Any:
         "and per 3 GiB of free memory; the run says how many it used)",
     )(fn)
     fn = click.option("--stages", metavar="a,b,...", help="run these stages instead of the config's (pipeline order; trace required)")(fn)
-    fn = click.option("--only", metavar="NAME", multiple=True, help="run only this model (repeatable)")(fn)
+    fn = click.option(
+        "--only", metavar="NAME[,NAME...]", multiple=True, callback=comma_list,
+        help="run only these models (comma-separated, like --stages; repeatable)",
+    )(fn)
     return store_options(fn)
+
+
+def comma_list(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """A repeatable option's values with commas splitting too: `--only a,b` is `--only a --only b`."""
+    return tuple(name.strip() for value in values for name in value.split(",") if name.strip())
 
 
 def runner_of(args: Args) -> str:

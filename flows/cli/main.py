@@ -96,7 +96,7 @@ def cli() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; its exit code (0 ok, 1 failed, 2 usage, 130 interrupted)."""
+    """Run one command; its exit code (0 ok, 1 failed, 2 usage, 130 interrupted, 141 stdout closed)."""
     args = sys.argv[1:] if argv is None else list(argv)
     # `kill -USR1 PID` prints every thread's stack on stderr: what a long run or serve is doing now
     if hasattr(signal, "SIGUSR1"):
@@ -107,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with cli.make_context("pt2flow", args) as root:
             result: Any = cli.invoke(root)
+        sys.stdout.flush()  # a reader that closed the pipe is met here, not at interpreter exit
         return int(result or 0)
     except BaseException as exc:  # noqa: BLE001 - exit_code re-raises what it does not map
         return exit_code(exc, root.invoked_subcommand if root is not None else None)

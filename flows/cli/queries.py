@@ -34,12 +34,12 @@ def _when(value: Any) -> str:
 # ls
 
 
-def ls_filter(args: Args) -> Any:
+def ls_filter(args: Args, store: Any) -> Any:
     """The pyarrow filter of ls's --model, --stage, ... (all must hold); None without any."""
-    from pt2flow.flows.api.store import record_filter
+    from pt2flow.flows.api.store import Store
 
-    return record_filter(model=args.model, stage=args.stage, status=args.status, torch=args.torch, archive_version=args.archive_version,
-                         run=args.run, since=args.since, until=args.until)
+    return Store.of(store).filter(model=args.model, stage=args.stage, status=args.status, torch=args.torch, archive_version=args.archive_version,
+                                  run=args.run, since=args.since, until=args.until)
 
 
 LS_COLUMNS = (
@@ -53,9 +53,9 @@ LS_COLUMNS = (
 @click.option("--model", metavar="NAME")
 @click.option("--stage", metavar="S", type=click.Choice(STAGE_NAMES))
 @click.option("--status", type=click.Choice(["ok", "failed"]))
-@click.option("--torch", metavar="VERSION", help="only records made with this torch version")
+@click.option("--torch", metavar="VERSION", help="only records made with this torch version (2.13.0 matches every local build: 2.13.0+cpu, ...)")
 @click.option("--archive-version", "archive_version", metavar="MAJOR.MINOR", help="only serialize records whose archive has this torch.export schema version")
-@click.option("--run", metavar="RUN_ID", help="only records of this run")
+@click.option("--run", metavar="RUN", help="only records of this run (ID or unique prefix)")
 @click.option("--since", metavar="DATE", help="only records that ended at or after this ISO date/time (UTC)")
 @click.option("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")
 @click.option("--limit", type=int, default=100, metavar="LIMIT", help="show at most this many (newest first; 0 = all; default 100)")
@@ -64,7 +64,7 @@ def ls_command(args: Args) -> int:
     from pt2flow.storage.lineage import decode
 
     store = open_store(args)
-    table = store.index.scan(None if args.json else LS_COLUMNS, filter=ls_filter(args))
+    table = store.index.scan(None if args.json else LS_COLUMNS, filter=ls_filter(args, store))
     table = table.sort_by([("ended_at", "descending")])
     total = table.num_rows
     if args.limit and args.limit > 0:

@@ -10,7 +10,11 @@ from rich.text import Text
 
 from pt2flow.stages import STAGES
 
-_MARK = {"ok": ("✓", "green"), "cached": ("●", "blue"), "failed": ("✗", "red")}
+_MARK = {"ok": ("✓", "green"), "cached": ("●", "blue"), "failed": ("✗", "red"), "cached failure": ("⊗", "red")}
+LEGEND = "✓ ran, ● cached, ✗ failed, ⊗ failed (cached)"
+# the columns a narrow terminal gives up first, one at a time, until the table fits: never the
+# model's name, its status or its stages
+OPTIONAL_COLUMNS = ("serialized", "max rel err", "seconds", "max abs err", "validation")
 
 
 def _stage_cell(stages: Mapping[str, Any], order: list[str]) -> Text:
@@ -20,7 +24,10 @@ def _stage_cell(stages: Mapping[str, Any], order: list[str]) -> Text:
         if info is None:
             text.append("·", style="dim")
             continue
-        kind = "failed" if info["status"] != "ok" else ("cached" if info.get("cached") else "ok")
+        if info["status"] != "ok":
+            kind = "cached failure" if info.get("cached") else "failed"
+        else:
+            kind = "cached" if info.get("cached") else "ok"
         mark, style = _MARK[kind]
         text.append(mark, style=style)
     return text
@@ -32,43 +39,68 @@ def _fmt_err(value: Any) -> str:
     return f"{value:.2e}"
 
 
-def render_run(document: Mapping[str, Any], console: Console) -> None:
-    used = [s for s in STAGES if any(s in m["stages"] for m in document["models"])] or list(STAGES)
+def _cells(model: Mapping[str, Any], used: list[str]) -> dict[str, Any]:
+    """A model's row, by column."""
+    status = Text("ok", style="green") if model["status"] == "ok" else Text(
+        f"{model['error_class']} @ {model['failed_stage'] or 'setup'}", style="red"
+    )
+    if model.get("static_fallback"):
+        status.append(" static!", style="yellow")
+    validation = model.get("validation") or {}
+    return {
+        "model": model["name"],
+        "status": status,
+        "stages": Text(" ").join(_stage_cell(model["stages"], [s]) for s in used),
+        "validation": "-" if not validation else ("passed" if validation.get("passed") else "FAILED"),
+        "max abs err": _fmt_err(validation.get("max_abs_err")),
+        "max rel err": _fmt_err(validation.get("max_rel_err")),
+        "serialized": (model["artifacts"].get("serialized") or "-")[:12],
+        "seconds": f"{sum((s.get('seconds') or 0.0) for s in model['stages'].values()):.1f}",
+    }
+
+
+def _table(document: Mapping[str, Any], used: list[str], dropped: tuple[str, ...]) -> Table:
     table = Table(title=f"pt2flow run {document['run_id']}", title_justify="left")
-    table.add_column("model", style="bold")
-    table.add_column("status")
-    table.add_column("stages\n" + " ".join(s[:2] for s in used), no_wrap=True)
-    table.add_column("validation", justify="right")
-    table.add_column("max abs err", justify="right")
-    table.add_column("max rel err", justify="right")
-    table.add_column("serialized", no_wrap=True)
-    table.add_column("seconds", justify="right")
+    columns = {
+        "model": dict(style="bold", no_wrap=True),
+        "status": dict(),
+        "stages": dict(header="stages\n" + " ".join(s[:2] for s in used), no_wrap=True),
+        "validation": dict(justify="right", no_wrap=True),
+        "max abs err": dict(justify="right", no_wrap=True),
+        "max rel err": dict(justify="right", no_wrap=True),
+        "serialized": dict(no_wrap=True),
+        "seconds": dict(justify="right", no_wrap=True),
+    }
+    shown = [name for name in columns if name not in dropped]
+    for name in shown:
+        options = dict(columns[name])
+        table.add_column(options.pop("header", name), **options)
     for model in document["models"]:
-        status = Text("ok", style="green") if model["status"] == "ok" else Text(
-            f"{model['error_class']} @ {model['failed_stage'] or 'setup'}", style="red"
-        )
-        if model.get("static_fallback"):
-            status.append(" static!", style="yellow")
-        validation = model.get("validation") or {}
-        verdict = "-" if not validation else ("passed" if validation.get("passed") else "FAILED")
-        seconds = sum((s.get("seconds") or 0.0) for s in model["stages"].values())
-        serialized = (model["artifacts"].get("serialized") or "-")[:12]
-        stage_text = Text(" ").join(_stage_cell(model["stages"], [s]) for s in used)
-        table.add_row(
-            model["name"],
-            status,
-            stage_text,
-            verdict,
-            _fmt_err(validation.get("max_abs_err")),
-            _fmt_err(validation.get("max_rel_err")),
-            serialized,
-            f"{seconds:.1f}",
-        )
+        cells = _cells(model, used)
+        table.add_row(*(cells[name] for name in shown))
+    return table
+
+
+def fitted_table(document: Mapping[str, Any], console: Console) -> Table:
+    """The summary table with as many columns as fit the console's width (OPTIONAL_COLUMNS go
+    first), so that a model's name is never cut."""
+    from rich.measure import Measurement
+
+    used = [s for s in STAGES if any(s in m["stages"] for m in document["models"])] or list(STAGES)
+    for n in range(len(OPTIONAL_COLUMNS) + 1):
+        table = _table(document, used, OPTIONAL_COLUMNS[:n])
+        if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:
+            break
+    return table
+
+
+def render_run(document: Mapping[str, Any], console: Console) -> None:
+    table = fitted_table(document, console)
     console.print(table)
     summary = document["summary"]
     console.print(
         f"[green]{summary['ok']} ok[/green], [red]{summary['failed']} failed[/red] in {summary['seconds']:.1f} s "
-        f"(✓ ran, ● cached, ✗ failed) — store {document['store']}"
+        f"({LEGEND}) — store {document['store']}"
         + (f", {document['workers']} worker process{'es' if document['workers'] != 1 else ''}" if document.get("workers") else "")
     )
     static = [m["name"] for m in document["models"] if m.get("static_fallback")]
@@ -80,8 +112,10 @@ def render_run(document: Mapping[str, Any], console: Console) -> None:
         )
     for model in document["models"]:
         if model["status"] != "ok":
-            head = Text(f"✗ {model['name']}", style="red")
-            head.append(f" [{model['error_class']}] at {model['failed_stage'] or 'setup'}:")
+            failed = model["stages"].get(model["failed_stage"] or "") or {}
+            head = Text(f"{'⊗' if failed.get('cached') else '✗'} {model['name']}", style="red")
+            head.append(f" [{model['error_class']}] at {model['failed_stage'] or 'setup'}")
+            head.append(" (cached: the same key failed before; --retry-failed runs it again):" if failed.get("cached") else ":")
             console.print(head)
             console.print(Text("    " + str(model["error"]).replace("\n", "\n    ")))
             if model.get("stderr_tail"):

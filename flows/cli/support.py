@@ -5,6 +5,7 @@ Prefect; heavy modules are imported inside the functions, so that `--help` stays
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -119,9 +120,18 @@ def check_page_path(path: str) -> None:
 
 
 def rich_console() -> Any:
+    """The console commands print on: the terminal's width, else $COLUMNS, else 160 columns (a
+    pipe or a file). A reader that closes the pipe ends the command as errors.exit_code says
+    (rich's own handling would exit 1)."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 160)
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "stdout was closed by its reader")
+
+    columns = os.environ.get("COLUMNS", "")
+    return PipeConsole(width=None if sys.stdout.isatty() else int(columns) if columns.isdigit() and int(columns) > 0 else 160)
 
 
 def dump(value: Any) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pt2flow.stages.vocabulary import DType
+from pt2flow.stages.vocabulary import INTEGER_RANGES, DType
 
 # YAML spellings of the containers that a plain mapping or list cannot express
 TUPLE_KEY = "tuple"  # {tuple: [a, b]} is the tuple (a, b)
@@ -41,6 +41,18 @@ class InputConfig(BaseModel):
         if any(d < 0 for d in shape):
             raise ValueError("sizes must be >= 0")
         return shape
+
+    @model_validator(mode="after")
+    def _fits_the_dtype(self) -> "InputConfig":
+        """A narrow integer dtype (uint8, int8, int16) holds value, low and high (exclusive)."""
+        if self.dtype not in INTEGER_RANGES:
+            return self
+        smallest, largest = INTEGER_RANGES[self.dtype]
+        for name, bound in (("value", largest), ("low", largest), ("high", largest + 1)):
+            given = getattr(self, name)
+            if given is not None and not smallest <= given <= bound:
+                raise ValueError(f"{name} {given:g} is outside what {self.dtype} holds ({smallest} to {largest})")
+        return self
 
 
 def parse_input(value: Any, path: Path, add: Add, add_schema: AddSchema) -> Any:

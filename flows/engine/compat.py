@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.runner import default_memory_gb
-from pt2flow.storage.errors import RecordNotFound, StorageError
+from pt2flow.storage.errors import InvalidId, RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
 
 ARTIFACT_STAGES = {"archive": "serialize", "compiled": "aot_compile"}
@@ -109,7 +109,7 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
         checked: dict[str, Any] = {"sha256": record["sha256"], "torch_version": record.get("torch_version"), "archive_version": record.get("archive_version")}
         try:
             data = store.get_blob(record["sha256"], record.get("size"))
-        except StorageError as exc:
+        except (StorageError, InvalidId) as exc:  # InvalidId: a record whose digest is not one
             checked.update(loads=False, runs=None, matches=None, error_class="storage", error=str(exc))
         else:
             checked.update(checker.check(kind, data, samples, atol, rtol, record.get("device") or "cpu"))

@@ -20,6 +20,11 @@ it, and makes the same call that failed, so it raises the same exception:
 A program stage that failed with `serialization` failed the store's round trip of its program,
 not its own call: its script then also saves the program and loads it back. Every script ends
 by printing that nothing was raised, should the failure not reproduce.
+
+A failure before torch was reached (class import, config or weights: the model's code, its config,
+its weights) has no torch-only reproducer: repro refuses it in one line (ReproError, exit 1) before
+making the folder. Whatever stops a reproducer half-way removes what it wrote, and the folder if
+repro made it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,13 @@ from pt2flow.storage.errors import RecordNotFound
 from pt2flow.storage.lineage import ancestors, decode, records_for_id
 
 REPRODUCIBLE = ("trace", "functionalize", "decompose", "serialize", "aot_compile")
+# failures that happen before torch is reached: the model's code, its config or its weights, which
+# a torch-only script cannot show (the fix is the user's, and `pt2flow validate` names it)
+BEFORE_TORCH = {
+    "import": "the model's code does not import",
+    "config": "the config does not fit the model",
+    "weights": "the weights do not load into the model",
+}
 _PROGRAM_PARENT = {"functionalize": "trace", "decompose": "functionalize", "serialize": "decompose", "aot_compile": "decompose"}
 
 
@@ -68,6 +80,12 @@ def find_failure(index: Any, target: str) -> dict[str, Any]:
     if not failed:
         raise ReproError(f"{target!r} has no failed stage in the index: repro writes scripts for failures")
     record = decode(max(failed, key=lambda r: r.get("ended_at") or ""))
+    if record.get("error_class") in BEFORE_TORCH:
+        first = ((record.get("error_message") or "").strip().splitlines() or [""])[0]
+        raise ReproError(
+            f"{record['model']} failed at {record['stage']} with {record['error_class']} before torch was reached "
+            f"({BEFORE_TORCH[record['error_class']]}: {first}): a torch-only script cannot reproduce that; fix it and run again"
+        )
     if record["stage"] not in REPRODUCIBLE:
         raise ReproError(
             f"{record['model']} failed at {record['stage']} ({record.get('error_class')}); repro covers "
@@ -188,30 +206,55 @@ def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
     folder = Path(out_dir)
     if folder.exists() and not folder.is_dir():
         raise ReproOutputError(f"{out_dir} is a file: give the folder to write into")
+    created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ReproOutputError(f"cannot write into {out_dir}: {exc.strerror or exc}") from exc
-    return _write(store, record, chain, source, model, folder)
+    files: list[str] = []
+    try:
+        return _write(store, record, chain, source, model, folder, files)
+    except BaseException as exc:
+        _remove_written(folder, files, created)  # nothing half-written is left behind, nor an empty folder
+        from pt2flow.stages.errors import StageError
+
+        if isinstance(exc, StageError):  # the model cannot be built here now (its code changed or moved since the run)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ReproError(f"cannot rebuild {record['model']} to write its reproducer: {exc.error_class}: {first}") from None
+        raise
 
 
-def _write(store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], source: Mapping[str, Any], model: Any, folder: Path) -> dict[str, Any]:
+def _remove_written(folder: Path, files: list[str], created: bool) -> None:
+    """Undo a reproducer half-written into `folder`: the folder itself when repro made it, else
+    the files it wrote there."""
+    import shutil
+
+    if created:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for name in files:
+        (folder / name).unlink(missing_ok=True)
+
+
+def _write(store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], source: Mapping[str, Any], model: Any, folder: Path,
+           files: list[str]) -> dict[str, Any]:
+    """Write the reproducer's files into `folder`, naming each in `files` as it is written."""
     import torch
 
-    files = ["repro.py"]
     if record["stage"] == "trace":
         body = _trace_body(store, record, source, model, folder, files)
     else:
         parent = chain.get(_PROGRAM_PARENT[record["stage"]])
         if parent is None:
             raise ReproError(f"the {_PROGRAM_PARENT[record['stage']]} program that {record['model']}'s {record['stage']} was given is not in the index")
-        (folder / "program.pt2").write_bytes(store.get_blob(parent["sha256"], parent.get("size")))
         files.append("program.pt2")
+        (folder / "program.pt2").write_bytes(store.get_blob(parent["sha256"], parent.get("size")))
         body = _program_body(record)
     if record.get("error_class") == "serialization" and record["stage"] in _PROGRAM_STAGES:
         body += _ROUND_TRIP  # the program failed the store's round trip, not the stage's own call
     body += "print('no error: the failure does not reproduce with this torch')\n"
     script = _script(record, model, body, torch.__version__)
+    files.append("repro.py")
     (folder / "repro.py").write_text(script)
     return {"model": record["model"], "stage": record["stage"], "error_class": record.get("error_class"),
             "error": record.get("error_message"), "run_id": record.get("run_id"), "dir": str(folder.resolve()), "files": sorted(files)}
@@ -239,11 +282,11 @@ def _trace_body(store: Any, record: Mapping[str, Any], source: Mapping[str, Any]
     eager = build_model(import_factory(model.factory, model.search_path), model.kwargs, state)
     specs = model_inputs(model)
     bound = bind_inputs(eager, specs, seed=0)
-    torch.save({"args": bound.args, "kwargs": bound.kwargs}, folder / "inputs.pt")
     files.append("inputs.pt")
+    torch.save({"args": bound.args, "kwargs": bound.kwargs}, folder / "inputs.pt")
     if state is not None:
-        torch.save(dict(state), folder / "weights.pt")
         files.append("weights.pt")
+        torch.save(dict(state), folder / "weights.pt")
     attempts = (record.get("details") or {}).get("attempts") or [{}]
     first = attempts[0]
     dynamic = export_dynamic_shapes(specs, bound) if first.get("strategy", "configured") != "static" else None

@@ -82,6 +82,42 @@ def test_nested_inputs_reach_the_stages_with_dynamic_dims_inside_containers() ->
     assert leaves["args[0][0]"] == {0: "batch"} and leaves["args[0][1]"] is None
 
 
+def test_narrow_integer_inputs_are_made_in_their_dtype_and_range() -> None:
+    import torch
+
+    from tests.models import byte_image
+
+    model = parse("""\
+        version: 1
+        models:
+          - name: bytes
+            factory: tests.models:byte_image
+            inputs:
+              image: {shape: [2, 3, 8], dtype: uint8, low: 200, high: 256}
+              offset: {shape: [2, 3, 8], dtype: int8, low: -128, high: -100}
+              ids: {shape: [2, 5], dtype: int16, low: 290, high: 300}
+        """).models[0]
+    bound = bind_inputs(byte_image(), model_inputs(model), seed=0)
+    image, offset, ids = bound.args
+    assert (image.dtype, offset.dtype, ids.dtype) == (torch.uint8, torch.int8, torch.int16)
+    assert 200 <= int(image.min()) and int(image.max()) <= 255 and -128 <= int(offset.min()) and int(offset.max()) < -100
+    assert 290 <= int(ids.min()) and int(ids.max()) < 300
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("{shape: [2], dtype: uint8, low: -1}", "low -1 is outside what uint8 holds (0 to 255)"),
+        ("{shape: [2], dtype: uint8, high: 257}", "high 257 is outside what uint8 holds"),
+        ("{shape: [2], dtype: int8, value: 128}", "value 128 is outside what int8 holds (-128 to 127)"),
+        ("{shape: [2], dtype: int16, low: -40000}", "outside what int16 holds (-32768 to 32767)"),
+    ],
+)
+def test_narrow_integer_bounds_are_checked_at_load_time(spec: str, fragment: str) -> None:
+    issue = only_issue(f"version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {{x: {spec}}}\n")
+    assert issue.path.startswith("models[0].inputs.x") and fragment in issue.message, issue
+
+
 def test_source_key_json_keeps_schema_v1_for_tensor_inputs_and_spells_containers() -> None:
     flat = parse("version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [4, 8]}}\n"
                  "    dynamic_shapes: {x: {0: b}}\n    dims: {b: {min: 1, max: 8}}\n").models[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import run_cli, run_json
+from tests.conftest import run_cli, run_cli_into_closed_pipe, run_json
 from tests.records import CHAIN, h, make_chain
 
 
@@ -52,6 +52,35 @@ def test_ls_filters_and_json(populated: dict) -> None:
     assert sorted(r["stage"] for r in rows) == ["decompose", "serialize"]
     proc = run_cli(["ls", "--store", root, "--model", "beta"])
     assert proc.returncode == 0 and "beta" in proc.stdout and "alpha" not in proc.stdout
+
+
+def test_ls_torch_without_local_part_and_run_prefixes(tmp_path: Path) -> None:
+    """`--torch 2.13.0` matches every local build of 2.13.0 (not 2.13.01); `--run` takes a unique
+    prefix, as `get --run` and `report` do, and says so when a prefix names several runs or none."""
+    from pt2flow.flows import api
+
+    root = tmp_path / "s"
+    store = ArtifactStore(str(root))
+    runs = {"a": "20261124T150000Z-aaaaaaaa", "b": "20261124T160000Z-bbbbbbbb", "c": "20261125T090000Z-cccccccc"}
+    torches = {"a": "2.13.0+cpu", "b": "2.13.0+cu126", "c": "2.13.01"}
+    store.index.append([{"record_id": key, "run_id": runs[key], "model": "m", "stage": "trace", "status": "ok", "key": h(key),
+                         "sha256": h(key), "size": 1, "torch_version": torches[key]} for key in runs]
+                       + [{"record_id": "exact", "run_id": runs["c"], "model": "n", "stage": "trace", "status": "ok", "key": h("exact"),
+                           "sha256": h("exact"), "size": 1, "torch_version": "2.13.0"}])
+    code, rows, _ = run_json(["ls", "--store", str(root), "--torch", "2.13.0"])
+    assert code == 0 and sorted(r["record_id"] for r in rows) == ["a", "b", "exact"]
+    code, rows, _ = run_json(["ls", "--store", str(root), "--torch", "2.13.0+cpu"])
+    assert code == 0 and [r["record_id"] for r in rows] == ["a"]
+    code, rows, _ = run_json(["ls", "--store", str(root), "--run", "20261124T16"])
+    assert code == 0 and [r["record_id"] for r in rows] == ["b"]
+    code, rows, _ = run_json(["ls", "--store", str(root), "--run", runs["c"][:12], "--torch", "2.13.0"])
+    assert code == 0 and [r["record_id"] for r in rows] == ["exact"]
+    proc = run_cli(["ls", "--store", str(root), "--run", "20261124"])
+    assert proc.returncode == 2 and "run prefix '20261124' matches 2 runs" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    proc = run_cli(["ls", "--store", str(root), "--run", "20261126"])
+    assert proc.returncode == 1 and "no run '20261126'" in proc.stderr and proc.stdout == "", proc.stderr
+    python = api.open_store(str(root))
+    assert [r["record_id"] for r in python.ls(run="20261125", torch="2.13.0")] == ["exact"] and python.count(run="20261124T15") == 1
 
 
 def test_show_prints_every_field_and_the_report(populated: dict) -> None:
@@ -170,6 +199,39 @@ def test_ambiguous_prefix_exits_2(tmp_path: Path) -> None:
     proc = run_cli(["show", "deadbeef", "--store", str(tmp_path / "s")])
     assert proc.returncode == 2
     assert "matches 2 artifacts" in proc.stderr
+
+
+def test_a_closed_stdout_ends_every_query_quietly_with_141(populated: dict) -> None:
+    """`pt2flow ls --json | head`: the reader leaves, pt2flow stops with 141 (as if SIGPIPE had
+    ended it) and prints no traceback; the same command into an open pipe exits 0."""
+    root, sha = str(populated["root"]), populated["alpha"]["decompose"]["sha256"]
+    commands = [["ls"], ["ls", "--json"], ["show", sha[:10]], ["show", sha[:10], "--json"], ["lineage", sha[:10]],
+                ["diff", sha[:10], populated["beta"]["decompose"]["sha256"][:10], "--json"], ["report"], ["report", "--json"],
+                ["verify", "--json"]]
+    for args in commands:
+        assert run_cli([*args, "--store", root]).returncode == 0, args
+        proc = run_cli_into_closed_pipe([*args, "--store", root])
+        assert (proc.returncode, proc.stderr) == (141, ""), (args, proc.stderr)
+    proc = run_cli_into_closed_pipe(["schema"])  # no store: stdout only
+    assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
+
+
+def test_bad_ids_are_not_storage_errors_in_python(populated: dict) -> None:
+    """The CLI exits 2 for a bad or ambiguous ID and 1 for a storage error: from Python they are
+    told apart the same way (`except api.StorageError` does not swallow a caller's bad ID)."""
+    from pt2flow.flows import api
+
+    store = api.open_store(str(populated["root"]))
+    populated["store"].index.append([{"record_id": "x1", "run_id": "r", "model": "m", "stage": "trace", "status": "ok", "key": "k",
+                                      "sha256": "deadbeef" + "0" * 56}, {"record_id": "x2", "run_id": "r", "model": "m", "stage": "trace",
+                                                                          "status": "ok", "key": "k", "sha256": "deadbeef" + "1" * 56}])
+    for bad, error, builtin in (("xyz", api.InvalidId, ValueError), ("deadbeef", api.AmbiguousId, LookupError)):
+        with pytest.raises(error) as raised:
+            store.show(bad)
+        assert isinstance(raised.value, builtin) and not isinstance(raised.value, api.StorageError)
+        assert run_cli(["show", bad, "--store", str(populated["root"])]).returncode == 2
+    with pytest.raises(api.StorageError):  # what the store does not hold is still one
+        store.show("0" * 64)
 
 
 def test_missing_store_is_a_usage_error(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import ROOT, run_cli, run_json, write_config
+from tests.conftest import ROOT, run_cli, run_cli_into_closed_pipe, run_json, write_config
 from tests.repro_models import custom_op_model
 
 pytestmark = pytest.mark.integration
@@ -155,6 +155,10 @@ def test_repro_of_a_data_dependent_trace_failure_raises_it_with_torch_alone(run_
     proc = _run_script(tmp_path / "dd")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "GuardOnDataDependentSymNode" in proc.stderr and "Could not guard on data-dependent expression" in proc.stderr
+    # `repro ... --json | head` after head left: the script is written, the exit is 141, no traceback
+    piped = run_cli_into_closed_pipe(["repro", "data-dependent", "-o", str(tmp_path / "piped"), "--store", run_store["store"], "--json"])
+    assert (piped.returncode, piped.stderr) == (141, ""), piped.stderr
+    assert sorted(p.name for p in (tmp_path / "piped").iterdir()) == ["inputs.pt", "repro.py"]
 
 
 def test_repro_of_a_decomposition_failure_raises_it_from_the_stored_program(run_store: dict, tmp_path: Path) -> None:
@@ -210,6 +214,45 @@ def test_repro_refuses_when_there_is_nothing_to_reproduce(run_store: dict, tmp_p
     for out, message in ((tmp_path / "a-file", "is a file: give the folder"), (Path("/proc/pt2flow-repro"), "cannot write into /proc/pt2flow-repro")):
         proc = run_cli(["repro", "data-dependent", "-o", str(out), "--store", run_store["store"]])
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_repro_refuses_failures_before_torch_and_leaves_no_folder(tmp_path: Path) -> None:
+    """An `import` failure (the shipped failures.yaml's) and a `config` one (an input forward()
+    does not take) happen before torch is reached: one line naming why, exit 1, no folder. A
+    model that can no longer be built here leaves nothing behind either, in a new folder or an
+    existing one."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(ROOT / "configs" / "broken_import_models.py", work / "broken_import_models.py")
+    (work / "moved_models.py").write_text((ROOT / "configs" / "failure_models.py").read_text())
+    config = write_config(work / "c.yaml", [
+        {"name": "missing-dependency", "factory": "broken_import_models:model", "inputs": {"x": {"shape": [2, 4]}}},
+        {"name": "wrong-input", "factory": "tests.models:tiny_mlp", "inputs": {"y": {"shape": [2, 8]}}},
+        {"name": "moved", "factory": "moved_models:data_dependent_branch", "inputs": {"x": {"shape": [2, 8]}}},
+    ], stages=["trace"])
+    store = str(work / "store")
+    code, doc, stderr = run_json(["run", str(config), "--store", store])
+    got = {m["name"]: (m["failed_stage"], m["error_class"]) for m in doc["models"]}
+    assert code == 1 and got == {"missing-dependency": ("trace", "import"), "wrong-input": ("trace", "config"),
+                                 "moved": ("trace", "data_dependent")}, (got, stderr[-2000:])
+    for model, why in (("missing-dependency", "the model's code does not import: importing 'broken_import_models' failed"),
+                       ("wrong-input", "the config does not fit the model")):
+        out = tmp_path / model
+        proc = run_cli(["repro", model, "-o", str(out), "--store", store])
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.startswith(f"pt2flow repro: {model} failed at trace with ") and why in proc.stderr, proc.stderr
+        assert "cannot reproduce" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not out.exists()
+    (work / "moved_models.py").unlink()  # the model's code is gone since the run
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    for out in (tmp_path / "new" / "repro", existing):
+        proc = run_cli(["repro", "moved", "-o", str(out), "--store", store])
+        assert proc.returncode == 1 and "cannot rebuild moved to write its reproducer: import:" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "new" / "repro").exists()
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
 
 
 # ---------------------------------------------------------------------------------------------

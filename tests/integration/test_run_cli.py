@@ -134,6 +134,56 @@ def test_usage_errors_exit_2_and_run_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.compile
+def test_only_takes_comma_lists_the_document_keeps_config_order_and_the_summary_fits_80_columns(tmp_path: Path) -> None:
+    """`--only a,b` works like `--only a --only b` (and like `--stages a,b`); `models` of the
+    document (CLI and Python) follow the config's order whatever the selection's; on an 80-column
+    terminal the summary keeps every model's full name, marks a cached failure ⊗ and prints its
+    error once."""
+    from pt2flow.flows import api
+
+    names = ["zeta-encoder-large", "alpha-data-dependent-branch", "mid-sized-mlp-model"]
+    config = write_config(tmp_path / "c.yaml", [
+        mlp_entry(name=names[0]),
+        {"name": names[1], "factory": "tests.models:data_dependent", "inputs": {"x": {"shape": [2, 4]}}},
+        mlp_entry(name=names[2]),
+    ], stages=["trace", "serialize"])
+    store = str(tmp_path / "store")
+    code, doc, stderr = run_json(["run", str(config), "--store", store, "--only", f"{names[2]},{names[0]}"])
+    assert code == 0 and [m["name"] for m in doc["models"]] == [names[0], names[2]], stderr[-3000:]
+    code, doc, stderr = run_json(["run", str(config), "--store", store, "--only", names[2], "--only", f" {names[1]} "])
+    assert code == 1 and [(m["name"], m["error_class"]) for m in doc["models"]] == [(names[1], "data_dependent"), (names[2], None)]
+    error = doc["models"][0]["error"].strip().splitlines()[0]
+    proc = run_cli(["run", str(config), "--store", store, "--only", f"{names[0]},nope"])
+    assert proc.returncode == 2 and "no model named ['nope']" in proc.stderr, proc.stderr
+    # warm: every stage from the index, the failure cached
+    assert [m.name for m in api.run(config, store=store).models] == names
+    proc = run_cli(["run", str(config), "--store", store], env={"COLUMNS": "80"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert_clean(proc.stderr)
+    lines = proc.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80, proc.stdout
+    rows = {name: next(line for line in lines if line.startswith(f"│ {name} ")) for name in names}
+    assert "⊗ ·" in rows[names[1]] and "data_dependent @ trace" in rows[names[1]] and "● ●" in rows[names[0]], proc.stdout
+    assert f"⊗ {names[1]} [data_dependent] at trace (cached" in proc.stdout and "⊗ failed (cached)" in proc.stdout
+    assert (proc.stdout + proc.stderr).count(error) == 1, proc.stdout + proc.stderr
+
+
+def test_uint8_int8_int16_inputs_export_and_validate(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", [{
+        "name": "bytes", "factory": "tests.models:byte_image",
+        "inputs": {"image": {"shape": [2, 3, 8], "dtype": "uint8", "high": 256}, "offset": {"shape": [2, 3, 8], "dtype": "int8", "low": -128, "high": 128},
+                   "ids": {"shape": [2, 5], "dtype": "int16", "high": 300}},
+        "dynamic_shapes": {"image": {0: "batch"}, "offset": {0: "batch"}, "ids": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 8}},
+    }], stages=["trace", "serialize", "validate"])
+    code, doc, stderr = run_json(["run", str(config), "--store", str(tmp_path / "store")])
+    assert code == 0, stderr[-3000:]
+    (model,) = doc["models"]
+    assert model["validation"]["passed"] is True and model["validation"]["samples"] >= 3
+    code, record, _ = run_json(["show", model["stages"]["trace"]["artifact"], "--store", str(tmp_path / "store")])
+    users = [(i["name"], i["dtype"]) for i in record["signature"]["inputs"] if i["name"] in ("image", "offset", "ids")]
+    assert users == [("image", "uint8"), ("offset", "int8"), ("ids", "int16")], record["signature"]
+
+
 def test_failure_fleet_is_classified_and_the_rest_completes(tmp_path: Path) -> None:
     code, doc, stderr = run_json(["run", str(ROOT / "configs" / "failures.yaml"), "--store", str(tmp_path / "store")])
     assert code == 1
