@@ -142,6 +142,27 @@ def test_diff_reports_histogram_changes(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "+ aten.tanh.default" in proc.stdout and "- aten.gelu.default" in proc.stdout
 
 
+def test_diff_does_not_compare_the_seconds_of_cached_records(tmp_path: Path) -> None:
+    """A cached record's seconds time the index lookup: two of them are not "changed" timings."""
+    store = ArtifactStore(str(tmp_path / "s"))
+    base = {"run_id": "r", "model": "m", "stage": "decompose", "status": "ok", "key": "k", "node_count": 10, "size": 100}
+    store.index.append([
+        {**base, "record_id": "a", "sha256": h("a"), "seconds": 0.0012, "cached": True},
+        {**base, "record_id": "b", "sha256": h("b"), "seconds": 0.0009, "cached": True},
+        {**base, "record_id": "c", "sha256": h("c"), "seconds": 1.5, "cached": False},
+        {**base, "record_id": "d", "sha256": h("d"), "seconds": 2.5, "cached": False},
+    ])
+    root = str(tmp_path / "s")
+    code, doc, _ = run_json(["diff", h("a")[:8], h("b")[:8], "--store", root])
+    assert code == 0 and doc["seconds"] == {"a": 0.0012, "b": 0.0009, "same": None, "cached": {"a": True, "b": True}}
+    assert doc["node_count"]["same"] is True and doc["size"]["same"] is True
+    proc = run_cli(["diff", h("a")[:8], h("b")[:8], "--store", root])
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("│ seconds ")]
+    assert proc.returncode == 0 and "0.0012 (cached)" in row and "not compared" in row and "changed" not in row, proc.stdout
+    code, doc, _ = run_json(["diff", h("c")[:8], h("d")[:8], "--store", root])  # two stage runs are timed and compared
+    assert doc["seconds"] == {"a": 1.5, "b": 2.5, "same": False, "cached": {"a": False, "b": False}}
+
+
 def test_verify_clean_store(populated: dict) -> None:
     code, doc, _ = run_json(["verify", "--store", str(populated["root"])])
     assert code == 0
