@@ -255,6 +255,17 @@ def test_bad_ids_are_not_storage_errors_in_python(populated: dict) -> None:
         store.show("0" * 64)
 
 
+def test_the_query_commands_say_how_the_store_is_chosen(populated: dict, tmp_path: Path) -> None:
+    """Commands without a config document $PT2FLOW_STORE (and use it); run's --store overrides the config's."""
+    for name in ("ls", "show", "lineage", "diff", "verify", "gc", "report", "get", "repro", "check-compat"):
+        text = " ".join(run_cli([name, "--help"]).stdout.split())
+        assert "default: $PT2FLOW_STORE, else ./pt2-store" in text and "config's" not in text, (name, text)
+    assert "overrides the config's store:" in " ".join(run_cli(["run", "--help"]).stdout.split())
+    sha = populated["alpha"]["trace"]["sha256"]
+    code, rows, _ = run_json(["ls", "--model", "alpha", "--stage", "trace"], env={"PT2FLOW_STORE": str(populated["root"])}, cwd=tmp_path)
+    assert code == 0 and [r["sha256"] for r in rows] == [sha]
+
+
 def test_missing_store_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_cli(["ls", "--store", str(tmp_path / "nowhere")])
     assert proc.returncode == 2 and "no store at" in proc.stderr
