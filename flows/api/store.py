@@ -57,6 +57,11 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     def pair(key: str) -> dict[str, Any]:
         return {"a": a.get(key), "b": b.get(key), "same": a.get(key) == b.get(key)}
 
+    def timing() -> dict[str, Any]:
+        """A cached record's seconds time the index lookup, not the stage: not compared (same: None)."""
+        cached = {"a": bool(a.get("cached")), "b": bool(b.get("cached"))}
+        return {**pair("seconds"), "same": None if any(cached.values()) else a.get("seconds") == b.get("seconds"), "cached": cached}
+
     va, vb = a.get("validation") or {}, b.get("validation") or {}
     return {
         "a": {k: a.get(k) for k in ("sha256", "model", "stage", "run_id", "torch_version")},
@@ -68,7 +73,7 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         "size": pair("size"),
         "fingerprint": pair("fingerprint"),
         "validation": {"a": va.get("max_abs_err"), "b": vb.get("max_abs_err"), "a_passed": va.get("passed"), "b_passed": vb.get("passed")},
-        "seconds": pair("seconds"),
+        "seconds": timing(),
     }
 
 

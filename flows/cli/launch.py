@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from pt2flow.flows.api.running import refuse_credentials  # noqa: F401  (run and serve check the URL alike)
-from pt2flow.flows.cli.support import Args, store_options
+from pt2flow.flows.cli.support import Args, config_store_options
 from pt2flow.flows.options import parse_storage_options
 
 CONFIG_HELP = {"CONFIG": "pipeline config (YAML, schema version 1)"}
@@ -34,7 +34,7 @@ def fleet_options(fn: Any) -> Any:
         "--only", metavar="NAME[,NAME...]", multiple=True, callback=comma_list,
         help="run only these models (comma-separated, like --stages; repeatable)",
     )(fn)
-    return store_options(fn)
+    return config_store_options(fn)
 
 
 def comma_list(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:

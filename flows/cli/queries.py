@@ -224,6 +224,10 @@ def diff_command(args: Args) -> int:
     view.add_column("")
     for key in ("node_count", "size", "seconds", "fingerprint"):
         item = result[key]
+        if item["same"] is None:  # a cached record's seconds: the index lookup's, not the stage's
+            shown = [f"{item[side]} (cached)" if item["cached"][side] else str(item[side]) for side in ("a", "b")]
+            view.add_row(key, *shown, "not compared")
+            continue
         view.add_row(key, str(item["a"]), str(item["b"]), "same" if item["same"] else "[yellow]changed")
     sig = result["signature"]
     view.add_row("signature", f"{len((sig['a'] or {}).get('inputs', []))} in / {len((sig['a'] or {}).get('outputs', []))} out",

@@ -73,10 +73,23 @@ def json_option(help: str | None = None) -> Callable[[Any], Any]:
     return click.option("--json", "json", is_flag=True, help=help)
 
 
+STORE_URL_HELP = "store URL (local path, file://, memory://, s3://bucket/prefix)"
+
+
 def store_options(fn: Any) -> Any:
-    """--store URL and --storage-option KEY=VALUE (repeatable)."""
+    """--store URL and --storage-option KEY=VALUE (repeatable), for the commands that take no
+    config: the store is --store, else $PT2FLOW_STORE, else ./pt2-store (open_store)."""
+    return _store_options(fn, f"{STORE_URL_HELP}; default: $PT2FLOW_STORE, else {DEFAULT_STORE}")
+
+
+def config_store_options(fn: Any) -> Any:
+    """--store and --storage-option for the commands that read a config (run, serve)."""
+    return _store_options(fn, f"{STORE_URL_HELP}; overrides the config's store:")
+
+
+def _store_options(fn: Any, store_help: str) -> Any:
     fn = click.option("--storage-option", "storage_option", metavar="KEY=VALUE", multiple=True, help="fsspec storage option (repeatable; dotted keys nest)")(fn)
-    return click.option("--store", metavar="URL", help="store URL (local path, file://, memory://, s3://bucket/prefix); overrides the config's")(fn)
+    return click.option("--store", metavar="URL", help=store_help)(fn)
 
 
 def open_store(args: Args) -> Any:

@@ -142,6 +142,27 @@ def test_diff_reports_histogram_changes(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "+ aten.tanh.default" in proc.stdout and "- aten.gelu.default" in proc.stdout
 
 
+def test_diff_does_not_compare_the_seconds_of_cached_records(tmp_path: Path) -> None:
+    """A cached record's seconds time the index lookup: two of them are not "changed" timings."""
+    store = ArtifactStore(str(tmp_path / "s"))
+    base = {"run_id": "r", "model": "m", "stage": "decompose", "status": "ok", "key": "k", "node_count": 10, "size": 100}
+    store.index.append([
+        {**base, "record_id": "a", "sha256": h("a"), "seconds": 0.0012, "cached": True},
+        {**base, "record_id": "b", "sha256": h("b"), "seconds": 0.0009, "cached": True},
+        {**base, "record_id": "c", "sha256": h("c"), "seconds": 1.5, "cached": False},
+        {**base, "record_id": "d", "sha256": h("d"), "seconds": 2.5, "cached": False},
+    ])
+    root = str(tmp_path / "s")
+    code, doc, _ = run_json(["diff", h("a")[:8], h("b")[:8], "--store", root])
+    assert code == 0 and doc["seconds"] == {"a": 0.0012, "b": 0.0009, "same": None, "cached": {"a": True, "b": True}}
+    assert doc["node_count"]["same"] is True and doc["size"]["same"] is True
+    proc = run_cli(["diff", h("a")[:8], h("b")[:8], "--store", root])
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("│ seconds ")]
+    assert proc.returncode == 0 and "0.0012 (cached)" in row and "not compared" in row and "changed" not in row, proc.stdout
+    code, doc, _ = run_json(["diff", h("c")[:8], h("d")[:8], "--store", root])  # two stage runs are timed and compared
+    assert doc["seconds"] == {"a": 1.5, "b": 2.5, "same": False, "cached": {"a": False, "b": False}}
+
+
 def test_verify_clean_store(populated: dict) -> None:
     code, doc, _ = run_json(["verify", "--store", str(populated["root"])])
     assert code == 0
@@ -232,6 +253,17 @@ def test_bad_ids_are_not_storage_errors_in_python(populated: dict) -> None:
         assert run_cli(["show", bad, "--store", str(populated["root"])]).returncode == 2
     with pytest.raises(api.StorageError):  # what the store does not hold is still one
         store.show("0" * 64)
+
+
+def test_the_query_commands_say_how_the_store_is_chosen(populated: dict, tmp_path: Path) -> None:
+    """Commands without a config document $PT2FLOW_STORE (and use it); run's --store overrides the config's."""
+    for name in ("ls", "show", "lineage", "diff", "verify", "gc", "report", "get", "repro", "check-compat"):
+        text = " ".join(run_cli([name, "--help"]).stdout.split())
+        assert "default: $PT2FLOW_STORE, else ./pt2-store" in text and "config's" not in text, (name, text)
+    assert "overrides the config's store:" in " ".join(run_cli(["run", "--help"]).stdout.split())
+    sha = populated["alpha"]["trace"]["sha256"]
+    code, rows, _ = run_json(["ls", "--model", "alpha", "--stage", "trace"], env={"PT2FLOW_STORE": str(populated["root"])}, cwd=tmp_path)
+    assert code == 0 and [r["sha256"] for r in rows] == [sha]
 
 
 def test_missing_store_is_a_usage_error(tmp_path: Path) -> None:
