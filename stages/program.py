@@ -94,6 +94,24 @@ def range_constraints(ep: ExportedProgram) -> dict[str, list[int | None]]:
     return dict(sorted(out.items()))
 
 
+def user_tensor_inputs(ep: ExportedProgram) -> list[torch.fx.Node | None]:
+    """The placeholders of the program's user tensor inputs, in torch's flattening order (the
+    order of BoundInputs.tensor_leaves)."""
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    return [
+        placeholders.get(s.arg.name)
+        for s in ep.graph_signature.input_specs
+        if s.kind.name == "USER_INPUT" and type(s.arg).__name__ == "TensorArgument"
+    ]
+
+
+def user_outputs(ep: ExportedProgram) -> list[torch.fx.Node | None]:
+    """The nodes of the program's user outputs, in order (None for a constant output)."""
+    output_node = next(n for n in ep.graph.nodes if n.op == "output")
+    values = {a.name: a for a in output_node.args[0] if isinstance(a, torch.fx.Node)}
+    return [values.get(getattr(s.arg, "name", None)) for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+
+
 def effective_dims(
     ep: ExportedProgram,
     arg_names: Sequence[str],
@@ -111,18 +129,13 @@ def effective_dims_of_leaves(ep: ExportedProgram, leaf_dims: Sequence[Mapping[in
     "static": bool, "value": int|None}}; None is an open end. A dim the exporter specialized
     (static fallback, a suggested fix) is reported static with its value.
     """
-    by_name = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    tensor_inputs = [
-        s.arg.name
-        for s in ep.graph_signature.input_specs
-        if s.kind.name == "USER_INPUT" and type(s.arg).__name__ == "TensorArgument"
-    ]
+    tensor_inputs = user_tensor_inputs(ep)
     ranges = {str(k): v for k, v in ep.range_constraints.items()}
     result: dict[str, dict[str, Any]] = {}
     for position, per_dim in enumerate(leaf_dims):
         if not per_dim or position >= len(tensor_inputs):
             continue
-        node = by_name.get(tensor_inputs[position])
+        node = tensor_inputs[position]
         val = node.meta.get("val") if node is not None else None
         if not isinstance(val, torch.Tensor):
             continue

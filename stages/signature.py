@@ -15,7 +15,8 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
 from pt2flow.stages.example_inputs import BoundInputs
-from pt2flow.stages.program import range_end
+from pt2flow.stages.devices import OnDevice
+from pt2flow.stages.program import range_end, user_outputs, user_tensor_inputs
 
 
 def _dtype(dtype: torch.dtype) -> str:
@@ -56,15 +57,22 @@ def _named(path: str, bound: BoundInputs) -> str:
     return path
 
 
+def _leaf_mismatches(where: str, val: torch.Tensor, other: torch.Tensor, verb: str, theirs: str) -> tuple[list[str], bool]:
+    """dtype and rank of one artifact leaf against the configured or eager one: (problems,
+    whether the ranks agree, so that the dims can be compared)."""
+    problems = []
+    if val.dtype != other.dtype:
+        problems.append(f"{where}: the artifact {verb} {_dtype(val.dtype)}, {theirs} {_dtype(other.dtype)}")
+    same_rank = val.dim() == other.dim()
+    if not same_rank:
+        problems.append(f"{where}: the artifact {verb} {val.dim()} dims {list(val.shape)}, {theirs} {list(other.shape)}")
+    return problems, same_rank
+
+
 def input_mismatches(ep: ExportedProgram, bound: BoundInputs, dims: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The program's user tensor inputs against the configured example inputs (in torch's
     flattening order): count, dtype, rank, and each dim's dynamism, range or size."""
-    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    takes = [
-        placeholders.get(s.arg.name)
-        for s in ep.graph_signature.input_specs
-        if s.kind.name == "USER_INPUT" and type(s.arg).__name__ == "TensorArgument"
-    ]
+    takes = user_tensor_inputs(ep)
     leaves = bound.tensor_leaves()
     if len(takes) != len(leaves):
         return [f"the artifact takes {len(takes)} tensor inputs, the config gives {len(leaves)}"]
@@ -74,14 +82,10 @@ def input_mismatches(ep: ExportedProgram, bound: BoundInputs, dims: Mapping[str,
         if not isinstance(val, torch.Tensor):
             continue
         where = f"input {_named(path, bound)}"
-        if val.dtype != tensor.dtype:
-            problems.append(f"{where}: the artifact takes {_dtype(val.dtype)}, the config gives {_dtype(tensor.dtype)}")
-        if val.dim() != tensor.dim():
-            problems.append(f"{where}: the artifact takes {val.dim()} dims {list(val.shape)}, the config gives {list(tensor.shape)}")
-            continue
-        for index, size in enumerate(val.shape):
-            dim = (per_dim or {}).get(index)
-            problem = _dim_mismatch(ep, where, index, size, int(tensor.shape[index]), dim, dims)
+        found, same_rank = _leaf_mismatches(where, val, tensor, "takes", "the config gives")
+        problems += found
+        for index, size in enumerate(val.shape) if same_rank else ():
+            problem = _dim_mismatch(ep, where, index, size, int(tensor.shape[index]), (per_dim or {}).get(index), dims)
             if problem:
                 problems.append(problem)
     return problems
@@ -89,9 +93,7 @@ def input_mismatches(ep: ExportedProgram, bound: BoundInputs, dims: Mapping[str,
 
 def output_mismatches(ep: ExportedProgram, eager_output: Any) -> list[str]:
     """The program's user outputs against eager's output leaves: count, dtype, rank, static sizes."""
-    output_node = next(n for n in ep.graph.nodes if n.op == "output")
-    values = {getattr(a, "name", None): a for a in output_node.args[0] if isinstance(a, torch.fx.Node)}
-    returns = [values.get(getattr(s.arg, "name", None)) for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+    returns = user_outputs(ep)
     expected: Sequence[Any] = pytree.tree_leaves(eager_output)
     if len(returns) != len(expected):
         return [f"the artifact returns {len(returns)} outputs, eager returns {len(expected)}"]
@@ -100,12 +102,9 @@ def output_mismatches(ep: ExportedProgram, eager_output: Any) -> list[str]:
         val = node.meta.get("val") if node is not None else None
         if not isinstance(val, torch.Tensor) or not isinstance(leaf, torch.Tensor):
             continue
-        if val.dtype != leaf.dtype:
-            problems.append(f"output {i}: the artifact returns {_dtype(val.dtype)}, eager returns {_dtype(leaf.dtype)}")
-        if val.dim() != leaf.dim():
-            problems.append(f"output {i}: the artifact returns {val.dim()} dims, eager returns {leaf.dim()}")
-            continue
-        for index, size in enumerate(val.shape):
+        found, same_rank = _leaf_mismatches(f"output {i}", val, leaf, "returns", "eager returns")
+        problems += found
+        for index, size in enumerate(val.shape) if same_rank else ():
             if not isinstance(size, torch.SymInt) and int(size) != int(leaf.shape[index]):
                 problems.append(f"output {i}: dim {index} is {int(size)} in the artifact, {int(leaf.shape[index])} from eager")
     return problems
@@ -114,7 +113,8 @@ def output_mismatches(ep: ExportedProgram, eager_output: Any) -> list[str]:
 def call_spec_mismatch(archived: ExportedProgram, package: Any) -> str | None:
     """The package's input and output pytree specs against the archive's (both come from the same
     decomposed program when the run built both)."""
-    loader = getattr(package, "loader", None) or getattr(getattr(package, "inner", None), "loader", None)
+    inner = package.fn if isinstance(package, OnDevice) else package  # a GPU package's wrapper
+    loader = getattr(inner, "loader", None)
     if loader is None or not hasattr(loader, "get_call_spec"):
         return None
     in_spec, out_spec = loader.get_call_spec()

@@ -14,6 +14,7 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.engine.compute import classify, model_builder
 from pt2flow.flows.engine.inputs import model_inputs
+from pt2flow.flows.engine.registry import stage_options
 
 
 def _program(data: bytes) -> Any:
@@ -40,10 +41,7 @@ def _retrace(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | 
     from pt2flow.stages.trace import trace
 
     built = model_builder(model, runtime.open_store(store_url), weights)()
-    options = model.options["trace"]
-    if not isinstance(options, TraceOptions):
-        raise TypeError(f"{model.name}: the trace options are a {type(options).__name__}")
-    return str(trace(built, model_inputs(model), options).metadata["fingerprint"])
+    return str(trace(built, model_inputs(model), stage_options(model, "trace", TraceOptions)).metadata["fingerprint"])
 
 
 def rebuild(
