@@ -14,6 +14,7 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import AotCompileOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 def aot_compile(ep: ExportedProgram, options: AotCompileOptions) -> StageResult:
@@ -51,6 +52,6 @@ def load_package(data: bytes, workdir: str, device: str = "cpu") -> Any:
 
 def load_runner(data: bytes, workdir: str, device: str = "cpu") -> Any:
     """The package loaded for `device`, called with CPU tensors like the eager model and returning
-    CPU tensors (stages/devices.py). StageError("runtime") when `device` is not usable here."""
+    CPU tensors (stages/devices.py). StageError(ErrorClass.RUNTIME) when `device` is not usable here."""
     require_device(device, "runtime")
     return on_device(load_package(data, workdir, device), device)

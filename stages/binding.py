@@ -15,6 +15,7 @@ import torch
 
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.example_inputs import BoundInputs, InputSpec, ModelInputs, materialize
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 def forward_signature(model: torch.nn.Module) -> inspect.Signature:
@@ -48,9 +49,9 @@ def _arrange(signature: inspect.Signature, positional: Sequence[Any], values: Ma
             if param.name in remaining:
                 extra = remaining.pop(param.name)
                 if not isinstance(extra, (list, tuple)):
-                    raise StageError("config", f"input {param.name!r} is forward()'s *{param.name}: give it a list of the extra positional arguments")
+                    raise StageError(ErrorClass.CONFIG, f"input {param.name!r} is forward()'s *{param.name}: give it a list of the extra positional arguments")
                 if not open_:
-                    raise StageError("config", f"*{param.name} needs every positional parameter before it to be given")
+                    raise StageError(ErrorClass.CONFIG, f"*{param.name} needs every positional parameter before it to be given")
                 args.extend(extra)
         elif param.kind == inspect.Parameter.KEYWORD_ONLY:
             if param.name in remaining:
@@ -75,7 +76,7 @@ def bind_inputs(
     dynamic = model_inputs.dynamic
     unknown = sorted(set(dynamic) - set(model_inputs.inputs))
     if unknown and not model_inputs.positional:
-        raise StageError("config", f"dynamic_shapes names {unknown}, which are not inputs (inputs: {sorted(model_inputs.inputs)})")
+        raise StageError(ErrorClass.CONFIG, f"dynamic_shapes names {unknown}, which are not inputs (inputs: {sorted(model_inputs.inputs)})")
     signature = forward_signature(model)
     try:
         positional = [materialize(v, None, generator, None, f"args[{i}]") for i, v in enumerate(model_inputs.positional)]
@@ -85,7 +86,7 @@ def bind_inputs(
     except TypeError as exc:
         params = list(signature.parameters)
         raise StageError(
-            "config",
+            ErrorClass.CONFIG,
             f"inputs {sorted(map(str, model_inputs.inputs))} do not match forward{tuple(params)}: {exc}",
         ) from exc
     order, per_arg = [], []
@@ -125,7 +126,7 @@ def export_dynamic_shapes(model_inputs: ModelInputs, bound: BoundInputs) -> tupl
     }
     missing = sorted({d for _, _, per in bound.tensor_leaves() for d in (per or {}).values()} - set(dims))
     if missing:
-        raise StageError("config", f"dims {missing} are used in dynamic_shapes but have no definition under dims")
+        raise StageError(ErrorClass.CONFIG, f"dims {missing} are used in dynamic_shapes but have no definition under dims")
 
     def convert(dyn: Any) -> Any:
         if dyn is None:
@@ -161,18 +162,18 @@ def _aligned_dynamic(value: Any, dyn: Any, path: str) -> Any:
     if isinstance(value, (InputSpec, torch.Tensor)):
         rank = len(value.shape)
         if not isinstance(dyn, Mapping) or not all(isinstance(k, int) and isinstance(v, str) for k, v in dyn.items()):
-            raise StageError("config", f"dynamic_shapes.{path}: a tensor input takes {{dim index: dim name}}, got {dyn!r}")
+            raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: a tensor input takes {{dim index: dim name}}, got {dyn!r}")
         for index in dyn:
             if not 0 <= index < rank:
-                raise StageError("config", f"dynamic_shapes.{path}: dim index {index} is out of range for a rank-{rank} input")
+                raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: dim index {index} is out of range for a rank-{rank} input")
         return dict(dyn) or None
     if isinstance(value, (list, tuple)):
         if not isinstance(dyn, (list, tuple)) or len(dyn) != len(value):
-            raise StageError("config", f"dynamic_shapes.{path}: a {type(value).__name__} of {len(value)} takes a list of {len(value)} dims trees (null where static), got {dyn!r}")
+            raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: a {type(value).__name__} of {len(value)} takes a list of {len(value)} dims trees (null where static), got {dyn!r}")
         return type(value)(_aligned_dynamic(v, d, f"{path}[{i}]") for i, (v, d) in enumerate(zip(value, dyn)))
     if isinstance(value, dict):
         if not isinstance(dyn, Mapping) or set(dyn) - set(value):
-            raise StageError("config", f"dynamic_shapes.{path}: a dict input takes a mapping of its keys {sorted(map(str, value))} to dims trees, got {dyn!r}")
+            raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: a dict input takes a mapping of its keys {sorted(map(str, value))} to dims trees, got {dyn!r}")
         return {k: _aligned_dynamic(v, dyn.get(k), f"{path}.{k}") for k, v in value.items()}
-    raise StageError("config", f"dynamic_shapes.{path}: a {type(value).__name__} input has no dims to make dynamic")
+    raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: a {type(value).__name__} input has no dims to make dynamic")
 

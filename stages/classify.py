@@ -66,7 +66,7 @@ def classify_compile_error(exc: BaseException) -> str:
     if isinstance(exc, StageError):
         return exc.error_class
     if isinstance(exc, MemoryError):
-        return "runtime"
+        return "out_of_memory"
     return "compile"
 
 

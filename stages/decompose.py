@@ -14,6 +14,7 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import DecomposeOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 
@@ -22,12 +23,12 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
     """`aten.linear.default` -> torch.ops.aten.linear.default."""
     parts = name.split(".")
     if len(parts) != 3:
-        raise StageError("config", f"decompose.preserve: {name!r} is not of the form namespace.op.overload")
+        raise StageError(ErrorClass.CONFIG, f"decompose.preserve: {name!r} is not of the form namespace.op.overload")
     namespace, op, overload = parts
     try:
         return getattr(getattr(getattr(torch.ops, namespace), op), overload)
     except (AttributeError, RuntimeError) as exc:
-        raise StageError("config", f"decompose.preserve: no operator {name!r}") from exc
+        raise StageError(ErrorClass.CONFIG, f"decompose.preserve: no operator {name!r}") from exc
 
 
 def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):  # type: ignore[no-untyped-def]
@@ -99,7 +100,7 @@ def decompose(ep: ExportedProgram, options: DecomposeOptions) -> StageResult:
             try:
                 out = ep.run_decompositions(table)
             except Exception as exc:
-                raise StageError("decomposition", f"run_decompositions failed: {short_message(exc)}") from exc
+                raise StageError(ErrorClass.DECOMPOSITION, f"run_decompositions failed: {short_message(exc)}") from exc
             stray = program.non_core_ops(out, options.preserve)
             found = registry_decompositions(out, stray, table)
             if not found or _round == MAX_REGISTRY_ROUNDS:
@@ -109,7 +110,7 @@ def decompose(ep: ExportedProgram, options: DecomposeOptions) -> StageResult:
     if stray:
         missing = [name for name in stray if name not in registry_used]
         raise StageError(
-            "decomposition",
+            ErrorClass.DECOMPOSITION,
             f"ops outside core ATen remain after decomposition, and torch has no decomposition for them: {', '.join(stray)} "
             "(list them in decompose.preserve to keep them deliberately)"
             + ("" if missing == stray else f"; torch's registry was tried for {', '.join(registry_used)}"),

@@ -15,6 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from pt2flow.stages.errors import StageError
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 # how a device this machine lacks is reported (require_device); `repro` recognises it by this
@@ -22,11 +23,11 @@ MISSING_DEVICE_PREFIX = "aot_compile.device is "
 
 
 def parse_device(device: str, setting: str = "aot_compile.device") -> torch.device:
-    """torch.device(device), or StageError("config") naming the setting."""
+    """torch.device(device), or StageError(ErrorClass.CONFIG) naming the setting."""
     try:
         return torch.device(device)
     except RuntimeError as exc:
-        raise StageError("config", f"{setting}: {device!r} is not a torch device") from exc
+        raise StageError(ErrorClass.CONFIG, f"{setting}: {device!r} is not a torch device") from exc
 
 
 def missing_device(device: str) -> str | None:

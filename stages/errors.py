@@ -39,7 +39,3 @@ class StageError(Exception):
 
 def _rebuild_stage_error(error_class, message, attempts, report, details) -> StageError:
     return StageError(error_class, message, attempts=attempts, report=report, details=details)
-
-
-class InternalError(Exception):
-    """A bug in pt2flow itself, not in the user's model or config."""

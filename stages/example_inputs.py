@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.vocabulary import DTYPE_NAMES
+from pt2flow.stages.vocabulary import ErrorClass
 
 # the config's dtype names (stages.vocabulary), as torch dtypes
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -107,15 +108,6 @@ def _walk_tensors(value: Any, dyn: Any, path: str, out: list[Any]) -> None:
 
 
 
-def sizes_for(model_inputs: ModelInputs, dim_sizes: Mapping[str, int] | None = None) -> dict[str, tuple[int, ...]]:
-    """Shapes of the top-level tensor inputs with dynamic dims set to `dim_sizes` (example shape otherwise)."""
-    shapes = {}
-    for name, spec in model_inputs.inputs.items():
-        if isinstance(spec, (InputSpec, torch.Tensor)):
-            shapes[name] = _resized(tuple(spec.shape), model_inputs.dynamic.get(name), dim_sizes, name)
-    return shapes
-
-
 def make_tensor(spec: InputSpec, shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
     dtype = DTYPES[spec.dtype]
     if spec.value is not None:
@@ -150,7 +142,7 @@ def _resized(shape: tuple[int, ...], dyn: Any, dim_sizes: Mapping[str, int] | No
     out = list(shape)
     for index, dim in (dyn or {}).items():
         if not isinstance(index, int) or not 0 <= index < len(out):
-            raise StageError("config", f"dynamic_shapes.{path}: dim index {index!r} is out of range for a rank-{len(out)} input")
+            raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: dim index {index!r} is out of range for a rank-{len(out)} input")
         if dim_sizes and dim in dim_sizes:
             out[index] = int(dim_sizes[dim])
     return tuple(out)
@@ -181,7 +173,7 @@ def _check_input_leaves(tree: Any, path: str) -> None:
         for key, item in tree.items():
             _check_input_leaves(item, f"{path}[{key!r}]")
     elif not (tree is None or isinstance(tree, (torch.Tensor, bool, int, float, str))):
-        raise StageError("config", f"{path}: {type(tree).__name__} is not a forward() input pt2flow can pass (tensors, scalars, str, None, containers of these)")
+        raise StageError(ErrorClass.CONFIG, f"{path}: {type(tree).__name__} is not a forward() input pt2flow can pass (tensors, scalars, str, None, containers of these)")
 
 
 def check_inputs_call(result: Any, what: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -191,9 +183,9 @@ def check_inputs_call(result: Any, what: str) -> tuple[tuple[Any, ...], dict[str
     elif isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], (tuple, list)) and isinstance(result[1], dict):
         args, kwargs = tuple(result[0]), result[1]
     else:
-        raise StageError("config", f"{what} must give (args, kwargs) for forward(), or a dict of arguments by name; got {type(result).__name__}")
+        raise StageError(ErrorClass.CONFIG, f"{what} must give (args, kwargs) for forward(), or a dict of arguments by name; got {type(result).__name__}")
     if not all(isinstance(k, str) for k in kwargs):
-        raise StageError("config", f"{what}: keyword argument names must be strings")
+        raise StageError(ErrorClass.CONFIG, f"{what}: keyword argument names must be strings")
     _check_input_leaves((args, kwargs), what)
     return tuple(args), dict(kwargs)
 

@@ -14,6 +14,7 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import FunctionalizeOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 
@@ -29,7 +30,7 @@ def _joint(ep: ExportedProgram) -> ExportedProgram:
     spec = pytree.tree_structure((0, {g: 0 for g in grads}))
     entry = joint.module_call_graph[0]
     if entry.signature is None:
-        raise StageError("decomposition", "joint program has no call signature to attach the gradient outputs to")
+        raise StageError(ErrorClass.DECOMPOSITION, "joint program has no call signature to attach the gradient outputs to")
     entry.signature.out_spec = spec
     return joint
 
@@ -44,20 +45,20 @@ def functionalize(ep: ExportedProgram, options: FunctionalizeOptions) -> StageRe
             raise
         except Exception as exc:
             what = "joint forward+backward export" if training else "functionalization"
-            raise StageError("decomposition", f"{what} failed: {short_message(exc)}") from exc
+            raise StageError(ErrorClass.DECOMPOSITION, f"{what} failed: {short_message(exc)}") from exc
     left = program.mutating_ops(out)
     if left:
-        raise StageError("decomposition", f"mutating ops remain after functionalization: {', '.join(left)}")
+        raise StageError(ErrorClass.DECOMPOSITION, f"mutating ops remain after functionalization: {', '.join(left)}")
     expected = program.buffer_targets_of(ep, program.mutated_inputs(ep))
     lifted = program.mutated_buffers_in_signature(out)
     missing = sorted(expected - lifted)
     if missing:
         raise StageError(
-            "decomposition",
+            ErrorClass.DECOMPOSITION,
             f"buffers mutated by the model are missing from the graph signature: {', '.join(missing)}",
         )
     kinds = [s.kind.name for s in out.graph_signature.output_specs]
     if training and ("LOSS_OUTPUT" not in kinds or "GRADIENT_TO_PARAMETER" not in kinds):
-        raise StageError("decomposition", f"joint program lacks LOSS_OUTPUT/GRADIENT_TO_PARAMETER outputs: {kinds}")
+        raise StageError(ErrorClass.DECOMPOSITION, f"joint program lacks LOSS_OUTPUT/GRADIENT_TO_PARAMETER outputs: {kinds}")
     metadata = {**program.describe(out), "mode": options.mode, "mutated_buffers": sorted(lifted)}
     return StageResult(output=out, metadata=metadata, warnings=sink.items)

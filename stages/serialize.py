@@ -21,6 +21,7 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.vocabulary import MODULE_NAME_PATTERN
+from pt2flow.stages.vocabulary import ErrorClass
 
 METADATA_FILE = "pt2flow.json"
 PYTREE_MODULES = "pytree_modules"  # metadata key: modules a loading process must have imported
@@ -43,7 +44,7 @@ def load_archive(data: bytes, *, import_pytree_modules: bool = False) -> tuple[E
             ep = torch.export.load(io.BytesIO(data), extra_files=extra)
         except Exception as exc:
             reason = short_message(causes[-1] if causes else exc)
-            raise StageError("serialization", f"the saved program does not load: {reason}") from exc
+            raise StageError(ErrorClass.SERIALIZATION, f"the saved program does not load: {reason}") from exc
     raw = extra.get(METADATA_FILE) or "{}"
     return ep, json.loads(raw)
 
@@ -79,7 +80,7 @@ def archive_metadata(data: bytes) -> dict[str, Any]:
             names = [n for n in archive.namelist() if n.endswith("/extra/" + METADATA_FILE)]
             return json.loads(archive.read(names[0])) if names else {}
     except (zipfile.BadZipFile, ValueError, KeyError) as exc:
-        raise StageError("serialization", f"not a readable .pt2 archive: {short_message(exc)}") from exc
+        raise StageError(ErrorClass.SERIALIZATION, f"not a readable .pt2 archive: {short_message(exc)}") from exc
 
 
 def import_archive_modules(data: bytes) -> list[str]:
@@ -98,11 +99,11 @@ def import_archive_modules(data: bytes) -> list[str]:
 def _import_modules(names: Any) -> None:
     for name in names if isinstance(names, list) else []:
         if not isinstance(name, str) or not MODULE_NAME_PATTERN.fullmatch(name):
-            raise StageError("serialization", f"archive names {name!r} as a module to import; not a module name")
+            raise StageError(ErrorClass.SERIALIZATION, f"archive names {name!r} as a module to import; not a module name")
         try:
             importlib.import_module(name)
         except Exception as exc:
-            raise StageError("import", f"importing {name!r} (it registers a pytree type the program uses) failed: {short_message(exc)}") from exc
+            raise StageError(ErrorClass.IMPORT, f"importing {name!r} (it registers a pytree type the program uses) failed: {short_message(exc)}") from exc
 
 
 def _spec_type_names(data: bytes) -> set[str]:
@@ -177,7 +178,7 @@ def program_bytes_checked(ep: ExportedProgram) -> bytes:
         try:
             torch.export.save(ep, buffer, extra_files={METADATA_FILE: text})
         except Exception as exc:
-            raise StageError("serialization", f"torch.export.save failed: {short_message(exc)}") from exc
+            raise StageError(ErrorClass.SERIALIZATION, f"torch.export.save failed: {short_message(exc)}") from exc
     data = buffer.getvalue()
     check_round_trip(data)
     return data
@@ -201,19 +202,19 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
         try:
             torch.export.save(ep, buffer, extra_files={METADATA_FILE: text})
         except Exception as exc:
-            raise StageError("serialization", f"torch.export.save failed: {short_message(exc)}") from exc
+            raise StageError(ErrorClass.SERIALIZATION, f"torch.export.save failed: {short_message(exc)}") from exc
     data = buffer.getvalue()
     try:
         reloaded, meta_back = load_archive(data)
     except StageError:
         raise
     except Exception as exc:
-        raise StageError("serialization", f"the saved archive does not load: {short_message(exc)}") from exc
+        raise StageError(ErrorClass.SERIALIZATION, f"the saved archive does not load: {short_message(exc)}") from exc
     if meta_back != json.loads(text):
-        raise StageError("serialization", "pt2flow metadata did not survive the round trip")
+        raise StageError(ErrorClass.SERIALIZATION, "pt2flow metadata did not survive the round trip")
     changed = roundtrip_differences(ep, reloaded)
     if changed:
-        raise StageError("serialization", f"the reloaded program differs from the saved one: {'; '.join(changed)}")
+        raise StageError(ErrorClass.SERIALIZATION, f"the reloaded program differs from the saved one: {'; '.join(changed)}")
     result_meta = {**program.describe(ep), "size": len(data), "archive_version": archive_version(data)}
     return StageResult(output=data, metadata=result_meta, warnings=sink.items)
 

@@ -22,26 +22,27 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.example_inputs import check_inputs_call
 from pt2flow.stages.importing import search_path_first
 from pt2flow.stages.vocabulary import FACTORY_PATTERN
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 def import_factory(path: str, search_path: str | None = None) -> Callable[..., Any]:
     """Import `module:callable`, with `search_path` (the config's folder) first on sys.path."""
     if not isinstance(path, str) or not FACTORY_PATTERN.fullmatch(path):  # checked before anything is imported
-        raise StageError("config", f"factory {path!r} is not of the form 'module:callable'")
+        raise StageError(ErrorClass.CONFIG, f"factory {path!r} is not of the form 'module:callable'")
     module_name, _, attr = path.partition(":")
     try:
         with search_path_first(search_path):
             module = importlib.import_module(module_name)
     except Exception as exc:  # an ImportError inside the module, a SyntaxError, anything it raises
-        raise StageError("import", f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise StageError(ErrorClass.IMPORT, f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
     target: Any = module
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError as exc:
-            raise StageError("import", f"{module_name!r} has no attribute {attr!r}") from exc
+            raise StageError(ErrorClass.IMPORT, f"{module_name!r} has no attribute {attr!r}") from exc
     if not callable(target):
-        raise StageError("import", f"factory {path!r} is not callable")
+        raise StageError(ErrorClass.IMPORT, f"factory {path!r} is not callable")
     return target
 
 
@@ -58,14 +59,14 @@ def load_state_dict(data: bytes, filename: str) -> dict[str, torch.Tensor]:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
         raise StageError(
-            "weights",
+            ErrorClass.WEIGHTS,
             f"{filename}: refused to load (torch.load with weights_only=True): {_unpickling_reason(exc)}. "
             "Checkpoints must hold only tensors; save a state_dict or use .safetensors",
         ) from exc
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise StageError("weights", f"{filename}: expected a state_dict of tensors, got {type(state).__name__}")
+        raise StageError(ErrorClass.WEIGHTS, f"{filename}: expected a state_dict of tensors, got {type(state).__name__}")
     return state
 
 
@@ -105,16 +106,16 @@ def build_model(
     try:
         model = factory(**dict(kwargs))
     except TypeError as exc:
-        raise StageError("config", f"factory call failed: {exc}") from exc
+        raise StageError(ErrorClass.CONFIG, f"factory call failed: {exc}") from exc
     except Exception as exc:
-        raise StageError("runtime", f"factory raised {type(exc).__name__}: {exc}") from exc
+        raise StageError(ErrorClass.RUNTIME, f"factory raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, torch.nn.Module):
-        raise StageError("config", f"factory returned {type(model).__name__}, expected a torch.nn.Module")
+        raise StageError(ErrorClass.CONFIG, f"factory returned {type(model).__name__}, expected a torch.nn.Module")
     if state_dict is not None:
         try:
             result = model.load_state_dict(dict(state_dict), strict=True)
         except RuntimeError as exc:
-            raise StageError("weights", f"state_dict does not match the model: {str(exc)[:1000]}") from exc
+            raise StageError(ErrorClass.WEIGHTS, f"state_dict does not match the model: {str(exc)[:1000]}") from exc
         del result
     model.train(training)
     return model
@@ -167,5 +168,5 @@ def load_example_inputs(data: bytes, filename: str) -> tuple[tuple[Any, ...], di
     try:
         loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise StageError("config", f"{filename}: refused to load example inputs (torch.load with weights_only=True): {_unpickling_reason(exc)}") from exc
+        raise StageError(ErrorClass.CONFIG, f"{filename}: refused to load example inputs (torch.load with weights_only=True): {_unpickling_reason(exc)}") from exc
     return check_inputs_call(loaded, filename)

@@ -16,6 +16,7 @@ from pt2flow.stages.example_inputs import BoundInputs, ModelInputs
 from pt2flow.stages.options import TraceOptions
 from pt2flow.stages.quiet import WarningSink, quiet_torch
 from pt2flow.stages.result import StageResult
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 def _suggested_fixes(exc: BaseException, dynamic: Any) -> Any | None:
@@ -87,7 +88,7 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
         except Exception as exc:
             error_class = classify_trace_error(exc)
             attempts.append(_attempt_record(strategy, strict, dyn, error_class, short_message(exc, 1000)))
-            if error_class == "dynamic_shape" and not fixes_tried and dyn is not None and options.allows("suggested_fixes"):
+            if error_class == ErrorClass.DYNAMIC_SHAPE and not fixes_tried and dyn is not None and options.allows("suggested_fixes"):
                 fixes_tried = True
                 refined = _suggested_fixes(exc, dyn)
                 if refined is not None:
@@ -147,7 +148,7 @@ def _failure(model: torch.nn.Module, bound: BoundInputs, dynamic: Any, options: 
         first = next(a for a in attempts if a["error_class"] == "dynamic_shape")
         first = {**first, "error": f"{first['error']} (static fallback forbidden by trace.fallback.static: false)"}
     report = draft_report(model, bound, dynamic)
-    if error_class == "runtime":
+    if error_class == ErrorClass.RUNTIME:
         try:
             with quiet_torch(), torch.no_grad():
                 bound.call(model)

@@ -1,48 +1,50 @@
-"""The words every layer shares, defined once: stage names and order, error classes and which of
-them a derivation key fully determines, dtype names, the module-name and `module:callable` patterns
+"""The words every layer shares, defined once: error classes and which of them a derivation key
+fully determines, dtype names, the module-name and `module:callable` patterns
 (docs/architecture.md §2, §3, §7). Imports nothing, so configs, stages, storage queries and the
 CLI can all use it without torch."""
 
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from typing import Literal
 
-# the contract order of the stages (docs/architecture.md §2); "source" precedes them in records
-STAGES: tuple[str, ...] = ("trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
-RECORD_STAGES: tuple[str, ...] = ("source", *STAGES)
-# stages whose output is an ExportedProgram: the next program stage takes the newest of them
-PROGRAM_STAGES: tuple[str, ...] = ("trace", "functionalize", "decompose")
 
-ERROR_CLASSES: tuple[str, ...] = (
-    "config",
-    "import",
-    "weights",
-    "data_dependent",
-    "dynamic_shape",
-    "unsupported_op",
-    "pytree",
-    "decomposition",
-    "serialization",
-    "compile",
-    "numeric_mismatch",
-    "nondeterministic",
-    "runtime",
-    "storage",
-    "timeout",
-    "internal",
-    "crash",
-    "out_of_memory",
-    "incompatible",
-)
+class ErrorClass(StrEnum):
+    """The failure classes of docs/architecture.md §7: every failure carries exactly one."""
+
+    CONFIG = "config"
+    IMPORT = "import"
+    WEIGHTS = "weights"
+    DATA_DEPENDENT = "data_dependent"
+    DYNAMIC_SHAPE = "dynamic_shape"
+    UNSUPPORTED_OP = "unsupported_op"
+    PYTREE = "pytree"
+    DECOMPOSITION = "decomposition"
+    SERIALIZATION = "serialization"
+    COMPILE = "compile"
+    LOWERING = "lowering"  # a deployment target (ONNX, ExecuTorch) refuses an op of the program
+    NUMERIC_MISMATCH = "numeric_mismatch"
+    NONDETERMINISTIC = "nondeterministic"
+    RUNTIME = "runtime"
+    STORAGE = "storage"
+    TIMEOUT = "timeout"
+    INTERNAL = "internal"
+    CRASH = "crash"
+    OUT_OF_MEMORY = "out_of_memory"
+    INCOMPATIBLE = "incompatible"
+
+
+ERROR_CLASSES: tuple[str, ...] = tuple(c.value for c in ErrorClass)
 
 # Failure classes that the same key always reproduces (the inputs, the code and the environment
 # that produced them are all in the key): reported again from the index instead of re-run.
 # The others depend on things outside the key (a file appearing, a busy machine, a flaky store,
 # a pt2flow fix) and always re-run.
 DETERMINISTIC_FAILURES: frozenset[str] = frozenset({
-    "data_dependent", "dynamic_shape", "unsupported_op", "pytree", "decomposition",
-    "serialization", "compile", "numeric_mismatch", "nondeterministic",
+    ErrorClass.DATA_DEPENDENT, ErrorClass.DYNAMIC_SHAPE, ErrorClass.UNSUPPORTED_OP, ErrorClass.PYTREE,
+    ErrorClass.DECOMPOSITION, ErrorClass.SERIALIZATION, ErrorClass.COMPILE, ErrorClass.LOWERING,
+    ErrorClass.NUMERIC_MISMATCH, ErrorClass.NONDETERMINISTIC,
 })
 
 DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import pyarrow.compute as pc
@@ -17,9 +18,23 @@ from pt2flow.storage.index import MetadataIndex
 from pt2flow.storage.lineage import decode, newest_first, records_for_id
 from pt2flow.storage.safety import check_archive
 
-# what a user asks for -> the stage whose record holds it
-ARTIFACT_STAGES = {"serialized": "serialize", "compiled": "aot_compile", "report": "validate"}
-_ARCHIVES = frozenset({"serialize", "aot_compile"})  # zip files: checked like every archive pt2flow loads
+
+@dataclass(frozen=True)
+class ArtifactKinds:
+    """What `get` can hand out: kind (what a user asks for) -> the stage whose record holds it,
+    and the stages whose blobs are zip archives (checked like every archive pt2flow loads). The
+    flows layer derives them from its stages (flows/pipeline); the storage layer knows no stage."""
+
+    stages: Mapping[str, str]
+    zipped: frozenset[str] = field(default_factory=frozenset)
+
+    def of(self, stage: str) -> str | None:
+        """The artifact kind a stage's record holds, if any."""
+        return next((kind for kind, owner in self.stages.items() if owner == stage), None)
+
+
+# pt2flow's own deliverables, for callers of the storage layer alone
+ARTIFACT_KINDS = ArtifactKinds({"serialized": "serialize", "compiled": "aot_compile", "report": "validate"}, frozenset({"serialize", "aot_compile"}))
 
 
 class ArtifactRequestError(StorageError, ValueError):
@@ -27,12 +42,7 @@ class ArtifactRequestError(StorageError, ValueError):
     match the ID)."""
 
 
-def artifact_kind(stage: str) -> str | None:
-    """The artifact kind (serialized, compiled, report) a stage's record holds, if any."""
-    return next((kind for kind, owner in ARTIFACT_STAGES.items() if owner == stage), None)
-
-
-def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None) -> dict[str, Any]:
+def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None, kinds: ArtifactKinds = ARTIFACT_KINDS) -> dict[str, Any]:
     """The newest ok record of the artifact an ID (prefix) names. Refuses an ID the index does not
     vouch for: unknown (RecordNotFound), ambiguous, only failed records, or not a `kind` artifact."""
     rows = records_for_id(index, prefix)
@@ -40,19 +50,19 @@ def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None) -> di
     if not ok:
         raise RecordNotFound(f"the index vouches for no artifact with ID {prefix!r}: its only records are failures (see `pt2flow show {prefix}`)")
     record = newest_first(ok)[0]
-    have = artifact_kind(record["stage"])
+    have = kinds.of(record["stage"])
     if have is None:
-        raise ArtifactRequestError(f"ID {prefix!r} is the {record['stage']} record of {record['model']}, which has no artifact to get (serialized, compiled or report)")
+        raise ArtifactRequestError(f"ID {prefix!r} is the {record['stage']} record of {record['model']}, which has no artifact to get ({', '.join(kinds.stages)})")
     if kind is not None and kind != have:
         raise ArtifactRequestError(f"ID {prefix!r} is the {have} artifact of {record['model']}, not its {kind} artifact")
     return record
 
 
-def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | None = None) -> dict[str, Any]:
+def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | None = None, kinds: ArtifactKinds = ARTIFACT_KINDS) -> dict[str, Any]:
     """The newest ok `kind` artifact of `model` (in run `run_id` if given)."""
-    if kind not in ARTIFACT_STAGES:
-        raise ArtifactRequestError(f"unknown artifact {kind!r}: choose from {', '.join(ARTIFACT_STAGES)}")
-    condition = (pc.field("model") == model) & (pc.field("stage") == ARTIFACT_STAGES[kind]) & (pc.field("status") == "ok")
+    if kind not in kinds.stages:
+        raise ArtifactRequestError(f"unknown artifact {kind!r}: choose from {', '.join(kinds.stages)}")
+    condition = (pc.field("model") == model) & (pc.field("stage") == kinds.stages[kind]) & (pc.field("status") == "ok")
     if run_id is not None:
         condition = condition & (pc.field("run_id") == run_id)
     rows = [r for r in index.scan(None, filter=condition).to_pylist() if r.get("sha256")]
@@ -74,12 +84,12 @@ def check_destination(destination: str) -> str:
     return target
 
 
-def copy_out(store: Any, record: Mapping[str, Any], destination: str) -> dict[str, Any]:
+def copy_out(store: Any, record: Mapping[str, Any], destination: str, kinds: ArtifactKinds = ARTIFACT_KINDS) -> dict[str, Any]:
     """Write the artifact of `record` to the local path `destination` after checking its size and
     sha256 (IntegrityError for a corrupt blob, BlobNotFound for a missing one) and, for archives,
     its zip structure. Returns the decoded record with `path` and `artifact` added."""
     data = store.get_blob(record["sha256"], record.get("size"))
-    if record["stage"] in _ARCHIVES:
+    if record["stage"] in kinds.zipped:
         check_archive(data, what=f"artifact {record['sha256'][:16]}")
     target = check_destination(destination)
     temporary = None
@@ -98,9 +108,9 @@ def copy_out(store: Any, record: Mapping[str, Any], destination: str) -> dict[st
             raise ArtifactRequestError(f"cannot write {destination}: {exc.strerror or exc}") from exc
         raise
     result = decode(record)
-    result["artifact"] = artifact_kind(record["stage"])
+    result["artifact"] = kinds.of(record["stage"])
     result["path"] = target
     return result
 
 
-__all__ = ["ARTIFACT_STAGES", "ArtifactRequestError", "IntegrityError", "artifact_kind", "check_destination", "copy_out", "find_by_id", "find_for_model"]
+__all__ = ["ARTIFACT_KINDS", "ArtifactKinds", "ArtifactRequestError", "IntegrityError", "check_destination", "copy_out", "find_by_id", "find_for_model"]

@@ -201,16 +201,17 @@ class Store:
         """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with `path`."""
         from pt2flow.storage.retrieve import ArtifactRequestError, copy_out, find_by_id, find_for_model
 
+        kinds = artifact_kinds()
         if bool(id) == bool(model):
             raise UsageError("give an artifact ID or a model (one of them)")
         if run and not model:
             raise UsageError("a run goes with a model")
         try:
             if id:
-                record = find_by_id(self.artifacts.index, id, artifact)
+                record = find_by_id(self.artifacts.index, id, artifact, kinds)
             else:
-                record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None)
-            return copy_out(self.artifacts, record, output)
+                record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds)
+            return copy_out(self.artifacts, record, output, kinds)
         except ArtifactRequestError as exc:
             raise UsageError(str(exc)) from None
 
@@ -219,3 +220,12 @@ class Store:
         from pt2flow.flows.api.upkeep import verify_store
 
         return verify_store(self.artifacts)
+
+
+def artifact_kinds() -> Any:
+    """What `get` hands out, from the stages (flows/pipeline): each stage's `artifact` kind, and
+    which of them are zip archives."""
+    from pt2flow.flows import pipeline
+    from pt2flow.storage.retrieve import ArtifactKinds
+
+    return ArtifactKinds(pipeline.artifact_kinds(), frozenset(s.name for s in pipeline.stages() if s.publishes in ("archive", "package", "program")))

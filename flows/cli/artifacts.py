@@ -14,7 +14,10 @@ from pt2flow.flows.cli.support import (
     Args, check_page_path, command, dump, format_size, json_option, open_store, rich_console, store_options, write_page,
 )
 
-ARTIFACT_KINDS = ("serialized", "compiled", "report")
+from pt2flow.flows import pipeline
+
+ARTIFACT_KINDS = tuple(pipeline.artifact_kinds())
+_KIND_HELP = ", ".join(f"{kind} ({pipeline.get(stage).description or stage})" for kind, stage in pipeline.artifact_kinds().items())
 
 
 @command(
@@ -26,7 +29,7 @@ ARTIFACT_KINDS = ("serialized", "compiled", "report")
 @click.argument("id", metavar="[ID]", required=False)
 @click.option("--model", metavar="NAME", help="the newest ok artifact of this model")
 @click.option("--run", metavar="RUN", help="with --model: from this run (ID or unique prefix)")
-@click.option("--artifact", type=click.Choice(ARTIFACT_KINDS), help="serialized (.pt2 archive, the default with --model), compiled (AOTInductor package) or report (validation report)")
+@click.option("--artifact", type=click.Choice(ARTIFACT_KINDS), help=f"which artifact of the model (default serialized): {_KIND_HELP}")
 @click.option("-o", "--output", "output", metavar="PATH", required=True, help="file to write (replaced atomically)")
 @store_options
 @json_option("print the artifact's record (with `path`) as JSON")

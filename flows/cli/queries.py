@@ -13,7 +13,9 @@ import click
 from pt2flow.flows.cli.errors import EXIT_OK, CommandUsageError
 from pt2flow.flows.cli.support import Args, command, dump, format_size, json_option, open_store, rich_console, store_options
 
-STAGE_NAMES = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
+from pt2flow.flows import pipeline
+
+STAGE_NAMES = ("source", *pipeline.names())  # the stages registered here (flows/pipeline), in pipeline order
 
 
 # ---------------------------------------------------------------------------------------------

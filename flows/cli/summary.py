@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pt2flow.stages import STAGES
+from pt2flow.flows import pipeline
 
 _MARK = {"ok": ("✓", "green"), "cached": ("●", "blue"), "failed": ("✗", "red"), "cached failure": ("⊗", "red")}
 LEGEND = "✓ ran, ● cached, ✗ failed, ⊗ failed (cached)"
@@ -86,7 +86,8 @@ def fitted_table(document: Mapping[str, Any], console: Console) -> Table:
     first), so that a model's name is never cut."""
     from rich.measure import Measurement
 
-    used = [s for s in STAGES if any(s in m["stages"] for m in document["models"])] or list(STAGES)
+    stages = pipeline.names()
+    used = [s for s in stages if any(s in m["stages"] for m in document["models"])] or list(pipeline.default_stages())
     for n in range(len(OPTIONAL_COLUMNS) + 1):
         table = _table(document, used, OPTIONAL_COLUMNS[:n])
         if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:

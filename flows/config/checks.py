@@ -19,8 +19,7 @@ from pt2flow.flows.config.factories import factory_problem
 from pt2flow.flows.config.inputs import INPUT_FILE_SUFFIXES, check_dims_named, check_dynamic
 from pt2flow.flows.config.issues import ConfigIssue, YamlLines, pydantic_issues
 from pt2flow.flows.config.models import ModelConfig, ResolvedModel
-from pt2flow.stages.options import OPTIONS
-from pt2flow.stages.vocabulary import STAGES
+from pt2flow.flows import pipeline
 from pt2flow.storage.urls import holds_credentials
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -30,20 +29,22 @@ Add = Callable[[tuple[Any, ...], str], None]  # (key path inside the model, mess
 
 
 def check_stage_list(stages: Sequence[str]) -> list[str]:
-    """Problems with a stage selection: unknown names, order, duplicates, missing prerequisites."""
+    """Problems with a stage selection: unknown names, order, duplicates, missing prerequisites
+    (flows/pipeline derives them from the stages' declared inputs)."""
+    problems = pipeline.check_stage_list(stages)
+    broken = pipeline.plugin_problems()
+    if broken and any(p.startswith("unknown stage") for p in problems):
+        problems += broken  # the stage may be one a plugin failed to declare
+    return problems
+
+
+def missing_extras(stages: Sequence[str]) -> list[str]:
+    """A selected stage whose libraries are not installed: which extra to install."""
     problems = []
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown:
-        problems.append(f"unknown stage(s) {unknown}; stages are {list(STAGES)}")
-        return problems
-    if len(set(stages)) != len(stages):
-        problems.append("a stage is listed twice")
-    if list(stages) != [s for s in STAGES if s in stages]:
-        problems.append(f"stages must keep the pipeline order {list(STAGES)}")
-    if "trace" not in stages:
-        problems.append("trace is required: every other stage starts from its program")
-    if "validate" in stages and not ({"serialize", "aot_compile"} & set(stages)):
-        problems.append("validate needs serialize or aot_compile (it compares their artifacts with eager)")
+    known = set(pipeline.names())
+    for stage, (extra, absent) in pipeline.missing_libraries([s for s in stages if s in known]).items():
+        install = f"pip install 'pt2flow[{extra}]'" if extra else f"pip install {' '.join(absent)}"
+        problems.append(f"the {stage} stage needs {', '.join(absent)}, which is not installed here: {install}")
     return problems
 
 
@@ -172,13 +173,14 @@ def _stage_options(
 ) -> dict[str, BaseModel]:
     """Each stage's options model: the model's overrides merged over the defaults, validated."""
     options: dict[str, BaseModel] = {}
+    known = pipeline.names()
     for stage in model.stages:
-        if stage not in STAGES:
-            add(("stages", stage), f"unknown stage {stage!r}; per-model overrides are for {list(STAGES)}")
-    for stage in STAGES if check_options else ():
-        merged = {**defaults.get(stage, {}), **model.stages.get(stage, {})}
+        if stage not in known:
+            add(("stages", stage), f"unknown stage {stage!r}; per-model overrides are for {list(known)}")
+    for spec in pipeline.stages() if check_options else ():
+        merged = {**defaults.get(spec.name, {}), **model.stages.get(spec.name, {})}
         try:
-            options[stage] = OPTIONS[stage](**merged)
+            options[spec.name] = spec.options(**merged)
         except ValidationError as exc:
-            add_schema(exc, stage)
+            add_schema(exc, spec.name)
     return options

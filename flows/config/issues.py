@@ -87,7 +87,7 @@ def format_path(parts: Iterable[Any]) -> str:
 def pydantic_issues(exc: ValidationError, prefix: tuple[Any, ...], lines: YamlLines) -> list[ConfigIssue]:
     issues = []
     for err in exc.errors():
-        loc = tuple("validate" if p == "validate_" else p for p in err["loc"] if p not in UNION_TAGS)
+        loc = tuple(p for p in err["loc"] if p not in UNION_TAGS)
         loc = prefix + loc
         message = err["msg"]
         if err["type"] == "extra_forbidden":

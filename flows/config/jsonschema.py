@@ -20,8 +20,8 @@ from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
 from pt2flow.flows.config.limits import LimitsConfig
 from pt2flow.flows.config.checks import NAME_PATTERN
 from pt2flow.flows.config.models import DimConfig
-from pt2flow.stages.options import OPTIONS
-from pt2flow.stages.vocabulary import FACTORY_PATTERN, STAGES
+from pt2flow.flows import pipeline
+from pt2flow.stages.vocabulary import FACTORY_PATTERN
 
 SCHEMA_URI = "https://json-schema.org/draft/2020-12/schema"
 SHIPPED_PATH = "docs/config.schema.json"  # the copy the shipped configs reference
@@ -38,7 +38,7 @@ def _definition(model: type[BaseModel], defs: dict[str, Any], title: str) -> dic
 
 def _stage_options(defs: dict[str, Any]) -> dict[str, Any]:
     """A mapping from stage name to that stage's options."""
-    properties = {stage: _definition(OPTIONS[stage], defs, f"{stage}_options") for stage in STAGES}
+    properties = {stage.name: _definition(stage.options, defs, f"{stage.name}_options") for stage in pipeline.stages()}
     return {"type": "object", "properties": properties, "additionalProperties": False}
 
 
@@ -125,7 +125,7 @@ def config_json_schema() -> dict[str, Any]:
             "version": {"const": 1},
             "store": {"type": "string", "description": "store URL: a local path, file://, memory:// or s3://bucket/prefix"},
             "storage_options": {"type": "object", "description": "fsspec storage options (credentials belong in the environment)"},
-            "stages": {"type": "array", "items": {"enum": list(STAGES)}, "uniqueItems": True, "description": "the stages to run, in pipeline order"},
+            "stages": {"type": "array", "items": {"enum": list(pipeline.names())}, "uniqueItems": True, "description": "the stages to run, in pipeline order"},
             "defaults": defaults,
             "models": {"type": "array", "minItems": 1, "items": _model(defs, stage_options, limits)},
         },

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pt2flow.stages import STAGES
+from pt2flow.flows import pipeline
 
 DEFAULT_TIMEOUT_S = 3600.0  # a model's default time limit: far above any healthy export here
 
@@ -26,9 +26,9 @@ class LimitsConfig(BaseModel):
     @field_validator("stage_timeout_s")
     @classmethod
     def _known_stages(cls, value: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(value) - set(STAGES) - {"source"})
+        unknown = sorted(set(value) - set(pipeline.names()) - {"source"})
         if unknown:
-            raise ValueError(f"unknown stage(s) {unknown}; stages are {list(STAGES)}")
+            raise ValueError(f"unknown stage(s) {unknown}; stages are {list(pipeline.names())}")
         if any(not (v > 0) for v in value.values()):
             raise ValueError("stage time limits must be > 0 seconds")
         return value

@@ -20,12 +20,12 @@ from typing import Any, Mapping, Sequence
 import yaml
 from pydantic import ValidationError
 
-from pt2flow.flows.config.checks import check_model, check_stage_list
+from pt2flow.flows.config.checks import check_model, check_stage_list, missing_extras
 from pt2flow.flows.config.inputs import parse_inputs
 from pt2flow.flows.config.issues import ConfigError, ConfigIssue, YamlLines, pydantic_issues
 from pt2flow.flows.config.limits import resolve_limits
-from pt2flow.flows.config.models import CONFIG_VERSION, Pipeline, PipelineConfig
-from pt2flow.stages.options import OPTIONS
+from pt2flow.flows.config.models import CONFIG_VERSION, Pipeline, config_model
+from pt2flow.flows.pipeline import get as get_stage
 
 # A config is walked recursively (pydantic, ${ENV} expansion, canonical JSON of kwargs): bound it.
 MAX_CONFIG_DEPTH = 100
@@ -54,7 +54,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
     issues: list[ConfigIssue] = []
     parsed_inputs = _parse_all_inputs(data, lines, issues)
     try:
-        config = PipelineConfig.model_validate(data)
+        config = config_model().model_validate(data)
     except ValidationError as exc:
         # schema errors stop the deeper checks, but duplicate names are still worth reporting now
         raise ConfigError(source, pydantic_issues(exc, (), lines) + issues + _duplicate_names(data, lines)) from None
@@ -62,6 +62,8 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
     folder = os.path.abspath(base_dir or ".")
     storage_options = _expand_env(config.storage_options, ("storage_options",), issues, lines)
     for problem in check_stage_list(config.stages):
+        issues.append(lines.issue(("stages",), problem))
+    for problem in missing_extras(config.stages):
         issues.append(lines.issue(("stages",), problem))
     defaults = config.defaults.model_dump(by_alias=True)
     default_limits = defaults.pop("limits")
@@ -105,7 +107,7 @@ def apply_overrides(pipeline: Pipeline, *, only: Sequence[str] = (), stages: Seq
         models = tuple(m for m in models if m.name in set(only))
     chosen = pipeline.stages
     if stages is not None:
-        for problem in check_stage_list(stages):
+        for problem in [*check_stage_list(stages), *missing_extras(stages)]:
             issues.append(ConfigIssue("--stages", problem))
         chosen = tuple(stages)
     if issues:
@@ -222,7 +224,7 @@ def _check_defaults(defaults: Mapping[str, dict[str, Any]], lines: YamlLines, is
     before = len(issues)
     for stage, values in defaults.items():
         try:
-            OPTIONS[stage](**values)
+            get_stage(stage).options(**values)
         except ValidationError as exc:
             issues.extend(pydantic_issues(exc, ("defaults", stage), lines))
     return len(issues) == before

@@ -9,13 +9,14 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from pt2flow.flows import pipeline
 from pt2flow.flows.config.limits import Limits, LimitsConfig
-from pt2flow.stages.vocabulary import STAGES
 
 CONFIG_VERSION = 1
 
@@ -30,12 +31,9 @@ class DimConfig(_Strict):
 
 
 class StageDefaults(_Strict):
-    trace: dict[str, Any] = Field(default_factory=dict)
-    functionalize: dict[str, Any] = Field(default_factory=dict)
-    decompose: dict[str, Any] = Field(default_factory=dict)
-    serialize: dict[str, Any] = Field(default_factory=dict)
-    aot_compile: dict[str, Any] = Field(default_factory=dict)
-    validate_: dict[str, Any] = Field(default_factory=dict, alias="validate")
+    """`defaults`: limits, and one section of options per registered stage (config_model adds
+    them: the stages come from flows/pipeline, so a registered stage gets its section too)."""
+
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
 
@@ -60,9 +58,22 @@ class PipelineConfig(_Strict):
     version: Literal[1]
     store: str = "./pt2-store"
     storage_options: dict[str, Any] = Field(default_factory=dict)
-    stages: list[str] = Field(default_factory=lambda: list(STAGES))
+    stages: list[str] = Field(default_factory=lambda: list(pipeline.default_stages()))
     defaults: StageDefaults = Field(default_factory=StageDefaults)
     models: list[ModelConfig] = Field(min_length=1)
+
+
+def config_model() -> type[PipelineConfig]:
+    """PipelineConfig with a `defaults` section per registered stage (made once per set of stages)."""
+    return _config_model(pipeline.names())
+
+
+@functools.lru_cache(maxsize=8)
+def _config_model(stages: tuple[str, ...]) -> type[PipelineConfig]:
+    # fields are named s_<stage> with the stage's name as alias: a stage may be called `validate`
+    sections: dict[str, Any] = {f"s_{name}": (dict[str, Any], Field(default_factory=dict, alias=name)) for name in stages}
+    defaults = create_model("StageDefaults", __base__=StageDefaults, **sections)
+    return create_model("PipelineConfig", __base__=PipelineConfig, defaults=(defaults, Field(default_factory=defaults)))
 
 
 @dataclass(frozen=True)

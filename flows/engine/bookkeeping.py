@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import Outcome, RunContext, StageFailed
 from pt2flow.flows.engine.planner import cached_outcome, find_cached
-from pt2flow.flows.engine.registry import options_json
+from pt2flow.flows.engine.wiring import options_json
 from pt2flow.flows.engine.keys import Environment
 from pt2flow.flows.engine.records import stage_record
 from pt2flow.storage import StorageError
 from pt2flow.storage.records import IndexRecord
+
+if TYPE_CHECKING:
+    from pt2flow.flows.engine.compute import Produced
 
 
 def _now() -> datetime:
@@ -63,19 +66,19 @@ class StageRun:
             raise StageFailed(outcome)  # a known failure, reported again as it was
         return outcome
 
-    def published(self, produced: Mapping[str, Any]) -> Outcome:
+    def published(self, produced: Produced) -> Outcome:
         """Record what a worker computed and stored."""
         outcome = Outcome(
             status="ok",
             seconds=round(self.seconds(), 6),
-            artifact=produced["artifact"],
-            size=produced["size"],
-            uri=produced["uri"],
+            artifact=produced.artifact,
+            size=produced.size,
+            uri=produced.uri,
             key=self.key,
-            fingerprint=produced.get("fingerprint") or produced["artifact"],
-            details=dict(produced.get("details") or {}),
-            warnings=list(produced.get("warnings") or []),
-            blob_stat=produced.get("blob_stat"),
+            fingerprint=produced.fingerprint or produced.artifact,
+            details=dict(produced.details),
+            warnings=list(produced.warnings),
+            blob_stat=produced.blob_stat,
         )
         self.record(outcome)
         return outcome

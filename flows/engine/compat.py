@@ -14,12 +14,21 @@ import importlib.metadata
 import time
 from typing import Any, Mapping
 
+from pt2flow.flows import pipeline
 from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.runner import default_memory_gb
 from pt2flow.storage.errors import InvalidId, RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
+from pt2flow.stages.vocabulary import ErrorClass
 
-ARTIFACT_STAGES = {"archive": "serialize", "compiled": "aot_compile"}
+
+
+def checked_kinds() -> dict[str, str]:
+    """The entry key of each candidate stage's artifact in a check-compat document -> the stage:
+    `archive` (serialize's: the name this document has always used), `compiled`, then each
+    target's artifact kind (`onnx`, `pte`)."""
+    return {("archive" if name == "serialize" else pipeline.get(name).artifact or name): name for name in pipeline.candidates()}
+
 CHECK_TIMEOUT_S = 600.0  # one artifact: the worker's start, the load and every stored sample
 _UNCHECKED = {"loads": None, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None, "samples": 0, "skipped": None}
 
@@ -97,7 +106,7 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
     """One model's entry, or None when the run produced no archive or package of it. Its status:
     failed (an artifact failed), unchecked (none failed, one could not be run here: a CUDA package
     on a machine without CUDA), ok."""
-    built = {kind: records[stage] for kind, stage in ARTIFACT_STAGES.items() if records.get(stage, {}).get("status") == "ok"}
+    built = {kind: records[stage] for kind, stage in checked_kinds().items() if records.get(stage, {}).get("status") == "ok"}
     if not built:
         return None
     validate = records.get("validate")
@@ -110,7 +119,7 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
         try:
             data = store.get_blob(record["sha256"], record.get("size"))
         except (StorageError, InvalidId) as exc:  # InvalidId: a record whose digest is not one
-            checked.update(loads=False, runs=None, matches=None, error_class="storage", error=str(exc))
+            checked.update(loads=False, runs=None, matches=None, error_class=ErrorClass.STORAGE, error=str(exc))
         else:
             checked.update(checker.check(kind, data, samples, atol, rtol, record.get("device") or "cpu"))
         entry[kind] = checked
@@ -133,7 +142,7 @@ def check_compat(store: Any, run_id: str) -> dict[str, Any]:
         checker.close()
     failed = sum(1 for m in models if m["status"] == "failed")
     unchecked = sum(1 for m in models if m["status"] == "unchecked")
-    built_with = sorted({a["torch_version"] for m in models for k in ARTIFACT_STAGES if (a := m.get(k)) and a.get("torch_version")})
+    built_with = sorted({a["torch_version"] for m in models for k in checked_kinds() if (a := m.get(k)) and a.get("torch_version")})
     return {
         "run_id": run_id,
         "store": store.url,

@@ -1,9 +1,10 @@
 """The stage functions as a worker process runs them: load inputs, call the torch stage, publish.
 
-One function per StageSpec.compute name, each `(model, ctx, inputs, key) -> produced`, where
-`produced` names the published blob (artifact, size, uri), its fingerprint, details and
-warnings. Errors propagate: `classify` turns them into a failure the orchestrator records.
-Torch is imported inside the functions, so the registry stays importable without it.
+Each Stage (flows/pipeline) names its compute function by dotted path; the worker resolves it
+and calls it with a StageCall: the model, the run, the stage's inputs and key, and what a stage
+needs of the store (its input programs and blobs, loaded and verified; `publish` for its output).
+It returns a Produced. Errors propagate: `classify` turns them into a Failure the orchestrator
+records. Torch is imported inside the functions, so planning never needs it.
 """
 
 from __future__ import annotations
@@ -11,20 +12,61 @@ from __future__ import annotations
 import json
 import traceback
 from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pt2flow.flows.engine import runtime
+from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.engine import runtime
 from pt2flow.flows.engine.artifacts import load_artifact
 from pt2flow.flows.engine.context import Outcome, RunContext
-from pt2flow.flows.engine.planner import read_weights, request_key, source_manifest
-from pt2flow.flows.engine.registry import PROGRAM, PROGRAM_STAGES, stage_options
 from pt2flow.flows.engine.inputs import model_inputs
 from pt2flow.flows.engine.keys import Environment, canonical_json
-from pt2flow.stages.options import AotCompileOptions, DecomposeOptions, FunctionalizeOptions, TraceOptions, ValidateOptions
+from pt2flow.flows.engine.planner import read_weights, request_key, source_manifest
+from pt2flow.flows.engine.wiring import OptionsT, stage_options
+from pt2flow.stages.options import FunctionalizeOptions
+from pt2flow.stages.vocabulary import ErrorClass
 
-Produced = dict[str, Any]
+
+@dataclass(frozen=True)
+class StageRequest:
+    """What the orchestrator sends a worker to run one stage."""
+
+    stage: str
+    compute: str  # "module:function" (Stage.compute)
+    model: ResolvedModel
+    ctx: RunContext
+    inputs: dict[str, Outcome]
+    key: str
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What a stage published: its blob (digest, size, uri, the stat signature it was verified
+    with), its fingerprint (a program's; else the blob's digest), details and warnings."""
+
+    artifact: str
+    size: int
+    uri: str
+    blob_stat: str | None = None
+    fingerprint: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a stage failed: its class and message, details for the record, a report blob's
+    bytes, and whether it is a transient storage error worth a retry."""
+
+    error_class: ErrorClass
+    error: str
+    details: dict[str, Any] = field(default_factory=dict)
+    report: bytes | None = None
+    transient: bool = False
+
 
 # programs this worker built or loaded recently (saves a reload from the store for the next stage)
 _PROGRAMS: "OrderedDict[str, Any]" = OrderedDict()
@@ -55,7 +97,7 @@ def _load_program(store: Any, outcome: Outcome, model: ResolvedModel) -> Any:
     # dataclass) are registered by the modules that define them: import the model's module and
     # the modules the program recorded when it was stored, as the cold run had them imported
     import_factory(model.factory, model.search_path)
-    data = load_artifact(store, digest, outcome.size, PROGRAM_STAGES, "program")
+    data = load_artifact(store, digest, outcome.size, pipeline.program_stages(), "program")
     program, _meta = load_archive(data, import_pytree_modules=True)
     _remember(digest, program)
     return program
@@ -63,15 +105,65 @@ def _load_program(store: Any, outcome: Outcome, model: ResolvedModel) -> Any:
 
 def _publish(store: Any, data: bytes, *, fingerprint: str | None, details: Mapping[str, Any], warnings: tuple[str, ...] | list[str] = ()) -> Produced:
     ref = store.put_blob(data)
-    return {
-        "artifact": ref.digest,
-        "size": ref.size,
-        "uri": ref.uri,
-        "blob_stat": store.blob_signature(ref.digest),  # just written and verified: later hits trust it
-        "fingerprint": fingerprint or ref.digest,
-        "details": dict(details),
-        "warnings": list(warnings),
-    }
+    return Produced(
+        artifact=ref.digest,
+        size=ref.size,
+        uri=ref.uri,
+        blob_stat=store.blob_signature(ref.digest),  # just written and verified: later hits trust it
+        fingerprint=fingerprint or ref.digest,
+        details=dict(details),
+        warnings=list(warnings),
+    )
+
+
+@dataclass
+class StageCall:
+    """One stage of one model, as its compute function sees it (the API a stage outside
+    pt2flow is written against: docs/architecture.md, "Adding a stage")."""
+
+    stage: str
+    model: ResolvedModel
+    ctx: RunContext
+    inputs: Mapping[str, Outcome]
+    key: str
+
+    @cached_property
+    def store(self) -> Any:
+        return runtime.open_store(self.ctx.store_url)
+
+    def options(self, kind: type[OptionsT]) -> OptionsT:
+        """This stage's options for the model, as the stage's options model."""
+        return stage_options(self.model, self.stage, kind)
+
+    def program(self, name: str = "program") -> Any:
+        """Input `name` as an ExportedProgram (loaded from the store, verified; memoized)."""
+        return _load_program(self.store, self.inputs[name], self.model)
+
+    def blob(self, name: str) -> bytes:
+        """The bytes of input `name`'s artifact, verified against its index record."""
+        outcome = self.inputs[name]
+        stages = [s.name for s in pipeline.stages() if s.publishes == pipeline.get(self._provider(name)).publishes]
+        return load_artifact(self.store, outcome.artifact, outcome.size, tuple(stages), name, zipped=False)
+
+    def example_inputs(self) -> Any:
+        """The model's example inputs and dynamic dims (stages.example_inputs.ModelInputs)."""
+        return model_inputs(self.model)
+
+    def eager(self) -> Callable[[], Any]:
+        """A function returning a fresh eager model with the weights the source recorded."""
+        return model_builder(self.model, self.store, self.inputs["source"].details.get("weights") if "source" in self.inputs else None)
+
+    def publish(self, data: bytes, *, fingerprint: str | None = None, details: Mapping[str, Any] | None = None, warnings: tuple[str, ...] | list[str] = ()) -> Produced:
+        """Store `data` as this stage's artifact (by digest) and describe it for the index."""
+        return _publish(self.store, data, fingerprint=fingerprint, details=details or {}, warnings=warnings)
+
+    def publish_result(self, result: Any, *, fingerprint: str | None = None) -> Produced:
+        """Publish a StageResult whose output is bytes, with its metadata as details."""
+        return self.publish(result.output, fingerprint=fingerprint, details=result.metadata, warnings=result.warnings)
+
+    def _provider(self, name: str) -> str:
+        item = next(i for i in pipeline.inputs_of(pipeline.get(self.stage)) if i.name == name)
+        return next(s for s in item.stages if s in self.ctx.stages or s == "source")
 
 
 def model_builder(model: ResolvedModel, store: Any, weights: Mapping[str, Any] | None) -> Callable[[], Any]:
@@ -97,11 +189,11 @@ def model_builder(model: ResolvedModel, store: Any, weights: Mapping[str, Any] |
 # one function per stage
 
 
-def source(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
+def source(call: StageCall) -> Produced:
     """Pin down what the model is made of: config, weights (copied into the store, so every
     artifact can be rebuilt from it) and the dependency manifest of its code (the model is built
     here to see what it imports; trace reuses the built model). Stored as canonical JSON."""
-    store = runtime.open_store(ctx.store_url)
+    model, store = call.model, call.store
     weights = None
     if model.weights:
         data, url = read_weights(model)
@@ -113,7 +205,7 @@ def source(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome],
     details = {"manifest": manifest, "request": request_key(static), "module_file": origin, "weights": weights, "weights_url": model.weights}
     if problem:  # trace meets the same problem and reports it with its class
         details["deps_problem"] = problem
-    return _publish(store, canonical_json(manifest).encode(), fingerprint=None, details=details)
+    return call.publish(canonical_json(manifest).encode(), details=details)
 
 
 # the model the source stage built, for the trace stage that follows it in this worker
@@ -151,77 +243,89 @@ def _dependencies(model: ResolvedModel, store: Any, weights: Mapping[str, Any] |
         return {"files": {}, "distributions": {}, "error": f"{type(exc).__name__}: {exc}"}, problem
 
 
-def _program_result(store: Any, result: Any) -> Produced:
+def _program_result(call: StageCall, result: Any) -> Produced:
     """Publish a program stage's output, after checking that it loads back (a program that does
     not must never become a cache entry: the stage fails with `serialization`, cold or warm)."""
     from pt2flow.stages.serialize import program_bytes_checked
 
-    produced = _publish(store, program_bytes_checked(result.output), fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
-    _remember(produced["artifact"], result.output)
+    produced = call.publish(program_bytes_checked(result.output), fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
+    _remember(produced.artifact, result.output)
     return produced
 
 
-def trace(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
+def trace(call: StageCall) -> Produced:
+    from pt2flow.stages.options import TraceOptions
     from pt2flow.stages.trace import trace as trace_stage
 
-    store = runtime.open_store(ctx.store_url)
-    built = _BUILT.pop(model.name, None)
+    built = _BUILT.pop(call.model.name, None)
     if built is None:
-        built = model_builder(model, store, inputs["source"].details.get("weights"))()
-    return _program_result(store, trace_stage(built, model_inputs(model), stage_options(model, "trace", TraceOptions)))
+        built = call.eager()()
+    return _program_result(call, trace_stage(built, call.example_inputs(), call.options(TraceOptions)))
 
 
-def functionalize(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
+def functionalize(call: StageCall) -> Produced:
     from pt2flow.stages.functionalize import functionalize as functionalize_stage
 
-    store = runtime.open_store(ctx.store_url)
-    return _program_result(store, functionalize_stage(_load_program(store, inputs[PROGRAM], model), stage_options(model, "functionalize", FunctionalizeOptions)))
+    return _program_result(call, functionalize_stage(call.program(), call.options(FunctionalizeOptions)))
 
 
-def decompose(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
+def decompose(call: StageCall) -> Produced:
     from pt2flow.stages.decompose import decompose as decompose_stage
+    from pt2flow.stages.options import DecomposeOptions
 
-    store = runtime.open_store(ctx.store_url)
-    return _program_result(store, decompose_stage(_load_program(store, inputs[PROGRAM], model), stage_options(model, "decompose", DecomposeOptions)))
+    return _program_result(call, decompose_stage(call.program(), call.options(DecomposeOptions)))
 
 
-def serialize(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
+def serialize(call: StageCall) -> Produced:
     from pt2flow.stages.serialize import serialize as serialize_stage
 
-    store = runtime.open_store(ctx.store_url)
     env = Environment.current()
-    parent = inputs[PROGRAM]
+    parent = call.inputs["program"]
     metadata = {
         "pt2flow_version": env.pt2flow_version,
         "torch_version": env.torch_version,
         "program_fingerprint": parent.fingerprint,
-        "derivation_key": key,
+        "derivation_key": call.key,
         "parent_key": parent.key,
     }
-    result = serialize_stage(_load_program(store, parent, model), metadata)
-    return _publish(store, result.output, fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
+    result = serialize_stage(call.program(), metadata)
+    return call.publish_result(result, fingerprint=result.metadata["fingerprint"])
 
 
-def aot_compile(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
+def aot_compile(call: StageCall) -> Produced:
     from pt2flow.stages.aot_compile import aot_compile as compile_stage
+    from pt2flow.stages.options import AotCompileOptions
 
-    store = runtime.open_store(ctx.store_url)
-    result = compile_stage(_load_program(store, inputs[PROGRAM], model), stage_options(model, "aot_compile", AotCompileOptions))
-    return _publish(store, result.output, fingerprint=None, details=result.metadata, warnings=result.warnings)
+    return call.publish_result(compile_stage(call.program(), call.options(AotCompileOptions)))
 
 
-def validate(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> Produced:
+def onnx(call: StageCall) -> Produced:
+    from pt2flow.stages.onnx_target import export_onnx
+    from pt2flow.stages.options import OnnxOptions
+
+    return call.publish_result(export_onnx(call.program(), call.options(OnnxOptions)))
+
+
+def executorch(call: StageCall) -> Produced:
+    from pt2flow.stages.executorch_target import lower_executorch
+    from pt2flow.stages.options import ExecutorchOptions
+
+    return call.publish_result(lower_executorch(call.program(), call.options(ExecutorchOptions)))
+
+
+def validate(call: StageCall) -> Produced:
+    from pt2flow.stages.options import ValidateOptions
     from pt2flow.stages.validate import validate as validate_stage
 
-    store = runtime.open_store(ctx.store_url)
-    serialized, compiled = inputs.get("serialize"), inputs.get("aot_compile")
+    model, store = call.model, call.store
+    serialized, compiled = call.inputs.get("serialize"), call.inputs.get("aot_compile")
     archive = load_artifact(store, serialized.artifact, serialized.size, ("serialize",), "archive") if serialized else None
     package = load_artifact(store, compiled.artifact, compiled.size, ("aot_compile",), "package") if compiled else None
     result = validate_stage(
-        model_builder(model, store, inputs["source"].details.get("weights")),
-        model_inputs(model),
-        inputs["trace"].details.get("dims", {}),
-        stage_options(model, "validate", ValidateOptions),
+        call.eager(),
+        call.example_inputs(),
+        call.inputs["trace"].details.get("dims", {}),
+        call.options(ValidateOptions),
         archive=archive,
         package=package,
         training=model.training,
@@ -234,18 +338,11 @@ def validate(model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome
         details["io"] = {"sha256": io_ref.digest, "size": io_ref.size}
     elif result.output.get("io_skipped"):  # why not (training mode, an output safetensors cannot hold)
         details["io_skipped"] = result.output["io_skipped"]
-    return _publish(store, report, fingerprint=None, details=details, warnings=result.warnings)
+    return call.publish(report, details=details, warnings=result.warnings)
 
 
-COMPUTE: dict[str, Callable[[ResolvedModel, RunContext, Mapping[str, Outcome], str], Produced]] = {
-    "source": source,
-    "trace": trace,
-    "functionalize": functionalize,
-    "decompose": decompose,
-    "serialize": serialize,
-    "aot_compile": aot_compile,
-    "validate": validate,
-}
+# the artifact formats that are zip archives (checked by storage.safety before torch opens them)
+ZIPPED = frozenset({"program", "archive", "package"})
 
 
 def validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -267,7 +364,7 @@ def validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
 # failures
 
 
-def classify(stage: str, exc: BaseException) -> dict[str, Any]:
+def classify(stage: str, exc: BaseException) -> Failure:
     """A failure the orchestrator can record: error class, message, details, report bytes, and
     whether it is a transient storage error worth a retry."""
     from pt2flow.stages.errors import StageError
@@ -280,13 +377,24 @@ def classify(stage: str, exc: BaseException) -> dict[str, Any]:
         if stage == "validate" and exc.details:
             report = json.dumps(exc.details, indent=1, default=str).encode()
             details["validation"] = validation_summary(exc.details)
-        return {"error_class": exc.error_class, "error": exc.message, "details": details, "report": report}
+        elif exc.details:
+            details.update(exc.details)
+        return Failure(ErrorClass(exc.error_class), exc.message, details, report)
     if isinstance(exc, StorageError):
-        return {"error_class": "storage", "error": str(exc), "details": {}, "report": None, "transient": is_transient(exc)}
+        return Failure(ErrorClass.STORAGE, str(exc), transient=is_transient(exc))
     if isinstance(exc, MemoryError):
-        return {"error_class": "out_of_memory", "error": f"out of memory: {exc or 'MemoryError'}", "details": {}, "report": None}
+        return Failure(ErrorClass.OUT_OF_MEMORY, f"out of memory: {exc or 'MemoryError'}")
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8))
-    return {"error_class": "internal", "error": f"pt2flow bug: {type(exc).__name__}: {exc}", "details": {"traceback": tb}, "report": None}
+    if _registered_elsewhere(stage):  # a stage from another distribution raised: not pt2flow's bug
+        return Failure(ErrorClass.RUNTIME, f"{stage} raised {type(exc).__name__}: {exc}", {"traceback": tb})
+    return Failure(ErrorClass.INTERNAL, f"pt2flow bug: {type(exc).__name__}: {exc}", {"traceback": tb})
+
+
+def _registered_elsewhere(stage: str) -> bool:
+    try:
+        return pipeline.get(stage).origin != "pt2flow"
+    except KeyError:
+        return False
 
 
 def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str) -> tuple[str, Any]:
@@ -300,13 +408,15 @@ def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: 
     try:
         result = check(kind, data, unpack(io) if io is not None else None, atol, rtol, device)
     except Exception as exc:
-        return "failed", classify("check-compat", exc)
+        failure = classify("check-compat", exc)
+        return "failed", {"error_class": str(failure.error_class), "error": failure.error}
     return "ok", {**result, "checked_with": torch.__version__}
 
 
-def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], key: str) -> tuple[str, dict[str, Any]]:
-    """("ok", produced) or ("failed", failure): never raises for the stage's own errors."""
+def run_stage(request: StageRequest) -> tuple[str, Produced | Failure]:
+    """("ok", Produced) or ("failed", Failure): never raises for the stage's own errors."""
     try:
-        return "ok", COMPUTE[stage](model, ctx, inputs, key)
+        compute = pipeline.resolve(request.compute)
+        return "ok", compute(StageCall(request.stage, request.model, request.ctx, request.inputs, request.key))
     except Exception as exc:
-        return "failed", classify(stage, exc)
+        return "failed", classify(request.stage, exc)

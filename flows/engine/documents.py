@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
 
+from pt2flow.stages.vocabulary import ErrorClass
+
 
 class Document(BaseModel):
     """A JSON document: its fields in contract order; the ones in `optional` dumped only when given."""
@@ -92,10 +94,20 @@ class StageView(Document):
 
 
 class Artifacts(Document):
-    """The model's artifacts by slot (registry.StageSpec.slot)."""
+    """The model's deliverables by slot (flows/pipeline: a candidate stage's `artifact`):
+    `serialized` and `compiled` always, a target's (`onnx`, `pte`, a registered stage's) when
+    its stage ran."""
+
+    model_config = ConfigDict(extra="allow")
 
     serialized: str | None = None
     compiled: str | None = None
+
+    def put(self, slot: str, digest: str | None) -> None:
+        setattr(self, slot, digest)
+
+    def get(self, slot: str) -> str | None:
+        return getattr(self, slot, None)
 
 
 class ValidationSummary(Document):
@@ -129,7 +141,7 @@ class ModelResult(Document):
     @classmethod
     def crashed(cls, name: str, message: str) -> ModelResult:
         """A model whose flow ended without a result."""
-        return cls(name=name, status="failed", error_class="internal", error=message)
+        return cls(name=name, status="failed", error_class=ErrorClass.INTERNAL, error=message)
 
     def fail(self, stage: str, outcome: Outcome) -> None:
         """The model ended at `stage` with this failed outcome."""

@@ -13,6 +13,7 @@ from typing import Any
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 def to_stage_tree(tree: Any) -> Any:
@@ -43,7 +44,7 @@ def model_inputs(model: ResolvedModel) -> Any:
         try:
             result = make()
         except Exception as exc:
-            raise StageError("runtime", f"inputs_factory {model.inputs_factory} raised {type(exc).__name__}: {exc}") from exc
+            raise StageError(ErrorClass.RUNTIME, f"inputs_factory {model.inputs_factory} raised {type(exc).__name__}: {exc}") from exc
         positional, inputs = check_inputs_call(result, f"inputs_factory {model.inputs_factory}")
     elif model.inputs_file:
         data, url = read_inputs_file(model)
@@ -114,9 +115,9 @@ def module_source_hash(factory: str, search_path: str) -> tuple[str, str | None]
         with search_path_first(search_path):
             spec = importlib.util.find_spec(module_name)
     except (ImportError, ValueError) as exc:
-        raise StageError("import", f"module {module_name!r} cannot be found: {exc}") from exc
+        raise StageError(ErrorClass.IMPORT, f"module {module_name!r} cannot be found: {exc}") from exc
     if spec is None:
-        raise StageError("import", f"module {module_name!r} not found")
+        raise StageError(ErrorClass.IMPORT, f"module {module_name!r} not found")
     origin = spec.origin if spec.origin and Path(spec.origin).is_file() else None
     return hashlib.sha256(Path(origin).read_bytes() if origin else module_name.encode()).hexdigest(), origin
 

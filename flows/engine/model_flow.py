@@ -1,21 +1,19 @@
-"""One model through the stages as a Prefect flow: one Prefect task per stage, named after it,
-so the UI shows which stage of which model failed. The bodies are flows/engine/runner.py's; they
-run in this process and send the torch work to a supervised worker process.
+"""The Prefect tasks of a model's stages: one per stage, named after it, so the UI shows which
+stage of which model failed. The fleet flow's model task (flows/fleet.py) runs them; their bodies
+are flows/engine/runner.py's, which run in this process and send the torch work to a supervised
+worker process.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed, Failed
 
-from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine.context import RunContext, TransientStageError
-from pt2flow.flows.engine.planner import Plan
-from pt2flow.flows.engine.registry import STAGE_SPECS
-from pt2flow.flows.engine.runner import run_model, run_stage
+from pt2flow.flows import pipeline
+from pt2flow.flows.engine.context import TransientStageError
+from pt2flow.flows.engine.runner import run_stage
 
 # A stage task is retried, by Prefect, only after a transient storage error (the store's own
 # RetryPolicy gave up: an outage longer than its backoff). The retry looks the stage up in the
@@ -28,28 +26,21 @@ def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return isinstance(state.data, TransientStageError)
 
 
-STAGE_TASKS = {
-    name: task(
-        name=name,
-        cache_policy=NO_CACHE,
-        persist_result=False,
-        retries=STAGE_RETRIES,
-        retry_delay_seconds=STAGE_RETRY_DELAY_SECONDS,
-        retry_condition_fn=_retry_transient,
-    )(run_stage)
-    for name in ("source", *STAGE_SPECS)
-}
+class StageTasks(dict):
+    """One Prefect task per stage, named after it, made when a run first needs it (a stage
+    registered after this module was imported gets one too)."""
+
+    def __missing__(self, name: str) -> Any:
+        pipeline.get(name)  # an unknown stage is a KeyError here, as before
+        self[name] = made = task(
+            name=name,
+            cache_policy=NO_CACHE,
+            persist_result=False,
+            retries=STAGE_RETRIES,
+            retry_delay_seconds=STAGE_RETRY_DELAY_SECONDS,
+            retry_condition_fn=_retry_transient,
+        )(run_stage)
+        return made
 
 
-@flow(name="pt2flow-model", validate_parameters=False, persist_result=False)
-def export_model_flow(model: ResolvedModel, ctx: RunContext, plan: Plan | None = None) -> Any:
-    """One model through the configured stages on this process's worker pool; returns its entry
-    of the run document (a dict). The flow run fails when the model does, naming the stage and
-    the class."""
-    from pt2flow.flows.engine.pool import shared_pool
-
-    result = run_model(model, ctx, plan, shared_pool(), tasks=STAGE_TASKS)
-    data = result.model_dump(mode="json")  # the flow's result: the model's entry of the run document
-    if result.status != "ok":
-        return Failed(message=f"{model.name}: {result.error_class} at {result.failed_stage}", data=data)
-    return Completed(data=data)
+STAGE_TASKS = StageTasks()

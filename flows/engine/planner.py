@@ -1,7 +1,7 @@
 """The planner: a model's key chain and cache decisions, computed once, without torch.
 
 `plan_model` walks the configured stages from the source, computing each key from the cached
-outcomes before it (registry.StageSpec.key) and looking it up in the index, until the first
+outcomes before it (flows/pipeline: each Stage's key) and looking it up in the index, until the first
 stage with no usable record. A plan whose every stage hits is settled without a worker and
 without Prefect; otherwise the model flow starts from the plan and looks up only the keys that
 depend on what it builds (docs/architecture.md, "Caching").
@@ -19,7 +19,8 @@ from typing import Any, Mapping
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import Outcome, RunContext
-from pt2flow.flows.engine.registry import STAGE_SPECS
+from pt2flow.flows import pipeline
+from pt2flow.flows.engine.wiring import gather, stage_key
 from pt2flow.flows.engine.keys import derivation_key
 from pt2flow.stages.vocabulary import DETERMINISTIC_FAILURES
 
@@ -58,11 +59,10 @@ def request_key(static: Mapping[str, Any]) -> str:
     """What the config and the weights say about a model (the manifest without its code's
     dependencies): finds the source records whose dependency manifest a re-run checks."""
     from pt2flow.flows.engine.keys import canonical_json, sha256_text
-    from pt2flow.stages import STAGE_VERSIONS
 
     # the source stage's version too: a pt2flow that records manifests differently never
     # reuses a manifest an older one recorded
-    return sha256_text(f"source-request:v{STAGE_VERSIONS['source']}:" + canonical_json(static))
+    return sha256_text(f"source-request:v{pipeline.versions()['source']}:" + canonical_json(static))
 
 
 def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str, Any] | None:
@@ -181,8 +181,8 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
         plan.hits["source"] = (plan.source_key, row)
         outcomes: dict[str, Outcome] = {"source": _facts(plan.source_key, row)}
         for stage in ctx.stages:
-            spec = STAGE_SPECS[stage]
-            key = spec.key(model, spec.gather(outcomes))
+            spec = pipeline.get(stage)
+            key = stage_key(spec, model, gather(spec, outcomes))
             row = find_cached(store, key, failures=failures)
             if row is None:
                 plan.first_miss = stage

@@ -14,7 +14,7 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.engine.compute import classify, model_builder
 from pt2flow.flows.engine.inputs import model_inputs
-from pt2flow.flows.engine.registry import stage_options
+from pt2flow.flows.engine.wiring import stage_options
 
 
 def _program(data: bytes) -> Any:
@@ -68,4 +68,5 @@ def rebuild(
             found["rebuilt"] = _rerun(stage, options, _program(parent))
         return "ok", found
     except Exception as exc:  # noqa: BLE001 - reported as the record's failure to rebuild
-        return "failed", classify(stage, exc)
+        failure = classify(stage, exc)
+        return "failed", {"error_class": str(failure.error_class), "error": failure.error}

@@ -17,6 +17,10 @@ it, and makes the same call that failed, so it raises the same exception:
     aot_compile    torch._inductor.aoti_compile_and_package (after move_to_device_pass for a
                    GPU target)
 
+Each stage names its template (flows/pipeline: Stage.repro, a function here or in a stage's own
+module); the program a later stage was given is its parent record's, found through the record's
+parent keys, so any valid stage list reproduces (`[trace, serialize]` loads trace's program).
+
 A program stage that failed with `serialization` failed the store's round trip of its program,
 not its own call: its script then also saves the program and loads it back. Every script ends
 by printing that nothing was raised, should the failure not reproduce.
@@ -35,10 +39,15 @@ import textwrap
 from pathlib import Path
 from typing import Any, Mapping
 
+from pt2flow.flows import pipeline
 from pt2flow.storage.errors import RecordNotFound
 from pt2flow.storage.lineage import ancestors, decode, records_for_id
 
-REPRODUCIBLE = ("trace", "functionalize", "decompose", "serialize", "aot_compile")
+
+def reproducible() -> tuple[str, ...]:
+    """The stages with a repro template, in pipeline order."""
+    return tuple(s.name for s in pipeline.stages() if s.repro)
+
 # failures that happen before torch is reached: the model's code, its config or its weights, which
 # a torch-only script cannot show (the fix is the user's, and `pt2flow validate` names it)
 BEFORE_TORCH = {
@@ -46,7 +55,6 @@ BEFORE_TORCH = {
     "config": "the config does not fit the model",
     "weights": "the weights do not load into the model",
 }
-_PROGRAM_PARENT = {"functionalize": "trace", "decompose": "functionalize", "serialize": "decompose", "aot_compile": "decompose"}
 
 
 class ReproError(RecordNotFound):
@@ -86,17 +94,25 @@ def find_failure(index: Any, target: str) -> dict[str, Any]:
             f"{record['model']} failed at {record['stage']} with {record['error_class']} before torch was reached "
             f"({BEFORE_TORCH[record['error_class']]}: {first}): a torch-only script cannot reproduce that; fix it and run again"
         )
-    if record["stage"] not in REPRODUCIBLE:
+    if record["stage"] not in reproducible():
         raise ReproError(
             f"{record['model']} failed at {record['stage']} ({record.get('error_class')}); repro covers "
-            f"{', '.join(REPRODUCIBLE)}: a validation failure is a comparison, `pt2flow show` has its report"
+            f"{', '.join(reproducible())}: a validation failure is a comparison, `pt2flow show` has its report"
         )
     return record
 
 
 def _chain(index: Any, record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The ok ancestors of a failed record by stage (its source, its parent program)."""
-    return {r["stage"]: decode(r) for r in ancestors(index, record) if r.get("status") == "ok"}
+    """The ok ancestors of a failed record: by stage, and its direct parent program (the record
+    of a program stage whose key the failed record names) under "program"."""
+    found = [decode(r) for r in ancestors(index, record) if r.get("status") == "ok"]
+    chain = {r["stage"]: r for r in found}
+    parents = set(record.get("parent_keys") or ())
+    programs = set(pipeline.program_stages())
+    direct = [r for r in found if r.get("key") in parents and r["stage"] in programs]
+    if direct:
+        chain["program"] = direct[0]
+    return chain
 
 
 def search_path_of(module: str, module_file: str | None) -> str | None:
@@ -241,16 +257,9 @@ def _write(store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], sour
     """Write the reproducer's files into `folder`, naming each in `files` as it is written."""
     import torch
 
-    if record["stage"] == "trace":
-        body = _trace_body(store, record, source, model, folder, files)
-    else:
-        parent = chain.get(_PROGRAM_PARENT[record["stage"]])
-        if parent is None:
-            raise ReproError(f"the {_PROGRAM_PARENT[record['stage']]} program that {record['model']}'s {record['stage']} was given is not in the index")
-        files.append("program.pt2")
-        (folder / "program.pt2").write_bytes(store.get_blob(parent["sha256"], parent.get("size")))
-        body = _program_body(record)
-    if record.get("error_class") == "serialization" and record["stage"] in _PROGRAM_STAGES:
+    job = ReproJob(store, record, chain, source, model, folder, files)
+    body = pipeline.resolve(pipeline.get(record["stage"]).repro)(job)
+    if record.get("error_class") == "serialization" and record["stage"] in pipeline.program_stages():
         body += _ROUND_TRIP  # the program failed the store's round trip, not the stage's own call
     body += "print('no error: the failure does not reproduce with this torch')\n"
     script = _script(record, model, body, torch.__version__)
@@ -260,7 +269,30 @@ def _write(store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], sour
             "error": record.get("error_message"), "run_id": record.get("run_id"), "dir": str(folder.resolve()), "files": sorted(files)}
 
 
-_PROGRAM_STAGES = ("trace", "functionalize", "decompose")
+class ReproJob:
+    """What a stage's repro template gets (Stage.repro): the failed record and its options, the
+    model as the run resolved it, and the folder to write data files into. `program()` writes the
+    program the stage was given to program.pt2 and returns the line that loads it as `ep`."""
+
+    def __init__(self, store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], source: Mapping[str, Any], model: Any,
+                 folder: Path, files: list[str]) -> None:
+        self.store, self.record, self.chain, self.source, self.model, self.folder, self.files = store, record, chain, source, model, folder, files
+        self.options: dict[str, Any] = dict(record.get("options") or {})
+
+    def write(self, name: str, data: bytes) -> str:
+        """Write a data file beside repro.py; the expression of its path in the script."""
+        self.files.append(name)
+        (self.folder / name).write_bytes(data)
+        return f"os.path.join(HERE, {name!r})"
+
+    def program(self) -> str:
+        parent = self.chain.get("program")
+        if parent is None:
+            raise ReproError(f"the program that {self.record['model']}'s {self.record['stage']} was given is not in the index")
+        path = self.write("program.pt2", self.store.get_blob(parent["sha256"], parent.get("size")))
+        return f"ep = torch.export.load({path})\n"
+
+
 # pt2flow saves every program it stores and loads it back before it is used (docs/architecture.md §2)
 _ROUND_TRIP = textwrap.dedent("""\
     import io
@@ -271,13 +303,15 @@ _ROUND_TRIP = textwrap.dedent("""\
     """)
 
 
-def _trace_body(store: Any, record: Mapping[str, Any], source: Mapping[str, Any], model: Any, folder: Path, files: list[str]) -> str:
+def trace_repro(job: ReproJob) -> str:
+    """torch.export.export with the first strategy of the ladder, whose error is the one recorded."""
     import torch
 
     from pt2flow.flows.engine.inputs import model_inputs
     from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
     from pt2flow.stages.source import build_model, import_factory
 
+    store, record, source, model, folder, files = job.store, job.record, job.source, job.model, job.folder, job.files
     state = _weights(store, source.get("details") or {})
     eager = build_model(import_factory(model.factory, model.search_path), model.kwargs, state)
     specs = model_inputs(model)
@@ -317,48 +351,59 @@ def _build_model_code(model: Any, weights: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _program_body(record: Mapping[str, Any]) -> str:
-    options = record.get("options") or {}
-    stage = record["stage"]
-    load = "ep = torch.export.load(os.path.join(HERE, 'program.pt2'))\n"
-    if stage == "functionalize":
-        if options.get("mode") == "training":
-            return load + textwrap.dedent("""\
-                from torch.export.experimental import _export_forward_backward
-                ep = _export_forward_backward(ep, joint_loss_index=0)
-                """)
-        return load + "ep = ep.run_decompositions({})\n"
-    if stage == "decompose":
-        from pt2flow.stages.program import ALWAYS_ALLOWED_PREFIXES as ALLOWED
-
-        preserve = tuple(options.get("preserve") or ())
-        return load + textwrap.dedent(f"""\
-            preserve = {preserve!r}
-            table = torch.export.default_decompositions()
-            for name in preserve:
-                namespace, op, overload = name.split(".")
-                table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
-            ep = ep.run_decompositions(table)
-            def is_core(target):  # pt2flow's rule: structure (getitem, sym ops, control flow) and core ATen
-                if not isinstance(target, torch._ops.OpOverload):
-                    name = getattr(target, "__name__", "")
-                    return isinstance(target, torch._ops.HigherOrderOperator) or getattr(target, "__module__", "") in ("_operator", "operator", "math") or name.startswith("sym_")
-                return str(target).startswith({ALLOWED!r}) or torch.Tag.core in target.tags
-            left = sorted({{str(n.target) for n in ep.graph.nodes
-                           if n.op == "call_function" and str(n.target) not in preserve and not is_core(n.target)}})
-            if left:
-                raise RuntimeError("ops outside core ATen remain after decomposition: " + ", ".join(left))
-            """)
-    if stage == "serialize":
+def functionalize_repro(job: ReproJob) -> str:
+    """run_decompositions({}) on the traced program (training: the joint program)."""
+    load = job.program()
+    if job.options.get("mode") == "training":
         return load + textwrap.dedent("""\
-            import io
-            buffer = io.BytesIO()
-            torch.export.save(ep, buffer)
-            buffer.seek(0)
-            torch.export.load(buffer)
+            from torch.export.experimental import _export_forward_backward
+            ep = _export_forward_backward(ep, joint_loss_index=0)
             """)
-    configs = (options.get("inductor_configs") or {})
-    device = options.get("device") or "cpu"
+    return load + "ep = ep.run_decompositions({})\n"
+
+
+def decompose_repro(job: ReproJob) -> str:
+    """run_decompositions(core ATen table minus `preserve`), then the check that no op outside
+    core ATen is left."""
+    from pt2flow.stages.program import ALWAYS_ALLOWED_PREFIXES as ALLOWED
+
+    load = job.program()
+    preserve = tuple(job.options.get("preserve") or ())
+    return load + textwrap.dedent(f"""\
+        preserve = {preserve!r}
+        table = torch.export.default_decompositions()
+        for name in preserve:
+            namespace, op, overload = name.split(".")
+            table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
+        ep = ep.run_decompositions(table)
+        def is_core(target):  # pt2flow's rule: structure (getitem, sym ops, control flow) and core ATen
+            if not isinstance(target, torch._ops.OpOverload):
+                name = getattr(target, "__name__", "")
+                return isinstance(target, torch._ops.HigherOrderOperator) or getattr(target, "__module__", "") in ("_operator", "operator", "math") or name.startswith("sym_")
+            return str(target).startswith({ALLOWED!r}) or torch.Tag.core in target.tags
+        left = sorted({{str(n.target) for n in ep.graph.nodes
+                       if n.op == "call_function" and str(n.target) not in preserve and not is_core(n.target)}})
+        if left:
+            raise RuntimeError("ops outside core ATen remain after decomposition: " + ", ".join(left))
+        """)
+
+
+def serialize_repro(job: ReproJob) -> str:
+    """torch.export.save, then torch.export.load of the bytes."""
+    return job.program() + textwrap.dedent("""\
+        import io
+        buffer = io.BytesIO()
+        torch.export.save(ep, buffer)
+        buffer.seek(0)
+        torch.export.load(buffer)
+        """)
+
+
+def aot_compile_repro(job: ReproJob) -> str:
+    """torch._inductor.aoti_compile_and_package (after move_to_device_pass for a GPU target)."""
+    load = job.program()
+    configs = job.options.get("inductor_configs") or {}
+    device = job.options.get("device") or "cpu"
     if device != "cpu":  # as the aot_compile stage does: the program moved to the target device
         load += textwrap.dedent(f"""\
             from torch.export.passes import move_to_device_pass

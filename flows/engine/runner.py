@@ -20,12 +20,15 @@ from typing import Any, Callable, Mapping
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.bookkeeping import StageRun
+from pt2flow.flows.engine.compute import Produced, StageRequest
 from pt2flow.flows.engine.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
 from pt2flow.flows.engine.documents import ModelResult, StageView, ValidationSummary
 from pt2flow.flows.engine.planner import Plan, plan_model, source_key
 from pt2flow.flows.engine.pool import Budget, Lease, WorkerLost, WorkerPool
-from pt2flow.flows.engine.registry import SOURCE, STAGE_SPECS
+from pt2flow.flows.engine.wiring import gather, parent_keys, stage_key
+from pt2flow.flows.pipeline import get as get_stage, document_slots
 from pt2flow.storage.records import IndexRecord
+from pt2flow.stages.vocabulary import ErrorClass
 
 StageCall = Callable[[str, ResolvedModel, RunContext, Mapping[str, Outcome]], Outcome]
 
@@ -89,43 +92,44 @@ def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping
     from pt2flow.storage.retry import is_transient
 
     model_run = _model_run()
-    spec = SOURCE if stage == "source" else STAGE_SPECS[stage]
-    key = (model_run.plan.source_key or "") if stage == "source" else spec.key(model, inputs)
-    run = StageRun(stage, model, ctx, key, spec.parent_keys(inputs), records=model_run.records)
+    spec = get_stage(stage)
+    key = (model_run.plan.source_key or "") if stage == "source" else stage_key(spec, model, inputs)
+    run = StageRun(stage, model, ctx, key, parent_keys(spec, inputs), records=model_run.records)
     try:
-        return _attempt(run, model_run, inputs)
+        return _attempt(run, model_run, inputs, spec.compute)
     except StorageError as exc:
         if is_transient(exc) and _retries_left():
             raise TransientStageError(str(exc)) from exc  # not recorded: the retry records the outcome
-        raise run.fail("storage", str(exc)) from None
+        raise run.fail(ErrorClass.STORAGE, str(exc)) from None
 
 
-def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome]) -> Outcome:
+def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], compute: str) -> Outcome:
     stage = run.stage
     if run.key:
         hit = run.cached(model_run.plan.hit(stage, run.key))
         if hit is not None:
             return hit
     if model_run.lease is None:
-        raise run.fail("internal", f"pt2flow bug: {stage} of a model planned as fully cached has work to do")
+        raise run.fail(ErrorClass.INTERNAL, f"pt2flow bug: {stage} of a model planned as fully cached has work to do")
     try:
         worker = model_run.lease.get()
-        status, payload = worker.call(("stage", stage, run.model, run.ctx, dict(inputs), run.key), model_run.budget(stage))
+        request = StageRequest(stage, compute, run.model, run.ctx, dict(inputs), run.key)
+        status, payload = worker.call(("stage", request), model_run.budget(stage))
     except WorkerLost as lost:
         details = {"stderr_tail": lost.stderr_tail, "returncode": lost.returncode}
-        message = f"{lost.message} during {stage}" if lost.error_class == "crash" else f"{stage}: {lost.message}"
+        message = f"{lost.message} during {stage}" if lost.error_class == ErrorClass.CRASH else f"{stage}: {lost.message}"
         raise run.fail(lost.error_class, message, details=details) from None
-    if status == "ok":
+    if isinstance(payload, Produced):
         if stage == "source":  # the manifest the worker read is the one the key must cover
-            run.key = source_key(payload["details"]["manifest"])
+            run.key = source_key(payload.details["manifest"])
         return run.published(payload)
-    if payload.get("transient") and _retries_left():
-        raise TransientStageError(payload["error"])  # not recorded: the retry records the outcome
-    details = dict(payload.get("details") or {})
+    if payload.transient and _retries_left():
+        raise TransientStageError(payload.error)  # not recorded: the retry records the outcome
+    details = dict(payload.details)
     tail = worker.stderr_tail()
     if tail.strip():
         details["stderr_tail"] = tail
-    raise run.fail(payload["error_class"], payload["error"], details=details, report=payload.get("report"))
+    raise run.fail(payload.error_class, payload.error, details=details, report=payload.report)
 
 
 def run_model(
@@ -157,14 +161,14 @@ def run_model(
     try:
         outcomes["source"] = call("source")("source", model, ctx, {})
         result.source = outcomes["source"].artifact
+        slots = {stage: slot for slot, stage in document_slots().items()}
         for stage in ctx.stages:
             current = stage
-            spec = STAGE_SPECS[stage]
             logger.info("%s: %s", model.name, stage)
-            outcomes[stage] = call(stage)(stage, model, ctx, spec.gather(outcomes))
+            outcomes[stage] = call(stage)(stage, model, ctx, gather(get_stage(stage), outcomes))
             result.stages[stage] = StageView.of(outcomes[stage])
-            if spec.slot:
-                setattr(result.artifacts, spec.slot, outcomes[stage].artifact)
+            if stage in slots:
+                result.artifacts.put(slots[stage], outcomes[stage].artifact)
     except StageFailed as failure:
         outcomes[current] = failure.outcome
         if current != "source":
@@ -192,22 +196,6 @@ def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome
     validation = validate.details.get("validation") if validate is not None else None
     if validation:
         result.validation = ValidationSummary(**{k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples")})
-
-
-def call_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome], pool: WorkerPool) -> Outcome:
-    """One stage outside a model flow and outside Prefect (tools, tests): the bookkeeping here,
-    the work on `pool`. A failure is recorded and returned as its outcome."""
-    from pt2flow.flows.engine.planner import Plan
-
-    lease = Lease(pool)
-    _current.run = ModelRun(Plan(model), lease, model.limits, time.monotonic())
-    try:
-        return run_stage(stage, model, ctx, inputs)
-    except StageFailed as failure:
-        return failure.outcome
-    finally:
-        _current.run = None
-        lease.release()
 
 
 def run_logger() -> Any:

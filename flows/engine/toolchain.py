@@ -135,3 +135,13 @@ def _gpu_list_hash() -> str | None:
     except OSError:
         return None
     return hashlib.sha256("\n".join(texts).encode()).hexdigest()
+
+
+def cache_dir() -> str:
+    """Where pt2flow keeps per-machine facts (the native toolchain identity): PT2FLOW_CACHE_DIR,
+    else $XDG_CACHE_HOME/pt2flow, else ~/.cache/pt2flow."""
+    explicit = os.environ.get("PT2FLOW_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pt2flow")

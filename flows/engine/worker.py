@@ -64,9 +64,8 @@ def main(fd: int, parent: int) -> int:
         kind = message[0]
         if kind == "stop":
             return 0
-        if kind == "stage":
-            _, stage, model, ctx, inputs, key = message
-            status, payload = compute.run_stage(stage, model, ctx, inputs, key)
+        if kind == "stage":  # one stage of one model (a compute.StageRequest)
+            status, payload = compute.run_stage(message[1])
             sys.stdout.flush()
             sys.stderr.flush()
             conn.send((status, payload))

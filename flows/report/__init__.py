@@ -17,7 +17,7 @@ all render that same dict.
 
 from __future__ import annotations
 
-from pt2flow.flows.report.compare import GRAPH_STAGES, REPORT_VERSION, STAGES, compare_runs, compare_with_previous
+from pt2flow.flows.report.compare import REPORT_VERSION, compare_runs, compare_with_previous, graph_stages, stage_columns
 from pt2flow.flows.report.html import PLOT_MODELS, to_html
 from pt2flow.flows.report.markdown import to_markdown
 from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_FLOOR, VALIDATION_GROWTH, regressions
@@ -25,7 +25,7 @@ from pt2flow.flows.report.runs import NotEnoughRuns, last_two_runs, list_runs, p
 from pt2flow.flows.report.terminal import render_terminal
 
 __all__ = [
-    "COST_GROWTH", "GRAPH_STAGES", "PLOT_MODELS", "REPORT_VERSION", "STAGES", "VALIDATION_FLOOR", "VALIDATION_GROWTH",
-    "NotEnoughRuns", "compare_runs", "compare_with_previous", "last_two_runs", "list_runs",
-    "previous_run", "regressions", "render_terminal", "resolve_run", "to_html", "to_markdown",
+    "COST_GROWTH", "PLOT_MODELS", "REPORT_VERSION", "VALIDATION_FLOOR", "VALIDATION_GROWTH",
+    "NotEnoughRuns", "compare_runs", "compare_with_previous", "graph_stages", "last_two_runs", "list_runs",
+    "previous_run", "regressions", "render_terminal", "resolve_run", "stage_columns", "to_html", "to_markdown",
 ]

@@ -9,6 +9,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
+from pt2flow.flows import pipeline
 from pt2flow.flows.report.drift import (
     CompileSeconds,
     DriftReport,
@@ -32,10 +33,17 @@ from pt2flow.flows.report.runs import iso, previous_run
 from pt2flow.flows.report.text import op_changes
 from pt2flow.storage.errors import RecordNotFound
 
-STAGES = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
-# The graph is read after decompose; a run that stopped earlier (or skipped it) is read at the
-# last program stage it has.
-GRAPH_STAGES = ("decompose", "functionalize", "trace")
+
+
+def stage_columns() -> tuple[str, ...]:
+    """The stages a report walks, the source first, in pipeline order (flows/pipeline)."""
+    return ("source", *pipeline.names())
+
+
+def graph_stages() -> tuple[str, ...]:
+    """Where the graph is read: the newest program stage a run has (decompose, else
+    functionalize, else trace)."""
+    return tuple(reversed(pipeline.program_stages()))
 
 REPORT_VERSION = 1
 
@@ -158,9 +166,9 @@ def _state(stages: Stages | None) -> ModelState | None:
     """A model's outcome in one run: ok, or failed at its first failed stage with the error class."""
     if stages is None:
         return None
-    failed = [s for s in STAGES if s in stages and stages[s].get("status") != "ok"]
+    failed = [s for s in stage_columns() if s in stages and stages[s].get("status") != "ok"]
     first = stages[failed[0]] if failed else None
-    ran = [s for s in STAGES if s in stages and s != "source"]
+    ran = [s for s in stage_columns() if s in stages and s != "source"]
     message = (first or {}).get("error_message")
     strategy = (stages.get("trace") or {}).get("strategy")
     return ModelState(
@@ -177,7 +185,7 @@ def _state(stages: Stages | None) -> ModelState | None:
 
 
 def _graph(stages: Stages) -> dict[str, Any]:
-    for stage in GRAPH_STAGES:
+    for stage in graph_stages():
         record = stages.get(stage)
         if record is not None and record.get("status") == "ok":
             return {
@@ -296,7 +304,7 @@ def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Sta
         torch_version=torch_version,
         source=_source_facts(a.get("source") or {}, b.get("source") or {}),
         static_fallback=Pair(a=static_a, b=static_b, changed=state_a is not None and state_b is not None and static_a != static_b),
-        keys_changed=[s for s in STAGES if s in a and s in b and a[s].get("key") and b[s].get("key") and a[s]["key"] != b[s]["key"]],
+        keys_changed=[s for s in stage_columns() if s in a and s in b and a[s].get("key") and b[s].get("key") and a[s]["key"] != b[s]["key"]],
         graph=_graph_facts(_graph(a), _graph(b)),
         **_cost_facts(a, b, originals),
         validation=validation,

@@ -16,7 +16,10 @@ from pt2flow.flows.config.checks import NAME_PATTERN, check_stage_list
 from pt2flow.flows.config.issues import ConfigError, ConfigIssue
 from pt2flow.flows.config.load import apply_overrides, load_config, parse_config
 from pt2flow.flows.config.models import Pipeline
-from pt2flow.stages import STAGES
+from pt2flow.flows import pipeline
+
+KNOWN = list(pipeline.names())  # the built-in stages and the targets, in pipeline order
+STAGES = pipeline.default_stages()
 from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
 from tests.conftest import ROOT, run_cli, write_config
 
@@ -483,13 +486,13 @@ def test_weights_with_a_supported_suffix(weights: str) -> None:
 @pytest.mark.parametrize(
     ("stages", "expected"),
     [
-        (["trace", "bogus"], [f"unknown stage(s) ['bogus']; stages are {list(STAGES)}"]),
-        (["functionalize", "trace"], [f"stages must keep the pipeline order {list(STAGES)}"]),
+        (["trace", "bogus"], [f"unknown stage(s) ['bogus']; stages are {KNOWN}"]),
+        (["functionalize", "trace"], [f"stages must keep the pipeline order {KNOWN}"]),
         (["functionalize", "decompose"], ["trace is required: every other stage starts from its program"]),
         ([], ["trace is required: every other stage starts from its program"]),
-        (["trace", "validate"], ["validate needs serialize or aot_compile (it compares their artifacts with eager)"]),
-        (["trace", "decompose", "validate"], ["validate needs serialize or aot_compile (it compares their artifacts with eager)"]),
-        (["trace", "trace"], ["a stage is listed twice", f"stages must keep the pipeline order {list(STAGES)}"]),
+        (["trace", "validate"], ["validate needs serialize or aot_compile or onnx or executorch (it compares their artifacts with eager)"]),
+        (["trace", "decompose", "validate"], ["validate needs serialize or aot_compile or onnx or executorch (it compares their artifacts with eager)"]),
+        (["trace", "trace"], ["a stage is listed twice", f"stages must keep the pipeline order {KNOWN}"]),
     ],
     ids=["unknown", "order", "missing-trace", "empty", "validate-alone", "validate-without-artifact", "duplicate"],
 )
@@ -511,7 +514,7 @@ def test_stage_list_problems_in_the_config_point_at_stages() -> None:
     assert "unknown stage(s) ['bogus']" in issues[0].message
     issues = issues_of("version: 1\nstages: [serialize, decompose]\n" + GOOD.split("\n", 1)[1])
     assert [(i.path, i.line, i.message) for i in issues] == [
-        ("stages", 2, f"stages must keep the pipeline order {list(STAGES)}"),
+        ("stages", 2, f"stages must keep the pipeline order {KNOWN}"),
         ("stages", 2, "trace is required: every other stage starts from its program"),
     ]
 
@@ -520,7 +523,7 @@ def test_per_model_override_for_an_unknown_stage() -> None:
     issue = only_issue(one_model(stages="{tracing: {strict: true}}"))
     assert issue.path == "models[0].stages.tracing"
     assert issue.line == 6
-    assert issue.message == f"unknown stage 'tracing'; per-model overrides are for {list(STAGES)}"
+    assert issue.message == f"unknown stage 'tracing'; per-model overrides are for {KNOWN}"
 
 
 @pytest.mark.parametrize(
@@ -773,7 +776,7 @@ models:
     assert (loose.atol, loose.rtol, loose.seed, loose.samples) == (1.0e-2, 1.0e-3, 7, 3)
     assert (plain.atol, plain.rtol, plain.seed) == (1.0e-5, 1.0e-3, 7)
     assert pipeline.model("loose").options["trace"].strict is True  # type: ignore[attr-defined]
-    assert set(pipeline.model("plain").options) == set(STAGES)
+    assert set(pipeline.model("plain").options) == set(KNOWN)
     with pytest.raises(KeyError):
         pipeline.model("absent")
 

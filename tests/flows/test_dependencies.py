@@ -129,7 +129,8 @@ def test_the_compile_key_follows_the_native_toolchain(tmp_path: Path, monkeypatc
     """Same program, same options: another C++ compiler (version) or another vector ISA gives
     another aot_compile key, so a package is never reused on a machine it was not built for."""
     from pt2flow.flows.config.load import parse_config
-    from pt2flow.flows.engine.registry import STAGE_SPECS
+    from pt2flow.flows import pipeline
+    from pt2flow.flows.engine.wiring import stage_key
 
     text = "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [3, 8]}}\n"
     model = parse_config(text, source="k.yaml", base_dir=str(ROOT)).models[0]
@@ -137,8 +138,8 @@ def test_the_compile_key_follows_the_native_toolchain(tmp_path: Path, monkeypatc
 
     inputs = {"program": Outcome(fingerprint="f" * 64, key="k")}
     monkeypatch.setenv("PT2FLOW_CACHE_DIR", str(tmp_path / "cache"))
-    key = STAGE_SPECS["aot_compile"].key(model, inputs)
-    assert STAGE_SPECS["aot_compile"].key(model, inputs) == key  # stable on one machine
+    key = stage_key(pipeline.get("aot_compile"), model, inputs)
+    assert stage_key(pipeline.get("aot_compile"), model, inputs) == key  # stable on one machine
 
     cxx = shutil.which("g++") or shutil.which("c++")
     assert cxx, "a C++ compiler is needed for AOTInductor"
@@ -147,11 +148,11 @@ def test_the_compile_key_follows_the_native_toolchain(tmp_path: Path, monkeypatc
     fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'g++ (Fake) 99.1.0'; exit 0; fi\nexec {cxx} \"$@\"\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
-    assert STAGE_SPECS["aot_compile"].key(model, inputs) != key
+    assert stage_key(pipeline.get("aot_compile"), model, inputs) != key
 
     monkeypatch.delenv("CXX")
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # inductor then targets no vector ISA
-    assert STAGE_SPECS["aot_compile"].key(model, inputs) != key
+    assert stage_key(pipeline.get("aot_compile"), model, inputs) != key
 
 
 def test_cold_and_warm_runs_of_the_failure_fleet_reach_the_same_outcomes(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from pt2flow.flows.config import load_config
 from pt2flow.flows.engine.context import Outcome
 from pt2flow.flows.engine.planner import source_key
-from pt2flow.flows.engine.registry import PROGRAM, STAGE_SPECS
+from pt2flow.flows import pipeline
+from pt2flow.flows.engine.wiring import stage_key
 from pt2flow.stages.program import fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +86,7 @@ def test_programs_that_differ_in_one_respect_have_different_fingerprints(change:
     # and every key downstream of the program differs too
     model = _model({})
     for stage in ("functionalize", "decompose", "serialize"):
-        keys = {STAGE_SPECS[stage].key(model, {PROGRAM: Outcome(fingerprint=fingerprint(p))}) for p in (a, b)}
+        keys = {stage_key(pipeline.get(stage), model, {"program": Outcome(fingerprint=fingerprint(p))}) for p in (a, b)}
         assert len(keys) == 2, stage
 
 
@@ -141,10 +142,10 @@ OPTION_CHANGES = st.sampled_from([
 def test_one_option_or_the_device_changes_the_keys_of_its_stage(change: tuple[str, dict[str, Any]]) -> None:
     stage, options = change
     base, other = _model({}), _model({"stages": {stage: options}})
-    inputs = {"source": Outcome(key="s" * 64), PROGRAM: Outcome(fingerprint="f" * 64)}
+    inputs = {"source": Outcome(key="s" * 64), "program": Outcome(fingerprint="f" * 64)}
     keyed = "trace" if stage == "functionalize" else stage  # the mode decides what trace exports
-    spec = STAGE_SPECS[keyed]
-    assert spec.key(base, spec.gather(inputs) if keyed == "trace" else inputs) != spec.key(other, spec.gather(inputs) if keyed == "trace" else inputs)
+    spec = pipeline.get(keyed)
+    assert stage_key(spec, base, inputs) != stage_key(spec, other, inputs)
 
 
 @settings(max_examples=10, deadline=None)

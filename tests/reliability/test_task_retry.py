@@ -4,8 +4,9 @@ re-uses what the failed attempt already published: one blob, one ok record.
 The fault is injected with PT2FLOW_FAULT_AT=<point>@N (storage.faults.crash_point raises a
 TransientStorageError there, once, in the process that reaches it): after the trace blob is
 uploaded by the worker process but before the orchestrator records it, and after its record is
-written but before the task returns. The model flow runs in this process (against the session's
-Prefect server) with a fresh worker pool that inherits the fault setting.
+written but before the task returns. The fleet flow `pt2flow run` runs (flows/fleet.py) runs in
+this process (against the session's Prefect server) with a fresh worker pool that inherits the
+fault setting.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from pt2flow.flows.config import load_config
-from pt2flow.flows.engine.context import RunContext, new_run_id
-from pt2flow.flows.engine.model_flow import STAGE_RETRIES, export_model_flow
+from pt2flow.flows.engine.model_flow import STAGE_RETRIES
+from pt2flow.flows.fleet import fleet_flow
 from pt2flow.storage import ArtifactStore
 from pt2flow.storage.errors import TransientStorageError
 from pt2flow.storage.faults import reset_points
@@ -30,13 +30,17 @@ pytestmark = pytest.mark.integration
 STAGES = ("trace", "functionalize")
 
 
-def _model(tmp_path: Path) -> Any:
+def _run(tmp_path: Path) -> tuple[Any, dict[str, Any], str]:
+    """The fleet flow on a one-model config: (its final state, the model's entry, the store)."""
     config = write_config(
         tmp_path / "retry.yaml",
         [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}}}],
         stages=list(STAGES),
     )
-    return load_config(config).models[0]
+    store = str(tmp_path / "store")
+    state = fleet_flow(str(config), store=store, return_state=True)
+    document = state.result(raise_on_failure=False)
+    return state, document["models"][0], store
 
 
 def _task_runs(flow_run_id: Any) -> dict[str, int]:
@@ -62,18 +66,15 @@ def fresh_pool() -> Any:
 
 @pytest.mark.parametrize("point", ["after_blob_upload@2", "after_index_append@2"])
 def test_retried_task_reuses_what_it_already_published(point: str, tmp_path: Path, prefect_server: str, fresh_pool: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = _model(tmp_path)
-    ctx = RunContext(run_id=new_run_id(), store_url=str(tmp_path / "store"), stages=STAGES)
     # the 2nd blob (written by the worker) / the 2nd record (written here) is trace's; source is 1st
     monkeypatch.setenv("PT2FLOW_FAULT_AT", point)
 
-    state = export_model_flow(model, ctx, return_state=True)
-    result = state.result(raise_on_failure=False)
+    state, result, store_url = _run(tmp_path)
     assert result["status"] == "ok", result
     assert _task_runs(state.state_details.flow_run_id)["trace"] == 2  # failed once, retried once by Prefect
 
     trace = result["stages"]["trace"]["artifact"]
-    store = ArtifactStore(ctx.store_url)
+    store = ArtifactStore(store_url)
     assert store.blob_status(trace) == "ok"
     # after_blob_upload: the retry re-ran the stage, found its blob in the store and recorded it once;
     # after_index_append: the retry found its own record and did not run the stage again
@@ -84,10 +85,9 @@ def test_retried_task_reuses_what_it_already_published(point: str, tmp_path: Pat
 
 
 def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_failure(tmp_path: Path, prefect_server: str, fresh_pool: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = _model(tmp_path)
-    ctx = RunContext(run_id=new_run_id(), store_url=str(tmp_path / "store"), stages=STAGES)
+    store_url = str(tmp_path / "store")
     # once the source is recorded, the index cannot be read (every cache lookup fails); appends still work
-    index_class = ArtifactStore(ctx.store_url).index.__class__
+    index_class = ArtifactStore(store_url).index.__class__
     real_append, real_read = index_class.append, index_class.read
     calls = Counter()
 
@@ -103,14 +103,13 @@ def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_f
 
     monkeypatch.setattr(index_class, "append", append)
     monkeypatch.setattr(index_class, "read", read)
-    state = export_model_flow(model, ctx, return_state=True)
+    state, result, _ = _run(tmp_path)
     monkeypatch.setattr(index_class, "read", real_read)
-    result = state.result(raise_on_failure=False)
     assert result["status"] == "failed" and result["failed_stage"] == "trace" and result["error_class"] == "storage", result
     assert "injected outage" in result["error"]
     assert calls["failed_read"] == 1 + STAGE_RETRIES  # one cache lookup per trace attempt
     assert _task_runs(state.state_details.flow_run_id)["trace"] == 1 + STAGE_RETRIES
-    records = ArtifactStore(ctx.store_url).index.read(["stage", "status", "error_class"]).to_pylist()
+    records = ArtifactStore(store_url).index.read(["stage", "status", "error_class"]).to_pylist()
     trace = [r for r in records if r["stage"] == "trace"]
     assert trace == [{"record_id": trace[0]["record_id"], "stage": "trace", "status": "failed", "error_class": "storage"}]
     stats.add_faults(1 + STAGE_RETRIES)

@@ -142,8 +142,9 @@ def call_validate(
     ctx = RunContext(run_id="security-test", store_url=store_url, stages=tuple(STAGES))
     given = {"source": source or {"key": "security-source-key"}, "trace": {}, "serialize": archive, "aot_compile": package}
     inputs = {name: Outcome.model_validate(c) for name, c in given.items() if c is not None}
-    status, payload = compute.run_stage("validate", model, ctx, inputs, "security-validate-key")
+    request = compute.StageRequest("validate", "pt2flow.flows.engine.compute:validate", model, ctx, inputs, "security-validate-key")
+    status, payload = compute.run_stage(request)
     run = StageRun("validate", model, ctx, "security-validate-key", [c["key"] for c in (archive, package) if c])
-    if status == "ok":
+    if isinstance(payload, compute.Produced):
         return run.published(payload).model_dump()
-    return run.fail(payload["error_class"], payload["error"], details=payload["details"], report=payload["report"]).outcome.model_dump()
+    return run.fail(payload.error_class, payload.error, details=payload.details, report=payload.report).outcome.model_dump()

@@ -1,0 +1,245 @@
+"""The stages pt2flow knows: its own (flows/pipeline/builtin.py), those other distributions
+declare under the entry point group `pt2flow.stages`, and those `register` is given.
+
+Everything that lists stages reads it here: the pipeline order (a topological sort of the
+declared inputs, ties kept in registration order), each stage's parents in a given stage list,
+the config's default stage list and option sections, the artifact kinds `get` offers, the
+candidates validate checks and the versions in the keys. Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from importlib.metadata import entry_points
+from typing import Iterable, Mapping, Sequence
+
+from pt2flow.flows.pipeline.stage import Input, Stage
+
+ENTRY_POINT_GROUP = "pt2flow.stages"
+SOURCE_NAME = "source"
+
+_lock = threading.RLock()
+_declared: dict[str, Stage] = {}  # registration order
+_ordered: tuple[Stage, ...] | None = None
+_plugins_loaded = False
+_plugin_problems: list[str] = []
+
+log = logging.getLogger("pt2flow")
+
+
+class StageRegistrationError(ValueError):
+    """A stage declaration that cannot join the pipeline (a name taken, an input nobody makes, a cycle)."""
+
+
+def register(stage: Stage, *, replace: bool = False) -> Stage:
+    """Add `stage` to the pipeline (a stage defined outside pt2flow: docs/architecture.md,
+    "Adding a stage"). Its inputs must name known stages; the order is recomputed."""
+    global _ordered
+    with _lock:
+        _load_plugins()
+        if stage.name in _declared and not replace and _declared[stage.name] != stage:
+            raise StageRegistrationError(f"a stage named {stage.name!r} is already registered (by {_declared[stage.name].origin})")
+        if stage.name == SOURCE_NAME:
+            raise StageRegistrationError("'source' is the model's own record, not a stage that can be declared")
+        candidate = {**_declared, stage.name: stage}
+        _sort(candidate)  # raises on unknown inputs and cycles, before anything changes
+        _declared[stage.name] = stage
+        _ordered = None
+        return stage
+
+
+def unregister(name: str) -> None:
+    """Remove a stage registered with `register` (tests; a plugin being replaced)."""
+    global _ordered
+    with _lock:
+        if name in _declared and _declared[name].origin == "pt2flow":
+            raise StageRegistrationError(f"{name} is one of pt2flow's own stages")
+        _declared.pop(name, None)
+        _ordered = None
+
+
+def stages() -> tuple[Stage, ...]:
+    """Every registered stage, in pipeline order (the source is not a stage of a stage list)."""
+    global _ordered
+    with _lock:
+        _load_plugins()
+        if _ordered is None:
+            _ordered = _sort(_declared)
+        return _ordered
+
+
+def names() -> tuple[str, ...]:
+    return tuple(s.name for s in stages())
+
+
+def get(name: str) -> Stage:
+    """The stage named `name` (the source included); KeyError naming the known ones."""
+    if name == SOURCE_NAME:
+        from pt2flow.flows.pipeline.builtin import SOURCE
+
+        return SOURCE
+    for stage in stages():
+        if stage.name == name:
+            return stage
+    raise KeyError(f"unknown stage {name!r}; stages are {list(names())}")
+
+
+def default_stages() -> tuple[str, ...]:
+    return tuple(s.name for s in stages() if s.default)
+
+
+def versions() -> dict[str, int]:
+    """Each stage's version (the source's too): part of every derivation key."""
+    return {SOURCE_NAME: get(SOURCE_NAME).version, **{s.name: s.version for s in stages()}}
+
+
+def candidates() -> tuple[str, ...]:
+    """The stages whose artifact validate checks against eager (and check-compat re-checks)."""
+    return tuple(s.name for s in stages() if s.candidate)
+
+
+def artifact_kinds() -> dict[str, str]:
+    """`get --artifact` kind -> the stage that makes it, in pipeline order."""
+    return {s.artifact: s.name for s in stages() if s.artifact}
+
+
+def document_slots() -> dict[str, str]:
+    """The run document's `artifacts` keys -> their stage: the deliverables (the candidates)."""
+    return {s.artifact: s.name for s in stages() if s.artifact and s.candidate}
+
+
+def program_stages() -> tuple[str, ...]:
+    return tuple(s.name for s in stages() if s.program)
+
+
+def inputs_of(stage: Stage) -> tuple[Input, ...]:
+    """A stage's inputs; validate's optional candidates are every candidate stage registered."""
+    if stage.name == "validate":
+        return stage.inputs + tuple(Input.of(name, optional=True) for name in candidates())
+    return stage.inputs
+
+
+def choose_inputs(stage: Stage, selected: Iterable[str]) -> dict[str, str]:
+    """Input name -> the stage that provides it in a run of `selected` stages (the source always
+    runs). A required input with no provider is left out: check_stage_list reports it."""
+    have = {SOURCE_NAME, *selected}
+    chosen: dict[str, str] = {}
+    for item in inputs_of(stage):
+        provider = next((s for s in item.stages if s in have), None)
+        if provider is not None:
+            chosen[item.name] = provider
+    return chosen
+
+
+def parents(name: str, selected: Iterable[str]) -> list[str]:
+    """The stages `name` consumes in a run of `selected` stages."""
+    return list(dict.fromkeys(choose_inputs(get(name), selected).values()))
+
+
+def check_stage_list(selected: Sequence[str]) -> list[str]:
+    """Problems with a stage selection: unknown names, repeats, order, inputs nobody makes."""
+    known = names()
+    unknown = [s for s in selected if s not in known]
+    if unknown:
+        return [f"unknown stage(s) {unknown}; stages are {list(known)}"]
+    problems = []
+    if len(set(selected)) != len(selected):
+        problems.append("a stage is listed twice")
+    if list(selected) != [s for s in known if s in selected]:
+        problems.append(f"stages must keep the pipeline order {list(known)}")
+    if "trace" not in selected:
+        problems.append("trace is required: every other stage starts from its program")
+        return problems
+    for name in dict.fromkeys(selected):
+        stage = get(name)
+        chosen = choose_inputs(stage, selected)
+        for item in inputs_of(stage):
+            if not item.optional and item.name not in chosen:
+                problems.append(f"{name} needs {' or '.join(item.stages)} before it")
+        if name == "validate" and not any(c in selected for c in candidates()):
+            problems.append(f"validate needs {' or '.join(candidates())} (it compares their artifacts with eager)")
+    return problems
+
+
+def missing_libraries(selected: Iterable[str]) -> dict[str, tuple[str, list[str]]]:
+    """Stage -> (its extra, the distributions it needs that are not installed), torch-free."""
+    from pt2flow.stages.distributions import installed_version
+
+    missing = {}
+    for name in selected:
+        stage = get(name)
+        absent = [lib for lib in stage.libraries if installed_version(lib, None) is None]
+        if absent:
+            missing[name] = (stage.extra or "", absent)
+    return missing
+
+
+def plugin_problems() -> list[str]:
+    """Entry points of the `pt2flow.stages` group that could not be loaded, one line each."""
+    stages()
+    return list(_plugin_problems)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _sort(declared: Mapping[str, Stage]) -> tuple[Stage, ...]:
+    """Kahn's topological sort of the input edges, the earliest-registered ready stage first."""
+    position = {name: i for i, name in enumerate(declared)}
+    needs: dict[str, set[str]] = {}
+    for name, stage in declared.items():
+        edges = set()
+        items = stage.inputs + (tuple(Input.of(n, optional=True) for n, s in declared.items() if s.candidate) if name == "validate" else ())
+        for item in items:
+            for provider in item.stages:
+                if provider == SOURCE_NAME:
+                    continue
+                if provider not in declared:
+                    if item.optional:
+                        continue
+                    raise StageRegistrationError(f"stage {name!r} consumes {provider!r}, which no registered stage makes")
+                edges.add(provider)
+        needs[name] = edges
+    ordered: list[str] = []
+    while len(ordered) < len(declared):
+        ready = [n for n in declared if n not in ordered and needs[n] <= set(ordered)]
+        if not ready:
+            left = sorted(set(declared) - set(ordered))
+            raise StageRegistrationError(f"the inputs of stages {left} form a cycle")
+        ordered.append(min(ready, key=position.__getitem__))
+    return tuple(declared[n] for n in ordered)
+
+
+def _load_plugins() -> None:
+    """The built-in stages, then the entry points of `pt2flow.stages` (each names a Stage or an
+    iterable of them). One that fails to load is reported (plugin_problems), never fatal: a
+    query or a run without it still works, and a config naming its stage gets an unknown-stage
+    error next to the reason."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from pt2flow.flows.pipeline.builtin import BUILTIN
+
+    for stage in BUILTIN:
+        _declared[stage.name] = stage
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = point.load()
+            declared = [loaded] if isinstance(loaded, Stage) else list(loaded)
+            for stage in declared:
+                if not isinstance(stage, Stage):
+                    raise TypeError(f"{stage!r} is not a pt2flow Stage")
+                origin = point.dist.name if point.dist is not None else point.value
+                stage = Stage(**{**stage.__dict__, "origin": origin})
+                if stage.name in _declared:
+                    raise StageRegistrationError(f"a stage named {stage.name!r} is already registered (by {_declared[stage.name].origin})")
+                candidate = {**_declared, stage.name: stage}
+                _sort(candidate)
+                _declared[stage.name] = stage
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break pt2flow
+            problem = f"the {ENTRY_POINT_GROUP} entry point {point.name!r} ({point.value}) failed to load: {type(exc).__name__}: {exc}"
+            _plugin_problems.append(problem)
+            log.warning("%s", problem)
+

@@ -1,0 +1,110 @@
+"""A stage is one object: everything pt2flow knows about a stage, declared once.
+
+Planning stays torch-free: the functions that do torch work (compute, the candidate loader, the
+compat check, the repro template) and a stage's own key, where it has one, are named by dotted
+path ("module:function") and imported only where they run. Order and parents are not written
+down anywhere: they follow from each stage's declared inputs (flows/pipeline/registry.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class NoOptions(BaseModel):
+    """A stage with nothing to configure (its section exists for symmetry and future use)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Input:
+    """An artifact a stage consumes, read by its compute function as `inputs[name]`.
+
+    stages: the stages that make it, in order of preference: the first one the run has is used
+    (a program consumer takes the newest program: decompose's, else functionalize's, else
+    trace's). optional: the stage runs without it (validate compares whichever candidates exist).
+    """
+
+    name: str
+    stages: tuple[str, ...]
+    optional: bool = False
+
+    @classmethod
+    def of(cls, stage: str, *, optional: bool = False) -> Input:
+        return cls(stage, (stage,), optional)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the pipeline.
+
+    name, version: the version is part of every key, so bump it when the stage's output for
+      the same inputs changes (what an older pt2flow built is then rebuilt, never reused);
+    compute: "module:function" taking a flows.engine.compute.StageCall and returning its
+      Produced; it runs in a worker process (the place torch is imported);
+    inputs: the artifacts it consumes (Input); order and parents derive from them;
+    options: its pydantic options model (the config section `defaults.<name>` and
+      `models[*].stages.<name>`, and its part of the JSON Schema);
+    publishes: what its blob is: program, archive, package, report, or a target format;
+    artifact: where the run document's `artifacts` and `get --artifact` name its blob
+      (None: not a deliverable); suffix: the file name suffix `get` gives it;
+    key: "module:function" (stage, model, inputs) -> key, for a stage whose key is not the
+      default one (its name and version, its inputs' identities, its options, and the torch,
+      Python and library versions: flows/engine/keys.default_key);
+    candidate: "module:function" turning its blob into something validate runs beside eager
+      (stages/validate.py's Candidate); such a stage is checked by validate and by
+      check-compat;
+    repro: "module:function" giving the body of a torch-only script that makes the same call
+      (flows/engine/repro.py);
+    libraries: the distributions it needs besides torch: their versions are in its key, and a
+      config naming it without them installed is a config error naming `extra`;
+    default: whether the config's default `stages` list holds it;
+    accepts_training: whether it takes the joint forward+backward program of training mode;
+    description: what its output is, in a few words (help texts, `ls`).
+    """
+
+    name: str
+    version: int
+    compute: str
+    inputs: tuple[Input, ...] = ()
+    options: type[BaseModel] = NoOptions
+    publishes: str = "program"
+    artifact: str | None = None
+    suffix: str = ""
+    key: str | None = None
+    candidate: str | None = None
+    repro: str | None = None
+    libraries: tuple[str, ...] = ()
+    extra: str | None = None
+    default: bool = False
+    accepts_training: bool = True
+    description: str = ""
+    origin: str = field(default="pt2flow", compare=False)  # the distribution or module that declared it
+
+    def __post_init__(self) -> None:
+        from pt2flow.stages.vocabulary import MODULE_NAME_PATTERN
+
+        if not MODULE_NAME_PATTERN.fullmatch(self.name) or "." in self.name:
+            raise ValueError(f"stage name {self.name!r} must be an identifier")
+        for path in (self.compute, self.key, self.candidate, self.repro):
+            if path is not None and ":" not in path:
+                raise ValueError(f"stage {self.name}: {path!r} is not a 'module:function' path")
+
+    @property
+    def program(self) -> bool:
+        """Whether its output is an ExportedProgram that later stages may consume."""
+        return self.publishes == "program"
+
+
+def resolve(path: str) -> Any:
+    """The object a "module:attribute" path names (imported here, not at declaration time)."""
+    module, _, attribute = path.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
