@@ -18,7 +18,9 @@ STAGE_VERSIONS: dict[str, int] = {
     "trace": 2,
     "functionalize": 2,
     "decompose": 2,
-    "serialize": 3,  # 2: the archive names the modules its pytree types need; 3: the new fingerprint
+    # 2: the archive names the modules its pytree types need; 3: the new fingerprint; 4: the
+    # same program saves to the same bytes (graph ids of the pass provenance numbered, not addresses)
+    "serialize": 4,
     "aot_compile": 2,
     "validate": 2,  # 2: the candidates' signatures are checked against the configured inputs
 }
