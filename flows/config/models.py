@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from pt2flow.flows.config.limits import Limits, LimitsConfig
+from pt2flow.flows.config.retention import RetentionConfig
 from pt2flow.stages.vocabulary import STAGES
 
 CONFIG_VERSION = 1
@@ -63,6 +64,7 @@ class PipelineConfig(_Strict):
     stages: list[str] = Field(default_factory=lambda: list(STAGES))
     defaults: StageDefaults = Field(default_factory=StageDefaults)
     models: list[ModelConfig] = Field(min_length=1)
+    retention: RetentionConfig | None = None  # what `pt2flow serve` keeps after each run
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class Pipeline:
     stages: tuple[str, ...] = ()
     models: tuple[ResolvedModel, ...] = ()
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
+    retention: RetentionConfig | None = None
 
     def model(self, name: str) -> ResolvedModel:
         for m in self.models:
