@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
+from pt2flow.storage.leases import live_leases
 from pt2flow.storage.retention import RetentionRule, apply_retention, blobs_of
 
 DEFAULT_GRACE_SECONDS = 3600
@@ -66,9 +67,14 @@ def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float, keep_run
             kept_young += 1
             continue
         unreferenced.append(blob)
-    freed = sum(blob.size for blob in unreferenced)
     # temp files of writers killed mid-write (local stores without O_TMPFILE), past the grace period
     stale = [t for t in store.temp_files() if t.modified is not None and t.modified <= cutoff]
+    # a run in progress may have found one of these blobs already stored (put_blob does not
+    # rewrite it) and not recorded it yet: while any run holds a live lease, no blob is deleted
+    deferred = [lease.run_id for lease in live_leases(store, exclude=frozenset(exclude_runs))]
+    if not dry_run and deferred:
+        unreferenced = []
+    freed = sum(blob.size for blob in unreferenced)
     if not dry_run:
         store.delete_blobs(b.digest for b in unreferenced)
         for temp in stale:
@@ -78,6 +84,7 @@ def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float, keep_run
         "bytes": freed,
         "kept_within_grace": kept_young,
         "temp_files_deleted" if not dry_run else "temp_files_would_delete": len(stale),
+        "deferred": deferred,
     }
     if retention is not None:
         result["retention"] = retention

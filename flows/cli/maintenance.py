@@ -58,6 +58,8 @@ def gc_command(args: Args) -> int:
         print_retention(result["retention"])
     key = "would_delete" if args.dry_run else "deleted"
     verb = "would delete" if args.dry_run else "deleted"
+    if result["deferred"] and not args.dry_run:
+        print(f"deferred: run(s) in progress ({', '.join(result['deferred'])}); no unreferenced blob deleted, try again when they end")
     print(f"{verb} {len(result[key])} unreferenced blob(s), {format_size(result['bytes'])}; kept {result['kept_within_grace']} younger than the {args.grace:g} s grace period")
     for digest in result[key]:
         print(f"  {digest}")
