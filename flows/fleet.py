@@ -174,6 +174,28 @@ def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: in
     return document
 
 
+def retain(store_obj: Any, retention: Any, run_id: str) -> dict[str, Any] | None:
+    """The config's retention applied after a served run (storage/retention.py), said in the
+    run's log. Best effort: a storage problem is logged, never fails the finished fleet."""
+    from pt2flow.storage.retention import RetentionRule, apply_retention
+
+    rule = RetentionRule(keep_runs=retention.keep_runs, keep_days=retention.keep_days)
+    try:
+        result = apply_retention(store_obj, rule, dry_run=False, grace_seconds=retention.grace_seconds, exclude_runs={run_id})
+    except Exception as exc:  # noqa: BLE001 - the fleet is done; the next run tries again
+        run_logger().warning("retention (%s) failed: %s: %s", rule.describe(), type(exc).__name__, exc)
+        return None
+    if result["deferred"] and not result["records_dropped"]:
+        run_logger().info("retention (%s) deferred: run(s) in progress: %s", rule.describe(), ", ".join(result["deferred"]))
+    else:
+        run_logger().info(
+            "retention (%s): dropped %d record(s) of %d run(s), freed %d blob(s) (%d bytes)%s",
+            rule.describe(), result["records_dropped"], len(result["dropped_runs"]), len(result["deleted"]), result["deleted_bytes"],
+            f"; {len(result['kept_within_grace'])} blob(s) within the grace period stay" if result["kept_within_grace"] else "",
+        )
+    return result
+
+
 @flow(name="pt2flow-fleet", validate_parameters=False, persist_result=False)
 def fleet_flow(
     config_path: str,
@@ -186,16 +208,23 @@ def fleet_flow(
     dask_address: str | None = None,
     run_id: str | None = None,
     retry_failed: bool = False,
+    apply_retention: bool = False,
 ) -> Any:
     """Export every model of the config (or `only` those); returns the run document of
-    docs/architecture.md §4 as its JSON dict."""
+    docs/architecture.md §4 as its JSON dict. The run holds its lease on the store throughout
+    (storage/leases.py). apply_retention (`pt2flow serve`): then apply the config's `retention:`."""
+    from pt2flow.storage.leases import RunLease
+
     pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed)
     try:
-        document = run_fleet(pipeline, ctx, runner, workers, dask_address)
+        with RunLease(runtime.open_store(ctx.store_url), ctx.run_id):
+            document = run_fleet(pipeline, ctx, runner, workers, dask_address)
     finally:
         from pt2flow.flows.engine.pool import stop_pool
 
         stop_pool()  # a served deployment runs many fleets in one process: free the workers
+    if apply_retention and pipeline.retention is not None:
+        retain(runtime.open_store(ctx.store_url), pipeline.retention, ctx.run_id)
     ok, total = document.summary.ok, len(document.models)
     if ok != total:
         return Failed(message=f"{total - ok} of {total} models failed", data=document.model_dump(mode="json"))

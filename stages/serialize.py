@@ -198,7 +198,7 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
     modules = pytree_modules(ep)
     text = json.dumps({**metadata, **({PYTREE_MODULES: modules} if modules else {})}, sort_keys=True)
     buffer = io.BytesIO()
-    with quiet_torch() as sink:
+    with quiet_torch() as sink, stable_graph_ids(ep):
         try:
             torch.export.save(ep, buffer, extra_files={METADATA_FILE: text})
         except Exception as exc:
@@ -217,6 +217,58 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
         raise StageError(ErrorClass.SERIALIZATION, f"the reloaded program differs from the saved one: {'; '.join(changed)}")
     result_meta = {**program.describe(ep), "size": len(data), "archive_version": archive_version(data)}
     return StageResult(output=data, metadata=result_meta, warnings=sink.items)
+
+
+@contextlib.contextmanager
+def stable_graph_ids(ep: ExportedProgram) -> Iterator[None]:
+    """Within the block, the graph ids in the program's pass provenance (node.meta["from_node"],
+    torch.fx.traceback.NodeSource) are 0, 1, 2... in order of first appearance instead of the
+    `id()` of graphs of the process that exported it (addresses, different in every process):
+    the only part of an archive that differed between two exports of the same model, so the
+    same program now saves to the same bytes (the zip's timestamps are fixed and its
+    .data/serialization_id is derived from the records' contents by torch itself). Which nodes
+    came from the same graph is kept. The original ids are restored afterwards."""
+    infos: list[Any] = []  # every NodeSource.NodeInfo once, in order of first appearance
+    sources: list[Any] = []
+    seen: set[int] = set()
+
+    def visit(source: Any) -> None:
+        if id(source) in seen:
+            return
+        seen.add(id(source))
+        sources.append(source)
+        info = getattr(source, "node_info", None)
+        if info is not None and id(info) not in seen:
+            seen.add(id(info))
+            infos.append(info)
+        for parent in getattr(source, "from_node", None) or []:
+            visit(parent)
+
+    for module in ep.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        for node in graph.nodes:
+            for source in node.meta.get("from_node") or []:
+                visit(source)
+    original = [info.graph_id for info in infos]
+    numbers: dict[int, int] = {}
+    try:
+        for info, graph_id in zip(infos, original):
+            info.graph_id = numbers.setdefault(graph_id, len(numbers))
+        _forget_cached_dicts(sources)
+        yield
+    finally:
+        for info, graph_id in zip(infos, original):
+            info.graph_id = graph_id
+        _forget_cached_dicts(sources)
+
+
+def _forget_cached_dicts(sources: list[Any]) -> None:
+    """NodeSource caches its to_dict() (what torch serializes): drop it after changing ids."""
+    for source in sources:
+        if hasattr(source, "_dict"):
+            source._dict = None
 
 
 def archive_version(data: bytes) -> str | None:

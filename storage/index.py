@@ -280,10 +280,12 @@ class MetadataIndex:
         return pa.concat_tables(tables).select(columns)
 
     # -- compaction ----------------------------------------------------------------------
-    def compact(self, min_files: int = 2) -> CompactResult:
-        """Merge all current files into one (sorted by model, stage, time), then delete them."""
+    def compact(self, min_files: int = 2, *, drop: frozenset[str] | set[str] = frozenset()) -> CompactResult:
+        """Merge all current files into one (sorted by model, stage, time), then delete them.
+        `drop`: record IDs left out of the merged file (retention; any number of files is then
+        rewritten). Files appended meanwhile by others are not touched."""
         paths = self.files()
-        if len(paths) < min_files:
+        if len(paths) < min_files and not (drop and paths):
             return CompactResult(0, 0, None)
         tables = []
         for path in paths:
@@ -291,6 +293,8 @@ class MetadataIndex:
             if table is not None:
                 tables.append(table)
         merged = dedupe(pa.concat_tables(tables)) if tables else _conform(pa.table({}), None)
+        if drop:
+            merged = merged.filter(pc.invert(pc.is_in(merged["record_id"], pa.array(sorted(drop), pa.string()))))
         merged = merged.sort_by([("model", "ascending"), ("stage", "ascending"), ("ended_at", "ascending")])
         target = self._write_new(merged, "compact")
         self._write_id_sidecar(merged, target)

@@ -126,12 +126,15 @@ def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
     """When every model is already built (each stage's key has an ok record whose blob verifies),
     settle the run from the index without starting Prefect: the cached records are written under
     this run's id, as a flow would. None when there is work to do."""
+    from pt2flow.flows.engine import runtime
     from pt2flow.flows.engine.fleet import NeedsFlow, fleet_context, settle_fleet
+    from pt2flow.storage.leases import RunLease
 
     pipeline, ctx = fleet_context(
         parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"]
     )
     try:
-        return settle_fleet(pipeline, ctx)
+        with RunLease(runtime.open_store(ctx.store_url), ctx.run_id):  # it reads the index and records hits
+            return settle_fleet(pipeline, ctx)
     except NeedsFlow:
         return None

@@ -1,38 +1,32 @@
 """Store upkeep as values: verify (re-hash every blob, naming the records that use a bad one) and
-collect_garbage (delete blobs no record names, past a grace period). Used by `pt2flow verify`,
+collect_garbage (delete blobs no record names, past a grace period; with a retention rule, first
+drop the records of runs it does not keep and free the blobs only they named). Used by `pt2flow verify`,
 `pt2flow gc` and the Python API. Storage only: no torch, no Prefect."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterable
+
+from pt2flow.storage.leases import live_leases
+from pt2flow.storage.retention import RetentionRule, apply_retention, blobs_of
 
 DEFAULT_GRACE_SECONDS = 3600
 
 
 def referenced(store: Any) -> dict[str, dict[str, Any]]:
     """digest -> {"size": recorded size, "records": [...]} for every blob a record points to: its
-    artifact, the source's weights, validate's stored inputs and outputs (details.io)."""
+    artifact, the source's weights, validate's stored inputs and outputs (details.io), a
+    failure's report (storage.retention.blobs_of)."""
     table = store.index.scan(["record_id", "run_id", "model", "stage", "sha256", "size", "weights_digest", "details"])
     refs: dict[str, dict[str, Any]] = {}
-
-    def add(digest: str, size: Any, who: dict[str, Any]) -> None:
-        refs.setdefault(digest, {"size": size, "records": []})["records"].append(who)
-
     for row in table.to_pylist():
         who = {"record_id": row["record_id"], "model": row["model"], "stage": row["stage"], "run_id": row["run_id"]}
-        if row["sha256"]:
-            add(row["sha256"], row["size"], who)
-        try:
-            details = json.loads(row["details"] or "{}")
-        except ValueError:
-            details = {}
-        if row["weights_digest"]:
-            add(row["weights_digest"], (details.get("weights") or {}).get("size"), {**who, "as": "weights"})
-        io = details.get("io") if isinstance(details, dict) else None
-        if isinstance(io, dict) and io.get("sha256"):
-            add(io["sha256"], io.get("size"), {**who, "as": "validation inputs and outputs"})
+        for digest, size, role in blobs_of(row):
+            entry = refs.setdefault(digest, {"size": size, "records": []})
+            if entry["size"] is None:
+                entry["size"] = size
+            entry["records"].append(who if role == "artifact" else {**who, "as": role})
     return refs
 
 
@@ -52,9 +46,17 @@ def verify_store(store: Any) -> dict[str, Any]:
     return {"checked": len(set(refs) | set(present)), "missing": missing, "corrupt": corrupt}
 
 
-def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float) -> dict[str, Any]:
+def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float, keep_runs: int | None = None,
+                    keep_days: float | None = None, exclude_runs: Iterable[str] = ()) -> dict[str, Any]:
     """Delete blobs no record references and older than the grace period (a running export may
-    have published a blob whose record is not written yet)."""
+    have published a blob whose record is not written yet). With keep_runs and/or keep_days,
+    first apply that retention rule (storage/retention.py: the records of runs it does not keep
+    and the blobs only they name go; `retention` in the result); `exclude_runs`: runs whose
+    leases do not stop it (serve's own, just finished). Raises ValueError for a bad rule."""
+    retention = None
+    if keep_runs is not None or keep_days is not None:
+        rule = RetentionRule(keep_runs=keep_runs, keep_days=keep_days)
+        retention = apply_retention(store, rule, dry_run=dry_run, grace_seconds=grace_seconds, exclude_runs=exclude_runs)
     refs = referenced(store)
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=grace_seconds)
     unreferenced, kept_young = [], 0
@@ -65,16 +67,25 @@ def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float) -> dict[
             kept_young += 1
             continue
         unreferenced.append(blob)
-    freed = sum(blob.size for blob in unreferenced)
     # temp files of writers killed mid-write (local stores without O_TMPFILE), past the grace period
     stale = [t for t in store.temp_files() if t.modified is not None and t.modified <= cutoff]
+    # a run in progress may have found one of these blobs already stored (put_blob does not
+    # rewrite it) and not recorded it yet: while any run holds a live lease, no blob is deleted
+    deferred = [lease.run_id for lease in live_leases(store, exclude=frozenset(exclude_runs))]
+    if not dry_run and deferred:
+        unreferenced = []
+    freed = sum(blob.size for blob in unreferenced)
     if not dry_run:
         store.delete_blobs(b.digest for b in unreferenced)
         for temp in stale:
             store.delete_temp_file(temp.path)
-    return {
+    result: dict[str, Any] = {
         "deleted" if not dry_run else "would_delete": [b.digest for b in unreferenced],
         "bytes": freed,
         "kept_within_grace": kept_young,
         "temp_files_deleted" if not dry_run else "temp_files_would_delete": len(stale),
+        "deferred": deferred,
     }
+    if retention is not None:
+        result["retention"] = retention
+    return result

@@ -31,16 +31,21 @@ def verify_command(args: Args) -> int:
 @command(
     "gc",
     help="Delete blobs that no index record references and that are older than the grace period "
-    "(a run in progress never loses a blob it just wrote).",
+    "(a run in progress never loses a blob it just wrote). With --keep-runs and/or --keep-days, first "
+    "drop the index records of each model's runs that neither keeps, and the blobs only they name: "
+    "what a kept run or the lineage of a kept artifact needs always stays; nothing goes while another "
+    "run is in progress (its lease; the gc then says it was deferred, exit 0).",
 )
 @store_options
-@click.option("--dry-run", is_flag=True, help="list what would be deleted, delete nothing")
-@click.option("--grace", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS", help=f"keep blobs younger than this (default {DEFAULT_GRACE_SECONDS})")
+@click.option("--keep-runs", type=click.IntRange(min=1), metavar="N", help="keep each model's N newest runs (and what their artifacts' lineage needs)")
+@click.option("--keep-days", type=click.FloatRange(min=0), metavar="DAYS", help="keep every run that ended within DAYS days (with --keep-runs: a run either keeps is kept)")
+@click.option("--dry-run", is_flag=True, help="list what would be deleted (per run, with counts and bytes), delete nothing")
+@click.option("--grace", type=click.FloatRange(min=0), default=DEFAULT_GRACE_SECONDS, metavar="SECONDS", help=f"keep blobs younger than this (default {DEFAULT_GRACE_SECONDS})")
 @click.option("--compact", is_flag=True, help="also merge the index files into one")
 @json_option()
 def gc_command(args: Args) -> int:
     store = open_store(args)
-    result = collect_garbage(store, dry_run=args.dry_run, grace_seconds=args.grace)
+    result = collect_garbage(store, dry_run=args.dry_run, grace_seconds=args.grace, keep_runs=args.keep_runs, keep_days=args.keep_days)
     compacted = None
     if args.compact and not args.dry_run:
         compacted = store.index.compact()
@@ -49,11 +54,36 @@ def gc_command(args: Args) -> int:
             result["compacted"] = {"merged_files": compacted.merged_files, "records": compacted.records}
         dump(result)
         return EXIT_OK
+    if "retention" in result:
+        print_retention(result["retention"])
     key = "would_delete" if args.dry_run else "deleted"
     verb = "would delete" if args.dry_run else "deleted"
+    if result["deferred"] and not args.dry_run:
+        print(f"deferred: run(s) in progress ({', '.join(result['deferred'])}); no unreferenced blob deleted, try again when they end")
     print(f"{verb} {len(result[key])} unreferenced blob(s), {format_size(result['bytes'])}; kept {result['kept_within_grace']} younger than the {args.grace:g} s grace period")
     for digest in result[key]:
         print(f"  {digest}")
     if compacted is not None:
         print(f"compacted {compacted.merged_files} index file(s) into one ({compacted.records} records)")
     return EXIT_OK
+
+
+def print_retention(retention: dict) -> None:
+    """What a retention rule kept and dropped (or would), per run."""
+    rule = retention["rule"]
+    kept = ", ".join(f"{model}: {len(runs)}" for model, runs in retention["kept_runs"].items()) or "none"
+    said = " or ".join(p for p in (f"{rule['keep_runs']} newest run(s)" if rule["keep_runs"] is not None else "",
+                                    f"runs of the last {rule['keep_days']:g} day(s)" if rule["keep_days"] is not None else "") if p)
+    print(f"retention (keep each model's {said}): kept runs per model: {kept}; {retention['kept_records']} record(s) kept")
+    if retention["dry_run"]:
+        print(f"would drop {retention['records']} record(s) of {len(retention['dropped_runs'])} run(s) and free {len(retention['blobs'])} blob(s), {format_size(retention['bytes'])}")
+    elif retention["deferred"] and not retention["records_dropped"]:
+        print(f"deferred: run(s) in progress ({', '.join(retention['deferred'])}); nothing dropped, try again when they end")
+    else:
+        print(f"dropped {retention['records_dropped']} record(s) of {len(retention['dropped_runs'])} run(s); freed {len(retention['deleted'])} blob(s), {format_size(retention['deleted_bytes'])}")
+        if retention["kept_within_grace"]:
+            print(f"  {len(retention['kept_within_grace'])} blob(s) younger than the grace period stay (a later gc frees them)")
+        if retention["deferred"]:
+            print(f"  stopped: run(s) in progress ({', '.join(retention['deferred'])}); a later gc frees the rest")
+    for run in retention["dropped_runs"]:
+        print(f"  run {run['run_id']}: {run['records']} record(s) of {', '.join(run['models'])}; {run['blobs']} blob(s), {format_size(run['bytes'])}")

@@ -27,7 +27,8 @@ SERVER_HINT = (
 @command(
     "serve",
     help="Register CONFIG's fleet as a Prefect deployment with a cron or interval schedule and serve it: "
-    "scheduled runs execute here, one at a time, until Ctrl-C (exit 0; the schedule is paused). Needs PREFECT_API_URL "
+    "scheduled runs execute here, one at a time, until Ctrl-C (exit 0; the schedule is paused); after each, the config's "
+    "`retention:` (if any) frees what older runs left. Needs PREFECT_API_URL "
     "pointing at a running Prefect server (`prefect server start`). The config is read again at every run; "
     "storage options stay in this process' environment, never in the deployment. Exit 2: bad config, usage or no server.",
     arguments=CONFIG_HELP,
@@ -137,6 +138,7 @@ def deployment_parameters(args: Args, pipeline: Any, store_url: str) -> dict[str
         "force": args.force,
         "runner": runner_of(args),
         "workers": args.workers,
+        "apply_retention": True,  # the config's `retention:` (read again at every run), if any
     }
     if args.only:
         parameters["only"] = list(args.only)

@@ -22,6 +22,7 @@ from pt2flow.flows.config.checks import NAME_PATTERN
 from pt2flow.flows.config.models import DimConfig
 from pt2flow.flows import pipeline
 from pt2flow.stages.vocabulary import FACTORY_PATTERN
+from pt2flow.flows.config.retention import RetentionConfig
 
 SCHEMA_URI = "https://json-schema.org/draft/2020-12/schema"
 SHIPPED_PATH = "docs/config.schema.json"  # the copy the shipped configs reference
@@ -104,6 +105,13 @@ def _model(defs: dict[str, Any], stage_options: dict[str, Any], limits: dict[str
     }
 
 
+def _retention(defs: dict[str, Any]) -> dict[str, Any]:
+    """The retention block; at least one of keep_runs and keep_days (RetentionConfig's validator)."""
+    ref = _definition(RetentionConfig, defs, "retention")
+    defs["retention"]["anyOf"] = [{"required": ["keep_runs"]}, {"required": ["keep_days"]}]
+    return ref
+
+
 def config_json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a version-1 config."""
     defs: dict[str, Any] = {}
@@ -128,6 +136,7 @@ def config_json_schema() -> dict[str, Any]:
             "stages": {"type": "array", "items": {"enum": list(pipeline.names())}, "uniqueItems": True, "description": "the stages to run, in pipeline order"},
             "defaults": defaults,
             "models": {"type": "array", "minItems": 1, "items": _model(defs, stage_options, limits)},
+            "retention": _retention(defs),
         },
         "$defs": dict(sorted(defs.items())),
     }

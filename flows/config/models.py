@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.config.limits import Limits, LimitsConfig
+from pt2flow.flows.config.retention import RetentionConfig
 
 CONFIG_VERSION = 1
 
@@ -61,6 +62,7 @@ class PipelineConfig(_Strict):
     stages: list[str] = Field(default_factory=lambda: list(pipeline.default_stages()))
     defaults: StageDefaults = Field(default_factory=StageDefaults)
     models: list[ModelConfig] = Field(min_length=1)
+    retention: RetentionConfig | None = None  # what `pt2flow serve` keeps after each run
 
 
 def config_model() -> type[PipelineConfig]:
@@ -106,6 +108,7 @@ class Pipeline:
     stages: tuple[str, ...] = ()
     models: tuple[ResolvedModel, ...] = ()
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
+    retention: RetentionConfig | None = None
 
     def model(self, name: str) -> ResolvedModel:
         for m in self.models:

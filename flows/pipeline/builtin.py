@@ -49,9 +49,10 @@ BUILTIN: tuple[Stage, ...] = (
         options=DecomposeOptions, repro=f"{_REPRO}:decompose_repro", default=True,
         description="the core ATen program",
     ),
-    # 2: the archive names the modules its pytree types need; 3: the new fingerprint
+    # 2: the archive names the modules its pytree types need; 3: the new fingerprint; 4: the
+    # same program saves to the same bytes (graph ids of the pass provenance numbered, not addresses)
     Stage(
-        "serialize", 3, compute=f"{_COMPUTE}:serialize", inputs=(NEWEST_PROGRAM,), options=SerializeOptions,
+        "serialize", 4, compute=f"{_COMPUTE}:serialize", inputs=(NEWEST_PROGRAM,), options=SerializeOptions,
         publishes="archive", artifact="serialized", suffix=".pt2", candidate=f"{_CANDIDATES}:archive",
         repro=f"{_REPRO}:serialize_repro", default=True,
         description=".pt2 archive (torch.export.save)",
