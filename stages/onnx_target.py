@@ -5,8 +5,9 @@ decomposition table, which keeps the ops ONNX has functions for (linear, layer_n
 The program's dynamic dims stay symbolic ONNX dims (renamed to the config's names when given).
 
 Output: the .onnx bytes, self-contained; when the weights pass `external_data_threshold_mb`
-(protobuf caps one message at 2 GiB), a zip of `model.onnx` and its external data
-`model.onnx.data` (the store keeps one blob per artifact); load_onnx reads either.
+(protobuf caps one message at 2 GiB, and past that the exporter moves them out anyway), a zip
+of `model.onnx` and its external data `model.onnx.data` (the store keeps one blob per
+artifact); load_onnx reads either. Tensors under 1 KiB stay inline either way.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 FORMAT_SINGLE = "onnx"
 FORMAT_ZIP = "onnx+external-data.zip"
+_ZIP_MAGIC = b"PK\x03\x04"  # a serialized ModelProto starts with its ir_version tag, 0x08
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same model gives the same bytes
 
 
@@ -65,11 +67,10 @@ def export_onnx(
         except Exception as exc:
             raise lowering_error(exc) from exc
         weights = _initializer_bytes(onnx_program)
-        external = weights > options.external_data_threshold_mb * 1024 * 1024
-        data, proto = _save(onnx_program, external)
+        data, proto = _save(onnx_program, weights > options.external_data_threshold_mb * 1024 * 1024)
     metadata = {
         **describe_onnx(proto),
-        "format": FORMAT_ZIP if external else FORMAT_SINGLE,
+        "format": FORMAT_ZIP if data[:4] == _ZIP_MAGIC else FORMAT_SINGLE,
         "size": len(data),
         "weights_bytes": weights,
     }
@@ -106,11 +107,15 @@ def _save(onnx_program: Any, external: bool) -> tuple[bytes, Any]:
         path = Path(tmp) / MODEL_FILE
         onnx_program.save(str(path), external_data=external)
         proto = onnx.load(str(path), load_external_data=False)
-        if not external:
+        # the saver keeps small tensors inline, and moves weights out past 2 GiB whatever it is told
+        beside = sorted(p.name for p in Path(tmp).iterdir() if p.name != MODEL_FILE and p.stat().st_size > 0)
+        if not beside:
             return path.read_bytes(), proto
+        if beside != [DATA_FILE]:
+            raise StageError("internal", f"the ONNX saver wrote unexpected files: {beside}")
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-            for member in sorted(p.name for p in Path(tmp).iterdir()):
+            for member in (MODEL_FILE, DATA_FILE):
                 archive.writestr(zipfile.ZipInfo(member, _ZIP_TIME), (Path(tmp) / member).read_bytes())
         return buffer.getvalue(), proto
 
@@ -148,7 +153,7 @@ class OnnxRunner:
 
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         source: str | bytes = data
-        if data[:4] == b"PK\x03\x04":  # model and external data (FORMAT_ZIP)
+        if data[:4] == _ZIP_MAGIC:  # model and external data (FORMAT_ZIP)
             self._tmp = tempfile.TemporaryDirectory(prefix="pt2flow-onnx-run-")
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
                 if sorted(archive.namelist()) != sorted([MODEL_FILE, DATA_FILE]):
