@@ -50,7 +50,7 @@ def _require_executorch() -> None:
 
 
 def unbounded_dims(ep: ExportedProgram) -> list[str]:
-    """`input[i] dim d (symbol)` for every user input dim whose range has no upper bound."""
+    """`input 'name' dim d (symbol)` for every user input dim whose range has no upper bound."""
     ranges = {str(k): v for k, v in ep.range_constraints.items()}
     found = []
     for position, node in enumerate(program.user_tensor_inputs(ep)):
@@ -63,7 +63,7 @@ def unbounded_dims(ep: ExportedProgram) -> list[str]:
             for symbol in size.node.expr.free_symbols:
                 vr = ranges.get(str(symbol))
                 if vr is not None and program.range_end(vr.upper) is None:
-                    found.append(f"input {node.name} dim {index} ({symbol})")
+                    found.append(f"input {node.name!r} dim {index} ({symbol})")
     return found
 
 
