@@ -175,6 +175,7 @@ class PteRunner:
     def __init__(self, data: bytes) -> None:
         from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
+        self._data = data  # kept for as long as the module: the bindings may read the program from it
         self.module = _load_for_executorch_from_buffer(data)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
