@@ -21,10 +21,15 @@ install: $(STAMP)
 
 # torch is installed first and exactly (2.13.0, the CPU build on local disk): a looser requirement
 # would pull a multi-GB CUDA build. requirements.lock pins every other package.
+# The target extras (onnx, executorch) are installed too, so `make test` covers the target stages.
+# executorch 1.5.1 names no torch requirement, so it cannot replace torch 2.13.0; the lock pins
+# what it pulls (hydra-core forces antlr4-python3-runtime 4.9.*, which moto[server] accepts).
+# The last line fails the install if anything ever replaced torch 2.13.0.
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[test]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[test,onnx,executorch]"
+	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else f'torch {torch.__version__} replaced 2.13.0')"
 	touch $(STAMP)
 
 demo: install

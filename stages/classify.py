@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from pt2flow.stages.errors import StageError
+from pt2flow.stages.errors import LOWERING, StageError
 
 _DATA_DEPENDENT = re.compile(
     r"data[- ]dependent|GuardOnDataDependentSymNode|Could not guard on data-dependent|"
@@ -68,6 +68,16 @@ def classify_compile_error(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return "out_of_memory"
     return "compile"
+
+
+def classify_target_error(exc: BaseException) -> str:
+    """Error class of a failed deployment-target export (ONNX, ExecuTorch): the library refused
+    the program (`lowering`) unless it is a StageError already or the process ran out of memory."""
+    if isinstance(exc, StageError):
+        return exc.error_class
+    if isinstance(exc, MemoryError):
+        return "out_of_memory"
+    return LOWERING
 
 
 def short_message(exc: BaseException, limit: int = 2000) -> str:

@@ -1,6 +1,7 @@
 """Does an artifact built by another torch still work here? (`pt2flow check-compat`)
 
-Loads an archive or an AOTInductor package with the torch installed now, runs it on the inputs
+Loads an archive, an AOTInductor package or a deployment target's artifact (an ONNX model run by
+ONNX Runtime, an ExecuTorch .pte run by its runtime) with the libraries installed now, runs it on the inputs
 validate stored (stages/validation_io.py) and compares every output leaf with the eager outputs
 recorded then, with the run's tolerances. An artifact that no longer loads is `incompatible`; one
 that loads but raises is `runtime`; one whose outputs moved is `numeric_mismatch`; an archive
@@ -14,6 +15,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any, Callable, Sequence
 
+import torch
 import torch.utils._pytree as pytree
 
 from pt2flow.stages.aot_compile import load_runner
@@ -23,9 +25,14 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.serialize import import_archive_modules, load_archive
 from pt2flow.stages.validate import compare
+from pt2flow.stages.target_options import missing_extra
+from pt2flow.stages.targets import flat_tensor_inputs
 from pt2flow.stages.validation_io import IOSample
 
-KINDS = ("archive", "compiled")
+KINDS = ("archive", "compiled", "onnx", "pte")
+# artifact kinds whose runner takes and returns flat tensor lists (stages/targets.py)
+FLAT_KINDS = ("onnx", "pte")
+_TARGET_OF = {"onnx": "onnx", "pte": "executorch"}  # the target (and so the extra) of each kind
 
 
 def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str]) -> Callable[..., Any]:
@@ -34,6 +41,14 @@ def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str]
     if kind == "archive":
         imported += import_archive_modules(data)
         return load_archive(data)[0].module()
+    if kind == "onnx":
+        from pt2flow.stages.onnx_target import load_onnx
+
+        return load_onnx(data)
+    if kind == "pte":
+        from pt2flow.stages.executorch_target import load_pte
+
+        return load_pte(data)
     return load_runner(data, workdir, device)
 
 
@@ -50,6 +65,9 @@ def check_artifact(
     why = missing_device(device) if kind == "compiled" else None
     if why is not None:
         return {**result, "loads": None, "skipped": f"compiled for {device}, and {why}: not checked"}
+    lacking = missing_extra(_TARGET_OF[kind]) if kind in _TARGET_OF else None
+    if lacking is not None:
+        return {**result, "loads": None, "skipped": f"{lacking}: not checked"}
     with tempfile.TemporaryDirectory(prefix="pt2flow-compat-") as workdir, quiet_torch():
         try:
             fn = _load(kind, data, workdir, device, result["imported"])
@@ -62,18 +80,21 @@ def check_artifact(
         result["loads"] = True
         if not samples:
             return result
-        return {**result, **_run_samples(fn, samples, atol, rtol)}
+        return {**result, **_run_samples(fn, samples, atol, rtol, flat=kind in FLAT_KINDS)}
 
 
-def _run_samples(fn: Callable[..., Any], samples: Sequence[IOSample], atol: float, rtol: float) -> dict[str, Any]:
+def _run_samples(fn: Callable[..., Any], samples: Sequence[IOSample], atol: float, rtol: float, *, flat: bool = False) -> dict[str, Any]:
+    """flat: fn is a target's runner (flat input tensors in, output tensors out); the stored
+    outputs' non-tensor leaves, constants a target does not return, are left out of the comparison."""
     worst_abs = worst_rel = 0.0
     failures: list[str] = []
     for sample in samples:
         try:
-            got = fn(*sample.args, **sample.kwargs)
+            got = fn(flat_tensor_inputs(sample.args, sample.kwargs)) if flat else fn(*sample.args, **sample.kwargs)
         except Exception as exc:  # noqa: BLE001
             return {"runs": False, "samples": len(samples), "error_class": "runtime", "error": f"raised on sample {sample.label}: {short_message(exc, 1000)}"}
-        comparison = compare(pytree.tree_leaves(got), list(sample.outputs), atol, rtol)
+        expected = [o for o in sample.outputs if isinstance(o, torch.Tensor)] if flat else list(sample.outputs)
+        comparison = compare(pytree.tree_leaves(got), expected, atol, rtol)
         worst_abs, worst_rel = max(worst_abs, comparison.max_abs_err), max(worst_rel, comparison.max_rel_err)
         failures += [f"{sample.label}: {f}" for f in comparison.failures]
     out = {"runs": True, "matches": not failures, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "samples": len(samples)}

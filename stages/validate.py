@@ -1,7 +1,8 @@
 """validate: reload the artifacts and compare them with eager (docs/architecture.md §6).
 
-Reference: the eager model (eval mode, inference mode). Candidates: the serialized archive and
-the compiled package. Inputs: the example inputs, every dynamic dim at its min, then at its
+Reference: the eager model (eval mode, inference mode). Candidates: the serialized archive,
+the compiled package and the deployment targets' artifacts (an ONNX model, an ExecuTorch .pte:
+stages/targets.py), each run on the same samples. Inputs: the example inputs, every dynamic dim at its min, then at its
 max, then random sizes in range: `samples` in all, from a fixed seed. Every output leaf is
 compared (structure, shape, dtype, allclose). A second eager copy tells a nondeterministic model
 from a bad export. Training mode compares the loss and every parameter gradient.
@@ -30,6 +31,7 @@ from pt2flow.stages.options import ValidateOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.serialize import load_archive
+from pt2flow.stages.targets import FlatCandidate, TargetArtifact, restructure
 from pt2flow.stages.validation_io import IOSample, NotStorable
 from pt2flow.stages.validation_io import pack as pack_io
 
@@ -244,17 +246,22 @@ def validate(
     package: bytes | None = None,
     training: bool = False,
     device: str = "cpu",
+    targets: Mapping[str, TargetArtifact] | None = None,
 ) -> StageResult:
     """Output: the validation report (a dict). Raises StageError(numeric_mismatch | nondeterministic |
     runtime) when the candidates disagree with eager, with the report attached as `details`.
-    device: where the package was compiled for; it runs there on copies of the CPU inputs."""
-    if archive is None and package is None:
-        raise StageError("config", "validate needs serialize or aot_compile to have produced a candidate")
+    device: where the package was compiled for; it runs there on copies of the CPU inputs.
+    targets: deployment-target artifacts by candidate name ("onnx", "executorch"), inference only."""
+    targets = dict(targets or {})
+    if archive is None and package is None and not targets:
+        raise StageError("config", "validate needs serialize, aot_compile or a target to have produced a candidate")
+    if training and targets:
+        raise StageError("config", f"deployment targets ({', '.join(targets)}) take inference programs: nothing to validate in training mode")
     plan = plan_samples(dims, model_inputs.dims, options.samples, options.seed)
     with tempfile.TemporaryDirectory(prefix="pt2flow-validate-") as workdir, quiet_torch() as sink:
         reference = build_reference()
         twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
-        candidates, buffer_names, archived = _load_candidates(archive, package, workdir, device)
+        candidates, buffer_names, archived = _load_candidates(archive, package, workdir, device, targets)
         report: dict[str, Any] = {
             "passed": False,
             "nondeterministic": False,
@@ -315,9 +322,11 @@ def _check_signature(archived: Any, compiled: Any, bound: BoundInputs, dims: Map
         raise StageError("numeric_mismatch", f"signature mismatch: {shown}", details=report)
 
 
-def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str, device: str) -> tuple[dict[str, Callable[..., Any]], list[str], Any]:
-    """The candidates by name ("archive", "compiled"), the buffers the program mutates, and the
-    archive's ExportedProgram (None without an archive)."""
+def _load_candidates(
+    archive: bytes | None, package: bytes | None, workdir: str, device: str, targets: Mapping[str, TargetArtifact]
+) -> tuple[dict[str, Callable[..., Any]], list[str], Any]:
+    """The candidates by name ("archive", "compiled", then each target's), the buffers the program
+    mutates, and the archive's ExportedProgram (None without an archive)."""
     candidates: dict[str, Callable[..., Any]] = {}
     buffer_names: list[str] = []
     archived = None
@@ -328,6 +337,8 @@ def _load_candidates(archive: bytes | None, package: bytes | None, workdir: str,
             candidates["archive"] = archived.module()
         if package is not None:
             candidates["compiled"] = load_runner(package, workdir, device)
+        for name, target in targets.items():
+            candidates[name] = FlatCandidate(target.load(target.data))
     except StageError:
         raise
     except Exception as exc:
@@ -372,6 +383,8 @@ def _check_sample(
             findings.raised.append(text)
             entry["samples"].append({"label": sample.label, "sizes": sample.sizes, "ok": False, "error": text})
             continue
+        if isinstance(fn, FlatCandidate):  # a target returns flat tensors: put them in eager's structure
+            got.output = restructure(got.output, expected.output)
         result = compare_observed(got, expected, options.atol, options.rtol, buffers=isinstance(fn, torch.nn.Module))
         entry["samples"].append(
             {

@@ -208,3 +208,23 @@ class ByteImage(nn.Module):
 
 def byte_image() -> nn.Module:
     return ByteImage()
+
+
+class SeqEncoder(nn.Module):
+    """x [batch, seq, 8] -> per-token features and a pooled vector: a dynamic batch and sequence
+    (layer norm, linear, softmax over the sequence, as an encoder's pooling does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.proj = nn.Linear(8, 8)
+        self.score = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.proj(self.norm(x)))
+        weights = torch.softmax(self.score(h), dim=1)
+        return h, (weights * h).sum(1)
+
+
+def seq_encoder() -> nn.Module:
+    return SeqEncoder()

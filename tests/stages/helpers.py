@@ -64,3 +64,35 @@ def call_targets(ep: torch.export.ExportedProgram) -> list[Any]:
 
 def op_overloads(ep: torch.export.ExportedProgram) -> list[torch._ops.OpOverload]:
     return [t for t in call_targets(ep) if isinstance(t, torch._ops.OpOverload)]
+
+
+def runner_errors_at(case: Any, runner: Callable[[list[torch.Tensor]], list[torch.Tensor]], sizes: dict[str, int]) -> list[float]:
+    """Run a target's runner and the eager model on the same inputs of `sizes`; the max absolute
+    error of each output leaf (after checking shapes and dtypes leaf by leaf)."""
+    import torch.utils._pytree as pytree
+
+    from pt2flow.stages.targets import flat_tensor_inputs
+
+    model = case.build()
+    bound = case.bound(**sizes)
+    with torch.no_grad():
+        expected = [leaf for leaf in pytree.tree_leaves(bound.call(model)) if isinstance(leaf, torch.Tensor)]
+    got = runner(flat_tensor_inputs(bound.args, bound.kwargs))
+    assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in expected]
+    assert [t.dtype for t in got] == [t.dtype for t in expected]
+    return [float((g.double() - e.double()).abs().max()) if e.numel() else 0.0 for g, e in zip(got, expected)]
+
+
+def run_repro(script: str, program: torch.export.ExportedProgram, workdir: Any) -> Any:
+    """Save `program` beside `script` and run the script in a fresh Python process (the repo on
+    its path, for modules the script imports); returns the CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    torch.export.save(program, str(Path(workdir) / "program.pt2"))
+    (Path(workdir) / "repro.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "repro.py"], cwd=str(workdir), env=env, capture_output=True, text=True, timeout=600)

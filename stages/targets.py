@@ -1,0 +1,138 @@
+"""What the deployment targets (stages/onnx_target.py, stages/executorch_target.py) share: the
+refusal of training programs, the flat calling convention of their runners, the op named in a
+library's error, and the frame of their standalone repro scripts.
+
+A target's runner takes the flat list of the user's input tensors (torch's flattening order of
+`(args, kwargs)`, non-tensor leaves left out: the program holds them as constants) and returns
+the flat list of output tensors: neither ONNX Runtime nor the ExecuTorch runtime knows Python
+containers. stages/validate.py puts the eager output's structure back (FlatCandidate)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.vocabulary import MODULE_NAME_PATTERN
+
+# a runner of a target's artifact: flat user input tensors in, flat output tensors out
+FlatRunner = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+
+# output kinds only a joint forward+backward program (functionalize, mode: training) has
+_TRAINING_OUTPUTS = frozenset({"LOSS_OUTPUT", "GRADIENT_TO_PARAMETER", "GRADIENT_TO_USER_INPUT"})
+
+
+def refuse_training(ep: ExportedProgram, target: str) -> None:
+    """StageError(config) for a joint forward+backward program: a target deploys inference."""
+    kinds = sorted({s.kind.name for s in ep.graph_signature.output_specs} & _TRAINING_OUTPUTS)
+    if kinds:
+        raise StageError(
+            "config",
+            f"the {target} target takes inference programs, and this one is a training program "
+            f"(joint forward+backward: it returns {', '.join(kinds)}); "
+            "set functionalize.mode to inference for a model that is deployed to this target",
+        )
+
+
+def flat_tensor_inputs(args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The user's tensor leaves of a call, in torch's flattening order: what a runner takes."""
+    return [leaf for leaf in pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(leaf, torch.Tensor)]
+
+
+def restructure(flat: Sequence[Any], like: Any) -> Any:
+    """`flat` (a runner's output tensors) in the structure of `like` (the eager output): its
+    tensor leaves replaced in order, its other leaves (ints, None: constants in the program) kept.
+    A count that does not match returns `flat` as a list, so the comparison reports the difference."""
+    leaves, spec = pytree.tree_flatten(like)
+    if sum(isinstance(leaf, torch.Tensor) for leaf in leaves) != len(flat):
+        return list(flat)
+    supply = iter(flat)
+    return pytree.tree_unflatten([next(supply) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """exc, then its causes (or contexts), outermost first."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+_OP_PATTERNS = (
+    re.compile(r"OpOverload\(op='([\w.]+)', overload='(\w+)'\)"),
+    re.compile(r"call_function\[target=(?:torch\.ops\.)?([\w.]+)\]"),
+)
+
+
+def ops_named_in(exc: BaseException) -> list[str]:
+    """The ops (`aten.x.default`, `mylib.op.default`) a library's error and its causes name, in order."""
+    found: list[str] = []
+    for link in exception_chain(exc):
+        text = str(link)
+        for pattern in _OP_PATTERNS:
+            for match in pattern.finditer(text):
+                name = ".".join(g for g in match.groups() if g)
+                if name not in found:
+                    found.append(name)
+    return found
+
+
+def innermost_reason(exc: BaseException, limit: int = 300) -> str:
+    """The deepest cause's type and first line: usually the library's own words for the refusal."""
+    *_, last = exception_chain(exc)
+    text = (str(last).strip().splitlines() or [""])[0]
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(last).__name__}: {text}" if text else type(last).__name__
+
+
+REPRO_HEADER = '''"""Reproduces pt2flow's {target} failure with torch and {library} alone.
+
+pt2flow said: {said}
+Run it beside {program_path}: python {script_name}
+"""
+
+import torch
+{imports}
+program = torch.export.load({program_path!r})
+'''
+
+
+def repro_header(target: str, library: str, said: str, program_path: str, script_name: str, imports: Sequence[str]) -> str:
+    """The first lines of a target's repro script: what failed, the imports that register the
+    model's custom ops and pytree types (`imports`: module names), the program loaded."""
+    bad = [name for name in imports if not MODULE_NAME_PATTERN.fullmatch(name)]
+    if bad:
+        raise ValueError(f"not module names: {bad}")
+    said = " ".join(said.split()).replace('"""', "'''")
+    said = said if len(said) <= 400 else said[:397] + "..."
+    lines = "".join(f"import {name}  # registers what the program uses\n" for name in imports)
+    return REPRO_HEADER.format(target=target, library=library, said=said, program_path=program_path,
+                               script_name=script_name, imports=lines)
+
+
+class FlatCandidate:
+    """A target's runner as a validate candidate: called like the model, with the user's
+    (args, kwargs); feeds the runner their tensor leaves and returns its flat output list, which
+    stages/validate.py puts into the eager output's structure (restructure) before comparing."""
+
+    def __init__(self, runner: FlatRunner) -> None:
+        self.runner = runner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        return self.runner(flat_tensor_inputs(args, kwargs))
+
+
+@dataclass(frozen=True)
+class TargetArtifact:
+    """A target's artifact for validate and check-compat: its bytes and the function that loads
+    them into a runner (stages.onnx_target.load_onnx, stages.executorch_target.load_pte)."""
+
+    data: bytes
+    load: Callable[[bytes], FlatRunner]
