@@ -1,5 +1,6 @@
 # pt2flow: two commands do all the set-up on a fresh machine.
-#   make demo   create .venv, install pinned dependencies, run configs/demo.yaml into ./pt2-store
+#   make demo   create .venv, install pinned dependencies, run configs/demo.yaml (then its models to
+#               every deployment target, configs/targets.yaml) into ./pt2-store
 #   make test   the same install, then the whole test suite (every tier)
 #
 # Prefect runs offline with its ephemeral server; PREFECT_HOME is project-local, telemetry off.
@@ -34,6 +35,7 @@ $(STAMP): pyproject.toml requirements.lock
 
 demo: install
 	$(BIN)/pt2flow run configs/demo.yaml --store $(STORE)
+	$(BIN)/pt2flow run configs/targets.yaml --store $(STORE)
 
 test: install
 	$(BIN)/lint-imports

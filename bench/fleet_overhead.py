@@ -26,6 +26,16 @@ validate (no compile)
   warm-hf     `pt2flow run` again: must do no stage work at all (issue 19: an unchanged re-run
               of transformers models used to re-trace two of them, warm/cold 0.20)
 
+targets fleet (--targets, on by default): four demo models (an MLP, a CNN, the encoder with
+dynamic batch and sequence, the attention block on the portable kernels) trace, functionalize,
+then the two deployment targets
+  bare-targets   one process: export, run_decompositions({}), then torch.onnx.export(dynamo=True)
+                 and to_edge_transform_and_lower + to_executorch timed per target (the
+                 libraries' first import inside the first timed call, as in a worker)
+  cold-targets   `pt2flow run --workers 1` on an empty store: the onnx and executorch stages'
+                 seconds (loading the program from the store and publishing included)
+  goal: each target's stage seconds / its bare seconds <= 1.10 (issue 20)
+
 Goals (issues 10, 11 and 19): cold-1 / bare <= 1.05; cold-2 / cold-1 <= 0.62; warm / cold-1 <= 0.02;
 cold-small / bare-small <= 1.25; warm-small / bare-small <= 0.03; warm-hf / cold-hf <= 0.02.
 Prints one table and a JSON line with every figure (--json-out FILE also writes it).
@@ -69,6 +79,16 @@ FAILING = [
 
 STAGES = ["trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"]
 SMALL_STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
+TARGET_STAGES = ["trace", "functionalize", "onnx", "executorch"]
+# (name, factory, kwargs, inputs, dynamic shapes, dims, executorch partitioners)
+TARGET_FLEET = [
+    ("mlp", "mlp", {"hidden": 64}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}, ["xnnpack"]),
+    ("cnn", "small_cnn", {"channels": 16}, {"image": {"shape": [2, 3, 16, 16]}}, {"image": {0: "batch"}}, {"batch": (1, 8)}, ["xnnpack"]),
+    ("encoder", "tiny_encoder", {}, {"input_ids": {"shape": [2, 12], "dtype": "int64", "low": 0, "high": 100}},
+     {"input_ids": {0: "batch", 1: "seq"}}, {"batch": (1, 8), "seq": (2, 64)}, ["xnnpack"]),
+    ("multi-head", "multi_head", {}, {"x": {"shape": [3, 6, 12]}, "mask": {"shape": [3, 6], "value": 1}},
+     {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}, {"batch": (1, 8), "seq": (2, 32)}, []),
+]
 
 
 def _ids(seq: int) -> dict[str, Any]:
@@ -93,6 +113,8 @@ def small_fleet(count: int) -> list[tuple[str, str, dict[str, Any], dict[str, di
 def fleet_models(kind: str, count: int) -> list[Any]:
     if kind == "small":
         return small_fleet(count)
+    if kind == "targets":
+        return [entry[:6] for entry in TARGET_FLEET]
     if kind == "transformers":
         return TRANSFORMERS
     return [*FLEET[:count], *FAILING]
@@ -106,6 +128,7 @@ def write_config(folder: Path, kind: str, count: int) -> Path:
         shutil.copy(ROOT / "configs" / module, folder / module)
     shutil.copy(ROOT / "tests" / "hf_models.py", folder / "hf_models.py")
     models = []
+    partitioners = {entry[0]: entry[6] for entry in TARGET_FLEET}
     for name, factory, kwargs, inputs, dynamic, dims in fleet_models(kind, count):
         models.append({
             "name": name,
@@ -114,10 +137,10 @@ def write_config(folder: Path, kind: str, count: int) -> Path:
             "inputs": inputs,
             "dynamic_shapes": dynamic,
             "dims": {d: {"min": lo, "max": hi} for d, (lo, hi) in dims.items()},
-            "stages": {"validate": {"atol": 1e-4}},
+            "stages": {"validate": {"atol": 1e-4}, **({"executorch": {"partitioners": partitioners[name]}} if kind == "targets" else {})},
         })
     path = folder / "fleet.yaml"
-    stages = STAGES if kind == "compile" else SMALL_STAGES
+    stages = {"compile": STAGES, "targets": TARGET_STAGES}.get(kind, SMALL_STAGES)
     path.write_text(yaml.safe_dump({"version": 1, "stages": stages, "models": models}, sort_keys=False))
     return path
 
@@ -192,6 +215,37 @@ def bare_loop(kind: str, count: int, workdir: Path) -> dict[str, float]:
     return seconds
 
 
+def bare_targets(workdir: Path) -> dict[str, float]:
+    """Seconds per target, summed over TARGET_FLEET: the library calls alone, on the functional
+    program (as the stages get it), each library imported inside its first timed call."""
+    import importlib
+
+    import torch
+    from torch.export import Dim
+
+    sys.path.insert(0, str(workdir))
+    totals = {"onnx": 0.0, "executorch": 0.0}
+    for name, factory, kwargs, inputs, dynamic, dims, partitioners in TARGET_FLEET:
+        torch.manual_seed(0)
+        model = getattr(importlib.import_module("demo_models"), factory)(**kwargs).eval()
+        objects = {d: Dim(d.replace("-", "_"), min=lo, max=hi) for d, (lo, hi) in dims.items()}
+        example = {k: _tensor(v, None, dynamic.get(k, {})) for k, v in inputs.items()}
+        shapes = {k: {axis: objects[d] for axis, d in dynamic.get(k, {}).items()} for k in inputs}
+        program = torch.export.export(model, (), kwargs=example, dynamic_shapes=shapes or None, strict=False).run_decompositions({})
+        started = time.perf_counter()
+        onnx_program = torch.onnx.export(program, dynamo=True, optimize=True, verbose=False)
+        onnx_program.model_proto.SerializeToString()
+        totals["onnx"] += time.perf_counter() - started
+        started = time.perf_counter()
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+
+        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()] if partitioners else [])
+        lowered.to_executorch().buffer
+        totals["executorch"] += time.perf_counter() - started
+    return {k: round(v, 3) for k, v in totals.items()}
+
+
 # ---------------------------------------------------------------------------------------------
 # arms
 
@@ -227,6 +281,8 @@ GOALS = {
     "cold_small_over_bare_small": 1.25,
     "warm_small_over_bare_small": 0.03,
     "warm_hf_over_cold_hf": 0.02,
+    "onnx_over_bare": 1.10,
+    "executorch_over_bare": 1.10,
 }
 
 
@@ -250,13 +306,17 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=8, help=f"compile fleet size (at most {len(FLEET)}; default 8), plus {len(FAILING)} failing models")
     parser.add_argument("--small", type=int, default=100, help="small fleet size (default 100; 0 skips it)")
     parser.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=True, help="run the transformers fleet (cold, warm)")
+    parser.add_argument("--targets", action=argparse.BooleanOptionalAction, default=True, help="run the deployment targets fleet (bare, cold)")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "pt2-bench-fleet"))
     parser.add_argument("--json-out", metavar="FILE")
-    parser.add_argument("--bare", choices=["compile", "small"], help=argparse.SUPPRESS)  # a bare arm's child process
+    parser.add_argument("--bare", choices=["compile", "small", "targets"], help=argparse.SUPPRESS)  # a bare arm's child process
     args = parser.parse_args()
     workdir = Path(args.workdir)
     count = min(args.models, len(FLEET))
 
+    if args.bare == "targets":
+        print(json.dumps(bare_targets(workdir / "targets")))
+        return 0
     if args.bare:
         size = count if args.bare == "compile" else args.small
         print(json.dumps(bare_loop(args.bare, size, workdir / args.bare)))
@@ -303,6 +363,17 @@ def main() -> int:
         figures["warm_hf_s"], out = _arm("warm-hf", run, _env(workdir, "warm-hf"), workdir)
         _check(out, len(TRANSFORMERS) - 1, cached=True, failed=1)
         figures["ratios"]["warm_hf_over_cold_hf"] = round(figures["warm_hf_s"] / figures["cold_hf_s"], 4)
+
+    if args.targets:
+        targets = write_config(workdir / "targets", "targets", len(TARGET_FLEET))
+        _, out = _arm("bare-targets", [*bare, "targets"], _env(workdir, "bare-targets"), ROOT)
+        figures["bare_targets_s"] = json.loads(out.strip().splitlines()[-1])
+        run = [pt2flow, "run", str(targets), "--json", "--store", str(workdir / "store-targets"), "--workers", "1"]
+        figures["cold_targets_s"], out = _arm("cold-targets", run, _env(workdir, "cold-targets"), workdir)
+        stage = _stage_totals(_check(out, len(TARGET_FLEET)))
+        figures["targets_stage_s"] = {k: stage[k] for k in ("onnx", "executorch")}
+        for target in ("onnx", "executorch"):
+            figures["ratios"][f"{target}_over_bare"] = round(stage[target] / figures["bare_targets_s"][target], 3)
 
     print("\nratio                          measured   goal", file=sys.stderr)
     for key, value in figures["ratios"].items():

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 
-from pt2flow.stages.errors import LOWERING, StageError
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.vocabulary import ErrorClass
 
 _DATA_DEPENDENT = re.compile(
     r"data[- ]dependent|GuardOnDataDependentSymNode|Could not guard on data-dependent|"
@@ -45,20 +46,20 @@ def classify_trace_error(exc: BaseException) -> str:
     message = f"{type(exc).__name__}: {exc}"
     error_type = str(getattr(exc, "error_type", ""))
     if "GuardOnDataDependentSymNode" in names or "DYNAMIC_CONTROL_FLOW" in error_type:
-        return "data_dependent"
+        return ErrorClass.DATA_DEPENDENT
     if "ConstraintViolationError" in names or "CONSTRAINT_VIOLATION" in error_type:
-        return "dynamic_shape"
+        return ErrorClass.DYNAMIC_SHAPE
     if "Unsupported" in names and _DATA_DEPENDENT.search(message):
-        return "data_dependent"
+        return ErrorClass.DATA_DEPENDENT
     if _PYTREE.search(message):
-        return "pytree"
+        return ErrorClass.PYTREE
     if _DATA_DEPENDENT.search(message):
-        return "data_dependent"
+        return ErrorClass.DATA_DEPENDENT
     if "Unsupported" in names or "UNSUPPORTED" in error_type or _UNSUPPORTED.search(message):
-        return "unsupported_op"
+        return ErrorClass.UNSUPPORTED_OP
     if "UserError" in names and ("INVALID_INPUT" in error_type or _DYNAMIC_SHAPE.search(message)):
-        return "dynamic_shape"
-    return "runtime"
+        return ErrorClass.DYNAMIC_SHAPE
+    return ErrorClass.RUNTIME
 
 
 def classify_compile_error(exc: BaseException) -> str:
@@ -66,8 +67,8 @@ def classify_compile_error(exc: BaseException) -> str:
     if isinstance(exc, StageError):
         return exc.error_class
     if isinstance(exc, MemoryError):
-        return "out_of_memory"
-    return "compile"
+        return ErrorClass.OUT_OF_MEMORY
+    return ErrorClass.COMPILE
 
 
 def classify_target_error(exc: BaseException) -> str:
@@ -76,8 +77,8 @@ def classify_target_error(exc: BaseException) -> str:
     if isinstance(exc, StageError):
         return exc.error_class
     if isinstance(exc, MemoryError):
-        return "out_of_memory"
-    return LOWERING
+        return ErrorClass.OUT_OF_MEMORY
+    return ErrorClass.LOWERING
 
 
 def short_message(exc: BaseException, limit: int = 2000) -> str:

@@ -25,62 +25,54 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.serialize import import_archive_modules, load_archive
 from pt2flow.stages.validate import compare
-from pt2flow.stages.target_options import missing_extra
+from pt2flow.stages.target_options import TARGET_EXTRAS, missing_extra
 from pt2flow.stages.targets import flat_tensor_inputs
 from pt2flow.stages.validation_io import IOSample
+from pt2flow.stages.vocabulary import ErrorClass
 
-KINDS = ("archive", "compiled", "onnx", "pte")
-# artifact kinds whose runner takes and returns flat tensor lists (stages/targets.py)
-FLAT_KINDS = ("onnx", "pte")
-_TARGET_OF = {"onnx": "onnx", "pte": "executorch"}  # the target (and so the extra) of each kind
-
-
-def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str]) -> Callable[..., Any]:
+def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str], flat: Callable[[bytes], Any] | None) -> Callable[..., Any]:
     """The artifact, callable; `imported` gets the modules loading it imported (an archive's
     pytree types, stages/serialize.py)."""
+    if flat is not None:
+        return flat(data)
     if kind == "archive":
         imported += import_archive_modules(data)
         return load_archive(data)[0].module()
-    if kind == "onnx":
-        from pt2flow.stages.onnx_target import load_onnx
-
-        return load_onnx(data)
-    if kind == "pte":
-        from pt2flow.stages.executorch_target import load_pte
-
-        return load_pte(data)
     return load_runner(data, workdir, device)
 
 
 def check_artifact(
-    kind: str, data: bytes, samples: Sequence[IOSample] | None, atol: float, rtol: float, device: str = "cpu"
+    kind: str, data: bytes, samples: Sequence[IOSample] | None, atol: float, rtol: float, device: str = "cpu",
+    *, flat: Callable[[bytes], Any] | None = None, target: str | None = None,
 ) -> dict[str, Any]:
     """{loads, runs, matches, max_abs_err, max_rel_err, samples, error_class, error, skipped,
     imported} of one artifact; runs/matches are None without stored samples, all three None when
     skipped; imported: the modules loading it imported (a process that checks another artifact
     after this one is no longer clean). device: where a package was compiled for (its record's
-    `device`)."""
+    `device`). kind: archive, compiled, or another candidate's artifact kind, whose `flat` loader
+    (its stage's candidate: bytes -> a runner of flat tensor lists) loads it; target: that
+    stage, whose missing libraries (stages.target_options) skip the check."""
     result: dict[str, Any] = {"loads": False, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None,
                               "samples": 0, "error_class": None, "error": None, "skipped": None, "imported": []}
     why = missing_device(device) if kind == "compiled" else None
     if why is not None:
         return {**result, "loads": None, "skipped": f"compiled for {device}, and {why}: not checked"}
-    lacking = missing_extra(_TARGET_OF[kind]) if kind in _TARGET_OF else None
+    lacking = missing_extra(target) if target in TARGET_EXTRAS else None
     if lacking is not None:
         return {**result, "loads": None, "skipped": f"{lacking}: not checked"}
     with tempfile.TemporaryDirectory(prefix="pt2flow-compat-") as workdir, quiet_torch():
         try:
-            fn = _load(kind, data, workdir, device, result["imported"])
+            fn = _load(kind, data, workdir, device, result["imported"], flat)
         except StageError as exc:
-            if exc.error_class == "import":  # a module the archive names does not import here: not torch's doing
-                return {**result, "loads": None, "error_class": "import", "error": exc.message}
-            return {**result, "error_class": "incompatible", "error": f"{kind} does not load with this torch: {exc.message}"}
+            if exc.error_class == ErrorClass.IMPORT:  # a module the archive names does not import here: not torch's doing
+                return {**result, "loads": None, "error_class": ErrorClass.IMPORT, "error": exc.message}
+            return {**result, "error_class": ErrorClass.INCOMPATIBLE, "error": f"{kind} does not load with this torch: {exc.message}"}
         except Exception as exc:  # noqa: BLE001 - whatever torch raises, the artifact does not load here
-            return {**result, "error_class": "incompatible", "error": f"{kind} does not load with this torch: {short_message(exc, 1000)}"}
+            return {**result, "error_class": ErrorClass.INCOMPATIBLE, "error": f"{kind} does not load with this torch: {short_message(exc, 1000)}"}
         result["loads"] = True
         if not samples:
             return result
-        return {**result, **_run_samples(fn, samples, atol, rtol, flat=kind in FLAT_KINDS)}
+        return {**result, **_run_samples(fn, samples, atol, rtol, flat=flat is not None)}
 
 
 def _run_samples(fn: Callable[..., Any], samples: Sequence[IOSample], atol: float, rtol: float, *, flat: bool = False) -> dict[str, Any]:
@@ -92,12 +84,12 @@ def _run_samples(fn: Callable[..., Any], samples: Sequence[IOSample], atol: floa
         try:
             got = fn(flat_tensor_inputs(sample.args, sample.kwargs)) if flat else fn(*sample.args, **sample.kwargs)
         except Exception as exc:  # noqa: BLE001
-            return {"runs": False, "samples": len(samples), "error_class": "runtime", "error": f"raised on sample {sample.label}: {short_message(exc, 1000)}"}
+            return {"runs": False, "samples": len(samples), "error_class": ErrorClass.RUNTIME, "error": f"raised on sample {sample.label}: {short_message(exc, 1000)}"}
         expected = [o for o in sample.outputs if isinstance(o, torch.Tensor)] if flat else list(sample.outputs)
         comparison = compare(pytree.tree_leaves(got), expected, atol, rtol)
         worst_abs, worst_rel = max(worst_abs, comparison.max_abs_err), max(worst_rel, comparison.max_rel_err)
         failures += [f"{sample.label}: {f}" for f in comparison.failures]
     out = {"runs": True, "matches": not failures, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "samples": len(samples)}
     if failures:
-        out.update(error_class="numeric_mismatch", error="; ".join(failures[:5]))
+        out.update(error_class=ErrorClass.NUMERIC_MISMATCH, error="; ".join(failures[:5]))
     return out

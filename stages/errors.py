@@ -6,10 +6,6 @@ from typing import Any
 
 from pt2flow.stages.vocabulary import ERROR_CLASSES  # noqa: F401  (re-exported)
 
-# A deployment target (stages/onnx_target.py, stages/executorch_target.py) refusing an op or a
-# pattern: docs/architecture.md §7 names it; accepted here until ERROR_CLASSES lists it.
-LOWERING = "lowering"
-_ACCEPTED_CLASSES = frozenset((*ERROR_CLASSES, LOWERING))
 
 
 class StageError(Exception):
@@ -29,7 +25,7 @@ class StageError(Exception):
         report: str | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
-        if error_class not in _ACCEPTED_CLASSES:
+        if error_class not in ERROR_CLASSES:
             raise ValueError(f"unknown error class {error_class!r}")
         super().__init__(message)
         self.error_class = error_class

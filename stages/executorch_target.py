@@ -23,7 +23,8 @@ from torch.export import ExportedProgram
 
 from pt2flow.stages import program
 from pt2flow.stages.classify import classify_target_error, short_message
-from pt2flow.stages.errors import LOWERING, StageError
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.vocabulary import ErrorClass
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import ExecutorchOptions, missing_extra
@@ -46,7 +47,7 @@ _PARTITIONER_SOURCE: dict[str, tuple[str, str]] = {
 
 def _require_executorch() -> None:
     if (why := missing_extra("executorch")) is not None:
-        raise StageError("config", why)
+        raise StageError(ErrorClass.CONFIG, why)
 
 
 def unbounded_dims(ep: ExportedProgram) -> list[str]:
@@ -120,12 +121,12 @@ def lower_executorch(ep: ExportedProgram, options: ExecutorchOptions) -> StageRe
     dim, config for a training program, no partitioner without portable fallback, or no extra."""
     refuse_training(ep, "executorch")
     if not options.partitioners and not options.portable_fallback:
-        raise StageError("config", "executorch: portable_fallback false needs at least one partitioner (partitioners: [xnnpack])")
+        raise StageError(ErrorClass.CONFIG, "executorch: portable_fallback false needs at least one partitioner (partitioners: [xnnpack])")
     _require_executorch()
     open_dims = unbounded_dims(ep)
     if open_dims:
         raise StageError(
-            "dynamic_shape",
+            ErrorClass.DYNAMIC_SHAPE,
             "ExecuTorch plans memory for the largest input, so every dynamic dim needs a maximum; unbounded: "
             + ", ".join(open_dims) + ". Set the dim's max in the config (dims: NAME: [min, max])",
         )
@@ -138,7 +139,7 @@ def lower_executorch(ep: ExportedProgram, options: ExecutorchOptions) -> StageRe
             raise lowering_error(exc, "ExecuTorch lowering") from exc
         split = delegation(edge.exported_program())
         if not options.portable_fallback and split.portable_ops:
-            raise StageError(LOWERING, not_delegated_message(split.portable_ops, options.partitioners),
+            raise StageError(ErrorClass.LOWERING, not_delegated_message(split.portable_ops, options.partitioners),
                              details={"ops": sorted(split.portable_ops), "portable_ops": split.portable_ops})
         try:
             data = bytes(edge.to_executorch().buffer)
@@ -165,8 +166,9 @@ def not_delegated_message(portable_ops: dict[str, int], partitioners: Sequence[s
 def lowering_error(exc: BaseException, what: str) -> StageError:
     ops = ops_named_in(exc)
     named = f" at {', '.join(ops)}" if ops else ""
-    return StageError(classify_target_error(exc), f"{what} failed{named}: {innermost_reason(exc)} ({short_message(exc, 500)})",
-                      details={"ops": ops})
+    reason, outer = innermost_reason(exc), short_message(exc, 500)
+    said = reason if reason.split(":", 1)[-1].strip() in outer else f"{reason} ({outer})"  # the outer message only when it says more
+    return StageError(classify_target_error(exc), f"{what} failed{named}: {said}", details={"ops": ops})
 
 
 class PteRunner:
@@ -228,10 +230,15 @@ def executorch_repro_script(
     lowers it as lower_executorch does (same partitioners; the portable_fallback check written
     out), so it raises the same error with torch and executorch alone."""
     header = repro_header("executorch", "executorch", said, program_path, script_name, imports)
+    return header + executorch_repro_body(options)
+
+
+def executorch_repro_body(options: ExecutorchOptions) -> str:
+    """The script's lines after `program` is loaded: the lowering (and the fallback check) written out."""
     sources = [_PARTITIONER_SOURCE[name] for name in options.partitioners]
     fallback = "" if options.portable_fallback else FALLBACK_CHECK.format(
         bookkeeping=program.ALWAYS_ALLOWED_PREFIXES, names=", ".join(options.partitioners))
-    return header + REPRO_BODY.format(
+    return REPRO_BODY.format(
         partitioner_imports="".join(f"{imp}\n" for imp, _ in dict.fromkeys(sources)),
         partitioners=", ".join(call for _, call in sources),
         fallback_check=fallback,

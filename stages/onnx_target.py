@@ -28,6 +28,7 @@ from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import OnnxOptions, missing_extra
 from pt2flow.stages.targets import FlatRunner, innermost_reason, ops_named_in, refuse_training, repro_header
+from pt2flow.stages.vocabulary import ErrorClass
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -39,7 +40,7 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same model gives th
 
 def _require_onnx() -> None:
     if (why := missing_extra("onnx")) is not None:
-        raise StageError("config", why)
+        raise StageError(ErrorClass.CONFIG, why)
 
 
 def export_onnx(
@@ -55,6 +56,7 @@ def export_onnx(
     StageError(lowering) naming the op the exporter cannot translate; StageError(config) for a
     training program or a missing extra."""
     refuse_training(ep, "onnx")
+    refuse_state(ep)
     _require_onnx()
     kwargs: dict[str, Any] = {"dynamo": True, "optimize": options.optimize, "verbose": False}
     if options.opset is not None:
@@ -75,6 +77,21 @@ def export_onnx(
         "weights_bytes": weights,
     }
     return StageResult(output=data, metadata=metadata, warnings=sink.items)
+
+
+def refuse_state(ep: ExportedProgram) -> None:
+    """StageError(lowering) for a program that updates buffers (running statistics, a counter, a
+    cache): an ONNX model has no state, so ONNX Runtime would compute every call from the initial
+    buffers and silently disagree with the model after its first call."""
+    mutated = sorted(ep.graph_signature.buffers_to_mutate.values())
+    if mutated:
+        shown = ", ".join(mutated[:5]) + (f" (+{len(mutated) - 5} more)" if len(mutated) > 5 else "")
+        raise StageError(
+            ErrorClass.LOWERING,
+            f"ONNX models are stateless, and this program updates buffers on every call ({shown}): ONNX Runtime would "
+            "start each call from their initial values; deploy it to a target that keeps state (executorch, aot_compile)",
+            details={"buffers": mutated},
+        )
 
 
 def lowering_error(exc: BaseException) -> StageError:
@@ -112,7 +129,7 @@ def _save(onnx_program: Any, external: bool) -> tuple[bytes, Any]:
         if not beside:
             return path.read_bytes(), proto
         if beside != [DATA_FILE]:
-            raise StageError("internal", f"the ONNX saver wrote unexpected files: {beside}")
+            raise StageError(ErrorClass.INTERNAL, f"the ONNX saver wrote unexpected files: {beside}")
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
             for member in (MODEL_FILE, DATA_FILE):
@@ -196,6 +213,11 @@ def onnx_repro_script(
     calls torch.onnx.export as export_onnx does, so it raises the same error with torch, onnx and
     onnxscript alone. said: the failure's message; imports: modules to import first (the model's
     custom ops and pytree types)."""
-    opset = f", opset_version={options.opset!r}" if options.opset is not None else ""
     header = repro_header("onnx", "onnx/onnxscript", said, program_path, script_name, imports)
-    return header + REPRO_BODY.format(optimize=options.optimize, opset=opset)
+    return header + onnx_repro_body(options)
+
+
+def onnx_repro_body(options: OnnxOptions) -> str:
+    """The script's lines after `program` is loaded: the export_onnx call written out."""
+    opset = f", opset_version={options.opset!r}" if options.opset is not None else ""
+    return REPRO_BODY.format(optimize=options.optimize, opset=opset)

@@ -85,22 +85,3 @@ class ValidateOptions(_Options):
     seed: int = 0
     benchmark: bool = False
     benchmark_runs: int = Field(default=20, ge=1, le=10000)
-
-
-class OnnxOptions(_Options):
-    """opset: the ONNX opset to target (None: the exporter's default); external_data_mb: weights
-    above this total go to external data, packed with the model into the stored blob;
-    optimize: run the exporter's graph optimizations."""
-
-    opset: int | None = Field(default=None, ge=7)
-    external_data_mb: float = Field(default=1024.0, gt=0)
-    optimize: bool = True
-
-
-class ExecutorchOptions(_Options):
-    """partitioners: the backends delegated to, in order ("xnnpack"; [] for the portable kernels
-    alone); portable_fallback: ops no partitioner takes run on the portable kernels (false: such
-    an op fails the stage with class lowering, naming it)."""
-
-    partitioners: tuple[Literal["xnnpack"], ...] = ("xnnpack",)
-    portable_fallback: bool = True

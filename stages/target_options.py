@@ -38,8 +38,6 @@ class ExecutorchOptions(_TargetOptions):
     portable_fallback: bool = True
 
 
-TARGET_OPTIONS: dict[str, type[_TargetOptions]] = {"onnx": OnnxOptions, "executorch": ExecutorchOptions}
-
 # target -> (the pip extra, the import names that extra provides)
 TARGET_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "onnx": ("onnx", ("onnx", "onnxscript", "onnxruntime")),
@@ -55,18 +53,3 @@ def missing_extra(target: str) -> str | None:
     if not missing:
         return None
     return f"the {target} target needs {', '.join(missing)}: pip install 'pt2flow[{extra}]'"
-
-
-def library_versions(target: str) -> dict[str, str | None]:
-    """The installed versions of `target`'s libraries (None: not installed), read from their
-    distributions' metadata without importing them: a target's derivation key needs them, as
-    every key needs torch's (an upgraded exporter may translate the same program differently)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, str | None] = {}
-    for name in TARGET_EXTRAS[target][1]:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out

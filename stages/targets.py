@@ -19,6 +19,7 @@ from torch.export import ExportedProgram
 
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.vocabulary import MODULE_NAME_PATTERN
+from pt2flow.stages.vocabulary import ErrorClass
 
 # a runner of a target's artifact: flat user input tensors in, flat output tensors out
 FlatRunner = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
@@ -32,7 +33,7 @@ def refuse_training(ep: ExportedProgram, target: str) -> None:
     kinds = sorted({s.kind.name for s in ep.graph_signature.output_specs} & _TRAINING_OUTPUTS)
     if kinds:
         raise StageError(
-            "config",
+            ErrorClass.CONFIG,
             f"the {target} target takes inference programs, and this one is a training program "
             f"(joint forward+backward: it returns {', '.join(kinds)}); "
             "set functionalize.mode to inference for a model that is deployed to this target",

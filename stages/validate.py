@@ -34,6 +34,7 @@ from pt2flow.stages.serialize import load_archive
 from pt2flow.stages.targets import FlatCandidate, TargetArtifact, restructure
 from pt2flow.stages.validation_io import IOSample, NotStorable
 from pt2flow.stages.validation_io import pack as pack_io
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 @dataclass(frozen=True)
@@ -254,9 +255,9 @@ def validate(
     targets: deployment-target artifacts by candidate name ("onnx", "executorch"), inference only."""
     targets = dict(targets or {})
     if archive is None and package is None and not targets:
-        raise StageError("config", "validate needs serialize, aot_compile or a target to have produced a candidate")
+        raise StageError(ErrorClass.CONFIG, "validate needs serialize, aot_compile or a target to have produced a candidate")
     if training and targets:
-        raise StageError("config", f"deployment targets ({', '.join(targets)}) take inference programs: nothing to validate in training mode")
+        raise StageError(ErrorClass.CONFIG, f"deployment targets ({', '.join(targets)}) take inference programs: nothing to validate in training mode")
     plan = plan_samples(dims, model_inputs.dims, options.samples, options.seed)
     with tempfile.TemporaryDirectory(prefix="pt2flow-validate-") as workdir, quiet_torch() as sink:
         reference = build_reference()
@@ -319,7 +320,7 @@ def _check_signature(archived: Any, compiled: Any, bound: BoundInputs, dims: Map
     report["signature"] = problems
     if problems:
         shown = " | ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
-        raise StageError("numeric_mismatch", f"signature mismatch: {shown}", details=report)
+        raise StageError(ErrorClass.NUMERIC_MISMATCH, f"signature mismatch: {shown}", details=report)
 
 
 def _load_candidates(
@@ -342,7 +343,7 @@ def _load_candidates(
     except StageError:
         raise
     except Exception as exc:
-        raise StageError("serialization", f"a candidate artifact does not load: {short_message(exc)}") from exc
+        raise StageError(ErrorClass.SERIALIZATION, f"a candidate artifact does not load: {short_message(exc)}") from exc
     return candidates, buffer_names, archived
 
 
@@ -364,13 +365,13 @@ def _check_sample(
         expected = _observe_eager(reference, bound, training, buffer_names)
         again = _observe_eager(twin, bound, training, buffer_names)
     except Exception as exc:
-        raise StageError("runtime", f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
+        raise StageError(ErrorClass.RUNTIME, f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
     findings.io.append(IOSample(sample.label, bound.args, dict(bound.kwargs), pytree.tree_leaves(expected.output)))
     if archived is not None and not training and sample.label == "example":
         problems = signature.output_mismatches(archived, expected.output)
         if problems:
             report["signature"] = [*report.get("signature", []), *problems]
-            raise StageError("numeric_mismatch", "signature mismatch: " + " | ".join(problems[:5]), details=report)
+            raise StageError(ErrorClass.NUMERIC_MISMATCH, "signature mismatch: " + " | ".join(problems[:5]), details=report)
     self_check = compare_observed(again, expected, options.atol, options.rtol)
     if not self_check.ok:
         findings.nondeterministic.append(f"{sample.label}: " + "; ".join(self_check.failures[:3]))
@@ -419,19 +420,19 @@ def _raise_findings(findings: _Findings, report: dict[str, Any], options: Valida
     """The StageError for the findings, the report attached; nothing when there are none."""
     if findings.nondeterministic:
         raise StageError(
-            "nondeterministic",
+            ErrorClass.NONDETERMINISTIC,
             "the eager model disagrees with itself on the same input, so the export cannot be judged: "
             + " | ".join(findings.nondeterministic[:3]),
             details=report,
         )
     if findings.raised:
-        raise StageError("runtime", " | ".join(findings.raised[:3]), details=report)
+        raise StageError(ErrorClass.RUNTIME, " | ".join(findings.raised[:3]), details=report)
     mismatches = findings.mismatches
     if mismatches:
         shown = " | ".join(mismatches[:5])
         more = f" (+{len(mismatches) - 5} more)" if len(mismatches) > 5 else ""
         raise StageError(
-            "numeric_mismatch",
+            ErrorClass.NUMERIC_MISMATCH,
             f"outputs differ beyond atol={options.atol:g}, rtol={options.rtol:g}: {shown}{more}",
             details=report,
         )

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 
-def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, ...], what: str, *, zipped: bool = True) -> bytes:
+def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, ...], what: str, *, zipped: bool | None = True) -> bytes:
     """The bytes of an artifact about to go to a loader: only a digest the index records as an
     ok output of one of `stages`, read with its size and sha256 verified; a zip artifact
     (program, .pt2 archive, AOTInductor package) also passes the zip safety check
-    (storage.safety) before torch opens it."""
+    (storage.safety) before torch opens it; zipped=None: checked if it is a zip (an ONNX model
+    with external data)."""
     import pyarrow.compute as pc
 
     from pt2flow.storage.errors import RecordNotFound
@@ -20,6 +21,6 @@ def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, 
     if not rows:
         raise RecordNotFound(f"{what} {digest} has no ok {'/'.join(stages)} record in the index of {store.url}: not loading it")
     data = store.get_blob(digest, size if size is not None else rows[0]["size"], remove_corrupt=True)
-    if zipped:
+    if zipped or (zipped is None and data[:4] == b"PK\x03\x04"):
         check_archive(data, what=f"{what} {digest}")
     return data

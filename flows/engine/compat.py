@@ -46,13 +46,13 @@ class Checker:
         self.worker: Worker | None = None
         self.torch_version: str | None = None  # the workers' torch.__version__, once one answered
 
-    def check(self, kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str) -> dict[str, Any]:
+    def check(self, kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None) -> dict[str, Any]:
         if self.worker is None:
             self.worker = Worker(threads=None)
         budget = Budget(deadline=time.monotonic() + self.timeout_s, deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s",
                         memory_bytes=self.memory_bytes)
         try:
-            status, payload = self.worker.call(("compat", kind, data, io, atol, rtol, device), budget)
+            status, payload = self.worker.call(("compat", kind, data, io, atol, rtol, device, stage), budget)
         except WorkerLost as lost:
             self.close()
             return {**_UNCHECKED, "error_class": lost.error_class, "error": f"{lost.message} while checking the {kind}",
@@ -121,7 +121,7 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
         except (StorageError, InvalidId) as exc:  # InvalidId: a record whose digest is not one
             checked.update(loads=False, runs=None, matches=None, error_class=ErrorClass.STORAGE, error=str(exc))
         else:
-            checked.update(checker.check(kind, data, samples, atol, rtol, record.get("device") or "cpu"))
+            checked.update(checker.check(kind, data, samples, atol, rtol, record.get("device") or "cpu", record["stage"]))
         entry[kind] = checked
         if checked["error_class"] and entry["error_class"] is None:
             entry.update(status="failed", error_class=checked["error_class"])

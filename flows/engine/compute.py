@@ -301,14 +301,14 @@ def aot_compile(call: StageCall) -> Produced:
 
 def onnx(call: StageCall) -> Produced:
     from pt2flow.stages.onnx_target import export_onnx
-    from pt2flow.stages.options import OnnxOptions
+    from pt2flow.stages.target_options import OnnxOptions
 
     return call.publish_result(export_onnx(call.program(), call.options(OnnxOptions)))
 
 
 def executorch(call: StageCall) -> Produced:
     from pt2flow.stages.executorch_target import lower_executorch
-    from pt2flow.stages.options import ExecutorchOptions
+    from pt2flow.stages.target_options import ExecutorchOptions
 
     return call.publish_result(lower_executorch(call.program(), call.options(ExecutorchOptions)))
 
@@ -330,6 +330,7 @@ def validate(call: StageCall) -> Produced:
         package=package,
         training=model.training,
         device=compiled.details.get("device", "cpu") if compiled else "cpu",  # where the package was compiled for
+        targets=_targets(call),
     )
     report = json.dumps(result.output, indent=1, default=str).encode()
     details: dict[str, Any] = {"validation": validation_summary(result.output)}
@@ -341,8 +342,23 @@ def validate(call: StageCall) -> Produced:
     return call.publish(report, details=details, warnings=result.warnings)
 
 
-# the artifact formats that are zip archives (checked by storage.safety before torch opens them)
-ZIPPED = frozenset({"program", "archive", "package"})
+def _targets(call: StageCall) -> dict[str, Any]:
+    """The other candidates this model has (the targets; a registered stage's), each its bytes
+    and its stage's loader (Stage.candidate: bytes -> a runner of flat tensor lists)."""
+    from pt2flow.stages.targets import TargetArtifact
+
+    found = {}
+    for name in pipeline.candidates():
+        if name in BUILT_IN_CANDIDATES or name not in call.inputs:
+            continue
+        stage, outcome = pipeline.get(name), call.inputs[name]
+        data = load_artifact(call.store, outcome.artifact, outcome.size, (name,), stage.publishes, zipped=None)
+        found[name] = TargetArtifact(data, pipeline.resolve(str(stage.candidate)))
+    return found
+
+
+# the candidates validate loads itself, with checks of their own (signature, mutated buffers)
+BUILT_IN_CANDIDATES = frozenset({"serialize", "aot_compile"})
 
 
 def validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -397,16 +413,20 @@ def _registered_elsewhere(stage: str) -> bool:
         return False
 
 
-def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str) -> tuple[str, Any]:
+def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None) -> tuple[str, Any]:
     """check-compat's check of one artifact (stages/compat.py) on the stored samples `io`:
-    ("ok", result with `checked_with`, this torch's version) or ("failed", failure)."""
+    ("ok", result with `checked_with`, this torch's version) or ("failed", failure). stage: the
+    candidate stage that made it; one validate does not load itself is loaded by its loader."""
     import torch
 
     from pt2flow.stages.compat import check_artifact as check
     from pt2flow.stages.validation_io import unpack
 
+    flat = None
+    if stage is not None and stage not in BUILT_IN_CANDIDATES:
+        flat = pipeline.resolve(str(pipeline.get(stage).candidate))
     try:
-        result = check(kind, data, unpack(io) if io is not None else None, atol, rtol, device)
+        result = check(kind, data, unpack(io) if io is not None else None, atol, rtol, device, flat=flat, target=stage)
     except Exception as exc:
         failure = classify("check-compat", exc)
         return "failed", {"error_class": str(failure.error_class), "error": failure.error}

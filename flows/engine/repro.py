@@ -417,6 +417,23 @@ def aot_compile_repro(job: ReproJob) -> str:
         """)
 
 
+def onnx_repro(job: ReproJob) -> str:
+    """torch.onnx.export(program, dynamo=True) as the onnx stage calls it."""
+    from pt2flow.stages.onnx_target import onnx_repro_body
+    from pt2flow.stages.target_options import OnnxOptions
+
+    return job.program() + "program = ep\n" + onnx_repro_body(OnnxOptions(**job.options))
+
+
+def executorch_repro(job: ReproJob) -> str:
+    """to_edge_transform_and_lower with the configured partitioners, then to_executorch, and the
+    portable_fallback check written out."""
+    from pt2flow.stages.executorch_target import executorch_repro_body
+    from pt2flow.stages.target_options import ExecutorchOptions
+
+    return job.program() + "program = ep\n" + executorch_repro_body(ExecutorchOptions(**job.options))
+
+
 def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str) -> str:
     message = (record.get("error_message") or "").strip().splitlines()
     head = [

@@ -10,21 +10,22 @@ from pt2flow.flows.pipeline.stage import Input, Stage
 from pt2flow.stages.options import (
     AotCompileOptions,
     DecomposeOptions,
-    ExecutorchOptions,
     FunctionalizeOptions,
-    OnnxOptions,
     SerializeOptions,
     TraceOptions,
     ValidateOptions,
 )
+from pt2flow.stages.target_options import TARGET_EXTRAS, ExecutorchOptions, OnnxOptions
 
 _COMPUTE = "pt2flow.flows.engine.compute"
 _KEYS = "pt2flow.flows.engine.keys"
 _REPRO = "pt2flow.flows.engine.repro"
-_CANDIDATES = "pt2flow.stages.candidates"
 
 # a program consumer takes the newest program the run has
 NEWEST_PROGRAM = Input("program", ("decompose", "functionalize", "trace"))
+# the deployment targets take the functional program, before core ATen: their exporters run
+# decomposition tables of their own that keep what their backends handle whole (docs/architecture.md §2)
+FUNCTIONAL_PROGRAM = Input("program", ("functionalize", "trace"))
 
 # what the config, the weights and the model's code are: the key comes from the planner's
 # manifest (flows/engine/planner.py), not from a key function
@@ -53,26 +54,26 @@ BUILTIN: tuple[Stage, ...] = (
     # same program saves to the same bytes (graph ids of the pass provenance numbered, not addresses)
     Stage(
         "serialize", 4, compute=f"{_COMPUTE}:serialize", inputs=(NEWEST_PROGRAM,), options=SerializeOptions,
-        publishes="archive", artifact="serialized", suffix=".pt2", candidate=f"{_CANDIDATES}:archive",
+        publishes="archive", artifact="serialized", suffix=".pt2", candidate="pt2flow.stages.serialize:load_archive",
         repro=f"{_REPRO}:serialize_repro", default=True,
         description=".pt2 archive (torch.export.save)",
     ),
     Stage(
         "aot_compile", 2, compute=f"{_COMPUTE}:aot_compile", inputs=(NEWEST_PROGRAM,), options=AotCompileOptions,
         publishes="package", artifact="compiled", suffix=".pt2", key=f"{_KEYS}:compile_key",
-        candidate=f"{_CANDIDATES}:package", repro=f"{_REPRO}:aot_compile_repro", default=True,
+        candidate="pt2flow.stages.aot_compile:load_runner", repro=f"{_REPRO}:aot_compile_repro", default=True,
         description="AOTInductor package",
     ),
     Stage(
-        "onnx", 1, compute=f"{_COMPUTE}:onnx", inputs=(NEWEST_PROGRAM,), options=OnnxOptions,
-        publishes="onnx", artifact="onnx", suffix=".onnx", candidate=f"{_CANDIDATES}:onnx",
-        repro=f"{_REPRO}:onnx_repro", libraries=("onnx", "onnxscript", "onnxruntime"), extra="onnx",
+        "onnx", 1, compute=f"{_COMPUTE}:onnx", inputs=(FUNCTIONAL_PROGRAM,), options=OnnxOptions,
+        publishes="onnx", artifact="onnx", suffix=".onnx", candidate="pt2flow.stages.onnx_target:load_onnx",
+        repro=f"{_REPRO}:onnx_repro", libraries=TARGET_EXTRAS["onnx"][1], extra=TARGET_EXTRAS["onnx"][0],
         accepts_training=False, description=".onnx model, for ONNX Runtime",
     ),
     Stage(
-        "executorch", 1, compute=f"{_COMPUTE}:executorch", inputs=(NEWEST_PROGRAM,), options=ExecutorchOptions,
-        publishes="pte", artifact="pte", suffix=".pte", candidate=f"{_CANDIDATES}:pte",
-        repro=f"{_REPRO}:executorch_repro", libraries=("executorch",), extra="executorch",
+        "executorch", 1, compute=f"{_COMPUTE}:executorch", inputs=(FUNCTIONAL_PROGRAM,), options=ExecutorchOptions,
+        publishes="pte", artifact="pte", suffix=".pte", candidate="pt2flow.stages.executorch_target:load_pte",
+        repro=f"{_REPRO}:executorch_repro", libraries=TARGET_EXTRAS["executorch"][1], extra=TARGET_EXTRAS["executorch"][0],
         accepts_training=False, description=".pte program, for the ExecuTorch runtime (XNNPACK)",
     ),
     # 2: the candidates' signatures are checked against the configured inputs

@@ -56,9 +56,11 @@ class Stage:
     key: "module:function" (stage, model, inputs) -> key, for a stage whose key is not the
       default one (its name and version, its inputs' identities, its options, and the torch,
       Python and library versions: flows/engine/keys.default_key);
-    candidate: "module:function" turning its blob into something validate runs beside eager
-      (stages/validate.py's Candidate); such a stage is checked by validate and by
-      check-compat;
+    candidate: "module:function" loading its blob into a runner of flat tensor lists (the
+      user's tensor inputs in, the output leaves out: stages/targets.FlatRunner), which
+      validate runs beside eager on every sample and check-compat on the stored ones; the
+      archive and the package (serialize's and aot_compile's) are loaded by validate itself,
+      with the signature checks they allow;
     repro: "module:function" giving the body of a torch-only script that makes the same call
       (flows/engine/repro.py);
     libraries: the distributions it needs besides torch: their versions are in its key, and a

@@ -95,13 +95,15 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
     from pt2flow.flows.engine import runtime
 
     async def latest(key: str) -> Any:
+        """The newest artifact `key` of this run (other runs on the same Prefect server publish
+        under the same key: each names its run in the description)."""
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
         from prefect.client.schemas.sorting import ArtifactSort
 
         async with get_client() as client:
-            found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1)
-            return found[0]
+            found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=50)
+            return next(a for a in found if document["run_id"] in (a.description or ""))
 
     with runtime.prefect_api():
         table = asyncio.run(latest("pt2flow-fleet-models"))

@@ -151,9 +151,9 @@ def test_check_compat_reruns_the_stored_samples(seq_case: TargetCase, seq_onnx: 
     done = validate(seq_case.build, seq_case.inputs, seq_case.dims, ValidateOptions(samples=3),
                     targets={"onnx": TargetArtifact(seq_onnx.output, load_onnx)})
     samples = unpack(done.side["io"])
-    result = check_artifact("onnx", seq_onnx.output, samples, 1e-5, 1e-4)
+    result = check_artifact("onnx", seq_onnx.output, samples, 1e-5, 1e-4, flat=load_onnx, target="onnx")
     assert (result["loads"], result["runs"], result["matches"], result["samples"]) == (True, True, True, 3)
     moved = [type(s)(s.label, s.args, s.kwargs, [o + 1 for o in s.outputs]) for s in samples]
-    failed = check_artifact("onnx", seq_onnx.output, moved, 1e-5, 1e-4)
+    failed = check_artifact("onnx", seq_onnx.output, moved, 1e-5, 1e-4, flat=load_onnx, target="onnx")
     assert failed["matches"] is False and failed["error_class"] == "numeric_mismatch"
-    assert check_artifact("onnx", b"not onnx", samples, 1e-5, 1e-4)["error_class"] == "incompatible"
+    assert check_artifact("onnx", b"not onnx", samples, 1e-5, 1e-4, flat=load_onnx, target="onnx")["error_class"] == "incompatible"

@@ -44,10 +44,3 @@ def test_a_target_without_its_library_is_a_config_error(monkeypatch: pytest.Monk
     with pytest.raises(StageError) as info:
         export_onnx(program, OnnxOptions())
     assert info.value.error_class == "config" and "pt2flow[onnx]" in info.value.message
-
-
-def test_library_versions_are_the_pinned_ones() -> None:
-    from pt2flow.stages.target_options import library_versions
-
-    assert library_versions("onnx") == {"onnx": "1.23.2", "onnxscript": "0.7.2", "onnxruntime": "1.31.1"}
-    assert library_versions("executorch") == {"executorch": "1.5.1"}

@@ -1,0 +1,148 @@
+"""The deployment targets end to end through `pt2flow run`: the shipped configs/targets.yaml (the
+demo's inference models to the archive, ONNX and ExecuTorch, every one validated against eager
+at the edges of every dynamic dim), cached on a re-run, got, traced back to one export and
+re-checked by check-compat; and a fleet of models the targets refuse, each refusal with its
+class, naming why, and a repro that raises it again in a fresh process with torch and the
+target's library alone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, run_cli, write_config
+
+pytestmark = pytest.mark.integration
+
+# the shipped targets config without aot_compile (compiles are covered elsewhere; they are slow)
+STAGES = "trace,functionalize,decompose,serialize,onnx,executorch,validate"
+
+
+def _models(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    return {m["name"]: m for m in json.loads(result.stdout)["models"]}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("targets")
+    shutil.copy(ROOT / "configs" / "targets.yaml", folder / "targets.yaml")
+    shutil.copy(ROOT / "configs" / "demo_models.py", folder / "demo_models.py")
+    store = str(folder / "store")
+    args = ["run", str(folder / "targets.yaml"), "--store", store, "--stages", STAGES, "--json"]
+    cold = run_cli(args)
+    warm = run_cli(args)
+    return {"cold": cold, "warm": warm, "store": store, "folder": folder}
+
+
+def test_every_demo_model_reaches_every_target_validated(demo: dict[str, Any]) -> None:
+    cold = demo["cold"]
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    models = _models(cold)
+    assert sorted(models) == ["mlp", "multi-head", "small-cnn", "tiny-encoder"]
+    for name, model in models.items():
+        assert model["artifacts"]["onnx"] and model["artifacts"]["pte"] and model["artifacts"]["serialized"], name
+        assert model["validation"]["passed"] is True
+    store = demo["store"]
+    report_id = models["tiny-encoder"]["stages"]["validate"]["artifact"]
+    record = json.loads(run_cli(["show", report_id, "--store", store, "--json"]).stdout)
+    candidates = record["report"]["candidates"]
+    assert set(candidates) == {"archive", "onnx", "executorch"}
+    for name, candidate in candidates.items():
+        # the example, then batch and seq at their min and at their max: the same samples for every candidate
+        assert [s["label"] for s in candidate["samples"]] == ["example", "min", "max"], name
+        assert [s["sizes"] for s in candidate["samples"]][1:] == [{"batch": 1, "seq": 2}, {"batch": 8, "seq": 64}], name
+        assert all(s["ok"] for s in candidate["samples"]) and candidate["max_abs_err"] < 1e-4, name
+
+
+def test_a_re_run_is_served_from_the_cache(demo: dict[str, Any]) -> None:
+    warm = demo["warm"]
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    cold, again = _models(demo["cold"]), _models(warm)
+    for name, model in again.items():
+        assert all(stage["cached"] for stage in model["stages"].values()), name
+        assert model["artifacts"] == cold[name]["artifacts"], name
+
+
+def test_targets_are_got_and_descend_from_the_same_export(demo: dict[str, Any], tmp_path: Path) -> None:
+    store, model = demo["store"], _models(demo["cold"])["multi-head"]
+    lines = {}
+    for kind in ("serialized", "onnx", "pte"):
+        out = tmp_path / f"multi-head.{kind}"
+        got = run_cli(["get", "--model", "multi-head", "--artifact", kind, "-o", str(out), "--store", store, "--json"])
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout)["sha256"] == model["artifacts"][kind]
+        lineage = json.loads(run_cli(["lineage", model["artifacts"][kind], "--store", store, "--json"]).stdout)
+        lines[kind] = {a["stage"]: a["sha256"] for a in lineage["ancestors"]}
+    assert lines["onnx"]["trace"] == lines["pte"]["trace"] == lines["serialized"]["trace"]  # one export
+    assert lines["onnx"]["functionalize"] == lines["pte"]["functionalize"] and "decompose" not in lines["onnx"]
+    import onnx  # the file is a real ONNX model naming its dynamic dims
+
+    proto = onnx.load(str(tmp_path / "multi-head.onnx"))
+    assert [d.dim_param or d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim][2] == 12
+
+
+def test_check_compat_re_runs_every_target(demo: dict[str, Any]) -> None:
+    result = run_cli(["check-compat", "--store", demo["store"], "--json"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    for model in document["models"]:
+        for kind in ("archive", "onnx", "pte"):
+            assert model[kind]["loads"] and model[kind]["runs"] and model[kind]["matches"], (model["name"], kind)
+
+
+REFUSED = [
+    # a joint forward+backward program: no target deploys training
+    {"name": "trainer", "factory": "tests.models:regressor", "inputs": {"x": {"shape": [4, 4]}, "y": {"shape": [4]}},
+     "stages": {"functionalize": {"mode": "training", "loss_output": 0}}},
+    # updates buffers on every call: an ONNX model has no state
+    {"name": "stateful", "factory": "tests.models:buffer_counter", "inputs": {"x": {"shape": [2, 8]}}},
+    # a custom op no exporter translates
+    {"name": "wobbly", "factory": "tests.custom_op_models:wobbly", "inputs": {"x": {"shape": [1, 8]}}},
+    # dict outputs and an op XNNPACK does not take (argmax): portable kernels when allowed ...
+    {"name": "dict-out", "factory": "tests.models:dict_out", "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
+     "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 8}}},
+    # ... and `lowering` naming it when not
+    {"name": "dict-strict", "factory": "tests.models:dict_out", "kwargs": {}, "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
+     "stages": {"executorch": {"portable_fallback": False}, "onnx": {"optimize": False}}},
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("refused")
+    config = write_config(folder / "refused.yaml", REFUSED, stages=["trace", "functionalize", "onnx", "executorch", "validate"],
+                          defaults={"validate": {"samples": 3}})
+    store = str(folder / "store")
+    return {"run": run_cli(["run", str(config), "--store", store, "--json"]), "store": store}
+
+
+def test_each_refusal_has_its_class_and_says_why(refused: dict[str, Any]) -> None:
+    result = refused["run"]
+    assert result.returncode == 1, result.stderr[-3000:]
+    models = _models(result)
+    assert (models["trainer"]["failed_stage"], models["trainer"]["error_class"]) == ("onnx", "config")
+    assert "takes inference programs" in models["trainer"]["error"]
+    assert (models["stateful"]["failed_stage"], models["stateful"]["error_class"]) == ("onnx", "lowering")
+    assert "stateless" in models["stateful"]["error"]
+    assert (models["wobbly"]["failed_stage"], models["wobbly"]["error_class"]) == ("onnx", "lowering")
+    assert "pt2flow_test.wobble.default" in models["wobbly"]["error"]
+    assert models["dict-out"]["status"] == "ok" and models["dict-out"]["validation"]["passed"]
+    assert (models["dict-strict"]["failed_stage"], models["dict-strict"]["error_class"]) == ("executorch", "lowering")
+    assert "aten.argmax.default" in models["dict-strict"]["error"]
+    lowered = json.loads(run_cli(["ls", "--store", refused["store"], "--model", "dict-out", "--stage", "executorch", "--json"]).stdout)[0]
+    assert "aten.argmax.default" in lowered["details"]["portable_ops"]  # ran on the portable kernels
+
+
+@pytest.mark.parametrize(("model", "raised"), [("wobbly", "pt2flow_test.wobble"), ("dict-strict", "aten.argmax.default")])
+def test_a_target_failure_reproduces_in_a_fresh_process(refused: dict[str, Any], model: str, raised: str, tmp_path: Path) -> None:
+    folder = tmp_path / model
+    made = run_cli(["repro", model, "-o", str(folder), "--store", refused["store"]])
+    assert made.returncode == 0, made.stderr
+    ran = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert ran.returncode != 0 and raised in ran.stderr, ran.stderr[-3000:]
