@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import click
 
 from pt2flow.flows.api.running import execute
-from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK
+from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, note_interrupt
 from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
 from pt2flow.flows.cli.support import Args, command, json_option, rich_console
 
@@ -44,6 +44,12 @@ def run_command(args: Args) -> int:
 
 
 def interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM: stop the workers now, lock-free (the main thread may hold any lock, or be about
+    to join a model thread that waits on a hung worker), then unwind as Ctrl-C does."""
+    note_interrupt()
+    pool = sys.modules.get("pt2flow.flows.engine.pool")
+    if pool is not None:
+        pool.interrupt_pool()
     raise KeyboardInterrupt
 
 
@@ -67,6 +73,7 @@ def run_fleet(args: Args) -> int:
         runner=runner_of(args),
         workers=args.workers,
         dask_address=args.dask_address,
+        no_worker_timeout_s=args.no_worker_timeout,
         run_id=new_run_id(),
         retry_failed=args.retry_failed,
     )

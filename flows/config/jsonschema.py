@@ -17,7 +17,7 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
-from pt2flow.flows.config.limits import LimitsConfig
+from pt2flow.flows.config.limits import DaskConfig, LimitsConfig
 from pt2flow.flows.config.checks import NAME_PATTERN
 from pt2flow.flows.config.models import DimConfig
 from pt2flow.stages.options import OPTIONS
@@ -128,6 +128,7 @@ def config_json_schema() -> dict[str, Any]:
             "stages": {"type": "array", "items": {"enum": list(STAGES)}, "uniqueItems": True, "description": "the stages to run, in pipeline order"},
             "defaults": defaults,
             "models": {"type": "array", "minItems": 1, "items": _model(defs, stage_options, limits)},
+            "dask": _definition(DaskConfig, defs, "dask"),
         },
         "$defs": dict(sorted(defs.items())),
     }

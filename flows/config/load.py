@@ -83,6 +83,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         stages=tuple(config.stages),
         models=tuple(resolved),
         raw=data,
+        dask=config.dask,
     )
 
 
@@ -110,7 +111,7 @@ def apply_overrides(pipeline: Pipeline, *, only: Sequence[str] = (), stages: Seq
         chosen = tuple(stages)
     if issues:
         raise ConfigError(pipeline.path, issues)
-    return Pipeline(pipeline.path, pipeline.store, pipeline.storage_options, chosen, models, pipeline.raw)
+    return Pipeline(pipeline.path, pipeline.store, pipeline.storage_options, chosen, models, pipeline.raw, pipeline.dask)
 
 
 # ---------------------------------------------------------------------------------------------

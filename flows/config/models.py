@@ -14,7 +14,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pt2flow.flows.config.limits import Limits, LimitsConfig
+from pt2flow.flows.config.limits import DaskConfig, Limits, LimitsConfig
 from pt2flow.stages.vocabulary import STAGES
 
 CONFIG_VERSION = 1
@@ -63,6 +63,7 @@ class PipelineConfig(_Strict):
     stages: list[str] = Field(default_factory=lambda: list(STAGES))
     defaults: StageDefaults = Field(default_factory=StageDefaults)
     models: list[ModelConfig] = Field(min_length=1)
+    dask: DaskConfig = Field(default_factory=DaskConfig)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class Pipeline:
     stages: tuple[str, ...] = ()
     models: tuple[ResolvedModel, ...] = ()
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
+    dask: DaskConfig = field(default_factory=DaskConfig)
 
     def model(self, name: str) -> ResolvedModel:
         for m in self.models:
