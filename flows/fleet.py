@@ -18,6 +18,7 @@ from prefect.states import Completed, Failed
 
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.config.limits import DEFAULT_NO_WORKER_TIMEOUT_S
 from pt2flow.flows.engine.context import RunContext
 from pt2flow.flows.engine.documents import ModelResult, RunDocument
 from pt2flow.flows.engine.fleet import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
@@ -26,6 +27,7 @@ from pt2flow.flows.engine.planner import Plan
 from pt2flow.flows.engine.runner import run_logger, run_model
 
 RUNNERS = ("local", "process", "dask")
+WATCH_SECONDS = 1.0  # how often the orchestrator looks at a Dask cluster's workers and the models' clocks
 
 def _model_result(state: Any, model: ResolvedModel) -> ModelResult:
     try:
@@ -43,8 +45,10 @@ def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> Any:
     run nested under this task (named after the model), their work on that process's worker
     pool. The task fails when the model does, naming the stage and the class. (A subflow per
     model costs 0.3-1 s more per model in flow-run bookkeeping: measured, see bench/.)"""
+    from pt2flow.flows.engine.cluster import announce_start
     from pt2flow.flows.engine.pool import shared_pool
 
+    announce_start(ctx.run_id, model.name)  # on a Dask worker: the orchestrator's clock of this model starts
     result = run_model(model, ctx, plan, shared_pool(), tasks=STAGE_TASKS)
     if result.status != "ok":
         return Failed(message=f"{model.name}: {result.error_class} at {result.failed_stage}", data=result)
@@ -67,21 +71,74 @@ def _task_runner(runner: str, workers: int, dask_address: str | None) -> Any:
     raise ValueError(f"unknown runner {runner!r}")
 
 
-def _run_models(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext, runner: str, workers: int, dask_address: str | None) -> list[ModelResult]:
+def _run_models(
+    models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext, runner: str, workers: int, dask_address: str | None,
+    no_worker_timeout_s: float = DEFAULT_NO_WORKER_TIMEOUT_S,
+) -> list[ModelResult]:
     results: dict[str, ModelResult] = {}
     if runner != "dask":
         from pt2flow.flows.engine.pool import start_pool
 
         start_pool(workers)
     with _task_runner(runner, workers, dask_address) as task_runner:
-        futures = [(m, task_runner.submit(model_task, parameters={"model": m, "ctx": ctx, "plan": plans[m.name]})) for m in models]
-        for model, future in futures:
-            try:
-                future.wait()
-                results[model.name] = _model_result(future.state, model)
-            except Exception as exc:  # the runner itself broke (a Dask worker lost, a cluster gone)
-                results[model.name] = ModelResult.crashed(model.name, f"worker failed: {type(exc).__name__}: {exc}")
+        try:
+            futures = {m.name: (m, task_runner.submit(model_task, parameters={"model": m, "ctx": ctx, "plan": plans[m.name]})) for m in models}
+            if runner == "dask":
+                _wait_on_cluster(futures, results, task_runner.client, ctx, no_worker_timeout_s)
+            for model, future in futures.values():
+                if model.name not in results:
+                    results[model.name] = _settled(model, future)
+        except BaseException:
+            # Ctrl-C, SIGTERM (Prefect's TerminationSignal), a bug: the task runner's exit joins the
+            # model threads, so first make the ones waiting on a worker (a hung model) stop now
+            from pt2flow.flows.engine.pool import interrupt_pool
+
+            interrupt_pool()
+            raise
     return [results[m.name] for m in models]
+
+
+def _settled(model: ResolvedModel, future: Any) -> ModelResult:
+    """The model's result once its future is done (waiting for it if need be)."""
+    try:
+        future.wait()
+        return _model_result(future.state, model)
+    except Exception as exc:  # the runner itself broke (a Dask worker lost, a cluster gone)
+        return ModelResult.crashed(model.name, f"worker failed: {type(exc).__name__}: {exc}")
+
+
+def _wait_on_cluster(futures: dict[str, tuple[ResolvedModel, Any]], results: dict[str, ModelResult], client: Any, ctx: RunContext, no_worker_timeout_s: float) -> None:
+    """Wait for the models given to a Dask cluster, enforcing here what their Dask workers
+    enforce while they exist: each model's time limit, and a cluster with no worker for
+    `no_worker_timeout_s` fails every model not done (flows/engine/cluster.py)."""
+    from pt2flow.flows.engine.cluster import ClusterWatch
+
+    watch = ClusterWatch(client, ctx.run_id, {name: m.limits.timeout_s for name, (m, _) in futures.items()}, no_worker_timeout_s)
+    try:
+        with client.as_current():  # distributed.wait finds its client as the current one
+            _watch(futures, results, watch)
+    finally:
+        watch.close()
+
+
+def _watch(futures: dict[str, tuple[ResolvedModel, Any]], results: dict[str, ModelResult], watch: Any) -> None:
+    import distributed
+
+    pending = dict(futures)
+    while pending:
+        try:
+            distributed.wait([f.wrapped_future for _, f in pending.values()], timeout=WATCH_SECONDS, return_when="FIRST_COMPLETED")
+        except distributed.TimeoutError:  # none done in this while: look at the clocks
+            pass
+        for name, (model, future) in list(pending.items()):
+            if future.wrapped_future.done():
+                results[name] = _settled(model, future)
+                del pending[name]
+        for name, gave_up in watch.check(list(pending)).items():
+            model, future = pending.pop(name)
+            future.wrapped_future.cancel()
+            results[name] = ModelResult(name=name, status="failed", error_class=gave_up.error_class, error=gave_up.message)
+            run_logger().warning("%s: %s", name, gave_up.message)
 
 
 def _fleet_rows(document: RunDocument) -> list[dict[str, Any]]:
@@ -155,7 +212,10 @@ def _publish_artifacts(document: RunDocument, store_obj: Any, comparison: str | 
         run_logger().warning("could not publish the fleet artifacts: %s", exc)
 
 
-def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None) -> RunDocument:
+def run_fleet(
+    pipeline: Any, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None,
+    no_worker_timeout_s: float | None = None,
+) -> RunDocument:
     """The run document of docs/architecture.md §4. Models the planner settles from the index need
     no worker and no Prefect task run; the rest go to the runner's supervised worker processes."""
     started = time.perf_counter()
@@ -167,7 +227,8 @@ def run_fleet(pipeline: Any, ctx: RunContext, runner: str = "local", workers: in
     if to_run:
         used = resolve_workers(workers, len(to_run))
         run_logger().info("%d model(s) to build on %d worker process(es) (%s runner)", len(to_run), used, runner)
-        for m, r in zip(to_run, _run_models(to_run, plans, ctx, runner, used, dask_address)):
+        no_worker = no_worker_timeout_s if no_worker_timeout_s is not None else pipeline.dask.no_worker_timeout_s
+        for m, r in zip(to_run, _run_models(to_run, plans, ctx, runner, used, dask_address, no_worker)):
             results[m.name] = r
     document = run_document(ctx, [results[m.name] for m in models], started, used)
     _publish_artifacts(document, runtime.open_store(ctx.store_url), _drift_markdown(runtime.open_store(ctx.store_url), ctx.run_id))
@@ -209,6 +270,7 @@ def fleet_flow(
     run_id: str | None = None,
     retry_failed: bool = False,
     apply_retention: bool = False,
+    no_worker_timeout_s: float | None = None,
 ) -> Any:
     """Export every model of the config (or `only` those); returns the run document of
     docs/architecture.md §4 as its JSON dict. The run holds its lease on the store throughout
@@ -218,7 +280,7 @@ def fleet_flow(
     pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed)
     try:
         with RunLease(runtime.open_store(ctx.store_url), ctx.run_id):
-            document = run_fleet(pipeline, ctx, runner, workers, dask_address)
+            document = run_fleet(pipeline, ctx, runner, workers, dask_address, no_worker_timeout_s)
     finally:
         from pt2flow.flows.engine.pool import stop_pool
 

@@ -41,6 +41,35 @@ class Hang(_Misbehaving):
             time.sleep(1)
 
 
+class AnnouncedHang(Hang):
+    """Hangs as Hang does, after creating the file named by $PT2FLOW_TEST_HANG_MARKER: a test
+    then knows the model is inside its worker, not still on its way there."""
+
+    def misbehave(self) -> None:
+        marker = os.environ.get("PT2FLOW_TEST_HANG_MARKER")
+        if marker:
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))
+        super().misbehave()
+
+
+class AnnouncedPause(nn.Module):
+    """A healthy model whose forward first creates the file named by $PT2FLOW_TEST_PAUSE_MARKER
+    (holding its process id) and sleeps 4 s: a test can kill the Dask worker under it meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        marker = os.environ.get("PT2FLOW_TEST_PAUSE_MARKER")
+        if marker and not torch.compiler.is_compiling():
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(4)
+        return self.fc(x)
+
+
 class MemoryHog(_Misbehaving):
     def misbehave(self) -> None:
         hoard = []
@@ -61,6 +90,14 @@ def hard_exit() -> nn.Module:
 
 def hang() -> nn.Module:
     return Hang()
+
+
+def announced_hang() -> nn.Module:
+    return AnnouncedHang()
+
+
+def announced_pause() -> nn.Module:
+    return AnnouncedPause()
 
 
 def memory_hog() -> nn.Module:

@@ -22,7 +22,7 @@ Progress = Callable[[Any, str, list[str], Sequence[str]], ContextManager[Any]]
 
 
 def load_for_run(config: str, *, only: Sequence[str] = (), stages: Sequence[str] | None = None, workers: int | None = None,
-                 runner: str = "local", dask_address: str | None = None) -> Any:
+                 runner: str = "local", dask_address: str | None = None, no_worker_timeout_s: float | None = None) -> Any:
     """The config with `only`/`stages` applied; raises ConfigError or UsageError."""
     from pt2flow.flows.config import apply_overrides, load_config
 
@@ -34,6 +34,10 @@ def load_for_run(config: str, *, only: Sequence[str] = (), stages: Sequence[str]
         raise UsageError("--workers must be at least 1")
     if dask_address and runner != "dask":
         raise UsageError("--dask-address needs --runner dask")
+    if no_worker_timeout_s is not None and runner != "dask":
+        raise UsageError("--no-worker-timeout needs --runner dask")
+    if no_worker_timeout_s is not None and not no_worker_timeout_s > 0:
+        raise UsageError("--no-worker-timeout must be more than 0 seconds")
     return pipeline
 
 
@@ -70,6 +74,7 @@ def run(
     workers: int | None = None,
     runner: str = "local",
     dask_address: str | None = None,
+    no_worker_timeout_s: float | None = None,
     force: bool = False,
     retry_failed: bool = False,
     progress: Progress | None = None,
@@ -82,13 +87,16 @@ def run(
     from pt2flow.flows.engine.context import new_run_id
     from pt2flow.flows.engine.documents import RunDocument
 
-    pipeline = load_for_run(str(config), only=only, stages=stages, workers=workers, runner=runner, dask_address=dask_address)
+    pipeline = load_for_run(
+        str(config), only=only, stages=stages, workers=workers, runner=runner, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s
+    )
     store_url = resolve_store_url(store or pipeline.store)
     refuse_credentials(store_url)
     opened = open_checked_store(store_url, pipeline, storage_options)
     parameters = dict(
         config_path=os.path.abspath(config), store=store_url, only=list(only) or None, stages=list(pipeline.stages), force=force,
-        runner=runner, workers=workers, dask_address=dask_address, run_id=new_run_id(), retry_failed=retry_failed,
+        runner=runner, workers=workers, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, run_id=new_run_id(),
+        retry_failed=retry_failed,
     )
     return RunDocument.model_validate(execute(parameters, opened, pipeline, progress=progress))
 

@@ -29,6 +29,17 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_BROKEN_PIPE = 128 + 13  # as if SIGPIPE had ended the process
 
 
+_interrupted = False
+
+
+def note_interrupt() -> None:
+    """A signal handler is interrupting the command: whatever exception reaches exit_code now is
+    the interrupt (a KeyboardInterrupt raised inside, say, pydantic's serializer comes out as
+    its PydanticSerializationError), and ends as one with 130."""
+    global _interrupted
+    _interrupted = True
+
+
 class CommandUsageError(Exception):
     """A command was given arguments it cannot use (exit 2, the message names the command)."""
 
@@ -43,7 +54,7 @@ def exit_code(exc: BaseException, command: str | None) -> int:
     if isinstance(exc, BrokenPipeError):
         silence_stdout()
         return EXIT_BROKEN_PIPE
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt) or _interrupted:  # an interrupt a library wrapped in its own error included
         stop_workers()
         print("pt2flow: interrupted; worker processes stopped", file=sys.stderr)
         return EXIT_INTERRUPTED

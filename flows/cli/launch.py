@@ -18,6 +18,11 @@ CONFIG_HELP = {"CONFIG": "pipeline config (YAML, schema version 1)"}
 
 def fleet_options(fn: Any) -> Any:
     """What to run and where: the options `run` and `serve` share (declared bottom-up)."""
+    fn = click.option(
+        "--no-worker-timeout", type=float, default=None, metavar="SECONDS",
+        help="with --runner dask: once the cluster has had no worker this long, the models not done fail "
+        "(timeout) and the run ends (default: the config's dask.no_worker_timeout_s, 60)",
+    )(fn)
     fn = click.option("--dask-address", metavar="ADDR", help="scheduler address of an existing Dask cluster (tcp://host:8786); default: a LocalCluster")(fn)
     fn = click.option(
         "--runner", type=click.Choice(["local", "process", "dask"]),
@@ -51,7 +56,10 @@ def load_for_run(args: Args) -> Any:
     from pt2flow.flows.api.running import load_for_run as load
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
-    return load(args.config, only=args.only or (), stages=stages, workers=args.workers, runner=runner_of(args), dask_address=args.dask_address)
+    return load(
+        args.config, only=args.only or (), stages=stages, workers=args.workers, runner=runner_of(args), dask_address=args.dask_address,
+        no_worker_timeout_s=args.no_worker_timeout,
+    )
 
 
 def open_checked_store(store_url: str, pipeline: Any, args: Args) -> Any:

@@ -8,12 +8,13 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any, Iterator
 
 import click
 
 from pt2flow.flows.api.running import execute
-from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK
+from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, note_interrupt
 from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
 from pt2flow.flows.cli.support import Args, command, json_option, rich_console
 
@@ -44,6 +45,12 @@ def run_command(args: Args) -> int:
 
 
 def interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM: stop the workers now, lock-free (the main thread may hold any lock, or be about
+    to join a model thread that waits on a hung worker), then unwind as Ctrl-C does."""
+    note_interrupt()
+    pool = sys.modules.get("pt2flow.flows.engine.pool")
+    if pool is not None:
+        pool.interrupt_pool()
     raise KeyboardInterrupt
 
 
@@ -67,20 +74,42 @@ def run_fleet(args: Args) -> int:
         runner=runner_of(args),
         workers=args.workers,
         dask_address=args.dask_address,
+        no_worker_timeout_s=args.no_worker_timeout,
         run_id=new_run_id(),
         retry_failed=args.retry_failed,
     )
     if args.json:
         with stdout_to_stderr() as real_stdout:
-            document = execute(parameters, store, pipeline)
+            document = command_wall_time(execute(parameters, store, pipeline))
             real_stdout.write(json.dumps(document, default=str) + "\n")
             real_stdout.flush()
     else:
-        document = execute(parameters, store, pipeline, progress=terminal_progress if sys.stderr.isatty() or args.progress else None)
+        document = command_wall_time(execute(parameters, store, pipeline, progress=terminal_progress if sys.stderr.isatty() or args.progress else None))
         from pt2flow.flows.cli.summary import render_run
 
         render_run(document, rich_console())
     return EXIT_OK if document["summary"]["failed"] == 0 else EXIT_FAILED
+
+
+def command_wall_time(document: dict[str, Any]) -> dict[str, Any]:
+    """The summary's seconds as the user waited for them: from this process's start (interpreter,
+    imports, Prefect's server and the workers starting included), not from the flow's."""
+    elapsed = seconds_since_process_start()
+    if elapsed is not None:
+        document["summary"]["seconds"] = round(max(float(document["summary"]["seconds"]), elapsed), 3)
+    return document
+
+
+def seconds_since_process_start() -> float | None:
+    """From the kernel's start time of this process (clock ticks since boot, /proc/self/stat
+    field 22) to now on the same clock; None where there is no /proc. (psutil's create_time adds
+    the boot time, which /proc gives in whole seconds: up to a second off.)"""
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 @contextlib.contextmanager

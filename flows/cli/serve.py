@@ -146,6 +146,8 @@ def deployment_parameters(args: Args, pipeline: Any, store_url: str) -> dict[str
         parameters["stages"] = list(pipeline.stages)
     if args.dask_address:
         parameters["dask_address"] = args.dask_address
+    if args.no_worker_timeout is not None:
+        parameters["no_worker_timeout_s"] = args.no_worker_timeout
     return parameters
 
 

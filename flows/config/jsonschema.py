@@ -17,7 +17,7 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
-from pt2flow.flows.config.limits import LimitsConfig
+from pt2flow.flows.config.limits import DaskConfig, LimitsConfig
 from pt2flow.flows.config.checks import NAME_PATTERN
 from pt2flow.flows.config.models import DimConfig
 from pt2flow.flows import pipeline
@@ -137,6 +137,7 @@ def config_json_schema() -> dict[str, Any]:
             "defaults": defaults,
             "models": {"type": "array", "minItems": 1, "items": _model(defs, stage_options, limits)},
             "retention": _retention(defs),
+            "dask": _definition(DaskConfig, defs, "dask"),
         },
         "$defs": dict(sorted(defs.items())),
     }

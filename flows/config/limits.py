@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pt2flow.flows import pipeline
 
 DEFAULT_TIMEOUT_S = 3600.0  # a model's default time limit: far above any healthy export here
+DEFAULT_NO_WORKER_TIMEOUT_S = 60.0  # a Dask cluster with no worker this long fails what is left
 
 
 class LimitsConfig(BaseModel):
@@ -57,3 +58,13 @@ def resolve_limits(defaults: Mapping[str, Any], model: "LimitsConfig | None") ->
     )
 
 
+class DaskConfig(BaseModel):
+    """The run's Dask cluster (`--runner dask`): how long it may have no worker at all (every
+    Dask worker lost, or none ever joined) before the models not yet done fail with `timeout`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    no_worker_timeout_s: float = Field(
+        default=DEFAULT_NO_WORKER_TIMEOUT_S, gt=0,
+        description=f"seconds the cluster may have no worker before the models not done fail (default {DEFAULT_NO_WORKER_TIMEOUT_S:g})",
+    )

@@ -86,6 +86,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         models=tuple(resolved),
         raw=data,
         retention=config.retention,
+        dask=config.dask,
     )
 
 
@@ -113,7 +114,7 @@ def apply_overrides(pipeline: Pipeline, *, only: Sequence[str] = (), stages: Seq
         chosen = tuple(stages)
     if issues:
         raise ConfigError(pipeline.path, issues)
-    return Pipeline(pipeline.path, pipeline.store, pipeline.storage_options, chosen, models, pipeline.raw, pipeline.retention)
+    return Pipeline(pipeline.path, pipeline.store, pipeline.storage_options, chosen, models, pipeline.raw, retention=pipeline.retention, dask=pipeline.dask)
 
 
 # ---------------------------------------------------------------------------------------------

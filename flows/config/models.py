@@ -16,7 +16,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from pt2flow.flows import pipeline
-from pt2flow.flows.config.limits import Limits, LimitsConfig
+from pt2flow.flows.config.limits import DaskConfig, Limits, LimitsConfig
 from pt2flow.flows.config.retention import RetentionConfig
 
 CONFIG_VERSION = 1
@@ -63,6 +63,7 @@ class PipelineConfig(_Strict):
     defaults: StageDefaults = Field(default_factory=StageDefaults)
     models: list[ModelConfig] = Field(min_length=1)
     retention: RetentionConfig | None = None  # what `pt2flow serve` keeps after each run
+    dask: DaskConfig = Field(default_factory=DaskConfig)
 
 
 def config_model() -> type[PipelineConfig]:
@@ -109,6 +110,7 @@ class Pipeline:
     models: tuple[ResolvedModel, ...] = ()
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
     retention: RetentionConfig | None = None
+    dask: DaskConfig = field(default_factory=DaskConfig)
 
     def model(self, name: str) -> ResolvedModel:
         for m in self.models:

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -31,6 +31,12 @@ POLL_SECONDS = 0.05
 MEMORY_SAMPLE_SECONDS = 0.2
 STARTUP_TIMEOUT = 300.0
 STDERR_TAIL_BYTES = 16000  # a faulthandler dump of a deep torch stack runs to ~10 kB
+
+
+class Interrupted(BaseException):
+    """The run was interrupted (Ctrl-C, SIGTERM): the model threads stop waiting on their workers
+    at once, and nothing is recorded for the stage they were in (a BaseException, as
+    KeyboardInterrupt is, so that no handler of stage failures records it)."""
 
 
 class WorkerLost(Exception):
@@ -70,7 +76,8 @@ class Worker:
     """One worker process, started at once (it imports torch while the orchestrator does other
     work) and used by one model at a time."""
 
-    def __init__(self, threads: int | None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, threads: int | None, env: dict[str, str] | None = None, stopping: Callable[[], bool] = lambda: False) -> None:
+        self.stopping = stopping  # the pool's 'stop now' flag, polled while waiting
         parent_sock, child_sock = socket.socketpair()
         self.log = tempfile.TemporaryFile(prefix="pt2flow-worker-")
         child_env = {**os.environ, **(env or {}), "PT2FLOW_WORKER": "1"}
@@ -109,6 +116,8 @@ class Worker:
         next_sample = 0.0
         startup_deadline = time.monotonic() + STARTUP_TIMEOUT if startup else None
         while True:
+            if self.stopping():  # before looking at the process: the interrupt killed it
+                raise Interrupted(f"the run was interrupted; worker process {self.pid} stopped")
             try:
                 if self.conn.poll(POLL_SECONDS):
                     return self.conn.recv()
@@ -207,6 +216,15 @@ class Worker:
         except subprocess.TimeoutExpired:
             pass
 
+    def kill_group_now(self) -> None:
+        """SIGKILL the worker's process group, taking no lock and waiting for nothing (safe in a
+        signal handler); kill() or close() reaps it later."""
+        if self.process.returncode is None:  # not yet reaped: its pid still names its group
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
     def close(self) -> None:
         if self.alive:
             try:
@@ -231,24 +249,32 @@ class WorkerPool:
         self._all: list[Worker] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.stopping = False  # set by interrupt(): a plain attribute, so a signal handler may set it
         for _ in range(self.size):
             self._idle.put(self._spawn())
 
     def _spawn(self) -> Worker:
-        worker = Worker(self.threads, self.env)
+        worker = Worker(self.threads, self.env, stopping=lambda: self.stopping)
         with self._lock:
             self._all.append(worker)
         return worker
 
     def acquire(self) -> Worker:
-        worker = self._idle.get()
+        while True:
+            if self.stopping:
+                raise Interrupted("the run was interrupted before this model got a worker")
+            try:
+                worker = self._idle.get(timeout=POLL_SECONDS)
+                break
+            except queue.Empty:
+                continue
         if not worker.alive:
             self._retire(worker)
             worker = self._spawn()
         return worker
 
     def release(self, worker: Worker) -> None:
-        if self._closed:
+        if self._closed or self.stopping:
             return
         if worker.alive:
             self._idle.put(worker)
@@ -262,9 +288,21 @@ class WorkerPool:
             if worker in self._all:
                 self._all.remove(worker)
 
+    @property
+    def usable(self) -> bool:
+        return not (self._closed or self.stopping)
+
     def pids(self) -> list[int]:
         with self._lock:
             return [w.pid for w in self._all]
+
+    def interrupt(self) -> None:
+        """Stop now, from a signal handler or an unwinding main thread: set the flag that every
+        wait on a worker polls and kill every worker's process group. Takes no lock (the
+        interrupted thread may hold one) and waits for nothing; shutdown() reaps them later."""
+        self.stopping = True
+        for worker in list(self._all):  # a copy made in one step under the GIL
+            worker.kill_group_now()
 
     def shutdown(self) -> None:
         """Stop every worker (and its compilers) now; in-flight calls end with WorkerLost."""
@@ -301,7 +339,7 @@ def start_pool(size: int) -> WorkerPool:
     """Start this process's pool of `size` workers (replacing a smaller one)."""
     global _pool
     with _pool_lock:
-        if _pool is not None and _pool.size >= size and not _pool._closed:
+        if _pool is not None and _pool.size >= size and _pool.usable:
             return _pool
         if _pool is not None:
             _pool.shutdown()
@@ -313,9 +351,17 @@ def start_pool(size: int) -> WorkerPool:
 def shared_pool(size: int = 1) -> WorkerPool:
     with _pool_lock:
         existing = _pool
-    if existing is not None and not existing._closed:
+    if existing is not None and existing.usable:
         return existing
     return start_pool(size)
+
+
+def interrupt_pool() -> None:
+    """The run was interrupted: stop this process's workers now, without taking a lock (safe in
+    a signal handler, and in a main thread that unwinds while model threads wait on workers)."""
+    pool = _pool
+    if pool is not None:
+        pool.interrupt()
 
 
 def stop_pool() -> None:
