@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, ContextManager, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
 from pt2flow.flows.options import UsageError, merge_options
 
@@ -19,6 +19,10 @@ RUNNERS = ("local", "process", "dask")
 
 # progress(store, run_id, model names, stages) -> a context manager shown while the fleet runs
 Progress = Callable[[Any, str, list[str], Sequence[str]], ContextManager[Any]]
+
+
+if TYPE_CHECKING:
+    from pt2flow.storage import ArtifactStore
 
 
 def load_for_run(config: str, *, only: Sequence[str] = (), stages: Sequence[str] | None = None, workers: int | None = None,
@@ -49,7 +53,7 @@ def refuse_credentials(store_url: str) -> None:
         raise UsageError(CREDENTIALS_IN_URL)
 
 
-def open_checked_store(store_url: str, pipeline: Any, storage_options: Mapping[str, Any] | None) -> Any:
+def open_checked_store(store_url: str, pipeline: Any, storage_options: Mapping[str, Any] | None) -> ArtifactStore:
     """Set the run's storage options (the config's, then `storage_options` over them) in this
     process' environment and open the store; UsageError if it is unreachable."""
     from pt2flow.flows.engine import runtime

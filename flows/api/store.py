@@ -9,9 +9,12 @@ give (exit 1).
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pt2flow.flows.options import UsageError
+
+if TYPE_CHECKING:
+    from pt2flow.storage.retrieve import ArtifactKinds
 
 
 def parse_time(text: str, what: str) -> datetime:
@@ -222,7 +225,7 @@ class Store:
         return verify_store(self.artifacts)
 
 
-def artifact_kinds() -> Any:
+def artifact_kinds() -> ArtifactKinds:
     """What `get` hands out, from the stages (flows/pipeline): each stage's `artifact` kind, and
     which of them are zip archives."""
     from pt2flow.flows import pipeline
