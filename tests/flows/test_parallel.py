@@ -94,7 +94,7 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
 
     from pt2flow.flows.engine import runtime
 
-    async def latest(key: str) -> Any:
+    async def latest(key: str, run_id: str | None = None) -> Any:
         """The newest artifact `key` of this run (other runs on the same Prefect server publish
         under the same key: each names its run in the description)."""
         from prefect.client.orchestration import get_client
@@ -103,7 +103,7 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
 
         async with get_client() as client:
             found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=50)
-            return next(a for a in found if document["run_id"] in (a.description or ""))
+            return next(a for a in found if (run_id or document["run_id"]) in (a.description or ""))
 
     with runtime.prefect_api():
         table = asyncio.run(latest("pt2flow-fleet-models"))
@@ -121,7 +121,7 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
     code, _, second, stderr = _run(["run", str(_fleet(tmp_path)), "--store", str(store), "--only", "mlp", "--only", "branchy", "--retry-failed"])
     assert code == 1, stderr[-3000:]
     with runtime.prefect_api():
-        markdown = asyncio.run(latest("pt2flow-fleet-summary"))
+        markdown = asyncio.run(latest("pt2flow-fleet-summary", second["run_id"]))
     assert second["run_id"] in markdown.data
     assert f"`{document['run_id']}` → `{second['run_id']}`" in markdown.data
     assert "No regressions" in markdown.data
