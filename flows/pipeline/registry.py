@@ -9,6 +9,7 @@ candidates validate checks and the versions in the keys. Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from importlib.metadata import entry_points
@@ -36,6 +37,8 @@ def register(stage: Stage, *, replace: bool = False) -> Stage:
     """Add `stage` to the pipeline (a stage defined outside pt2flow: docs/architecture.md,
     "Adding a stage"). Its inputs must name known stages; the order is recomputed."""
     global _ordered
+    if stage.origin == "pt2flow":  # registered from outside: named after the module of its compute function
+        stage = dataclasses.replace(stage, origin=stage.compute.split(":", 1)[0])
     with _lock:
         _load_plugins()
         if stage.name in _declared and not replace and _declared[stage.name] != stage:

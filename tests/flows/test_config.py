@@ -519,6 +519,24 @@ def test_stage_list_problems_in_the_config_point_at_stages() -> None:
     ]
 
 
+def test_a_stage_whose_libraries_are_missing_is_a_config_error_naming_the_extra() -> None:
+    """A registered stage needing a distribution that is not installed: a config naming it is
+    refused before anything runs, saying what to install (as onnx or executorch would be)."""
+    from pt2flow.flows.pipeline import Input, Stage, register, unregister
+
+    register(Stage("elsewhere", 1, compute="tests.plugin_stage:compute", inputs=(Input("program", ("trace",)),),
+                   libraries=("no-such-distribution-for-pt2flow",), extra="elsewhere"))
+    try:
+        issue = only_issue("version: 1\nstages: [trace, elsewhere]\n" + GOOD.split("\n", 1)[1])
+        assert issue.path == "stages"
+        assert issue.message == ("the elsewhere stage needs no-such-distribution-for-pt2flow, which is not installed here: "
+                                 "pip install 'pt2flow[elsewhere]'")
+        # the targets' libraries are installed here (make install): the same check lets them through
+        assert parse("version: 1\nstages: [trace, onnx, executorch]\n" + GOOD.split("\n", 1)[1], ROOT).stages == ("trace", "onnx", "executorch")
+    finally:
+        unregister("elsewhere")
+
+
 def test_per_model_override_for_an_unknown_stage() -> None:
     issue = only_issue(one_model(stages="{tracing: {strict: true}}"))
     assert issue.path == "models[0].stages.tracing"
