@@ -31,18 +31,21 @@ import os
 from typing import Any, Mapping
 
 from pt2flow.flows.api.running import run
-from pt2flow.flows.api.store import Store
+from pt2flow.flows.api.store import Store, StoreLocation, locate_store
 from pt2flow.flows.config import ConfigError
 from pt2flow.flows.options import UsageError
 from pt2flow.storage.errors import AmbiguousId, IntegrityError, InvalidId, RecordNotFound, StorageError
 
 
-def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> Store:
-    """A store to query: a local path, file://, memory:// or s3://bucket/prefix. UsageError for a
+def open_store(url: str | None = None, storage_options: Mapping[str, Any] | None = None, *, config: str | os.PathLike[str] | None = None) -> Store:
+    """A store to query: a local path, file://, memory:// or s3://bucket/prefix; without `url`,
+    `config`'s store, else $PT2FLOW_STORE, else ./pt2-store (locate_store). UsageError for a
     local path that is not a folder (a typo would otherwise answer every query with nothing)."""
-    if "://" not in url and not os.path.isdir(url):
-        raise UsageError(f"no store at {os.path.abspath(url)}")
-    return Store(url, storage_options)
+    where = locate_store(url, config=config, storage_options=storage_options)
+    problem = where.absent()
+    if problem:
+        raise UsageError(problem)
+    return Store(where.url, where.storage_options)
 
 
 def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
@@ -88,5 +91,5 @@ def config_schema() -> dict[str, Any]:
 
 __all__ = [
     "AmbiguousId", "ConfigError", "IntegrityError", "InvalidId", "RecordNotFound", "StorageError", "Store", "UsageError",
-    "check_compat", "config_schema", "open_store", "repro", "run",
+    "StoreLocation", "check_compat", "config_schema", "locate_store", "open_store", "repro", "run",
 ]

@@ -8,10 +8,49 @@ give (exit 1).
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from pt2flow.flows.options import UsageError
+from pt2flow.flows.options import UsageError, merge_options
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Which store a query reads, with its storage options and why that one (`origin`)."""
+
+    url: str
+    storage_options: Mapping[str, Any] = field(repr=False)  # may hold credentials
+    origin: str  # --store | the store of CONFIG | $PT2FLOW_STORE | the default
+
+    def absent(self) -> str | None:
+        """Why there is no store here (a local path that is not a folder), else None: a typo
+        would otherwise answer every query with nothing."""
+        if "://" in self.url or os.path.isdir(self.url):
+            return None
+        hint = "" if self.origin == "--store" else f" ({self.origin}; give --store URL, --config CONFIG or set PT2FLOW_STORE)"
+        return f"no store at {self.url}{hint}"
+
+
+def locate_store(store: str | None = None, *, config: str | os.PathLike[str] | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> StoreLocation:
+    """The store a query command reads (README "Which store"): `store`, else `config`'s `store:`
+    (resolved against the config's folder, as `run` resolves it), else $PT2FLOW_STORE, else
+    ./pt2-store. A config's storage_options apply (as in `run`), `storage_options` over them.
+    ConfigError when the config's store or storage options are broken."""
+    from pt2flow.flows.config.reading import DEFAULT_STORE, read_store_settings, resolve_store_url
+
+    config_store, options = read_store_settings(config) if config else (None, {})
+    if store:
+        url, origin = store, "--store"
+    elif config_store:
+        url, origin = config_store, f"the store of {config}"
+    elif os.environ.get("PT2FLOW_STORE"):
+        url, origin = os.environ["PT2FLOW_STORE"], "$PT2FLOW_STORE"
+    else:
+        url, origin = DEFAULT_STORE, "the default"
+    return StoreLocation(resolve_store_url(url), merge_options(options, dict(storage_options or {})), origin)
 
 
 def parse_time(text: str, what: str) -> datetime:

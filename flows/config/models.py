@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from pt2flow.flows.config.limits import Limits, LimitsConfig
+from pt2flow.flows.config.reading import DEFAULT_STORE
 from pt2flow.stages.vocabulary import STAGES
 
 CONFIG_VERSION = 1
@@ -58,7 +59,7 @@ class ModelConfig(_Strict):
 
 class PipelineConfig(_Strict):
     version: Literal[1]
-    store: str = "./pt2-store"
+    store: str = DEFAULT_STORE
     storage_options: dict[str, Any] = Field(default_factory=dict)
     stages: list[str] = Field(default_factory=lambda: list(STAGES))
     defaults: StageDefaults = Field(default_factory=StageDefaults)

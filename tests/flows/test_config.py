@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -16,6 +17,7 @@ from pt2flow.flows.config.checks import NAME_PATTERN, check_stage_list
 from pt2flow.flows.config.issues import ConfigError, ConfigIssue
 from pt2flow.flows.config.load import apply_overrides, load_config, parse_config
 from pt2flow.flows.config.models import Pipeline
+from pt2flow.flows.config.reading import read_store_settings
 from pt2flow.stages import STAGES
 from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
 from tests.conftest import ROOT, run_cli, write_config
@@ -778,9 +780,55 @@ models:
         pipeline.model("absent")
 
 
+@pytest.mark.parametrize(
+    ("store", "expected"),
+    [
+        ("./own-store", "{folder}/own-store"),
+        ("own-store", "{folder}/own-store"),
+        ("../shared/store", "{parent}/shared/store"),
+        ("/abs/store", "/abs/store"),
+        ("~/pt2", "{home}/pt2"),
+        ("s3://bucket/prefix", "s3://bucket/prefix"),
+        ("memory://x", "memory://x"),
+        ("file:///data/store", "file:///data/store"),
+    ],
+)
+def test_store_resolves_against_the_config_folder_not_the_current_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, expected: str) -> None:
+    folder = tmp_path / "configs"
+    config = folder / "own.yaml"
+    folder.mkdir()
+    config.write_text(textwrap.dedent(GOOD) + f"store: {store}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    want = expected.format(folder=folder, parent=tmp_path, home=os.path.expanduser("~"))
+    assert load_config(config).store == want
+    assert load_config(os.path.relpath(config)).store == want  # a relative config path, read from elsewhere
+    assert read_store_settings(config) == (want, {})  # what the query commands' --config read
+
+
+def test_store_settings_alone_ignore_the_models_and_report_their_own_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ls --config` reads a config's store even when its models could not run here; a store or
+    storage_options of the wrong type is a ConfigError at its YAML line; ${ENV} is expanded."""
+    monkeypatch.setenv("PT2_TEST_ENDPOINT", "http://127.0.0.1:9")
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nstore: s3://b/p\nstorage_options: {client_kwargs: {endpoint_url: '${PT2_TEST_ENDPOINT}'}}\n"
+                      "models: [{name: m, factory: 'no_such_module:f'}]\n")
+    assert read_store_settings(config) == ("s3://b/p", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}})
+    with pytest.raises(ConfigError):
+        load_config(config)  # the full load refuses the factory
+    config.write_text("version: 1\nstore: [a, b]\nstorage_options: 3\nmodels: []\n")
+    with pytest.raises(ConfigError) as info:
+        read_store_settings(config)
+    assert [(i.path, i.line) for i in info.value.issues] == [("store", 2), ("storage_options", 3)]
+    with pytest.raises(ConfigError) as info:
+        read_store_settings(tmp_path / "missing.yaml")
+    assert "cannot read the config file" in info.value.issues[0].message
+
+
 def test_omitted_sections_take_the_documented_defaults() -> None:
     pipeline = parse(GOOD)
-    assert pipeline.store == "./pt2-store"
+    assert pipeline.store == str(ROOT / "pt2-store")  # ./pt2-store beside the config, like any relative path in it
     assert pipeline.stages == STAGES
     assert dict(pipeline.storage_options) == {}
     model = pipeline.models[0]
