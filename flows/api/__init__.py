@@ -57,6 +57,29 @@ def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
     return check(store.artifacts, store.run_id(run))
 
 
+def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[str, Any]:
+    """`pt2flow validate --json`: the config's own checks (load_config), then what a run would
+    otherwise meet only at its model (flows/engine/preflight.py): weights and inputs files exist,
+    and unless `imports` is False the factory modules import in a worker process and the input
+    names match the built model's forward(). ConfigError listing every problem at its YAML path;
+    else {"config", "valid", "models", "stages", "imported", "notes"}. Imports no torch here."""
+    from pt2flow.flows.config import load_config
+    from pt2flow.flows.config.problems import ConfigIssue, YamlLines
+    from pt2flow.flows.config.reading import read_config_file
+    from pt2flow.flows.engine.preflight import preflight
+
+    pipeline = load_config(config)
+    found = preflight(pipeline.models, imports=imports)
+    lines = YamlLines(read_config_file(config)[0])
+    if found.problems:
+        raise ConfigError(str(config), [lines.issue(f.path, f.message) for f in found.problems])
+    notes: list[ConfigIssue] = [lines.issue(f.path, f.message) for f in found.notes]
+    return {
+        "config": str(config), "valid": True, "models": [m.name for m in pipeline.models], "stages": list(pipeline.stages),
+        "imported": found.imported, "notes": [{"path": n.path, "line": n.line, "message": n.message} for n in notes],
+    }
+
+
 def audit(store: Store, run: str | None = None, *, sample: float = 1.0, seed: int = 0, config: str | None = None) -> dict[str, Any]:
     """`pt2flow audit --json`: a sample (`sample`, a fraction, drawn with `seed`) of `run`'s
     program records (default: the newest run) checked in fresh worker processes: each record's

@@ -901,7 +901,7 @@ def test_cli_validate_accepts_a_good_config(tmp_path: Path) -> None:
     assert f"{config}: ok" in proc.stdout
     proc = run_cli(["validate", str(config), "--json"], timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"config": str(config), "valid": True, "models": ["mlp"], "stages": ["trace", "serialize"]}
+    assert json.loads(proc.stdout) == {"config": str(config), "valid": True, "models": ["mlp"], "stages": ["trace", "serialize"], "imported": 1, "notes": []}
 
 
 def test_cli_validate_rejects_a_bad_config_with_path_and_line(tmp_path: Path) -> None:
