@@ -12,9 +12,9 @@ the CLI turns into exit codes (docs/architecture.md §4).
     store.lineage(ID, descendants=True)
     store.diff(ID_A, ID_B)
     store.get("mlp.pt2", model="mlp")               # a verified copy of the newest ok archive
-    store.compare()                                 # drift between the last two runs
+    store.compare()                                 # drift: the newest run against the one that covered its models
     store.verify()
-    api.check_compat(store)                         # do the newest run's artifacts still work here?
+    api.check_compat(store)                         # does the fleet's newest build still work here?
     api.repro(store, "mlp", "repro/")               # a torch-only script raising a failure again
     api.audit(store, sample=0.1)                    # is the cache honest? (rebuild a sample)
 
@@ -49,12 +49,20 @@ def open_store(url: str | None = None, storage_options: Mapping[str, Any] | None
 
 
 def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
-    """`pt2flow check-compat --json`: every archive and package of `run` (default: the newest)
-    loaded, run and compared under the torch installed now, in a worker process (a loader that
-    crashes fails that artifact, not the caller)."""
+    """`pt2flow check-compat --json`: every archive and package of `run` loaded, run and compared
+    under the torch installed now, in a worker process (a loader that crashes fails that
+    artifact, not the caller). Without `run`, the fleet (flows/report/runs.py fleet_runs): the
+    newest run, or when it covered fewer models than an earlier run that covered all of its,
+    that run's models, each from the newest run that built it. `selection` in the document says
+    which runs and why."""
     from pt2flow.flows.engine.compat import check_compat as check
+    from pt2flow.flows.report.runs import fleet_runs, given
 
-    return check(store.artifacts, store.run_id(run))
+    if run:
+        chosen = store.run_id(run)
+        return check(store.artifacts, chosen, selection=given((chosen,)).as_json())
+    selection = fleet_runs(store.artifacts.index)
+    return check(store.artifacts, selection.runs[0], models_from=selection.models, selection=selection.as_json())
 
 
 def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[str, Any]:

@@ -224,17 +224,15 @@ class Store:
         return str(runs[-1]["run_id"])
 
     def compare(self, run_a: str | None = None, run_b: str | None = None) -> dict[str, Any]:
-        """The drift report between two runs (default: the last two), as `pt2flow report --json`."""
-        from pt2flow.flows.report.compare import compare_runs
-        from pt2flow.flows.report.runs import last_two_runs
+        """The drift report between two runs, as `pt2flow report --json`: default, the newest run
+        against the newest earlier run that covered its models (its `selection` says which and why)."""
+        from pt2flow.flows.report.compare import compare_default, compare_runs
 
         if run_a and run_b:
-            a, b = self.run_id(run_a), self.run_id(run_b)
-        elif run_a or run_b:
-            raise UsageError("give both runs, or neither for the last two")
-        else:
-            a, b = last_two_runs(self.artifacts.index)
-        return dict(compare_runs(self.artifacts.index, a, b))
+            return dict(compare_runs(self.artifacts.index, self.run_id(run_a), self.run_id(run_b)))
+        if run_a or run_b:
+            raise UsageError("give both runs, or neither for the newest run and the earlier one that covered its models")
+        return dict(compare_default(self.artifacts.index))
 
     def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None) -> dict[str, Any]:
         """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with `path`."""

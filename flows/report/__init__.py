@@ -17,15 +17,15 @@ all render that same dict.
 
 from __future__ import annotations
 
-from pt2flow.flows.report.compare import GRAPH_STAGES, REPORT_VERSION, STAGES, compare_runs, compare_with_previous
+from pt2flow.flows.report.compare import GRAPH_STAGES, REPORT_VERSION, STAGES, compare_default, compare_runs, compare_with_previous
 from pt2flow.flows.report.html import PLOT_MODELS, to_html
 from pt2flow.flows.report.markdown import to_markdown
 from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_FLOOR, VALIDATION_GROWTH, regressions
-from pt2flow.flows.report.runs import NotEnoughRuns, last_two_runs, list_runs, previous_run, resolve_run
+from pt2flow.flows.report.runs import NotEnoughRuns, RunSelection, fleet_runs, last_two_runs, list_runs, previous_run, report_pair, resolve_run
 from pt2flow.flows.report.terminal import render_terminal
 
 __all__ = [
     "COST_GROWTH", "GRAPH_STAGES", "PLOT_MODELS", "REPORT_VERSION", "STAGES", "VALIDATION_FLOOR", "VALIDATION_GROWTH",
-    "NotEnoughRuns", "compare_runs", "compare_with_previous", "last_two_runs", "list_runs",
-    "previous_run", "regressions", "render_terminal", "resolve_run", "to_html", "to_markdown",
+    "NotEnoughRuns", "RunSelection", "compare_default", "compare_runs", "compare_with_previous", "fleet_runs", "last_two_runs", "list_runs",
+    "previous_run", "report_pair", "regressions", "render_terminal", "resolve_run", "to_html", "to_markdown",
 ]
