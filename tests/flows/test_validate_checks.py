@@ -180,3 +180,19 @@ def _sig(text: str) -> inspect.Signature:
 )
 def test_argument_names_against_forward(params: str, names: list[str], expected: list) -> None:
     assert argument_problems(_sig(params), names) == expected
+
+
+def test_validate_imports_no_torch_in_the_calling_process(folder: Path) -> None:
+    """The model's code is imported in the worker only: the caller stays torch- and Prefect-free."""
+    import subprocess
+    import sys
+
+    path = config(folder, """\
+        - name: good
+          factory: vmodels:two
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+        """)
+    code = ("import sys; from pt2flow.flows import api; doc = api.validate(sys.argv[1]);"
+            "print(doc['imported'], sorted(m for m in ('torch', 'prefect', 'vmodels') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1 []", proc.stderr
