@@ -9,6 +9,7 @@ torch.export is not thread-safe: torch only ever runs in the worker processes.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Sequence
 
@@ -20,7 +21,9 @@ from pt2flow.flows.engine import runtime
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.config.limits import DEFAULT_NO_WORKER_TIMEOUT_S
 from pt2flow.flows.engine.context import RunContext
-from pt2flow.flows.engine.documents import ModelResult, RunDocument
+from pt2flow.flows.engine.documents import ModelResult, RunDocument, RunSummary
+from pt2flow.stages.vocabulary import ErrorClass
+from pt2flow.storage import StorageError
 from pt2flow.flows.engine.fleet import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
 from pt2flow.flows.engine.model_flow import STAGE_TASKS
 from pt2flow.flows.engine.planner import Plan
@@ -257,6 +260,15 @@ def retain(store_obj: Any, retention: Any, run_id: str) -> dict[str, Any] | None
     return result
 
 
+def unwritable_store(pipeline: Any, ctx: RunContext, message: str) -> RunDocument:
+    """The run document of a run whose store cannot be written (its lease could not be put):
+    every model failed with class storage and the store's own words."""
+    error = f"the store cannot be written, so nothing ran: {message}"
+    run_logger().error("%s", error)
+    results = [ModelResult(name=m.name, status="failed", error_class=ErrorClass.STORAGE, error=error) for m in pipeline.models]
+    return RunDocument(run_id=ctx.run_id, store=ctx.store_url, summary=RunSummary(ok=0, failed=len(results), seconds=0.0), models=results, workers=0)
+
+
 @flow(name="pt2flow-fleet", validate_parameters=False, persist_result=False)
 def fleet_flow(
     config_path: str,
@@ -279,8 +291,13 @@ def fleet_flow(
 
     pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed)
     try:
-        with RunLease(runtime.open_store(ctx.store_url), ctx.run_id):
-            document = run_fleet(pipeline, ctx, runner, workers, dask_address, no_worker_timeout_s)
+        with contextlib.ExitStack() as lease:
+            try:
+                lease.enter_context(RunLease(runtime.open_store(ctx.store_url), ctx.run_id))
+            except StorageError as exc:  # the store cannot be written: nothing can run, every model says why
+                document = unwritable_store(pipeline, ctx, str(exc))
+            else:
+                document = run_fleet(pipeline, ctx, runner, workers, dask_address, no_worker_timeout_s)
     finally:
         from pt2flow.flows.engine.pool import stop_pool
 

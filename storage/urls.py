@@ -50,6 +50,16 @@ def _scrub(text: str, options: Mapping[str, Any]) -> str:
     return text
 
 
+def url_exists(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether a file is at an fsspec URL (one metadata request: a HEAD on S3). StorageError when
+    the backend cannot be asked (no credentials, no network)."""
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        return bool(DEFAULT_RETRY.call("exists", lambda: fs.isfile(path)))
+    except Exception as exc:
+        raise StorageError(f"cannot ask {redact_url(url)}: {type(exc).__name__}: {_scrub(str(exc), storage_options or {})}") from exc
+
+
 def read_url(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
     """The bytes at any fsspec URL or local path (a checkpoint, a config). FileNotFoundError passes through."""
     try:

@@ -12,9 +12,9 @@ the CLI turns into exit codes (docs/architecture.md §4).
     store.lineage(ID, descendants=True)
     store.diff(ID_A, ID_B)
     store.get("mlp.pt2", model="mlp")               # a verified copy of the newest ok archive
-    store.compare()                                 # drift between the last two runs
+    store.compare()                                 # drift: the newest run against the one that covered its models
     store.verify()
-    api.check_compat(store)                         # do the newest run's artifacts still work here?
+    api.check_compat(store)                         # does the fleet's newest build still work here?
     api.repro(store, "mlp", "repro/")               # a torch-only script raising a failure again
     api.audit(store, sample=0.1)                    # is the cache honest? (rebuild a sample)
 
@@ -31,27 +31,61 @@ import os
 from typing import Any, Mapping
 
 from pt2flow.flows.api.running import run
-from pt2flow.flows.api.store import Store
+from pt2flow.flows.api.store import Store, StoreLocation, locate_store
 from pt2flow.flows.config import ConfigError
 from pt2flow.flows.options import UsageError
 from pt2flow.storage.errors import AmbiguousId, IntegrityError, InvalidId, RecordNotFound, StorageError
 
 
-def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> Store:
-    """A store to query: a local path, file://, memory:// or s3://bucket/prefix. UsageError for a
+def open_store(url: str | None = None, storage_options: Mapping[str, Any] | None = None, *, config: str | os.PathLike[str] | None = None) -> Store:
+    """A store to query: a local path, file://, memory:// or s3://bucket/prefix; without `url`,
+    `config`'s store, else $PT2FLOW_STORE, else ./pt2-store (locate_store). UsageError for a
     local path that is not a folder (a typo would otherwise answer every query with nothing)."""
-    if "://" not in url and not os.path.isdir(url):
-        raise UsageError(f"no store at {os.path.abspath(url)}")
-    return Store(url, storage_options)
+    where = locate_store(url, config=config, storage_options=storage_options)
+    problem = where.absent()
+    if problem:
+        raise UsageError(problem)
+    return Store(where.url, where.storage_options)
 
 
 def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
-    """`pt2flow check-compat --json`: every archive and package of `run` (default: the newest)
-    loaded, run and compared under the torch installed now, in a worker process (a loader that
-    crashes fails that artifact, not the caller)."""
+    """`pt2flow check-compat --json`: every archive and package of `run` loaded, run and compared
+    under the torch installed now, in a worker process (a loader that crashes fails that
+    artifact, not the caller). Without `run`, the fleet (flows/report/runs.py fleet_runs): the
+    newest run, or when it covered fewer models than an earlier run that covered all of its,
+    that run's models, each from the newest run that built it. `selection` in the document says
+    which runs and why."""
     from pt2flow.flows.engine.compat import check_compat as check
+    from pt2flow.flows.report.runs import fleet_runs, given
 
-    return check(store.artifacts, store.run_id(run))
+    if run:
+        chosen = store.run_id(run)
+        return check(store.artifacts, chosen, selection=given((chosen,)).as_json())
+    selection = fleet_runs(store.artifacts.index)
+    return check(store.artifacts, selection.runs[0], models_from=selection.models, selection=selection.as_json())
+
+
+def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[str, Any]:
+    """`pt2flow validate --json`: the config's own checks (load_config), then what a run would
+    otherwise meet only at its model (flows/engine/preflight.py): weights and inputs files exist,
+    and unless `imports` is False the factory modules import in a worker process and the input
+    names match the built model's forward(). ConfigError listing every problem at its YAML path;
+    else {"config", "valid", "models", "stages", "imported", "notes"}. Imports no torch here."""
+    from pt2flow.flows.config import load_config
+    from pt2flow.flows.config.problems import ConfigIssue, YamlLines
+    from pt2flow.flows.config.reading import read_config_file
+    from pt2flow.flows.engine.preflight import preflight
+
+    pipeline = load_config(config)
+    found = preflight(pipeline.models, imports=imports)
+    lines = YamlLines(read_config_file(config)[0])
+    if found.problems:
+        raise ConfigError(str(config), [lines.issue(f.path, f.message) for f in found.problems])
+    notes: list[ConfigIssue] = [lines.issue(f.path, f.message) for f in found.notes]
+    return {
+        "config": str(config), "valid": True, "models": [m.name for m in pipeline.models], "stages": list(pipeline.stages),
+        "imported": found.imported, "notes": [{"path": n.path, "line": n.line, "message": n.message} for n in notes],
+    }
 
 
 def audit(store: Store, run: str | None = None, *, sample: float = 1.0, seed: int = 0, config: str | None = None) -> dict[str, Any]:
@@ -88,5 +122,5 @@ def config_schema() -> dict[str, Any]:
 
 __all__ = [
     "AmbiguousId", "ConfigError", "IntegrityError", "InvalidId", "RecordNotFound", "StorageError", "Store", "UsageError",
-    "check_compat", "config_schema", "open_store", "repro", "run",
+    "StoreLocation", "check_compat", "config_schema", "locate_store", "open_store", "repro", "run",
 ]

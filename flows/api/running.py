@@ -145,8 +145,12 @@ def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
     pipeline, ctx = fleet_context(
         parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"]
     )
+    from pt2flow.storage import StorageError
+
     try:
         with RunLease(runtime.open_store(ctx.store_url), ctx.run_id):  # it reads the index and records hits
             return settle_fleet(pipeline, ctx)
     except NeedsFlow:
+        return None
+    except StorageError:  # the store cannot be written (its lease could not be put): the flow reports it per model
         return None

@@ -8,10 +8,49 @@ give (exit 1).
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping
 
-from pt2flow.flows.options import UsageError
+from pt2flow.flows.options import UsageError, merge_options
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Which store a query reads, with its storage options and why that one (`origin`)."""
+
+    url: str
+    storage_options: Mapping[str, Any] = field(repr=False)  # may hold credentials
+    origin: str  # --store | the store of CONFIG | $PT2FLOW_STORE | the default
+
+    def absent(self) -> str | None:
+        """Why there is no store here (a local path that is not a folder), else None: a typo
+        would otherwise answer every query with nothing."""
+        if "://" in self.url or os.path.isdir(self.url):
+            return None
+        hint = "" if self.origin == "--store" else f" ({self.origin}; give --store URL, --config CONFIG or set PT2FLOW_STORE)"
+        return f"no store at {self.url}{hint}"
+
+
+def locate_store(store: str | None = None, *, config: str | os.PathLike[str] | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> StoreLocation:
+    """The store a query command reads (README "Which store"): `store`, else `config`'s `store:`
+    (resolved against the config's folder, as `run` resolves it), else $PT2FLOW_STORE, else
+    ./pt2-store. A config's storage_options apply (as in `run`), `storage_options` over them.
+    ConfigError when the config's store or storage options are broken."""
+    from pt2flow.flows.config.reading import DEFAULT_STORE, read_store_settings, resolve_store_url
+
+    config_store, options = read_store_settings(config) if config else (None, {})
+    if store:
+        url, origin = store, "--store"
+    elif config_store:
+        url, origin = config_store, f"the store of {config}"
+    elif os.environ.get("PT2FLOW_STORE"):
+        url, origin = os.environ["PT2FLOW_STORE"], "$PT2FLOW_STORE"
+    else:
+        url, origin = DEFAULT_STORE, "the default"
+    return StoreLocation(resolve_store_url(url), merge_options(options, dict(storage_options or {})), origin)
 
 if TYPE_CHECKING:
     from pt2flow.storage.retrieve import ArtifactKinds
@@ -188,17 +227,15 @@ class Store:
         return str(runs[-1]["run_id"])
 
     def compare(self, run_a: str | None = None, run_b: str | None = None) -> dict[str, Any]:
-        """The drift report between two runs (default: the last two), as `pt2flow report --json`."""
-        from pt2flow.flows.report.compare import compare_runs
-        from pt2flow.flows.report.runs import last_two_runs
+        """The drift report between two runs, as `pt2flow report --json`: default, the newest run
+        against the newest earlier run that covered its models (its `selection` says which and why)."""
+        from pt2flow.flows.report.compare import compare_default, compare_runs
 
         if run_a and run_b:
-            a, b = self.run_id(run_a), self.run_id(run_b)
-        elif run_a or run_b:
-            raise UsageError("give both runs, or neither for the last two")
-        else:
-            a, b = last_two_runs(self.artifacts.index)
-        return dict(compare_runs(self.artifacts.index, a, b))
+            return dict(compare_runs(self.artifacts.index, self.run_id(run_a), self.run_id(run_b)))
+        if run_a or run_b:
+            raise UsageError("give both runs, or neither for the newest run and the earlier one that covered its models")
+        return dict(compare_default(self.artifacts.index))
 
     def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None) -> dict[str, Any]:
         """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with `path`."""

@@ -81,10 +81,11 @@ def schema_command(args: Args) -> int:
 
 @command(
     "check-compat",
-    help="Load every archive and AOTInductor package of RUN (default: the newest run) with the torch installed now, run them on the "
+    help="Load every archive and AOTInductor package of RUN (default: the fleet: the newest run, or, when it covered fewer models than an "
+    "earlier run that covered all of its, that run's models each from the newest run that built it) with the torch installed now, run them on the "
     "inputs validate stored and compare with the eager outputs recorded then (the run's atol/rtol). Exit 1 if any artifact no longer "
     "loads (class incompatible), raises (runtime) or computes differently (numeric_mismatch).",
-    arguments={"RUN": "run ID or unique prefix (default: the newest run)"},
+    arguments={"RUN": "run ID or unique prefix (default: the fleet, as above; the output says which runs and why)"},
 )
 @click.argument("run", metavar="[RUN]", required=False)
 @store_options

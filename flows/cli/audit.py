@@ -23,8 +23,7 @@ from pt2flow.flows.cli.support import Args, command, dump, json_option, open_sto
 @click.option("--sample", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True, metavar="FRACTION",
               help="fraction of the records to check, drawn from each record ID and --seed")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draw (the same seed picks the same records)")
-@click.option("--config", metavar="CONFIG", help="the run's config: its models' trace records are re-traced too")
-@store_options
+@store_options(config_help="the run's config: its models' trace records are re-traced too, and its store is read (unless --store)")
 @json_option("one JSON document on stdout")
 def audit_command(args: Args) -> int:
     from pt2flow.flows.api import Store, audit

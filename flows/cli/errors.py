@@ -68,10 +68,10 @@ def _library_error(exc: BaseException, prefix: str) -> int:
     """Errors of the config and storage layers, imported only once one happened."""
     from pt2flow.storage.errors import IdError, RecordNotFound, StorageError
 
-    # a ConfigError comes from a loaded flows.config (issues.py); looked up rather than imported, because
-    # the schema imports pt2flow.stages, which the query commands must not (import-linter)
-    schema = sys.modules.get("pt2flow.flows.config.issues")
-    if schema is not None and isinstance(exc, schema.ConfigError):
+    # a ConfigError comes from a loaded flows.config (problems.py); looked up rather than imported,
+    # because the config package imports pt2flow.stages, which the query commands must not (import-linter)
+    problems = sys.modules.get("pt2flow.flows.config.problems")
+    if problems is not None and isinstance(exc, problems.ConfigError):
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE
     if isinstance(exc, (CommandUsageError, IdError)):

@@ -13,7 +13,8 @@ from pt2flow.flows.cli.support import Args, check_page_path, command, dump, json
     help="Compare each model, by name, between two runs: status, op histogram after decompose, node count, "
     "signature, range constraints, archive and package sizes, compile time, validation error, latency, torch version. "
     "Flags regressions (stopped exporting, validation error x10, compile time or size +25 %).",
-    arguments={"[RUN]...": "RUN_A RUN_B (run IDs or unique prefixes); default: the last two runs"},
+    arguments={"[RUN]...": "RUN_A RUN_B (run IDs or unique prefixes); default: the newest run against the newest earlier run that "
+               "covered all of its models, on its models (after `run --only m`: m's drift); the report says which runs and why"},
 )
 @click.argument("runs", metavar="[RUN]...", nargs=-1)
 @store_options
@@ -21,20 +22,20 @@ from pt2flow.flows.cli.support import Args, check_page_path, command, dump, json
 @click.option("--html", metavar="FILE", help="also write a self-contained HTML page with plots")
 @click.option("--fail-on-regression", is_flag=True, help="exit 1 when a regression is flagged")
 def report_command(args: Args) -> int:
-    from pt2flow.flows.report.compare import compare_runs
-    from pt2flow.flows.report.runs import last_two_runs, resolve_run
+    from pt2flow.flows.report.compare import compare_default, compare_runs
+    from pt2flow.flows.report.runs import resolve_run
     from pt2flow.flows.report.terminal import render_terminal
 
     if len(args.runs) not in (0, 2):
-        raise CommandUsageError("give two runs (RUN_A RUN_B), or none for the last two runs of the store")
+        raise CommandUsageError("give two runs (RUN_A RUN_B), or none for the newest run and the earlier one that covered its models")
     if args.html:
         check_page_path(args.html)  # before the work, not after it
     store = open_store(args)
     if args.runs:
         run_a, run_b = (resolve_run(store.index, r) for r in args.runs)
+        comparison = compare_runs(store.index, run_a, run_b)
     else:
-        run_a, run_b = last_two_runs(store.index)
-    comparison = compare_runs(store.index, run_a, run_b)
+        comparison = compare_default(store.index)
     if args.html:
         from pt2flow.flows.report.html import to_html
 

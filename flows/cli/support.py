@@ -74,12 +74,19 @@ def json_option(help: str | None = None) -> Callable[[Any], Any]:
 
 
 STORE_URL_HELP = "store URL (local path, file://, memory://, s3://bucket/prefix)"
+CONFIG_STORE_HELP = "read the store (and storage_options) of this pipeline config, as `run CONFIG` would write it"
 
 
-def store_options(fn: Any) -> Any:
-    """--store URL and --storage-option KEY=VALUE (repeatable), for the commands that take no
-    config: the store is --store, else $PT2FLOW_STORE, else ./pt2-store (open_store)."""
-    return _store_options(fn, f"{STORE_URL_HELP}; default: $PT2FLOW_STORE, else {DEFAULT_STORE}")
+def store_options(fn: Any = None, *, config_help: str = CONFIG_STORE_HELP) -> Any:
+    """--store URL, --config CONFIG and --storage-option KEY=VALUE (repeatable), for the commands
+    that query a store: the store is --store, else --config's store, else $PT2FLOW_STORE, else
+    ./pt2-store (open_store). `@store_options(config_help=...)` for a command whose --config
+    does more."""
+    def decorate(fn: Any) -> Any:
+        fn = click.option("--config", "config", metavar="CONFIG", help=config_help)(fn)
+        return _store_options(fn, f"{STORE_URL_HELP}; default: --config's store, else $PT2FLOW_STORE, else {DEFAULT_STORE}")
+
+    return decorate(fn) if fn is not None else decorate
 
 
 def config_store_options(fn: Any) -> Any:
@@ -93,19 +100,19 @@ def _store_options(fn: Any, store_help: str) -> Any:
 
 
 def open_store(args: Args) -> Any:
-    """The store of `--store`, else $PT2FLOW_STORE, else ./pt2-store; a local path must exist."""
+    """The store of `--store`, else `--config`'s, else $PT2FLOW_STORE, else ./pt2-store
+    (api.locate_store); a local path must exist."""
+    from pt2flow.flows.api.store import locate_store
     from pt2flow.storage import ArtifactStore
 
-    url = args.store or os.environ.get("PT2FLOW_STORE") or DEFAULT_STORE
-    if "://" not in url:
-        url = os.path.abspath(url)
-        if not os.path.isdir(url):
-            raise CommandUsageError(f"no store at {url} (give --store URL or set PT2FLOW_STORE)")
     try:
-        options = parse_storage_options(args.storage_option or [])
+        where = locate_store(args.store, config=getattr(args, "config", None), storage_options=parse_storage_options(args.storage_option or []))
     except UsageError as exc:
         raise CommandUsageError(str(exc)) from None
-    return ArtifactStore(url, options)
+    problem = where.absent()
+    if problem:
+        raise CommandUsageError(problem)
+    return ArtifactStore(where.url, where.storage_options)
 
 
 def write_page(path: str, render: Callable[[], str]) -> None:

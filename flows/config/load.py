@@ -5,19 +5,18 @@ deep or too large once aliases are expanded; then come the schema (flows.config.
 pydantic), the semantic checks (flows.config.checks) and ${ENV} expansion in storage_options.
 ConfigError lists every problem at once, each with the file, line, the path of the offending
 key and what was expected. Nothing is imported or run: factories are resolved statically
-(flows.config.factories). Also here: what the CLI changes afterwards (`apply_overrides`,
-`resolve_store_url`).
+(flows.config.factories). Every path a config names (store, factories' folder, weights, inputs
+files) is taken relative to the config file's folder, never the current one: one config, one
+store, wherever it is run from. Also here: what the CLI changes afterwards (`apply_overrides`).
+The text before the schema (safe YAML, ${ENV}, the store alone) is flows/config/reading.py's.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
 from pydantic import ValidationError
 
 from pt2flow.flows.config.checks import check_model, check_stage_list, missing_extras
@@ -25,29 +24,29 @@ from pt2flow.flows.config.inputs import parse_inputs
 from pt2flow.flows.config.issues import ConfigError, ConfigIssue, YamlLines, pydantic_issues
 from pt2flow.flows.config.limits import resolve_limits
 from pt2flow.flows.config.models import CONFIG_VERSION, Pipeline, config_model
+from pt2flow.flows.config.reading import (  # noqa: F401  (MAX_*, read_store_settings: re-exported)
+    MAX_CONFIG_DEPTH,
+    MAX_CONFIG_NODES,
+    expand_env,
+    read_config_file,
+    read_store_settings,
+    resolve_store_url,
+    safe_yaml,
+)
 from pt2flow.flows.pipeline import get as get_stage
-
-# A config is walked recursively (pydantic, ${ENV} expansion, canonical JSON of kwargs): bound it.
-MAX_CONFIG_DEPTH = 100
-MAX_CONFIG_NODES = 1_000_000
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def load_config(path: str | os.PathLike[str]) -> Pipeline:
-    """Read and validate a config file (factories and relative weights paths resolve against its folder)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(path), [ConfigIssue("", f"cannot read the config file: {exc.strerror or exc}")]) from exc
-    pipeline = parse_config(text, source=str(path), base_dir=str(p.resolve().parent))
-    return pipeline
+    """Read and validate a config file (its store, factories, weights and inputs files resolve
+    against its folder)."""
+    text, folder = read_config_file(path)
+    return parse_config(text, source=str(path), base_dir=folder)
 
 
 def parse_config(text: str, source: str = "<config>", base_dir: str | None = None) -> Pipeline:
     """Validate config text; raises ConfigError with every issue."""
     lines = YamlLines(text)
-    data = _safe_yaml(text, source)
+    data = safe_yaml(text, source)
     if "version" in data and (type(data["version"]) is not int or data["version"] != CONFIG_VERSION):
         issue = lines.issue(("version",), f"unsupported config version {data['version']!r}; this pt2flow reads version {CONFIG_VERSION}")
         raise ConfigError(source, [issue])
@@ -60,7 +59,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         raise ConfigError(source, pydantic_issues(exc, (), lines) + issues + _duplicate_names(data, lines)) from None
 
     folder = os.path.abspath(base_dir or ".")
-    storage_options = _expand_env(config.storage_options, ("storage_options",), issues, lines)
+    storage_options = expand_env(config.storage_options, ("storage_options",), issues, lines)
     for problem in check_stage_list(config.stages):
         issues.append(lines.issue(("stages",), problem))
     for problem in missing_extras(config.stages):
@@ -80,7 +79,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         raise ConfigError(source, issues)
     return Pipeline(
         path=source,
-        store=config.store,
+        store=config.store if base_dir is None else resolve_store_url(config.store, folder),
         storage_options=storage_options,
         stages=tuple(config.stages),
         models=tuple(resolved),
@@ -88,13 +87,6 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         retention=config.retention,
         dask=config.dask,
     )
-
-
-def resolve_store_url(store: str) -> str:
-    """A relative local store path is taken relative to the current directory (like any CLI path)."""
-    if "://" in store:
-        return store
-    return os.path.abspath(store)
 
 
 def apply_overrides(pipeline: Pipeline, *, only: Sequence[str] = (), stages: Sequence[str] | None = None) -> Pipeline:
@@ -119,69 +111,6 @@ def apply_overrides(pipeline: Pipeline, *, only: Sequence[str] = (), stages: Seq
 
 # ---------------------------------------------------------------------------------------------
 # the YAML, before the schema sees it
-
-
-def _safe_yaml(text: str, source: str) -> dict[str, Any]:
-    """The YAML document as a mapping that is safe to walk; raises ConfigError otherwise."""
-    try:
-        data = yaml.safe_load(text)
-    except RecursionError:
-        raise ConfigError(source, [ConfigIssue("", "YAML error: nested too deeply to parse", None)]) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        context = getattr(exc, "context", None)
-        message = f"YAML error: {problem}" + (f" ({context})" if context else "")
-        raise ConfigError(source, [ConfigIssue("", message, line)]) from exc
-    if not isinstance(data, dict):
-        raise ConfigError(source, [ConfigIssue("", f"expected a mapping at the top level, got {type(data).__name__}", 1)])
-    shape_problem = _shape_problem(data)
-    if shape_problem:
-        raise ConfigError(source, [ConfigIssue("", shape_problem, None)])
-    return data
-
-
-class _TooLarge(Exception):
-    pass
-
-
-def _shape_problem(data: Any) -> str | None:
-    """Why the loaded YAML is unsafe to walk, or None: an alias that contains itself, nesting
-    deeper than MAX_CONFIG_DEPTH, or more than MAX_CONFIG_NODES values once aliases are expanded
-    (a "billion laughs" document is a few lines that expand to 10**9 values)."""
-    seen: dict[int, tuple[int, int]] = {}  # id -> (expanded size, height), for nodes shared by aliases
-    active: set[int] = set()
-
-    def walk(node: Any, depth: int) -> tuple[int, int]:
-        if not isinstance(node, (dict, list)):
-            return 1, 0
-        key = id(node)
-        if key in active:
-            raise _TooLarge("a YAML alias contains itself (a recursive structure)")
-        if key in seen:
-            size, height = seen[key]
-        else:
-            if depth > MAX_CONFIG_DEPTH:
-                raise _TooLarge(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
-            active.add(key)
-            size, height = 1, 0
-            for child in (*node.keys(), *node.values()) if isinstance(node, dict) else node:
-                child_size, child_height = walk(child, depth + 1)
-                size, height = size + child_size, max(height, child_height + 1)
-                if size > MAX_CONFIG_NODES:
-                    raise _TooLarge(f"more than {MAX_CONFIG_NODES} values once YAML aliases are expanded")
-            active.discard(key)
-            seen[key] = (size, height)
-        if depth + height > MAX_CONFIG_DEPTH:
-            raise _TooLarge(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
-        return size, height
-
-    try:
-        walk(data, 0)
-    except _TooLarge as exc:
-        return f"config rejected: {exc}"
-    return None
 
 
 def _parse_all_inputs(data: Mapping[str, Any], lines: YamlLines, issues: list[ConfigIssue]) -> dict[int, dict[str, Any] | None]:
@@ -230,20 +159,3 @@ def _check_defaults(defaults: Mapping[str, dict[str, Any]], lines: YamlLines, is
         except ValidationError as exc:
             issues.extend(pydantic_issues(exc, ("defaults", stage), lines))
     return len(issues) == before
-
-
-def _expand_env(value: Any, path: tuple[Any, ...], issues: list[ConfigIssue], lines: YamlLines) -> Any:
-    if isinstance(value, str):
-        def repl(m: re.Match[str]) -> str:
-            name = m.group(1)
-            if name not in os.environ:
-                issues.append(lines.issue(path, f"environment variable ${{{name}}} is not set"))
-                return ""
-            return os.environ[name]
-
-        return _ENV_REF.sub(repl, value)
-    if isinstance(value, dict):
-        return {k: _expand_env(v, path + (k,), issues, lines) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand_env(v, path + (i,), issues, lines) for i, v in enumerate(value)]
-    return value

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pt2flow.flows import pipeline
 from pt2flow.flows.config.limits import DaskConfig, Limits, LimitsConfig
 from pt2flow.flows.config.retention import RetentionConfig
+from pt2flow.flows.config.reading import DEFAULT_STORE
 
 CONFIG_VERSION = 1
 
@@ -57,7 +58,7 @@ class ModelConfig(_Strict):
 
 class PipelineConfig(_Strict):
     version: Literal[1]
-    store: str = "./pt2-store"
+    store: str = DEFAULT_STORE
     storage_options: dict[str, Any] = Field(default_factory=dict)
     stages: list[str] = Field(default_factory=lambda: list(pipeline.default_stages()))
     defaults: StageDefaults = Field(default_factory=StageDefaults)

@@ -130,14 +130,25 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
     return entry
 
 
-def check_compat(store: Any, run_id: str) -> dict[str, Any]:
-    """The check-compat document of a run: one entry per model with an archive or package."""
-    records = _run_records(store.index, run_id)
+def check_compat(store: Any, run_id: str, *, models_from: Mapping[str, str] | None = None,
+                 selection: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The check-compat document of a run: one entry per model with an archive or package, each
+    with the run it was taken from (`run_id`). `models_from` (model -> run) takes each model
+    from its own run instead (a fleet whose newest run was partial); `selection` says which runs
+    and why, and is kept in the document."""
+    taken = dict(models_from or {})
+    records: dict[str, dict[str, dict[str, Any]]] = {}
+    origin: dict[str, str] = {}
+    for run in dict.fromkeys([run_id, *taken.values()]):
+        for name, stages in _run_records(store.index, run).items():
+            if taken.get(name, run_id) == run and name not in records:
+                records[name], origin[name] = stages, run
     if not records:
         raise RecordNotFound(f"no records of run {run_id!r} in the index")
     checker = Checker()
     try:
-        models = [entry for name in sorted(records) if (entry := check_model(store, name, records[name], checker)) is not None]
+        models = [{**entry, "run_id": origin[name]} for name in sorted(records)
+                  if (entry := check_model(store, name, records[name], checker)) is not None]
     finally:
         checker.close()
     failed = sum(1 for m in models if m["status"] == "failed")
@@ -145,6 +156,8 @@ def check_compat(store: Any, run_id: str) -> dict[str, Any]:
     built_with = sorted({a["torch_version"] for m in models for k in checked_kinds() if (a := m.get(k)) and a.get("torch_version")})
     return {
         "run_id": run_id,
+        "runs": sorted(set(origin.values()), key=[run_id, *taken.values()].index),
+        "selection": dict(selection) if selection is not None else None,
         "store": store.url,
         "torch_version": checker.torch_version or _installed_torch(),
         "built_with": built_with,

@@ -76,6 +76,10 @@ def main(fd: int, parent: int) -> int:
             from pt2flow.flows.engine.rebuild import rebuild
 
             conn.send(rebuild(*message[1:]))
+        elif kind == "preflight":  # pt2flow validate: one model's modules and forward() (flows/engine/preflight.py)
+            from pt2flow.flows.engine.preflight import inspect_model
+
+            conn.send(inspect_model(*message[1:]))
         elif kind == "new_model":
             compute.forget_programs()
             conn.send(("ok", None))

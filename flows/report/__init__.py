@@ -17,15 +17,16 @@ all render that same dict.
 
 from __future__ import annotations
 
-from pt2flow.flows.report.compare import REPORT_VERSION, compare_runs, compare_with_previous, graph_stages, stage_columns
+from pt2flow.flows.report.compare import REPORT_VERSION, compare_default, compare_runs, compare_with_previous, graph_stages, stage_columns
 from pt2flow.flows.report.html import PLOT_MODELS, to_html
 from pt2flow.flows.report.markdown import to_markdown
 from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_FLOOR, VALIDATION_GROWTH, regressions
-from pt2flow.flows.report.runs import NotEnoughRuns, last_two_runs, list_runs, previous_run, resolve_run
+from pt2flow.flows.report.runs import NotEnoughRuns, RunSelection, fleet_runs, last_two_runs, list_runs, previous_run, report_pair, resolve_run
 from pt2flow.flows.report.terminal import render_terminal
 
 __all__ = [
     "COST_GROWTH", "PLOT_MODELS", "REPORT_VERSION", "VALIDATION_FLOOR", "VALIDATION_GROWTH",
-    "NotEnoughRuns", "compare_runs", "compare_with_previous", "graph_stages", "last_two_runs", "list_runs",
-    "previous_run", "regressions", "render_terminal", "resolve_run", "stage_columns", "to_html", "to_markdown",
+    "NotEnoughRuns", "RunSelection", "compare_default", "compare_runs", "compare_with_previous", "fleet_runs", "graph_stages",
+    "last_two_runs", "list_runs", "previous_run", "report_pair", "regressions", "render_terminal", "resolve_run", "stage_columns",
+    "to_html", "to_markdown",
 ]

@@ -23,13 +23,14 @@ from pt2flow.flows.report.drift import (
     Regression,
     RunInfo,
     Runs,
+    Selection,
     SourceFacts,
     StatusChange,
     TorchChange,
     ValidationFacts,
 )
 from pt2flow.flows.report.rules import regressions
-from pt2flow.flows.report.runs import iso, previous_run
+from pt2flow.flows.report.runs import NotEnoughRuns, RunSelection, given, iso, report_pair
 from pt2flow.flows.report.text import op_changes
 from pt2flow.storage.errors import RecordNotFound
 
@@ -51,20 +52,33 @@ Stages = Mapping[str, Mapping[str, Any]]  # stage -> the newest record of that s
 
 
 def compare_with_previous(index: Any, run_id: str) -> dict[str, Any] | None:
-    """compare_runs(previous run, run_id), or None when run_id is the first run of the index."""
-    before = previous_run(index, run_id)
-    return None if before is None else compare_runs(index, before, run_id)
+    """run_id against the run `report` would pair it with (runs.report_pair: the newest earlier
+    run that covered its models), or None when run_id is the first run of the index."""
+    try:
+        selection = report_pair(index, run_id)
+    except NotEnoughRuns:
+        return None
+    return build_report(index, *selection.runs, selection=selection).model_dump(mode="json")
+
+
+def compare_default(index: Any) -> dict[str, Any]:
+    """The report of `pt2flow report` without runs: the newest run against its partner
+    (runs.report_pair), its models only, with the selection saying which runs and why."""
+    selection = report_pair(index)
+    return build_report(index, *selection.runs, selection=selection).model_dump(mode="json")
 
 
 def compare_runs(index: Any, run_a: str, run_b: str) -> dict[str, Any]:
     """Compare every model (by name) of run_a (before) with run_b (after): build_report() as
     its JSON dict {"report_version", "runs": {"a", "b"}, "torch", "summary", "models": [per-model
-    entries], "only_in_a", "only_in_b", "regressions"}. Raises RecordNotFound for an unknown run."""
-    return build_report(index, run_a, run_b).model_dump(mode="json")
+    entries], "only_in_a", "only_in_b", "regressions", "selection"}. Raises RecordNotFound for an
+    unknown run."""
+    return build_report(index, run_a, run_b, selection=given((run_a, run_b))).model_dump(mode="json")
 
 
-def build_report(index: Any, run_a: str, run_b: str) -> DriftReport:
-    """The drift report of run_a (before) against run_b (after)."""
+def build_report(index: Any, run_a: str, run_b: str, *, selection: RunSelection | None = None) -> DriftReport:
+    """The drift report of run_a (before) against run_b (after); with a selection that names its
+    models, of those models only (the others are its `not_compared`)."""
     import pyarrow.compute as pc
 
     table = index.scan(None, filter=pc.field("run_id").isin([run_a, run_b]))
@@ -74,14 +88,18 @@ def build_report(index: Any, run_a: str, run_b: str) -> DriftReport:
     for run, found in ((run_a, rows_a), (run_b, rows_b)):
         if not found:
             raise RecordNotFound(f"no records of run {run!r} in the index")
-    per_a, per_b = _newest_per_stage(rows_a), _newest_per_stage(rows_b)
+    whole_a, per_b = _newest_per_stage(rows_a), _newest_per_stage(rows_b)
+    per_a = whole_a
+    if selection is not None and selection.models:
+        per_a = {name: stages for name, stages in whole_a.items() if name in selection.models}
     cached = [s["aot_compile"] for per in (per_a, per_b) for s in per.values() if s.get("aot_compile", {}).get("cached")]
     originals = _original_compile_records(index, cached)
 
     models = [_compare_model(name, per_a.get(name), per_b.get(name), originals) for name in sorted(set(per_a) | set(per_b))]
-    runs = Runs(a=_run_summary(run_a, per_a, rows_a), b=_run_summary(run_b, per_b, rows_b))
+    runs = Runs(a=_run_summary(run_a, whole_a, rows_a), b=_run_summary(run_b, per_b, rows_b))  # the runs whole
     report = DriftReport(
         report_version=REPORT_VERSION,
+        selection=Selection(**selection.as_json()) if selection is not None else None,
         runs=runs,
         torch=_torch_change(runs.a.torch_versions, runs.b.torch_versions),
         summary=_summary(models),

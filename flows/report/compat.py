@@ -35,9 +35,11 @@ def render_compat(doc: Mapping[str, Any], console: Any) -> None:
             if not artifact:
                 continue
             err = artifact["max_abs_err"]
-            table.add_row(model["name"], f"{kind} {artifact['sha256'][:12]}", _flag(artifact["loads"]), _flag(artifact["runs"]), _flag(artifact["matches"]),
+            table.add_row(model["name"] if len(doc.get("runs") or []) < 2 else f"{model['name']} ({model['run_id']})", f"{kind} {artifact['sha256'][:12]}", _flag(artifact["loads"]), _flag(artifact["runs"]), _flag(artifact["matches"]),
                           "-" if err is None else f"{err:.3g}", artifact["error_class"] or ("not checked" if artifact.get("skipped") else "ok"))
     console.print(table)
+    if doc.get("selection"):
+        console.print(f"runs: {doc['selection']['reason']}", markup=False, highlight=False)
     for model in doc["models"]:
         for kind in ("archive", "compiled"):
             artifact = model.get(kind) or {}

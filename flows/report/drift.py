@@ -169,6 +169,18 @@ class Regression(Fact):
     message: str
 
 
+class Selection(Fact):
+    """Which runs were compared and why (flows/report/runs.py RunSelection): `rule` given |
+    newest | covering | most_shared; `models` the models compared (model -> run b), when the
+    runs were chosen for the caller; `not_compared` run a's models left out."""
+
+    rule: str
+    runs: list[str]
+    reason: str
+    models: dict[str, str] = Field(default_factory=dict)
+    not_compared: list[str] = Field(default_factory=list)
+
+
 class DriftReport(Fact):
     report_version: int
     runs: Runs
@@ -178,3 +190,4 @@ class DriftReport(Fact):
     only_in_a: list[str]
     only_in_b: list[str]
     regressions: list[Regression] = Field(default_factory=list)
+    selection: Selection | None = None  # added compatibly, last: which runs and why

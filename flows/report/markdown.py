@@ -50,6 +50,7 @@ def _header(comparison: Mapping[str, Any]) -> list[str]:
         "",
         run_line("before", runs["a"]),
         run_line("after", runs["b"]),
+        *([f"- runs: {_md(comparison['selection']['reason'])}"] if comparison.get("selection") else []),
         f"- {torch_line(comparison)}",
         f"- {summary['models']} model(s): {summary['changed']} changed, {summary['unchanged']} unchanged, "
         f"{summary['newly_failing']} newly failing, {summary['newly_passing']} newly passing, "

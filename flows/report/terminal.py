@@ -22,6 +22,8 @@ def render_terminal(comparison: Mapping[str, Any], console: Any) -> None:
     found = regressions(comparison)
     flagged = flagged_fields(found)
     console.print(f"[bold]drift[/bold] {runs['a']['run_id']} ({when(runs['a']['started_at'])}) → {runs['b']['run_id']} ({when(runs['b']['started_at'])})", highlight=False)
+    if comparison.get("selection"):
+        console.print(Text(f"runs: {comparison['selection']['reason']}", style="dim"))
     console.print(Text(torch_line(comparison), style="bold yellow" if comparison["torch"]["changed"] else ""))
     view = Table(title_justify="left")
     for column, justify in _COLUMNS:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -20,6 +21,7 @@ from pt2flow.flows import pipeline
 
 KNOWN = list(pipeline.names())  # the built-in stages and the targets, in pipeline order
 STAGES = pipeline.default_stages()
+from pt2flow.flows.config.reading import read_store_settings
 from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
 from tests.conftest import ROOT, run_cli, write_config
 
@@ -799,9 +801,55 @@ models:
         pipeline.model("absent")
 
 
+@pytest.mark.parametrize(
+    ("store", "expected"),
+    [
+        ("./own-store", "{folder}/own-store"),
+        ("own-store", "{folder}/own-store"),
+        ("../shared/store", "{parent}/shared/store"),
+        ("/abs/store", "/abs/store"),
+        ("~/pt2", "{home}/pt2"),
+        ("s3://bucket/prefix", "s3://bucket/prefix"),
+        ("memory://x", "memory://x"),
+        ("file:///data/store", "file:///data/store"),
+    ],
+)
+def test_store_resolves_against_the_config_folder_not_the_current_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, expected: str) -> None:
+    folder = tmp_path / "configs"
+    config = folder / "own.yaml"
+    folder.mkdir()
+    config.write_text(textwrap.dedent(GOOD) + f"store: {store}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    want = expected.format(folder=folder, parent=tmp_path, home=os.path.expanduser("~"))
+    assert load_config(config).store == want
+    assert load_config(os.path.relpath(config)).store == want  # a relative config path, read from elsewhere
+    assert read_store_settings(config) == (want, {})  # what the query commands' --config read
+
+
+def test_store_settings_alone_ignore_the_models_and_report_their_own_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ls --config` reads a config's store even when its models could not run here; a store or
+    storage_options of the wrong type is a ConfigError at its YAML line; ${ENV} is expanded."""
+    monkeypatch.setenv("PT2_TEST_ENDPOINT", "http://127.0.0.1:9")
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nstore: s3://b/p\nstorage_options: {client_kwargs: {endpoint_url: '${PT2_TEST_ENDPOINT}'}}\n"
+                      "models: [{name: m, factory: 'no_such_module:f'}]\n")
+    assert read_store_settings(config) == ("s3://b/p", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}})
+    with pytest.raises(ConfigError):
+        load_config(config)  # the full load refuses the factory
+    config.write_text("version: 1\nstore: [a, b]\nstorage_options: 3\nmodels: []\n")
+    with pytest.raises(ConfigError) as info:
+        read_store_settings(config)
+    assert [(i.path, i.line) for i in info.value.issues] == [("store", 2), ("storage_options", 3)]
+    with pytest.raises(ConfigError) as info:
+        read_store_settings(tmp_path / "missing.yaml")
+    assert "cannot read the config file" in info.value.issues[0].message
+
+
 def test_omitted_sections_take_the_documented_defaults() -> None:
     pipeline = parse(GOOD)
-    assert pipeline.store == "./pt2-store"
+    assert pipeline.store == str(ROOT / "pt2-store")  # ./pt2-store beside the config, like any relative path in it
     assert pipeline.stages == STAGES
     assert dict(pipeline.storage_options) == {}
     model = pipeline.models[0]
@@ -874,7 +922,7 @@ def test_cli_validate_accepts_a_good_config(tmp_path: Path) -> None:
     assert f"{config}: ok" in proc.stdout
     proc = run_cli(["validate", str(config), "--json"], timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"config": str(config), "valid": True, "models": ["mlp"], "stages": ["trace", "serialize"]}
+    assert json.loads(proc.stdout) == {"config": str(config), "valid": True, "models": ["mlp"], "stages": ["trace", "serialize"], "imported": 1, "notes": []}
 
 
 def test_cli_validate_rejects_a_bad_config_with_path_and_line(tmp_path: Path) -> None:

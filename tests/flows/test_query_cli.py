@@ -255,15 +255,47 @@ def test_bad_ids_are_not_storage_errors_in_python(populated: dict) -> None:
         store.show("0" * 64)
 
 
+QUERY_COMMANDS = ("ls", "show", "lineage", "diff", "verify", "gc", "report", "get", "repro", "check-compat", "audit")
+
+
 def test_the_query_commands_say_how_the_store_is_chosen(populated: dict, tmp_path: Path) -> None:
-    """Commands without a config document $PT2FLOW_STORE (and use it); run's --store overrides the config's."""
-    for name in ("ls", "show", "lineage", "diff", "verify", "gc", "report", "get", "repro", "check-compat"):
+    """Every query command takes --config and documents the rule (README "Which store"): --store,
+    else --config's store, else $PT2FLOW_STORE, else ./pt2-store; run's --store overrides the config's."""
+    for name in QUERY_COMMANDS:
         text = " ".join(run_cli([name, "--help"]).stdout.split())
-        assert "default: $PT2FLOW_STORE, else ./pt2-store" in text and "config's" not in text, (name, text)
+        assert "default: --config's store, else $PT2FLOW_STORE, else ./pt2-store" in text and "--config CONFIG" in text, (name, text)
     assert "overrides the config's store:" in " ".join(run_cli(["run", "--help"]).stdout.split())
     sha = populated["alpha"]["trace"]["sha256"]
     code, rows, _ = run_json(["ls", "--model", "alpha", "--stage", "trace"], env={"PT2FLOW_STORE": str(populated["root"])}, cwd=tmp_path)
     assert code == 0 and [r["sha256"] for r in rows] == [sha]
+
+
+def test_config_names_the_store_relative_to_its_folder_and_beats_the_environment(populated: dict, tmp_path: Path) -> None:
+    """`--config CONFIG` reads CONFIG's `store:` resolved against CONFIG's folder (as `run` writes
+    it), from any current folder; --store beats it, it beats $PT2FLOW_STORE; its models are not
+    checked (a query needs only the store)."""
+    sha = populated["alpha"]["trace"]["sha256"]
+    config = tmp_path / "team" / "fleet.yaml"
+    config.parent.mkdir()
+    config.write_text(f"version: 1\nstore: {os.path.relpath(populated['root'], config.parent)}\n"
+                      "models: [{name: m, factory: 'not_importable_here:f', inputs: {x: {shape: [1], dtype: float32}}}]\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    empty = tmp_path / "empty-store"
+    empty.mkdir()
+    query = ["ls", "--model", "alpha", "--stage", "trace"]
+    for cwd, path in ((elsewhere, str(config)), (config.parent, "fleet.yaml"), (tmp_path, "team/fleet.yaml")):
+        code, rows, err = run_json([*query, "--config", path], env={"PT2FLOW_STORE": str(empty)}, cwd=cwd)
+        assert code == 0 and [r["sha256"] for r in rows] == [sha], (cwd, err)
+    code, rows, _ = run_json([*query, "--config", str(config), "--store", str(empty)])
+    assert code == 0 and rows == []  # --store wins
+    config.write_text("version: 1\nstore: ./not-run-yet\nmodels: []\n")
+    proc = run_cli(["ls", "--config", str(config)], cwd=elsewhere)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"pt2flow ls: no store at {config.parent / 'not-run-yet'} (the store of {config}; give --store URL, --config CONFIG or set PT2FLOW_STORE)")
+    config.write_text("version: 1\nstore: {a: b}\nmodels: []\n")
+    proc = run_cli(["report", "--config", str(config)])
+    assert proc.returncode == 2 and f"{config}:2: store: expected a store URL or path" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_missing_store_is_a_usage_error(tmp_path: Path) -> None:

@@ -490,10 +490,21 @@ def test_report_cli(store: ArtifactStore, tmp_path: Path) -> None:
     assert code == 0, stderr
     assert (doc["runs"]["a"]["run_id"], doc["runs"]["b"]["run_id"]) == ("run-1", "run-2")
     assert len(doc["regressions"]) == 4
+    # run-2 covered 4 of run-1's 5 models: the default compares those 4, and says so
+    assert doc["selection"] == {
+        "rule": "newest", "runs": ["run-1", "run-2"], "not_compared": ["only"],
+        "models": {m: "run-2" for m in ("broken|pipe", "noisy", "slower", "steady")},
+        "reason": "run-2 is the newest run (4 models); run-1 is the newest earlier run that covered all of them; "
+                  "1 model of run-1 that run-2 did not cover is not compared",
+    }
+    assert doc["only_in_a"] == [] and doc["summary"]["models"] == 4 and doc["runs"]["a"]["models"] == 5
     html_file = tmp_path / "out" / "report.html"
     html_file.parent.mkdir()
     code, doc2, _ = run_json(["report", "run-1", "run-2", "--store", root, "--html", str(html_file)])
-    assert code == 0 and doc2 == doc
+    assert code == 0 and doc2["selection"] == {"rule": "given", "runs": ["run-1", "run-2"], "reason": "named by the caller", "models": {},
+                                               "not_compared": []}
+    assert doc2["only_in_a"] == ["only"] and doc2["models"][:2] + doc2["models"][3:] == doc["models"]  # named runs: every model
+    assert "Runs: named by the caller" in html_file.read_text()
     check_page(html_file.read_text())
     proc = run_cli(["report", "--store", root, "--fail-on-regression"])
     assert proc.returncode == 1
@@ -630,7 +641,7 @@ def test_the_drift_report_is_its_typed_model(store: ArtifactStore) -> None:
     from pt2flow.flows.report.drift import DriftReport
 
     comparison = fleet(store)
-    assert list(comparison) == ["report_version", "runs", "torch", "summary", "models", "only_in_a", "only_in_b", "regressions"]
+    assert list(comparison) == ["report_version", "runs", "torch", "summary", "models", "only_in_a", "only_in_b", "regressions", "selection"]
     assert list(comparison["summary"])[-1] == "regressions" and comparison["summary"]["regressions"] == len(comparison["regressions"]) > 0
     assert list(comparison["models"][0]) == [
         "model", "presence", "status", "torch_version", "source", "static_fallback", "keys_changed", "graph",
@@ -640,3 +651,57 @@ def test_the_drift_report_is_its_typed_model(store: ArtifactStore) -> None:
     text = json.dumps(comparison)
     again = DriftReport.model_validate_json(text).model_dump(mode="json")
     assert json.dumps(again) == text
+
+
+# ---------------------------------------------------------------------------------------------
+# which runs report and check-compat take when none is named (issue 23, item 5)
+
+
+def runs_of(store: ArtifactStore, *fleets: tuple[str, ...]) -> list[str]:
+    """One run per tuple of models, in this order (run-1 oldest)."""
+    names = []
+    for i, models in enumerate(fleets, start=1):
+        for model in models:
+            chain(store, model, f"run-{i}", offset=20 * i)
+        names.append(f"run-{i}")
+    return names
+
+
+def test_after_a_partial_run_report_pairs_it_with_the_run_that_covered_its_models(store: ArtifactStore) -> None:
+    from pt2flow.flows.report import compare_default, compare_with_previous, fleet_runs, report_pair
+
+    runs_of(store, ("a", "b", "c"), ("a",), ("b",))
+    pair = report_pair(store.index)
+    assert (pair.rule, pair.runs, pair.not_compared) == ("covering", ("run-1", "run-3"), ("a", "c"))
+    assert pair.reason == ("run-3 is the newest run (1 model); run-1 is the newest earlier run that covered all of them "
+                           "(1 newer run covered fewer); 2 models of run-1 that run-3 did not cover are not compared")
+    report = compare_default(store.index)
+    assert [m["model"] for m in report["models"]] == ["b"] and report["only_in_a"] == [] and report["selection"]["runs"] == ["run-1", "run-3"]
+    assert compare_with_previous(store.index, "run-2")["selection"]["runs"] == ["run-1", "run-2"]  # the fleet's summary pairs runs alike
+    assert compare_with_previous(store.index, "run-1") is None
+    fleet = fleet_runs(store.index)
+    assert (fleet.rule, fleet.runs, fleet.models) == ("fleet", ("run-3", "run-2", "run-1"), {"a": "run-2", "b": "run-3", "c": "run-1"})
+
+
+def test_a_grown_fleet_is_compared_with_the_run_sharing_most_and_checked_whole(store: ArtifactStore) -> None:
+    from pt2flow.flows.report import fleet_runs, report_pair
+
+    runs_of(store, ("a", "b", "c"), ("a",), ("a", "b", "c", "d"))
+    pair = report_pair(store.index)
+    assert (pair.rule, pair.runs, pair.not_compared) == ("most_shared", ("run-1", "run-3"), ())
+    assert "no earlier run covered all of them, and run-1 shares the most (3)" in pair.reason
+    fleet = fleet_runs(store.index)
+    assert (fleet.rule, fleet.runs, set(fleet.models.values())) == ("newest", ("run-3",), {"run-3"})
+
+
+def test_same_models_again_is_the_plain_last_two_and_one_run_is_not_enough(store: ArtifactStore) -> None:
+    from pt2flow.flows.report import NotEnoughRuns, fleet_runs, report_pair
+
+    runs_of(store, ("a", "b"))
+    with pytest.raises(NotEnoughRuns):
+        report_pair(store.index)
+    assert fleet_runs(store.index).runs == ("run-1",)
+    chain(store, "a", "run-2", offset=40)
+    chain(store, "b", "run-2", offset=40)
+    pair = report_pair(store.index)
+    assert (pair.rule, pair.runs, pair.not_compared) == ("newest", ("run-1", "run-2"), ())

@@ -136,6 +136,7 @@ def test_no_sentinel_in_the_errors_of_a_bucket_that_does_not_exist(secret_run: d
     proc = secret_run["bad_bucket"]
     assert proc.returncode in (1, 2), proc.stderr[-3000:]
     if proc.returncode == 1:
+        assert proc.stdout.startswith("{"), proc.stderr[-3000:]  # --json: the document, every model failed
         doc = json.loads(proc.stdout)
         errors = [m["error"] for m in doc["models"]]
         assert all("pt2flow-no-such-bucket" in e and "bucket does not exist" in e for e in errors), errors

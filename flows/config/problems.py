@@ -1,0 +1,82 @@
+"""How config problems are reported (docs/architecture.md §3): every problem at once, each with
+the file, the YAML line and the path of the offending key (`models[2].inputs.x.dtype`).
+
+ConfigIssue is one problem, ConfigError all of them; YamlLines finds the line a key path came
+from. Plain data (no pydantic, no stages), so that the query commands' `--config` can report a
+broken config without importing the schema (flows/config/reading.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import yaml
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    path: str  # e.g. models[2].inputs.x.dtype
+    message: str
+    line: int | None = None
+
+
+class ConfigError(Exception):
+    """A config is unusable. Holds every issue found, not just the first."""
+
+    def __init__(self, source: str, issues: Sequence[ConfigIssue]) -> None:
+        self.source = source
+        self.issues = list(issues)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"{self.source}: {len(self.issues)} problem{'s' if len(self.issues) != 1 else ''} in the config:"]
+        for issue in self.issues:
+            where = f"{self.source}:{issue.line}" if issue.line else self.source
+            lines.append(f"  {where}: {issue.path or '(top level)'}: {issue.message}")
+        return "\n".join(lines)
+
+
+class YamlLines:
+    """Maps a config path (('models', 2, 'inputs')) to the YAML line it came from."""
+
+    def __init__(self, text: str) -> None:
+        try:
+            self.root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except (yaml.YAMLError, RecursionError):
+            self.root = None
+
+    def line(self, path: Iterable[Any]) -> int | None:
+        node = self.root
+        best = node.start_mark.line + 1 if node is not None else None
+        for part in path:
+            if isinstance(node, yaml.MappingNode):
+                nxt = None
+                for key_node, value_node in node.value:
+                    if str(key_node.value) == str(part):
+                        best = key_node.start_mark.line + 1
+                        nxt = value_node
+                        break
+                node = nxt
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+                node = node.value[part]
+                best = node.start_mark.line + 1
+            else:
+                break
+            if node is None:
+                break
+        return best
+
+    def issue(self, path: tuple[Any, ...], message: str) -> ConfigIssue:
+        """A ConfigIssue at `path`, with the line it came from."""
+        return ConfigIssue(format_path(path), message, self.line(path))
+
+
+def format_path(parts: Iterable[Any]) -> str:
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out

@@ -1,0 +1,190 @@
+"""`pt2flow validate`'s checks beyond the config's own (docs/architecture.md §3): what a run
+would otherwise fail on only once it reached the model, checked without running a stage.
+
+- Files (this process, no torch): every `weights` and `inputs_file` exists (a local path
+  resolved against the config's folder; an fsspec URL with one metadata request, as a run would
+  read it; a URL that cannot be asked is a note, not a problem).
+- Code (a worker process of engine/pool.py, the isolation a run's stages get: a module that
+  crashes, hangs or eats memory on import fails only its model): the factory and inputs_factory
+  modules import, the factory returns an nn.Module, and the configured input names match its
+  `forward()`.
+
+The worker builds the model on the meta device (`with torch.device("meta")`): every parameter
+is a shape without storage, so a 7B-parameter factory builds in seconds and no memory, and the
+signature inspected is the built module's own `forward` (a factory may return a wrapper or
+another class than its name says). A factory that does not build on meta (it reads a
+checkpoint, calls `.item()` in `__init__`) falls back to the class's `forward` when the factory
+is an nn.Module class, else the signature is not checked and a note says why: building it for
+real would cost what the run's source stage costs, which is what validate is there to avoid.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.engine.inputs import resolve_model_url
+from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
+from pt2flow.flows.engine.runner import default_memory_gb
+
+PREFLIGHT_TIMEOUT_S = 300.0  # one model: importing its modules and building it on the meta device
+
+KeyPath = tuple[Any, ...]  # a key path inside the config, ("models", 0, "weights")
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: KeyPath
+    message: str
+
+
+@dataclass
+class Preflight:
+    """What validate found beyond the config's own checks: `problems` (exit 2, reported like a
+    config error at their YAML path) and `notes` (what could not be checked, and why)."""
+
+    problems: list[Finding] = field(default_factory=list)
+    notes: list[Finding] = field(default_factory=list)
+    imported: int = 0  # models whose modules a worker imported
+
+
+def preflight(models: Sequence[ResolvedModel], *, imports: bool = True, url_exists: Callable[[str], bool] | None = None) -> Preflight:
+    """Check `models` (the config's, in config order: position i is `models[i]`): their files
+    here, their code in a worker process unless `imports` is False."""
+    found = Preflight()
+    for i, model in enumerate(models):
+        for key in ("weights", "inputs_file"):
+            location = getattr(model, key)
+            if location is not None:
+                _check_file(found, ("models", i, key), str(location), model.search_path, url_exists)
+    if imports:
+        _check_code(found, models)
+    return found
+
+
+def _check_file(found: Preflight, path: KeyPath, location: str, search_path: str, url_exists: Callable[[str], bool] | None) -> None:
+    url = resolve_model_url(location, search_path)
+    if "://" not in url:
+        if not os.path.isfile(url):
+            found.problems.append(Finding(path, f"file not found: {url}"))
+        return
+    from pt2flow.storage.errors import StorageError
+    from pt2flow.storage.urls import redact_url, url_exists as exists
+
+    try:
+        present = (url_exists or exists)(url)
+    except StorageError as exc:
+        found.notes.append(Finding(path, f"not checked: {exc}"))
+        return
+    if not present:
+        found.problems.append(Finding(path, f"not found: {redact_url(url)}"))
+
+
+def _check_code(found: Preflight, models: Sequence[ResolvedModel]) -> None:
+    """Each model's modules imported and its forward() read in a worker process; the worker is
+    replaced after one that died, ran out of time or memory, or reported a problem (what a
+    broken module left behind must not decide the next model)."""
+    worker: Worker | None = None
+    try:
+        for i, model in enumerate(models):
+            worker = worker or Worker(threads=1)
+            memory = model.limits.memory_gb or default_memory_gb()
+            budget = Budget(deadline=time.monotonic() + PREFLIGHT_TIMEOUT_S, memory_bytes=int(memory * 2**30),
+                            deadline_reason=f"importing and building it on the meta device took over {PREFLIGHT_TIMEOUT_S:g} s")
+            try:
+                status, payload = worker.call(("preflight", model), budget)
+            except WorkerLost as lost:
+                worker.close()
+                worker = None
+                found.problems.append(Finding(("models", i, "factory"), f"{lost.error_class} while importing or building it: {lost.message}"))
+                continue
+            found.imported += 1
+            if status != "ok":  # a bug in the check itself, not in the model
+                found.notes.append(Finding(("models", i), f"not checked: {payload}"))
+                continue
+            problems = [Finding(("models", i, *p), m) for p, m in payload["problems"]]
+            found.problems.extend(problems)
+            found.notes.extend(Finding(("models", i, *p), m) for p, m in payload["notes"])
+            if problems:
+                worker.close()
+                worker = None
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker side (imports torch; never runs in the orchestrator)
+
+
+def inspect_model(model: ResolvedModel) -> tuple[str, dict[str, Any]]:
+    """("ok", {"problems": [(path, message)], "notes": [...]}) for one model, paths inside it."""
+    from pt2flow.stages.errors import StageError
+    from pt2flow.stages.source import import_factory
+
+    problems: list[tuple[KeyPath, str]] = []
+    notes: list[tuple[KeyPath, str]] = []
+    factory = None
+    for key in ("factory", "inputs_factory"):
+        reference = getattr(model, key)
+        if reference is None:
+            continue
+        try:
+            imported = import_factory(reference, model.search_path)
+        except StageError as exc:
+            problems.append(((key,), exc.message))
+            continue
+        if key == "factory":
+            factory = imported
+    if factory is not None and model.inputs:
+        signature, problem, note = _forward_signature(factory, model.kwargs)
+        if problem:
+            problems.append((("factory",), problem))
+        elif note:
+            notes.append((("inputs",), note))
+        elif signature is not None:
+            problems.extend(argument_problems(signature, list(model.inputs)))
+    return "ok", {"problems": problems, "notes": notes}
+
+
+def _forward_signature(factory: Any, kwargs: Any) -> tuple[inspect.Signature | None, str | None, str | None]:
+    """(forward()'s signature, a problem, a note): the model built on the meta device, else the
+    class's own forward when the factory is an nn.Module class."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            module = factory(**dict(kwargs))
+    except Exception as exc:  # noqa: BLE001 - what meta cannot build is the run's to judge
+        if isinstance(factory, type) and issubclass(factory, torch.nn.Module):
+            parameters = list(inspect.signature(factory.forward).parameters.values())[1:]  # without self
+            return inspect.Signature(parameters), None, None
+        return None, None, f"forward() not checked: the factory does not build on the meta device ({type(exc).__name__}: {str(exc)[:200]})"
+    if not isinstance(module, torch.nn.Module):
+        return None, f"the factory returned {type(module).__name__}, expected a torch.nn.Module", None
+    return inspect.signature(module.forward), None, None
+
+
+_NAMED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def argument_problems(signature: inspect.Signature, names: Sequence[str]) -> list[tuple[KeyPath, str]]:
+    """Input names forward() cannot take (none when it takes **kwargs), and forward()'s required
+    parameters the inputs leave out: as stages/binding.py binds inputs, by name (a `*args`
+    parameter takes its list by its name)."""
+    parameters = list(signature.parameters.values())
+    takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
+    known = [p.name for p in parameters if p.kind != inspect.Parameter.VAR_KEYWORD]
+    found: list[tuple[KeyPath, str]] = []
+    if not takes_any:
+        for name in names:
+            if name not in known:
+                found.append((("inputs", name), f"forward() has no parameter {name!r} (it takes {', '.join(known) or 'none'})"))
+    missing = [p.name for p in parameters if p.kind in _NAMED and p.default is inspect.Parameter.empty and p.name not in names]
+    if missing:
+        found.append((("inputs",), f"forward() requires {', '.join(map(repr, missing))}, which the inputs do not give"))
+    return found

@@ -1,0 +1,198 @@
+"""`pt2flow validate` checks what a run would otherwise fail on at its model (issue 23, item 4):
+weights and inputs files exist, factory modules import in a worker process (isolated as a run's
+stages are), and the input names match the model's forward(). Real configs, real worker
+processes, the real CLI."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pt2flow.flows.engine.preflight import argument_problems, preflight
+from pt2flow.flows.config import load_config
+from tests.conftest import run_cli
+
+MODELS = '''\
+import os
+import torch
+from torch import nn
+
+
+class Two(nn.Module):
+    def __init__(self, n=4):
+        super().__init__()
+        self.lin = nn.Linear(n, 2)
+
+    def forward(self, x, mask=None):
+        return self.lin(x)
+
+
+def two(n=4):
+    return Two(n)
+
+
+def needs_real_weights():
+    model = Two()
+    float(model.lin.weight.sum())  # cannot run on the meta device
+    return model
+
+
+def not_a_module():
+    return 3
+'''
+
+RAISES = 'raise RuntimeError("this module refuses to import")\n\ndef f():\n    pass\n'
+EXITS = 'import os\nos._exit(7)\n\ndef f():\n    pass\n'
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A config's folder holding its model modules (found through the config's folder, not PYTHONPATH)."""
+    root = tmp_path / "fleet"
+    root.mkdir()
+    (root / "vmodels.py").write_text(MODELS)
+    (root / "vraises.py").write_text(RAISES)
+    (root / "vexits.py").write_text(EXITS)
+    return root
+
+
+def config(folder: Path, body: str) -> Path:
+    path = folder / "fleet.yaml"
+    path.write_text("version: 1\nstages: [trace, serialize]\nmodels:\n" + textwrap.indent(textwrap.dedent(body), "  "))
+    return path
+
+
+def test_each_problem_at_its_yaml_path_and_every_one_at_once(folder: Path) -> None:
+    path = config(folder, """\
+        - name: no-weights
+          factory: vmodels:two
+          weights: checkpoints/missing.safetensors
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+        - name: raises-on-import
+          factory: vraises:f
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+        - name: wrong-names
+          factory: vmodels:two
+          inputs: {x: {shape: [2, 4], dtype: float32}, y: {shape: [2], dtype: float32}}
+        - name: required-left-out
+          factory: vmodels:Two
+          inputs: {mask: {shape: [2, 4], dtype: float32}}
+        - name: exits-on-import
+          factory: vexits:f
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+        - name: not-a-module
+          factory: vmodels:not_a_module
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+        - name: fine-after-all-that
+          factory: vmodels:two
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+        """)
+    load_config(path)  # the config's own checks pass: each problem below needs a file or the code
+    proc = run_cli(["validate", str(path)], cwd=folder.parent, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == f"{path}: 6 problems in the config:"
+    assert lines[1] == f"  {path}:6: models[0].weights: file not found: {folder / 'checkpoints' / 'missing.safetensors'}"
+    assert lines[2] == f"  {path}:9: models[1].factory: importing 'vraises' failed: RuntimeError: this module refuses to import"
+    assert lines[3] == f"  {path}:13: models[2].inputs.y: forward() has no parameter 'y' (it takes x, mask)"
+    assert lines[4] == f"  {path}:16: models[3].inputs: forward() requires 'x', which the inputs do not give"
+    assert lines[5].startswith(f"  {path}:18: models[4].factory: crash while importing or building it: the worker process (pid ") and lines[5].endswith("exited with code 7"), lines[5]
+    assert lines[6] == f"  {path}:21: models[5].factory: the factory returned int, expected a torch.nn.Module"
+    assert len(lines) == 7  # the last model is fine, in a fresh worker after the one that exited
+
+
+def test_a_good_config_passes_and_says_what_it_could_not_check(folder: Path) -> None:
+    (folder / "weights.pt").write_bytes(b"not read by validate: it only has to exist")
+    path = config(folder, """\
+        - name: good
+          factory: vmodels:two
+          weights: weights.pt
+          inputs: {x: {shape: [2, 4], dtype: float32}, mask: {shape: [2, 4], dtype: float32}}
+        - name: meta-refuses
+          factory: vmodels:needs_real_weights
+          inputs: {nonsense: {shape: [2, 4], dtype: float32}}
+        """)
+    elsewhere = folder.parent  # files and modules resolve against the config's folder
+    proc = run_cli(["validate", str(path), "--json"], cwd=elsewhere, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["valid"] is True and doc["models"] == ["good", "meta-refuses"] and doc["imported"] == 2
+    (note,) = doc["notes"]
+    assert note["path"] == "models[1].inputs" and note["line"] == 10
+    assert note["message"].startswith("forward() not checked: the factory does not build on the meta device (RuntimeError")
+    proc = run_cli(["validate", str(path)], cwd=elsewhere, timeout=300)
+    assert proc.returncode == 0 and f"{path}: ok — 2 model(s)" in proc.stdout and "models[1].inputs: forward() not checked" in proc.stderr
+
+
+def test_no_import_checks_files_only(folder: Path) -> None:
+    path = config(folder, """\
+        - name: raises-on-import
+          factory: vraises:f
+          weights: absent.pt
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+        """)
+    proc = run_cli(["validate", str(path), "--no-import"], timeout=120)
+    assert proc.returncode == 2
+    assert f"models[0].weights: file not found: {folder / 'absent.pt'}" in proc.stderr and "vraises" not in proc.stderr
+
+
+def test_weights_on_s3_are_asked_for_with_one_request(folder: Path, moto_s3) -> None:
+    import boto3
+
+    boto3.client("s3", endpoint_url=moto_s3.url).put_object(Bucket=moto_s3.bucket, Key="ckpt/present.safetensors", Body=b"x")
+    model = load_config(config(folder, f"""\
+        - name: present
+          factory: vmodels:two
+          weights: s3://{moto_s3.bucket}/ckpt/present.safetensors
+          inputs: {{x: {{shape: [2, 4], dtype: float32}}}}
+        - name: absent
+          factory: vmodels:two
+          weights: s3://{moto_s3.bucket}/ckpt/absent.safetensors
+          inputs: {{x: {{shape: [2, 4], dtype: float32}}}}
+        """)).models
+    found = preflight(model, imports=False)
+    assert [(f.path, f.message) for f in found.problems] == [(("models", 1, "weights"), f"not found: s3://{moto_s3.bucket}/ckpt/absent.safetensors")]
+    assert found.notes == []
+
+
+def _sig(text: str) -> inspect.Signature:
+    namespace: dict = {}
+    exec(f"def forward({text}): pass", namespace)
+    return inspect.signature(namespace["forward"])
+
+
+@pytest.mark.parametrize(
+    ("params", "names", "expected"),
+    [
+        ("x, mask=None", ["x"], []),
+        ("x, mask=None", ["x", "mask"], []),
+        ("x, mask=None", ["x", "y"], [(("inputs", "y"), "forward() has no parameter 'y' (it takes x, mask)")]),
+        ("x, **kwargs", ["x", "anything"], []),
+        ("x, *rest", ["x", "rest"], []),  # *args takes its list by its name, as binding.py does
+        ("x, *, scale", ["x"], [(("inputs",), "forward() requires 'scale', which the inputs do not give")]),
+        ("x, y, /", ["x", "y"], []),
+        ("", ["x"], [(("inputs", "x"), "forward() has no parameter 'x' (it takes none)")]),
+    ],
+)
+def test_argument_names_against_forward(params: str, names: list[str], expected: list) -> None:
+    assert argument_problems(_sig(params), names) == expected
+
+
+def test_validate_imports_no_torch_in_the_calling_process(folder: Path) -> None:
+    """The model's code is imported in the worker only: the caller stays torch- and Prefect-free."""
+    import subprocess
+    import sys
+
+    path = config(folder, """\
+        - name: good
+          factory: vmodels:two
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+        """)
+    code = ("import sys; from pt2flow.flows import api; doc = api.validate(sys.argv[1]);"
+            "print(doc['imported'], sorted(m for m in ('torch', 'prefect', 'vmodels') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1 []", proc.stderr
