@@ -18,7 +18,7 @@ from pt2flow.stages.options import (
 from pt2flow.stages.target_options import TARGET_EXTRAS, ExecutorchOptions, OnnxOptions
 
 _COMPUTE = "pt2flow.flows.engine.compute"
-_KEYS = "pt2flow.flows.engine.keys"
+_KEYS = "pt2flow.flows.engine.wiring"
 _REPRO = "pt2flow.flows.engine.repro"
 
 # a program consumer takes the newest program the run has

@@ -118,8 +118,12 @@ def program_stages() -> tuple[str, ...]:
 
 def inputs_of(stage: Stage) -> tuple[Input, ...]:
     """A stage's inputs; validate's optional candidates are every candidate stage registered."""
+    return _inputs(stage, {s.name: s for s in stages()})
+
+
+def _inputs(stage: Stage, declared: Mapping[str, Stage]) -> tuple[Input, ...]:
     if stage.name == "validate":
-        return stage.inputs + tuple(Input.of(name, optional=True) for name in candidates())
+        return stage.inputs + tuple(Input.of(name, optional=True) for name, s in declared.items() if s.candidate)
     return stage.inputs
 
 
@@ -193,8 +197,7 @@ def _sort(declared: Mapping[str, Stage]) -> tuple[Stage, ...]:
     needs: dict[str, set[str]] = {}
     for name, stage in declared.items():
         edges = set()
-        items = stage.inputs + (tuple(Input.of(n, optional=True) for n, s in declared.items() if s.candidate) if name == "validate" else ())
-        for item in items:
+        for item in _inputs(stage, declared):
             for provider in item.stages:
                 if provider == SOURCE_NAME:
                     continue

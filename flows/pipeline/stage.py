@@ -55,7 +55,7 @@ class Stage:
       (None: not a deliverable); suffix: the file name suffix `get` gives it;
     key: "module:function" (stage, model, inputs) -> key, for a stage whose key is not the
       default one (its name and version, its inputs' identities, its options, and the torch,
-      Python and library versions: flows/engine/keys.default_key);
+      Python and library versions: flows/engine/wiring.default_key);
     candidate: "module:function" loading its blob into a runner of flat tensor lists (the
       user's tensor inputs in, the output leaves out: stages/targets.FlatRunner), which
       validate runs beside eager on every sample and check-compat on the stored ones; the
