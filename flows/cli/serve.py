@@ -148,6 +148,10 @@ def deployment_parameters(args: Args, pipeline: Any, store_url: str) -> dict[str
         parameters["dask_address"] = args.dask_address
     if args.no_worker_timeout is not None:
         parameters["no_worker_timeout_s"] = args.no_worker_timeout
+    if args.python:  # checked now (pt2flow installed there); otherwise the config's python:, read at every run
+        from pt2flow.flows.api.running import check_python
+
+        parameters["python"] = check_python(args.python, runner_of(args))
     return parameters
 
 
