@@ -17,6 +17,9 @@ the CLI turns into exit codes (docs/architecture.md §4).
     api.check_compat(store)                         # does the fleet's newest build still work here?
     api.repro(store, "mlp", "repro/")               # a torch-only script raising a failure again
     api.audit(store, sample=0.1)                    # is the cache honest? (rebuild a sample)
+    api.run("configs/demo.yaml", python="../venv-next/bin/python")   # workers under another environment
+    report = api.upgrade_check("configs/demo.yaml", python="../venv-next")   # an UpgradeReport
+    report.regressed, [(m.model, m.verdict) for m in report.models]
 
 Errors: ConfigError (a bad config), UsageError / InvalidId / AmbiguousId (arguments that cannot be
 used: the CLI's exit 2; InvalidId and AmbiguousId are no StorageError), RecordNotFound /
@@ -31,6 +34,7 @@ import os
 from typing import Any, Mapping
 
 from pt2flow.flows.api.running import run
+from pt2flow.flows.api.upgrade import upgrade_check
 from pt2flow.flows.api.store import Store, StoreLocation, locate_store
 from pt2flow.flows.config import ConfigError
 from pt2flow.flows.options import UsageError
@@ -122,5 +126,5 @@ def config_schema() -> dict[str, Any]:
 
 __all__ = [
     "AmbiguousId", "ConfigError", "IntegrityError", "InvalidId", "RecordNotFound", "StorageError", "Store", "UsageError",
-    "StoreLocation", "check_compat", "config_schema", "locate_store", "open_store", "repro", "run",
+    "StoreLocation", "check_compat", "config_schema", "locate_store", "open_store", "repro", "run", "upgrade_check",
 ]

@@ -58,7 +58,7 @@ def upgrade_check(
     base = interpreter.describe(baseline_python) if baseline_python else interpreter.full(interpreter.this_process())
     opened = open_checked_store(store_url, pipeline, storage_options)
     names = [m.name for m in pipeline.models]
-    baseline_run = _baseline_run(opened.index, baseline, names)
+    baseline_run, baseline_why = _baseline_run(opened, baseline, names, base)
 
     try:
         document = run(config, store=store_url, storage_options=storage_options, workers=workers, python=candidate.python, progress=progress)
@@ -74,7 +74,7 @@ def upgrade_check(
                 entry.repro, entry.repro_error = _repro_in(candidate.python, store_url, entry.model, os.path.join(folder, entry.model))
         report = UpgradeReport(
             store=opened.url,
-            baseline=Side(run_id=baseline_run, python=base.python, torch=base.version("torch", None)),
+            baseline=Side(run_id=baseline_run, python=base.python, torch=base.version("torch", None), chosen=baseline_why),
             candidate=Side(run_id=candidate_run, python=candidate.python, torch=candidate.version("torch", None)),
             versions=relevant,
             other_version_changes=other,
@@ -92,41 +92,52 @@ def upgrade_check(
         interpreter.activate(None)
 
 
-def _baseline_run(index: Any, baseline: str | None, names: Sequence[str]) -> str:
-    """--baseline (a run ID or prefix), else the newest run that covered every model of the
-    config, else the newest run sharing most of them."""
+def _baseline_run(store: Any, baseline: str | None, names: Sequence[str], base: Any) -> tuple[str, str]:
+    """(run, why): --baseline (a run ID or prefix), else the newest run that covered every model
+    of the config with the baseline environment's versions (each model's dependency manifest
+    names the versions its run used: a run made under a candidate is never the baseline), else
+    the newest run that covered them all."""
     from pt2flow.flows.report.runs import list_runs, resolve_run, run_models
 
     if baseline:
-        return resolve_run(index, baseline)
-    covered = run_models(index)
-    runs = [r["run_id"] for r in list_runs(index)]
+        return resolve_run(store.index, baseline), "given"
+    covered = run_models(store.index)
     wanted = set(names)
-    full = [r for r in runs if wanted <= covered.get(r, set())]
-    if full:
-        return full[-1]
-    sharing = [r for r in runs if wanted & covered.get(r, set())]
-    if not sharing:
-        raise UsageError("no run in the store covers this config's models: run the fleet first (pt2flow run CONFIG), or give --baseline RUN")
-    return max(sharing, key=lambda r: (len(wanted & covered[r]), runs.index(r)))
+    full = [r["run_id"] for r in list_runs(store.index) if wanted <= covered.get(r["run_id"], set())]
+    if not full:
+        raise UsageError("no run in the store covers all of this config's models: run the fleet first (pt2flow run CONFIG), or give --baseline RUN")
+    for run_id in reversed(full):
+        built_with = _manifest_versions(store, run_id)
+        if built_with and all(base.version(name, None) == version for versions in built_with.values() for name, version in versions.items()):
+            return run_id, "the newest run that built every model with the baseline's versions"
+    return full[-1], "the newest run of every model (none was built with exactly the baseline environment's versions)"
 
 
-def _used_distributions(store: Any, *runs: str) -> dict[str, list[str]]:
-    """distribution -> the models whose dependency manifest (their source record) names it."""
+def _manifest_versions(store: Any, *runs: str) -> dict[str, dict[str, str]]:
+    """model -> the distribution versions its source record's dependency manifest names, for the
+    models of `runs` (their newest ok source record)."""
     import pyarrow.compute as pc
 
-    used: dict[str, set[str]] = {}
-    rows = store.index.scan(["model", "stage", "status", "sha256", "size", "run_id"],
+    found: dict[str, dict[str, str]] = {}
+    rows = store.index.scan(["model", "stage", "status", "sha256", "size", "run_id", "ended_at"],
                             filter=(pc.field("stage") == "source") & pc.field("run_id").isin(list(runs))).to_pylist()
-    for row in rows:
+    for row in sorted(rows, key=lambda r: str(r["ended_at"] or "")):
         if row["status"] != "ok" or not row["sha256"]:
             continue
         try:
             manifest = json.loads(store.get_blob(row["sha256"], row["size"]))
         except Exception:  # noqa: BLE001 - a manifest that cannot be read names nothing
             continue
-        for name in ((manifest.get("deps") or {}).get("distributions") or {}):
-            used.setdefault(name, set()).add(row["model"])
+        found[(row["run_id"], row["model"])] = dict((manifest.get("deps") or {}).get("distributions") or {})  # type: ignore[index]
+    return {f"{run}/{model}": versions for (run, model), versions in found.items()}  # type: ignore[misc]
+
+
+def _used_distributions(store: Any, *runs: str) -> dict[str, list[str]]:
+    """distribution -> the models whose dependency manifest (their source record) names it."""
+    used: dict[str, set[str]] = {}
+    for key, versions in _manifest_versions(store, *runs).items():
+        for name in versions:
+            used.setdefault(name, set()).add(key.split("/", 1)[1])
     return {name: sorted(models) for name, models in used.items()}
 
 

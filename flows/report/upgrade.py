@@ -27,6 +27,7 @@ class Side(Fact):
     run_id: str
     python: str
     torch: str | None
+    chosen: str | None = None  # why this run (the baseline: given, or how it was found)
 
 
 class VersionChange(Fact):
@@ -193,7 +194,8 @@ def render_text(report: UpgradeReport) -> str:
     """The report as a terminal reads it: versions, then one block per model that needs a look,
     then the unchanged ones in a line."""
     lines = [f"pt2flow upgrade-check: baseline run {report.baseline.run_id} vs candidate run {report.candidate.run_id}",
-             f"  baseline  {report.baseline.python}", f"  candidate {report.candidate.python}", ""]
+             f"  baseline  {report.baseline.python}" + (f"  ({report.baseline.chosen})" if report.baseline.chosen not in (None, "given") else ""),
+             f"  candidate {report.candidate.python}", ""]
     if report.versions:
         lines.append("Version changes the fleet's code depends on:")
         for v in report.versions:

@@ -11,6 +11,7 @@ differing distribution alone into the baseline to find what breaks the failing m
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,11 +106,13 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
     assert under_candidate.returncode != 0 and "data-dependent" in under_candidate.stdout + under_candidate.stderr
     assert under_baseline.returncode == 0, under_baseline.stderr[-2000:]
 
-    # the text view says the same, versions first
+    # again, as text: the default baseline is still the baseline's run (the candidate's run covered
+    # every model too, but with the candidate's versions); versions first
     code = run_cli(["upgrade-check", str(config), "--python", candidate_python, "--baseline-python", baseline_python,
-                    "--baseline", baseline["run_id"], "--repro-dir", str(repro_dir / "again")], cwd=tmp_path)
+                    "--repro-dir", str(repro_dir / "again")], cwd=tmp_path)
     assert code.returncode == 1, code.stderr[-3000:]
     text = code.stdout
+    assert f"baseline run {baseline['run_id']} vs" in text
     assert text.index("tinyops 1.0 → 2.0") < text.index("gated: newly failing")
     assert f"transformers 5.23.0 → {CANDIDATE_TRANSFORMERS}" in text and "unchanged: " in text and "mlp" in text.split("unchanged: ")[1]
 
@@ -118,9 +121,11 @@ def test_an_unchanged_environment_passes_and_an_environment_without_pt2flow_is_r
     baseline_python, _ = environments
     store = tmp_path / "store"
     fleet = [m for m in FLEET if m["name"] in ("mlp", "scaled")]
-    config = write_config(tmp_path / "fleet.yaml", fleet, stages=STAGES, store=str(store))
-    code, baseline, stderr = run_json(["run", str(config), "--python", baseline_python, "--json"])
+    # the config names its workers' environment, relative to its own folder (this one has no tinyops)
+    config = write_config(tmp_path / "fleet.yaml", fleet, stages=STAGES, store=str(store), python=os.path.relpath(baseline_python, tmp_path))
+    code, baseline, stderr = run_json(["run", str(config), "--json"], cwd="/")
     assert code == 0, stderr[-3000:]
+    assert [m["status"] for m in baseline["models"]] == ["ok", "ok"]
 
     code, report, stderr = run_json(["upgrade-check", str(config), "--python", baseline_python, "--baseline-python", baseline_python, "--json"])
     assert code == 0, stderr[-3000:]
