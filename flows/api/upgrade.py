@@ -26,7 +26,8 @@ from pt2flow.flows.options import UsageError
 def upgrade_check(
     config: str | os.PathLike[str],
     *,
-    python: str,
+    python: str | None = None,
+    requirements: Sequence[str] = (),
     baseline: str | None = None,
     baseline_python: str | None = None,
     store: str | None = None,
@@ -38,7 +39,9 @@ def upgrade_check(
     progress: Any = None,
 ) -> Any:
     """The UpgradeReport (flows/report/upgrade.py) of `config`'s fleet under the interpreter
-    `python` (an executable or virtualenv folder with pt2flow installed) against the run
+    `python` (an executable or virtualenv folder with pt2flow installed), or under the baseline
+    environment with `requirements` pip-installed over it (`--with transformers==5.24.0`: an
+    overlay virtualenv made once and cached, flows/engine/overlay.py), against the run
     `baseline` (default: the newest run that covered the config's models), whose environment is
     `baseline_python` (default: this interpreter). Raises ConfigError or UsageError before
     anything runs; models that fail are in the report."""
@@ -54,8 +57,14 @@ def upgrade_check(
     pipeline = load_for_run(str(config), workers=workers)
     store_url = resolve_store_url(store or pipeline.store)
     refuse_credentials(store_url)
-    candidate = interpreter.describe(python)
+    if (python is None) == (not requirements):
+        raise UsageError("give the candidate as --python PATH or as --with REQUIREMENT (one of them)")
     base = interpreter.describe(baseline_python) if baseline_python else interpreter.full(interpreter.this_process())
+    if requirements:
+        from pt2flow.flows.engine.overlay import candidate_environment
+
+        python = candidate_environment(base, requirements, os.path.join(interpreter.cache_dir(), "candidates"))
+    candidate = interpreter.describe(python)
     opened = open_checked_store(store_url, pipeline, storage_options)
     names = [m.name for m in pipeline.models]
     baseline_run, baseline_why = _baseline_run(opened, baseline, names, base)
@@ -161,7 +170,7 @@ def _attribute(report: Any, regressed: Sequence[Any], base: Any, candidate: Any,
     the same stage and class)."""
     from pt2flow.flows.api.running import run
     from pt2flow.flows.engine.overlay import overlay_environment
-    from pt2flow.flows.engine.toolchain import cache_dir
+    from pt2flow.flows.engine.interpreter import cache_dir
     from pt2flow.flows.report.compare import build_report
     from pt2flow.flows.report.runs import given
     from pt2flow.flows.report.upgrade import Attribution

@@ -23,7 +23,10 @@ from pt2flow.flows.cli.support import Args, check_page_path, command, json_optio
     arguments=CONFIG_HELP,
 )
 @click.argument("config", metavar="CONFIG")
-@click.option("--python", "python", required=True, metavar="PATH", help="the candidate interpreter (or virtualenv folder); pt2flow must be installed there")
+@click.option("--python", "python", metavar="PATH", help="the candidate interpreter (or virtualenv folder); pt2flow must be installed there")
+@click.option("--with", "requirements", metavar="REQ", multiple=True,
+              help="instead of --python: the candidate is this environment with REQ pip-installed over it (repeatable, e.g. "
+              "--with transformers==5.24.0; without dependencies: name each that must change); made once, cached in ~/.cache/pt2flow")
 @click.option("--baseline", metavar="RUN", help="the run to compare with (ID or prefix; default: the newest run that covered the config's models)")
 @click.option("--baseline-python", metavar="PATH", help="the environment the baseline run ran in (default: this one); --attribute builds on it")
 @click.option("--attribute", is_flag=True, help="when several distributions differ, run the regressed models in the baseline with one candidate "
@@ -56,6 +59,6 @@ def upgrade_check_command(args: Args) -> int:
 
 def _check(upgrade_check: object, args: Args) -> object:
     return upgrade_check(  # type: ignore[operator]
-        os.path.abspath(args.config), python=args.python, baseline=args.baseline, baseline_python=args.baseline_python,
+        os.path.abspath(args.config), python=args.python, requirements=list(args.requirements), baseline=args.baseline, baseline_python=args.baseline_python,
         store=args.store, attribute=args.attribute, workers=args.workers, repro_dir=args.repro_dir,
     )

@@ -208,8 +208,9 @@ def _write(path: Path, payload: Mapping[str, Any]) -> None:
 
 
 def cache_dir() -> str:
-    """Where pt2flow keeps per-machine facts (the native toolchain identity): PT2FLOW_CACHE_DIR,
-    else $XDG_CACHE_HOME/pt2flow, else ~/.cache/pt2flow."""
+    """Where pt2flow keeps per-machine facts (the native toolchain identity, interpreters' facts)
+    and the environments it makes (overlays): PT2FLOW_CACHE_DIR, else $XDG_CACHE_HOME/pt2flow,
+    else ~/.cache/pt2flow."""
     explicit = os.environ.get("PT2FLOW_CACHE_DIR")
     if explicit:
         return explicit

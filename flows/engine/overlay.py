@@ -1,5 +1,6 @@
-"""Intermediate environments for `upgrade-check --attribute`: the baseline environment with some
-of the candidate's distributions in it, to say which change breaks a model.
+"""Environments made from another one for `upgrade-check`: the intermediate environments of
+`--attribute` (the baseline with some of the candidate's distributions in it, to say which change
+breaks a model), and the candidate of `--with REQ` (the baseline with REQ pip-installed).
 
 An overlay is a virtualenv (stdlib `venv`, no pip) whose site-packages holds
   - a `.pth` file that adds the baseline's site-packages after its own (`site.addsitedir`, so
@@ -45,15 +46,7 @@ def overlay_environment(base: Any, candidate: Any, names: Sequence[str], root: s
     marker = folder / "pt2flow-overlay.json"
     if marker.is_file() and python.exists():
         return str(python)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([base.python, "-m", "venv", "--without-pip", str(folder)], capture_output=True, text=True, timeout=300,
-                            stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        raise UsageError(f"could not make an overlay environment in {folder}: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    site = _site_packages(str(python))
-    lines = "".join(f"import site; site.addsitedir({path!r})\n" for path in base.site_packages)
-    Path(site, OVERLAY_PTH).write_text(lines)
+    site = _new_overlay(base, folder)
     for name in names:
         info = candidate.dist_info.get(name)
         if not info:
@@ -61,6 +54,43 @@ def overlay_environment(base: Any, candidate: Any, names: Sequence[str], root: s
         link_distribution(info, site)
     marker.write_text(json.dumps(recipe, indent=1, sort_keys=True))
     return str(python)
+
+
+def candidate_environment(base: Any, requirements: Sequence[str], root: str | os.PathLike[str]) -> str:
+    """The python executable of an overlay of `base` with `requirements` (pip requirement
+    specifiers: transformers==5.24.0, a wheel's path) installed into it by pip from the package
+    registries, without their dependencies (what the base has serves them; name those that must
+    change too). Made once per base and requirement list."""
+    recipe = {"base": base.python, "base_site": list(base.site_packages), "requirements": list(requirements)}
+    digest = hashlib.sha256(canonical_json(recipe).encode()).hexdigest()[:16]
+    folder = Path(root) / f"candidate-{digest}"
+    python = folder / "bin" / "python"
+    marker = folder / "pt2flow-overlay.json"
+    if marker.is_file() and python.exists():
+        return str(python)
+    _new_overlay(base, folder)
+    result = subprocess.run([base.python, "-m", "pip", "--python", str(python), "install", "--quiet", "--disable-pip-version-check",
+                             "--no-deps", *requirements], capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        shutil.rmtree(folder, ignore_errors=True)
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"could not install {' '.join(requirements)} into a candidate environment: {tail}")
+    marker.write_text(json.dumps(recipe, indent=1, sort_keys=True))
+    return str(python)
+
+
+def _new_overlay(base: Any, folder: Path) -> str:
+    """A fresh virtualenv at `folder` whose site-packages adds `base`'s after its own; returns
+    its site-packages."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run([base.python, "-m", "venv", "--without-pip", str(folder)], capture_output=True, text=True, timeout=300,
+                            stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise UsageError(f"could not make an overlay environment in {folder}: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    site = _site_packages(str(folder / "bin" / "python"))
+    Path(site, OVERLAY_PTH).write_text("".join(f"import site; site.addsitedir({path!r})\n" for path in base.site_packages))
+    return site
 
 
 def link_distribution(dist_info: str, site: str) -> int:

@@ -117,7 +117,7 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
     assert f"transformers 5.23.0 → {CANDIDATE_TRANSFORMERS}" in text and "unchanged: " in text and "mlp" in text.split("unchanged: ")[1]
 
 
-def test_an_unchanged_environment_passes_and_an_environment_without_pt2flow_is_refused(tmp_path: Path, environments: tuple[str, str]) -> None:
+def test_a_change_no_model_imports_passes_and_an_environment_without_pt2flow_is_refused(tmp_path: Path, environments: tuple[str, str]) -> None:
     baseline_python, _ = environments
     store = tmp_path / "store"
     fleet = [m for m in FLEET if m["name"] in ("mlp", "scaled")]
@@ -127,10 +127,16 @@ def test_an_unchanged_environment_passes_and_an_environment_without_pt2flow_is_r
     assert code == 0, stderr[-3000:]
     assert [m["status"] for m in baseline["models"]] == ["ok", "ok"]
 
-    code, report, stderr = run_json(["upgrade-check", str(config), "--python", baseline_python, "--baseline-python", baseline_python, "--json"])
+    # the candidate as requirements over the baseline (pip from the registry, into a cached overlay):
+    # transformers changes, but neither model imports it, so nothing the fleet depends on differs
+    code, report, stderr = run_json(["upgrade-check", str(config), "--with", f"transformers=={CANDIDATE_TRANSFORMERS}",
+                                     "--baseline-python", baseline_python, "--json"])
     assert code == 0, stderr[-3000:]
+    assert report["baseline"]["run_id"] == baseline["run_id"] and report["candidate"]["python"] != baseline_python
     assert report["versions"] == [] and report["regressed"] is False
+    assert [(v["name"], v["baseline"], v["candidate"]) for v in report["other_version_changes"]] == [("transformers", "5.23.0", CANDIDATE_TRANSFORMERS)]
     assert [m["verdict"] for m in report["models"]] == ["unchanged", "unchanged"]
+    assert report["summary"]["unchanged"] == 2
 
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
