@@ -78,3 +78,17 @@ def test_an_interpreter_without_pt2flow_is_a_usage_error(tmp_path: Path, cache: 
         interpreter.describe(tmp_path / "bare")
     with pytest.raises(UsageError, match="no such interpreter"):
         interpreter.describe(tmp_path / "missing" / "python")
+
+
+def test_a_pt2flow_that_speaks_another_worker_protocol_is_a_usage_error(tmp_path: Path, cache: Path) -> None:
+    venv = tmp_path / "old"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    package = Path(site, "pt2flow", "flows", "engine")
+    package.mkdir(parents=True)
+    for folder in (package.parents[1], package.parent, package):
+        (folder / "__init__.py").write_text("")
+    (package / "protocol.py").write_text("WORKER_PROTOCOL = 999\n")  # a pt2flow whose messages are not ours
+    with pytest.raises(UsageError, match="speaks worker protocol 999.*install the same pt2flow into both environments"):
+        interpreter.describe(venv)

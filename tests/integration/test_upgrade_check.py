@@ -3,7 +3,7 @@ test runs): a baseline venv with the tinyops 1.0 fixture distribution, and a can
 tinyops 2.0 (one op changed, one helper made data-dependent) and transformers 5.24.0 from the
 registry (the runner has 5.23.0). Both share the runner's local torch build.
 
-The fleet: tiny BERT (transformers), two plain models, and two models on tinyops. The baseline
+The fleet: tiny BERT and DistilBERT (transformers), a plain model, and two models on tinyops. The baseline
 runs under the baseline environment (`run --python`); upgrade-check then runs the fleet under the
 candidate, checks the baseline's artifacts in candidate workers, and with --attribute puts each
 differing distribution alone into the baseline to find what breaks the failing model."""
@@ -27,6 +27,7 @@ STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 IDS = {"shape": [2, 8], "dtype": "int64", "low": 0, "high": 100}
 FLEET = [
     {"name": "bert", "factory": "tests.hf_models:bert_tiny", "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}},
+    {"name": "distilbert", "factory": "tests.hf_models:distilbert_tiny", "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}},
     {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}},
     {"name": "scaled", "factory": "tests.upgrade_models:scaled", "inputs": {"x": {"shape": [4, 8]}}},
     {"name": "gated", "factory": "tests.upgrade_models:gated", "inputs": {"x": {"shape": [4, 8]}}},
@@ -53,7 +54,7 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
 
     code, baseline, stderr = run_json(["run", str(config), "--python", baseline_python, "--json"])
     assert code == 0, stderr[-3000:]
-    assert [m["status"] for m in baseline["models"]] == ["ok"] * 4
+    assert [m["status"] for m in baseline["models"]] == ["ok"] * 5
 
     repro_dir = tmp_path / "repro"
     code, report, stderr = run_json(["upgrade-check", str(config), "--python", candidate_python, "--baseline-python", baseline_python,
@@ -65,19 +66,20 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
 
     # the versions that differ, with the models whose code imports them
     versions = {v["name"]: (v["baseline"], v["candidate"], v["used_by"]) for v in report["versions"]}
-    assert versions == {"tinyops": ("1.0", "2.0", ["gated", "scaled"]), "transformers": ("5.23.0", CANDIDATE_TRANSFORMERS, ["bert"])}
+    assert versions == {"tinyops": ("1.0", "2.0", ["gated", "scaled"]), "transformers": ("5.23.0", CANDIDATE_TRANSFORMERS, ["bert", "distilbert"])}
 
     by_name = {m["model"]: m for m in report["models"]}
     # plain models: the candidate cannot change them, so the cache served them and they are unchanged
     assert by_name["mlp"]["verdict"] == "unchanged" and by_name["mlp"]["regressions"] == []
     mlp_drift = next(m for m in report["drift"]["models"] if m["model"] == "mlp")
     assert mlp_drift["status"]["b"]["cached"] is True
-    # bert ran again under transformers 5.24.0 (its key names the version): its verdict follows its program
-    bert_drift = next(m for m in report["drift"]["models"] if m["model"] == "bert")
-    assert bert_drift["status"]["b"]["cached"] is False and "trace" in bert_drift["keys_changed"]
+    # the transformers models ran again under 5.24.0 (their keys name the version): each verdict follows its program
     prints_a, prints_b = _fingerprints(store, baseline["run_id"]), _fingerprints(store, report["candidate"]["run_id"])
-    assert by_name["bert"]["program_changed"] == (prints_a["bert"] != prints_b["bert"])
-    assert by_name["bert"]["verdict"] == ("changed" if prints_a["bert"] != prints_b["bert"] else "unchanged")
+    for name in ("bert", "distilbert"):
+        drift = next(m for m in report["drift"]["models"] if m["model"] == name)
+        assert drift["status"]["b"]["cached"] is False and "trace" in drift["keys_changed"]
+        assert by_name[name]["program_changed"] == (prints_a[name] != prints_b[name])
+        assert by_name[name]["verdict"] == ("changed" if prints_a[name] != prints_b[name] else "unchanged")
     # scaled: same numbers, another op
     scaled = by_name["scaled"]
     assert scaled["verdict"] == "changed" and scaled["program_changed"] is True
@@ -96,7 +98,7 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
     # check-compat of the baseline's artifacts ran in candidate workers, and they all still load and match
     compat = report["compat"]
     assert compat["python"] == candidate_python and compat["run_id"] == baseline["run_id"]
-    assert {m["name"]: m["status"] for m in compat["models"]} == {"bert": "ok", "mlp": "ok", "scaled": "ok", "gated": "ok"}
+    assert {m["name"]: m["status"] for m in compat["models"]} == {name: "ok" for name in ("bert", "distilbert", "mlp", "scaled", "gated")}
 
     # the repro script reproduces the failure under the candidate, and passes under the baseline
     script = repro_dir / "gated" / "repro.py"
