@@ -165,3 +165,4 @@ class RunDocument(Document):
     summary: RunSummary
     models: list[ModelResult]
     workers: int
+    python: str | None = None  # the interpreter the workers ran in (`run --python`); None: pt2flow's own

@@ -54,7 +54,7 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
 
     code, baseline, stderr = run_json(["run", str(config), "--python", baseline_python, "--json"])
     assert code == 0, stderr[-3000:]
-    assert [m["status"] for m in baseline["models"]] == ["ok"] * 5
+    assert [m["status"] for m in baseline["models"]] == ["ok"] * 5 and baseline["python"] == baseline_python
 
     repro_dir = tmp_path / "repro"
     code, report, stderr = run_json(["upgrade-check", str(config), "--python", candidate_python, "--baseline-python", baseline_python,
