@@ -11,6 +11,8 @@ pyproject.toml, requirements.lock and tests/, as a clone looks after `make insta
   `pt2flow validate`; a fragment whose keys are a config's top-level keys, or a model's, is set
   into configs/demo.yaml's first model's config and checked with `pt2flow validate --no-import`;
   any other YAML is parsed;
+- an `s3://BUCKET` in a bash or python block is served by a moto S3 server on 127.0.0.1 (tests/s3.py),
+  the bucket created empty, the block given its AWS_* variables;
 - ```text / ```console / ```json show output or pictures and are never run; a fence naming no
   language, or another one, fails the test.
 
@@ -37,7 +39,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import yaml
@@ -53,6 +55,7 @@ BLOCK_TIMEOUT_S = 300
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[^`\s]*)\s*$")
 MARKER = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<body>.*?)\s*-->\s*$")
 TRACEBACK = "Traceback (most recent call last)"
+S3_BUCKET = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?=[/\s\"')]|$)")
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")  # a synopsis's metavar (`--stage S`), not a value
 # what a README block may reach in the folder it runs in, besides configs/ (copied)
 LINKED = ("Makefile", "pyproject.toml", "requirements.lock", "tests", "docs")
@@ -139,6 +142,7 @@ class Workspace:
     tally: Counter[str] = field(default_factory=Counter)
     skipped: list[str] = field(default_factory=list)
     seconds: dict[int, float] = field(default_factory=dict)
+    s3: Callable[[], Any] = lambda: None  # the session's moto S3 server (tests/s3.py), started on first use
 
     def run(self, block: Block, argv: list[str], *, stdin: str | None = None, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         env = {**self.env, **(extra_env or {})}
@@ -164,13 +168,16 @@ def _text(data: str | bytes | None) -> str:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
+def workspace(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Workspace]:
     root = tmp_path_factory.mktemp("readme")
     shutil.copytree(ROOT / "configs", root / "configs", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (root / ".venv").symlink_to(BIN.parent, target_is_directory=True)
     for name in LINKED:
         (root / name).symlink_to(ROOT / name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PT2FLOW_", "PYTEST_")) and k != "PYTHONPATH"}
+    # a newcomer's shell: no Prefect, pt2flow, pytest or AWS settings of this session, and none of the
+    # outer `make test`'s (its MAKEFLAGS would hand `make demo STORE=...` overrides down)
+    inherited = ("PREFECT_", "PT2FLOW_", "PYTEST_", "AWS_", "MAKE", "MFLAGS")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited) and k != "PYTHONPATH"}
     env.update(
         PATH=os.pathsep.join([str(root / ".venv" / "bin"), env.get("PATH", "")]),
         PREFECT_HOME=str(root / ".prefect"),
@@ -183,20 +190,36 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
     up_to_date = subprocess.run(["make", "-q", "install"], cwd=root, env=env, capture_output=True, text=True)
     if up_to_date.returncode != 0:
         pytest.fail(f"the install is out of date (`make -q install` exits {up_to_date.returncode}): run `make install` first")
-    yield Workspace(root, env)
+    yield Workspace(root, env, s3=lambda: request.getfixturevalue("moto_s3"))
 
 
 # --- what each kind of block does -------------------------------------------------------------
 
 
+def block_env(ws: Workspace, block: Block) -> dict[str, str]:
+    """The marker's variables; and where the block names s3:// buckets, the moto server's AWS_*
+    variables, with those buckets created (empty) first."""
+    env = dict(block.marker.env) if block.marker else {}
+    buckets = sorted(set(S3_BUCKET.findall(block.text)))
+    if buckets:
+        s3 = ws.s3()
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=s3.url)
+        for bucket in buckets:
+            client.create_bucket(Bucket=bucket)
+        env.update(s3.env)
+    return env
+
+
 def run_shell(ws: Workspace, block: Block) -> None:
     script = "set -eo pipefail\n" + block.text
-    ws.run(block, ["bash", "-c", script, f"README.md:{block.line}"], extra_env=block.marker.env if block.marker else None)
+    ws.run(block, ["bash", "-c", script, f"README.md:{block.line}"], extra_env=block_env(ws, block))
     ws.tally["shell"] += 1
 
 
 def run_python(ws: Workspace, block: Block) -> None:
-    ws.run(block, [str(ws.root / ".venv" / "bin" / "python"), "-"], stdin=block.text, extra_env=block.marker.env if block.marker else None)
+    ws.run(block, [str(ws.root / ".venv" / "bin" / "python"), "-"], stdin=block.text, extra_env=block_env(ws, block))
     ws.tally["python"] += 1
 
 
@@ -298,6 +321,17 @@ def test_markers_are_well_formed() -> None:
     ):
         with pytest.raises(AssertionError, match=message):
             parse_readme(bad)
+
+
+def test_a_failing_block_is_named_by_its_line_with_its_stderr(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path, {"PATH": os.environ["PATH"]})
+    failing = Block(7, "bash", "echo made it\necho 'no such config' >&2\nfalse\necho never\n", None)
+    with pytest.raises(AssertionError) as caught:
+        run_shell(ws, failing)
+    assert "README.md line 7 (```bash) exited 1" in str(caught.value) and "no such config" in str(caught.value)
+    quiet_traceback = Block(9, "bash", "echo 'Traceback (most recent call last):' >&2\n", None)
+    with pytest.raises(AssertionError, match=r"line 9 \(```bash\) printed a traceback"):
+        run_shell(ws, quiet_traceback)
 
 
 def test_every_readme_block_runs_as_written(workspace: Workspace, request: pytest.FixtureRequest) -> None:
