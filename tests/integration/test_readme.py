@@ -258,25 +258,36 @@ def check_yaml(ws: Workspace, block: Block) -> None:
 
 
 def check_synopsis(ws: Workspace, block: Block) -> None:
-    """Each line is `pt2flow COMMAND [ARGS]  # comment`: the command must exist, and so must every
+    """Each line is `pt2flow COMMAND [ARGS]  # comment`, checked by command_problems."""
+    lines = [(block.line + offset, line) for offset, line in enumerate(block.text.splitlines(), start=1) if line.strip()]
+    problems = command_problems(lines)
+    assert not problems, f"{block.where}, a synopsis, names what the CLI does not have:\n" + "\n".join(problems)
+    ws.tally["synopsis checked"] += 1
+
+
+def command_problems(lines: list[tuple[int, str]]) -> list[str]:
+    """For each (README line, `pt2flow COMMAND ...`): the command must exist, and so must every
     --option it names (with `[`, `]`, `=VALUE` stripped) and every value or `a|b` choice given to
-    an option that takes choices (an upper-case word is a placeholder)."""
+    an option that takes choices (an upper-case word is a placeholder: `--stage S`, `COMMAND`)."""
     import click
 
     from pt2flow.flows.cli.main import cli
 
     problems = []
-    for offset, line in enumerate(block.text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"README.md line {block.line + offset}"
-        words = shlex.split(line, comments=True)
+    for number, line in lines:
+        where = f"README.md line {number}"
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            words = line.split()
         words = words[: next((i for i, w in enumerate(words) if w in {">", "|", "&&", ";"}), len(words))]
         if not words or words[0] != "pt2flow":
             problems.append(f"{where}: a synopsis line must start with `pt2flow`: {line.strip()}")
             continue
         command: click.Command | None = cli
         if len(words) > 1 and not words[1].startswith("-"):
+            if PLACEHOLDER.match(words[1]):
+                continue
             command = cli.get_command(None, words[1])  # type: ignore[attr-defined]
             if command is None:
                 problems.append(f"{where}: no command `pt2flow {words[1]}`")
@@ -297,8 +308,22 @@ def check_synopsis(ws: Workspace, block: Block) -> None:
                 unknown = [g for g in given if g not in param.type.choices]
                 if unknown:
                     problems.append(f"{where}: {name} takes {'|'.join(map(str, param.type.choices))}, not {'|'.join(unknown)}")
-    assert not problems, f"{block.where}, a synopsis, names what the CLI does not have:\n" + "\n".join(problems)
-    ws.tally["synopsis checked"] += 1
+    return problems
+
+
+def inline_commands(text: str) -> list[tuple[int, str]]:
+    """The README's inline code spans that are `pt2flow ...` commands, outside code blocks, with
+    their line numbers (a span may wrap onto the next line)."""
+    prose = []
+    fenced = False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+            prose.append("")
+        else:
+            prose.append("" if fenced else line)
+    joined = "\n".join(prose)
+    return [(joined.count("\n", 0, m.start()) + 1, m.group(1).replace("\n", " ")) for m in re.finditer(r"(?<!`)`(pt2flow [^`]+)`(?!`)", joined)]
 
 
 # --- the tests ----------------------------------------------------------------------------------
@@ -321,6 +346,14 @@ def test_markers_are_well_formed() -> None:
     ):
         with pytest.raises(AssertionError, match=message):
             parse_readme(bad)
+
+
+def test_the_commands_in_the_prose_exist() -> None:
+    """`pt2flow ...` in the README's text (outside code blocks) names real commands and options."""
+    spans = inline_commands(README.read_text())
+    assert len(spans) >= 10, spans
+    problems = command_problems(spans)
+    assert not problems, "the README's text names what the CLI does not have:\n" + "\n".join(problems)
 
 
 def test_a_failing_block_is_named_by_its_line_with_its_stderr(tmp_path: Path) -> None:
