@@ -20,7 +20,8 @@ A block fails on a non-zero exit or a Python traceback anywhere in its output; t
 the block's README line and shows its stderr. A comment on the line before a fence (blank lines
 between are allowed) changes what is done with it:
 
-    <!-- readme-test: skip: REASON -->          not run, counted; a marker without a reason fails
+    <!-- readme-test: skip: REASON -->          not run, counted; a marker without a reason fails;
+                                                its `pt2flow` commands are checked as a synopsis's
     <!-- readme-test: env NAME=VALUE ... -->    run with these variables set (shlex-quoted values)
     <!-- readme-test: synopsis -->              a command reference: each `pt2flow` line's command,
                                                 options and choices must exist in the CLI; not run
@@ -33,8 +34,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
-import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -356,6 +355,15 @@ def test_the_commands_in_the_prose_exist() -> None:
     assert not problems, "the README's text names what the CLI does not have:\n" + "\n".join(problems)
 
 
+def test_a_skipped_blocks_commands_are_still_checked(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path, {})
+    skip = Marker(3, "skip", reason="a server")
+    ws_skip(ws, Block(4, "bash", "prefect server start\n.venv/bin/pt2flow serve c.yaml --cron '0 3 * * *' \\\n    --store ./s\n", skip))
+    assert ws.skipped == ["README.md line 4 (```bash): a server (1 pt2flow command(s) checked against the CLI)"]
+    with pytest.raises(AssertionError, match=r"README.md line 7: `pt2flow serve` has no option --every"):
+        ws_skip(ws, Block(4, "bash", "true\ntrue\n.venv/bin/pt2flow serve c.yaml --every 5\n", skip))
+
+
 def test_a_failing_block_is_named_by_its_line_with_its_stderr(tmp_path: Path) -> None:
     ws = Workspace(tmp_path, {"PATH": os.environ["PATH"]})
     failing = Block(7, "bash", "echo made it\necho 'no such config' >&2\nfalse\necho never\n", None)
@@ -404,8 +412,26 @@ def test_every_readme_block_runs_as_written(workspace: Workspace, request: pytes
 
 
 def ws_skip(ws: Workspace, block: Block) -> None:
+    """Not run; but a skipped shell block's `pt2flow` commands are still checked against the CLI."""
     assert block.marker
-    ws.skipped.append(f"{block.where}: {block.marker.reason}")
+    commands = []
+    if block.lang in SHELLS:
+        lines: list[tuple[int, str]] = []  # (offset of its first line, the line with its continuations)
+        for offset, line in enumerate(block.text.splitlines(), start=1):
+            if lines and lines[-1][1].endswith("\\"):
+                lines[-1] = (lines[-1][0], lines[-1][1][:-1] + " " + line)
+            else:
+                lines.append((offset, line))
+        for offset, line in lines:
+            words = line.split()
+            if words and words[0].endswith("/pt2flow"):
+                line = line.replace(words[0], "pt2flow", 1)
+            if line.lstrip().startswith("pt2flow "):
+                commands.append((block.line + offset, line.strip()))
+    problems = command_problems(commands)
+    assert not problems, f"{block.where}, skipped, names what the CLI does not have:\n" + "\n".join(problems)
+    checked = f" ({len(commands)} pt2flow command(s) checked against the CLI)" if commands else ""
+    ws.skipped.append(f"{block.where}: {block.marker.reason}{checked}")
 
 
 class _Tally:
