@@ -30,6 +30,8 @@ def upgrade_check(
     requirements: Sequence[str] = (),
     baseline: str | None = None,
     baseline_python: str | None = None,
+    only: Sequence[str] = (),
+    stages: Sequence[str] | None = None,
     store: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     attribute: bool = False,
@@ -43,8 +45,8 @@ def upgrade_check(
     environment with `requirements` pip-installed over it (`--with transformers==5.24.0`: an
     overlay virtualenv made once and cached, flows/engine/overlay.py), against the run
     `baseline` (default: the newest run that covered the config's models), whose environment is
-    `baseline_python` (default: this interpreter). Raises ConfigError or UsageError before
-    anything runs; models that fail are in the report."""
+    `baseline_python` (default: this interpreter). `only`/`stages` as `run`'s. Raises
+    ConfigError or UsageError before anything runs; models that fail are in the report."""
     from pt2flow.flows.api.running import load_for_run, open_checked_store, refuse_credentials, run
     from pt2flow.flows.config import resolve_store_url
     from pt2flow.flows.engine import interpreter
@@ -54,7 +56,7 @@ def upgrade_check(
     from pt2flow.flows.report.upgrade import (LATENCY_GROWTH, REGRESSING, Side, UpgradeReport, model_verdicts, summarize,
                                               version_changes)
 
-    pipeline = load_for_run(str(config), workers=workers)
+    pipeline = load_for_run(str(config), only=only, stages=stages, workers=workers)
     store_url = resolve_store_url(store or pipeline.store)
     refuse_credentials(store_url)
     if (python is None) == (not requirements):
@@ -70,7 +72,8 @@ def upgrade_check(
     baseline_run, baseline_why = _baseline_run(opened, baseline, names, base)
 
     try:
-        document = run(config, store=store_url, storage_options=storage_options, workers=workers, python=candidate.python, progress=progress)
+        document = run(config, store=store_url, storage_options=storage_options, only=only, stages=stages, workers=workers,
+                       python=candidate.python, progress=progress)
         candidate_run = document.run_id
         drift = build_report(opened.index, baseline_run, candidate_run, selection=given((baseline_run, candidate_run)))
         compat = check_compat(opened, baseline_run, python=candidate.python)
@@ -95,7 +98,7 @@ def upgrade_check(
         )
         regressed = [m for m in models if m.verdict in REGRESSING]
         if attribute and regressed:
-            _attribute(report, regressed, base, candidate, config, opened, storage_options, workers, baseline_run)
+            _attribute(report, regressed, base, candidate, config, opened, storage_options, workers, baseline_run, stages)
         return report
     finally:
         interpreter.activate(None)
@@ -164,7 +167,7 @@ def _repro_in(python: str, store_url: str, model: str, folder: str) -> tuple[str
 
 
 def _attribute(report: Any, regressed: Sequence[Any], base: Any, candidate: Any, config: Any, store: Any,
-               storage_options: Any, workers: int | None, baseline_run: str) -> None:
+               storage_options: Any, workers: int | None, baseline_run: str, stages: Sequence[str] | None = None) -> None:
     """Run the regressed models in one overlay per differing distribution; a model's regression
     is caused by each distribution whose overlay reproduces it (the same rule, and for a failure
     the same stage and class)."""
@@ -181,7 +184,7 @@ def _attribute(report: Any, regressed: Sequence[Any], base: Any, candidate: Any,
     index = store.index
     for dist in suspects:
         python = overlay_environment(base, candidate, [dist], os.path.join(cache_dir(), "overlays"))
-        document = run(config, store=store.url, storage_options=storage_options, only=names, workers=workers, python=python)
+        document = run(config, store=store.url, storage_options=storage_options, only=names, stages=stages, workers=workers, python=python)
         report.attribution_runs[dist] = document.run_id
         drift = build_report(index, baseline_run, document.run_id, selection=given((baseline_run, document.run_id)))
         found = {r.model: r.rule for r in drift.regressions}

@@ -9,7 +9,7 @@ import os
 import click
 
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK
-from pt2flow.flows.cli.launch import CONFIG_HELP
+from pt2flow.flows.cli.launch import CONFIG_HELP, comma_list
 from pt2flow.flows.cli.support import Args, check_page_path, command, json_option, write_page
 
 
@@ -31,6 +31,8 @@ from pt2flow.flows.cli.support import Args, check_page_path, command, json_optio
 @click.option("--baseline-python", metavar="PATH", help="the environment the baseline run ran in (default: this one); --attribute builds on it")
 @click.option("--attribute", is_flag=True, help="when several distributions differ, run the regressed models in the baseline with one candidate "
               "distribution at a time and say which change breaks each")
+@click.option("--only", metavar="NAME[,NAME...]", multiple=True, callback=comma_list, help="check only these models (as run's --only)")
+@click.option("--stages", metavar="a,b,...", help="run these stages instead of the config's (as run's --stages)")
 @click.option("--workers", type=int, default=None, metavar="N", help="models in parallel (default: as run)")
 @click.option("--repro-dir", metavar="DIR", help="where the candidate writes repro scripts (default: ./pt2flow-upgrade-<candidate run>)")
 @click.option("--store", metavar="URL", help="store URL; overrides the config's store")
@@ -60,5 +62,6 @@ def upgrade_check_command(args: Args) -> int:
 def _check(upgrade_check: object, args: Args) -> object:
     return upgrade_check(  # type: ignore[operator]
         os.path.abspath(args.config), python=args.python, requirements=list(args.requirements), baseline=args.baseline, baseline_python=args.baseline_python,
+        only=list(args.only), stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
         store=args.store, attribute=args.attribute, workers=args.workers, repro_dir=args.repro_dir,
     )
