@@ -50,5 +50,6 @@ test-fast: install
 lint: install
 	$(BIN)/lint-imports
 
-clean:
+clean:  # stops the shared Prefect server of ./.prefect first, if one runs
+	-@python3 -c "import json, os, signal; os.kill(json.load(open('.prefect/pt2flow-server.json'))['pid'], signal.SIGTERM)" 2>/dev/null || true
 	rm -rf $(VENV) .prefect $(STORE) .pytest_cache
