@@ -158,10 +158,14 @@ class RunSummary(Document):
 
 
 class RunDocument(Document):
-    """The run document of docs/architecture.md §4."""
+    """The run document of docs/architecture.md §4; `failure_groups` (added compatibly) when the
+    run's failures were grouped by root cause (flows/report/failures.py run_groups)."""
+
+    optional: ClassVar[frozenset[str]] = frozenset({"failure_groups"})
 
     run_id: str
     store: str
     summary: RunSummary
     models: list[ModelResult]
     workers: int
+    failure_groups: list[dict[str, Any]] | None = None
