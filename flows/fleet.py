@@ -214,7 +214,7 @@ def _failure_groups(store_obj: Any, run_id: str) -> list[dict[str, Any]] | None:
     from pt2flow.flows.report.failures import run_groups
 
     try:
-        return run_groups(store_obj.index, run_id) or None
+        return run_groups(store_obj.index, run_id, store_url=store_obj.url) or None
     except Exception as exc:  # noqa: BLE001
         run_logger().warning("could not group the run's failures: %s: %s", type(exc).__name__, exc)
         return None

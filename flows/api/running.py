@@ -139,7 +139,7 @@ def with_failure_groups(document: dict[str, Any], store: Any) -> dict[str, Any]:
     if "failure_groups" in document:
         return document
     try:
-        groups = run_groups(store.index, document["run_id"])
+        groups = run_groups(store.index, document["run_id"], store_url=store.url)
     except Exception as exc:  # noqa: BLE001 - the groups are a view of a finished run
         logging.getLogger("pt2flow").warning("could not group the run's failures: %s: %s", type(exc).__name__, exc)
         return document

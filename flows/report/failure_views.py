@@ -14,6 +14,12 @@ def _models(names: Sequence[str], limit: int = 12) -> str:
     return shown + (f", … {len(names) - limit} more" if len(names) > limit else "")
 
 
+def _fit(line: str, console: Any) -> str:
+    """One line cut to the console's width (the whole message is in --json and --html)."""
+    width = max(40, int(getattr(console, "width", 160) or 160))
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
 def _headline(report: Mapping[str, Any]) -> str:
     s = report["summary"]
     against = f" against {report['against']}" if report.get("against") else ""
@@ -43,7 +49,7 @@ def render_group(group: Mapping[str, Any], console: Any, *, number: int | None =
     head.append(f"  ({group['id']})", style="dim")
     console.print(head)
     console.print(Text(f"   cause:  {group['subject']}"))
-    console.print(Text(f"   where:  {group['where']}"))
+    console.print(Text(_fit(f"   where:  {group['where']}" + (f"  ({group['code']})" if group.get("code") else ""), console)))
     if group["status"] == "gone":
         console.print(Text(f"   was:    {_models(group['models_against'])}", style="green"))
         return
@@ -51,7 +57,8 @@ def render_group(group: Mapping[str, Any], console: Any, *, number: int | None =
     if not verbose:
         return
     message = [line for line in group["message"].strip().splitlines() if line.strip()]
-    console.print(Text("   error:  " + "\n           ".join(message[:4]) + (" …" if len(message) > 4 else ""), style="dim"))
+    for i, line in enumerate(message[:2]):
+        console.print(Text(_fit(("   error:  " if i == 0 else "           ") + line.strip(), console), style="dim"))
     if group.get("repro"):
         console.print(Text(f"   repro:  {group['repro']}", style="cyan"))
     elif group.get("repro_note"):

@@ -24,6 +24,7 @@ Pure functions over the metadata index (and report blobs): no torch, no Prefect.
 from __future__ import annotations
 
 import hashlib
+import shlex
 import json
 import re
 from datetime import datetime, timezone
@@ -112,7 +113,8 @@ def subject_of(message: str, model: str | None = None) -> str:
     if "Data-dependent branching" in text:
         return "data-dependent branch"
     if re.search(r"ops outside core ATen remain", text):
-        ops = sorted({_op_name(o) for o in _ANY_OP.findall(text.split(":", 1)[-1])})
+        listed = text.split("for them:", 1)[-1].split("(", 1)[0]
+        ops = sorted({_op_name(o) for o in re.findall(r"\b([A-Za-z_]\w*\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)", listed)})
         return "no decomposition for " + ", ".join(ops)
     if re.search(r"Constraints violated|specialized it to be a constant|marked .* as dynamic", text):
         return "dynamic dim specialized"
@@ -195,16 +197,23 @@ def signature(error_class: str | None, stage: str | None, message: str | None, *
     return Signature(id=digest, error_class=error_class, stage=stage, subject=subject, where=where)
 
 
+def record_origin(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The frame a failed record's worker found (details.origin, else its trace attempt's)."""
+    details = _loads(record.get("details")) or {}
+    origin = details.get("origin") if isinstance(details, dict) else None
+    attempts = (details.get("attempts") or []) if isinstance(details, dict) else []
+    if not origin:
+        origin = next((a.get("origin") for a in attempts if a.get("origin") and a.get("error_class") == record.get("error_class")), None)
+    return origin
+
+
 def record_signature(record: Mapping[str, Any]) -> Signature:
     """The signature of a failed index record (its details as recorded: origin, attempts,
     traceback, stderr_tail)."""
     details = _loads(record.get("details")) or {}
-    origin = details.get("origin")
-    attempts = details.get("attempts") or []
-    if not origin:
-        origin = next((a.get("origin") for a in attempts if a.get("origin") and a.get("error_class") == record.get("error_class")), None)
-    texts = [details.get("traceback"), details.get("stderr_tail")]
-    return signature(record.get("error_class"), record.get("stage"), record.get("error_message"), origin=origin, texts=texts, model=record.get("model"))
+    texts = [details.get("traceback"), details.get("stderr_tail")] if isinstance(details, dict) else []
+    return signature(record.get("error_class"), record.get("stage"), record.get("error_message"), origin=record_origin(record), texts=texts,
+                     model=record.get("model"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +222,7 @@ def record_signature(record: Mapping[str, Any]) -> Signature:
 
 _DRAFT_ISSUE = re.compile(r"^(\d+)\. (.+?)\.?\s*$", re.M)
 _DRAFT_COUNT = re.compile(r"This was encountered (\d+) times")
-_DRAFT_FRAME = re.compile(r"File ([^,\n]+), lineno (\d+), in ([\w<>.]+)\n(?:\s+(\S.*))?")
+_DRAFT_FRAME = re.compile(r"File ([^,\n]+), lineno (\d+), in ([\w<>.]+)\n(?:[ \t]+(?!File )(\S.*))?")
 
 
 class DraftIssue(Fact):
@@ -285,6 +294,7 @@ class FailureGroup(Fact):
     stage: str
     subject: str
     where: str
+    code: str | None  # the representative's line of code at `where` (`line N: ...`), when the worker saw it
     status: str  # new | persisting | gone
     count: int
     models: list[str]
@@ -349,8 +359,9 @@ def _run_rows(index: Any, run_id: str) -> list[dict[str, Any]]:
     return index.scan(columns, filter=pc.field("run_id") == run_id).to_pylist()
 
 
-def repro_command(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(`pt2flow repro` command line for a failed record, or None and why not)."""
+def repro_command(record: Mapping[str, Any], store_url: str | None = None) -> tuple[str | None, str | None]:
+    """(`pt2flow repro` command line for a failed record, or None and why not): the failure's
+    report blob by ID when it left one (that exact failure), else the model's newest failure."""
     model, stage = record.get("model") or "?", record.get("stage")
     if record.get("error_class") in _BEFORE_TORCH:
         return None, "failed before torch was reached: `pt2flow validate` names the problem"
@@ -361,7 +372,8 @@ def repro_command(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
     if not reproducible:
         return None, f"repro has no script for {stage or 'setup'}: `pt2flow show` has its report"
     target = (record.get("sha256") or "")[:16] or model
-    return f"pt2flow repro {target} -o repro/{model}", None
+    store = f" --store {shlex.quote(store_url)}" if store_url else ""
+    return f"pt2flow repro {shlex.quote(target)} -o {shlex.quote('repro/' + model)}{store}", None
 
 
 def _message(record: Mapping[str, Any], limit: int = 400) -> str:
@@ -369,7 +381,8 @@ def _message(record: Mapping[str, Any], limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 2] + " …"
 
 
-def failure_report(index: Any, run_id: str, against: str | None = None, *, pick_against: bool = True, blobs: Any = None) -> FailureReport:
+def failure_report(index: Any, run_id: str, against: str | None = None, *, pick_against: bool = True, blobs: Any = None,
+                   store_url: str | None = None) -> FailureReport:
     """Run `run_id`'s failures grouped by signature, largest first, each marked new or persisting
     against `against` (default with pick_against: runs.report_pair's partner; none: all new),
     then the groups only `against` had (gone). `blobs`: a store to read trace failures'
@@ -391,7 +404,7 @@ def failure_report(index: Any, run_id: str, against: str | None = None, *, pick_
         if not other:
             raise RecordNotFound(f"no records of run {against!r} in the index")
         theirs = first_failures(other)
-    groups = _groups(mine, theirs, blobs)
+    groups = _groups(mine, theirs, blobs, store_url)
     summary = FailureSummary(
         failures=len(mine), groups=sum(1 for g in groups if g.status != "gone"),
         new=sum(1 for g in groups if g.status == "new"), persisting=sum(1 for g in groups if g.status == "persisting"),
@@ -401,7 +414,7 @@ def failure_report(index: Any, run_id: str, against: str | None = None, *, pick_
     return FailureReport(failures_version=FAILURES_VERSION, run_id=run_id, against=against, selection=selection, summary=summary, groups=groups)
 
 
-def _groups(mine: Mapping[str, dict[str, Any]], theirs: Mapping[str, dict[str, Any]], blobs: Any) -> list[FailureGroup]:
+def _groups(mine: Mapping[str, dict[str, Any]], theirs: Mapping[str, dict[str, Any]], blobs: Any, store_url: str | None) -> list[FailureGroup]:
     by_sig: dict[str, list[tuple[Signature, dict[str, Any]]]] = {}
     for record in mine.values():
         sig = record_signature(record)
@@ -412,21 +425,24 @@ def _groups(mine: Mapping[str, dict[str, Any]], theirs: Mapping[str, dict[str, A
         before.setdefault(sig.id, []).append((sig, record))
     groups = []
     for sig_id, members in by_sig.items():
-        groups.append(_group(members, before.get(sig_id, []), "persisting" if sig_id in before else "new", blobs))
+        groups.append(_group(members, before.get(sig_id, []), "persisting" if sig_id in before else "new", blobs, store_url))
     groups.sort(key=lambda g: (-g.count, g.error_class, g.subject))
-    gone = [_group(members, members, "gone", None) for sig_id, members in before.items() if sig_id not in by_sig]
+    gone = [_group(members, members, "gone", None, None) for sig_id, members in before.items() if sig_id not in by_sig]
     gone.sort(key=lambda g: (-len(g.models_against), g.error_class, g.subject))
     return groups + gone
 
 
-def _group(members: Sequence[tuple[Signature, dict[str, Any]]], against: Sequence[tuple[Signature, dict[str, Any]]], status: str, blobs: Any) -> FailureGroup:
+def _group(members: Sequence[tuple[Signature, dict[str, Any]]], against: Sequence[tuple[Signature, dict[str, Any]]], status: str, blobs: Any,
+           store_url: str | None) -> FailureGroup:
     sig = members[0][0]
     records = sorted((r for _, r in members), key=lambda r: r["model"])
     representative = records[0]
-    repro, note = repro_command(representative)
+    repro, note = repro_command(representative, store_url)
     shown = [] if status == "gone" else [r["model"] for r in records]
+    origin = record_origin(representative) or {}
+    code = f"line {origin.get('line')}: {origin['code']}" if origin.get("code") else None
     return FailureGroup(
-        id=sig.id, signature=sig.text, error_class=sig.error_class, stage=sig.stage, subject=sig.subject, where=sig.where,
+        id=sig.id, signature=sig.text, error_class=sig.error_class, stage=sig.stage, subject=sig.subject, where=sig.where, code=code,
         status=status, count=len(shown), models=shown, models_against=sorted(r["model"] for _, r in against),
         message=_message(representative),
         representative=Representative(model=representative["model"], run_id=representative["run_id"], record_id=representative.get("record_id"),
@@ -463,12 +479,12 @@ def failures_of(store: Any, run: str | None = None, against: str | None = None) 
     other = resolve_run(store.index, against) if against else None
     if other == run_id:
         other = None
-    return failure_report(store.index, run_id, other, blobs=store).model_dump(mode="json")
+    return failure_report(store.index, run_id, other, blobs=store, store_url=store.url).model_dump(mode="json")
 
 
-def run_groups(index: Any, run_id: str, against: str | None = None) -> list[dict[str, Any]]:
+def run_groups(index: Any, run_id: str, against: str | None = None, store_url: str | None = None) -> list[dict[str, Any]]:
     """The groups of a run as the run document and the fleet's markdown carry them (no draft
     reports, no messages): against `against`, else the run `report` pairs it with."""
-    report = failure_report(index, run_id, against, pick_against=against is None)
+    report = failure_report(index, run_id, against, pick_against=against is None, store_url=store_url)
     keep = ("id", "status", "count", "error_class", "stage", "subject", "where", "models", "models_against", "repro")
     return [{k: v for k, v in g.model_dump(mode="json").items() if k in keep} for g in report.groups]

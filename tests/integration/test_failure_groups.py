@@ -12,7 +12,10 @@ here; run 2, after the gated block is fixed (its `safe` kwarg), sends them to a 
 from __future__ import annotations
 
 import json
+import shlex
 import socket
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.conftest import run_cli, run_cli_into_closed_pipe, run_json, write_config
+from tests.conftest import cli_env, run_cli, run_cli_into_closed_pipe, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -133,6 +136,14 @@ def test_three_causes_make_three_groups_each_with_its_models(runs: dict[str, Any
     assert {g["id"] for g in runs["doc1"]["failure_groups"]} == {g["id"] for g in report["groups"]}
     text = run_cli(["failures", runs["doc1"]["run_id"], "--store", runs["store"]])
     assert text.returncode == 0 and text.stdout.count("[new]") == 3 and "gated-small, gated-wide" in text.stdout, text.stdout
+    # a group's repro command, run as printed, writes a torch-only script that raises the group's error again
+    command = shlex.split(opaque["repro"])
+    assert command[:2] == ["pt2flow", "repro"] and command[-2:] == ["--store", runs["store"]]
+    made = run_cli(command[1:], cwd=runs["folder"])
+    assert made.returncode == 0, made.stderr
+    script = runs["folder"] / command[command.index("-o") + 1] / "repro.py"
+    raised = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=runs["folder"], env=cli_env())
+    assert raised.returncode != 0 and "pt2flow_failing::mystery" in raised.stderr, raised.stderr[-2000:]
 
 
 def test_the_fixed_cause_is_gone_the_next_run(runs: dict[str, Any]) -> None:
