@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.conftest import cli_env, run_cli, run_cli_into_closed_pipe, run_json, write_config
+from tests.conftest import ROOT, cli_env, run_cli, run_cli_into_closed_pipe, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -174,8 +174,15 @@ def test_openlineage_events_validate_and_carry_the_lineage_digests(runs: dict[st
     events = runs["events"]
     assert set(runs["paths"]) == {"/api/v1/lineage"}
     validator = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    ours = json.loads((ROOT / "docs" / "openlineage-facets.json").read_text())  # pt2flow's own facets, as documented
+    run_facet = jsonschema.Draft202012Validator({**ours, "$ref": "#/$defs/Pt2flowRunFacet"})
+    blob_facet = jsonschema.Draft202012Validator({**ours, "$ref": "#/$defs/Pt2flowBlobFacet"})
     for event in events:
         validator.validate(event)
+        run_facet.validate(event["run"]["facets"]["pt2flow"])
+        for blob in event["inputs"] + event["outputs"]:
+            if "pt2flow" in blob["facets"]:  # the weights file at START: its digest is not known yet
+                blob_facet.validate(blob["facets"]["pt2flow"])
         for uri in [event["producer"], event["schemaURL"], *(f["_schemaURL"] for f in event["run"]["facets"].values())]:
             assert urlsplit(uri).scheme, uri  # format "uri", which jsonschema checks only with an extra package
     # every stage of every model: START, then COMPLETE (or FAIL) under one runId, in the fleet's namespace
