@@ -97,14 +97,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         code1, doc1, err1 = run_json(["run", str(fleet(folder, fixed=False))], env={**lineage, "OPENLINEAGE_URL": collector.url})
         events = list(collector.events)
+        _, failures1, _ = run_json(["failures", "--store", store])
+        code2, doc2, err2 = run_json(["run", str(fleet(folder, fixed=True))], env={**lineage, "OPENLINEAGE_URL": collector.url})
+        events2 = collector.events[len(events):]
     finally:
         collector.shutdown()
         collector.server_close()
-    _, failures1, _ = run_json(["failures", "--store", store])
-    code2, doc2, err2 = run_json(["run", str(fleet(folder, fixed=True))], env={**lineage, "OPENLINEAGE_URL": f"http://127.0.0.1:{closed_port()}"})
     _, failures2, _ = run_json(["failures", "--store", store])
+    # run 3: nothing changed, so the index settles every model (no Prefect), and the collector is down
+    code3, doc3, err3 = run_json(["run", str(folder / "fleet.yaml")], env={**lineage, "OPENLINEAGE_URL": f"http://127.0.0.1:{closed_port()}"})
     yield {"folder": folder, "store": store, "code1": code1, "doc1": doc1, "err1": err1, "events": events, "paths": list(collector.paths),
-           "failures1": failures1, "code2": code2, "doc2": doc2, "err2": err2, "failures2": failures2}
+           "failures1": failures1, "code2": code2, "doc2": doc2, "err2": err2, "events2": events2, "failures2": failures2,
+           "code3": code3, "doc3": doc3, "err3": err3}
 
 
 def by_models(groups: list[dict[str, Any]], field: str = "models") -> dict[tuple[str, ...], dict[str, Any]]:
@@ -147,7 +151,7 @@ def test_three_causes_make_three_groups_each_with_its_models(runs: dict[str, Any
 
 
 def test_the_fixed_cause_is_gone_the_next_run(runs: dict[str, Any]) -> None:
-    assert runs["code2"] == 1
+    assert runs["code2"] == 1, runs["err2"][-3000:]
     doc2, report = runs["doc2"], runs["failures2"]
     assert {m["name"] for m in doc2["models"] if m["status"] == "ok"} == {"gated-small", "gated-wide", "mlp"}
     assert report["against"] == runs["doc1"]["run_id"]
@@ -161,13 +165,23 @@ def test_the_fixed_cause_is_gone_the_next_run(runs: dict[str, Any]) -> None:
     assert report["summary"]["groups"] == 2 and report["summary"]["gone"] == 1 and report["summary"]["fixed_models"] == 2
     # the run summary and the drift report show the same groups
     assert {g["id"]: g["status"] for g in doc2["failure_groups"]} == {i: g["status"] for i, g in now.items()}
-    code, drift, _ = run_json(["report", "--store", runs["store"]])
+    code, drift, _ = run_json(["report", runs["doc1"]["run_id"], doc2["run_id"], "--store", runs["store"]])
     assert code == 0 and {g["id"]: g["status"] for g in drift["failure_groups"]} == {i: g["status"] for i, g in now.items()}
     # --against names the other run; a closed stdout ends the command without a traceback
     _, same, _ = run_json(["failures", runs["doc2"]["run_id"][:17], "--against", runs["doc1"]["run_id"], "--store", runs["store"]])
     assert {g["id"]: g["status"] for g in same["groups"]} == {i: g["status"] for i, g in now.items()}
     cut = run_cli_into_closed_pipe(["failures", "--store", runs["store"], "--json"])
     assert cut.returncode == 141 and "Traceback" not in cut.stderr, cut.stderr
+    # the fleet's Prefect markdown artifact and the HTML page show the groups
+    from pt2flow.flows.engine.documents import RunDocument
+    from pt2flow.flows.fleet import fleet_markdown
+
+    markdown = fleet_markdown(RunDocument.model_validate(doc2), None, doc2["failure_groups"])
+    rows = [line for line in markdown.split("## Failure groups", 1)[1].split("##", 1)[0].splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 3 and sum(row.startswith("| gone | 2: gated-small, gated-wide |") for row in rows) == 1, markdown
+    page = runs["folder"] / "failures.html"
+    assert run_cli(["failures", doc2["run_id"], "--store", runs["store"], "--html", str(page)]).returncode == 0
+    assert page.read_text().count("<tr class=") == 3 and "opaque-small, opaque-wide" in page.read_text()
 
 
 def test_openlineage_events_validate_and_carry_the_lineage_digests(runs: dict[str, Any]) -> None:
@@ -220,13 +234,28 @@ def test_openlineage_events_validate_and_carry_the_lineage_digests(runs: dict[st
     assert archive["namespace"] == "file"
 
 
+def test_cached_stages_emit_what_they_served(runs: dict[str, Any]) -> None:
+    """Run 2 rebuilt the fixed models and served the rest from the index: the served blobs are
+    the datasets, with the cache decision in the pt2flow facet."""
+    events = {(e["job"]["name"], e["eventType"]): e for e in runs["events2"]}
+    first = {(e["job"]["name"], e["eventType"]): e for e in runs["events"]}
+    archive = events[("mlp.serialize", "COMPLETE")]
+    assert archive["run"]["facets"]["pt2flow"]["cache"] == "hit"
+    assert archive["outputs"] == first[("mlp.serialize", "COMPLETE")]["outputs"]  # the same blob, served
+    cached_failure = events[("routed-b.trace", "FAIL")]["run"]["facets"]
+    assert cached_failure["pt2flow"]["cache"] == "cached_failure" and cached_failure["pt2flow"]["error_class"] == "data_dependent"
+    assert events[("gated-wide.serialize", "COMPLETE")]["run"]["facets"]["pt2flow"]["cache"] == "miss"  # fixed: built now
+    assert len(runs["events2"]) == 2 * (7 + 7 + 3) and "OpenLineage" not in runs["err2"]
+
+
 def test_a_collector_that_is_down_costs_one_warning(runs: dict[str, Any]) -> None:
-    err = runs["err2"]
+    err = runs["err3"]
+    assert runs["code3"] == 1 and len(runs["doc3"]["models"]) == 7, err[-3000:]
+    assert all(s["cached"] for m in runs["doc3"]["models"] for s in m["stages"].values())
     warnings = [line for line in err.splitlines() if "OpenLineage:" in line]
     assert len(warnings) == 1, err[-3000:]
     # the collector refused (its retries spent) or had taken nothing when the run ended: one line either way
     assert ("cannot send events to the collector" in warnings[0] or "took no event" in warnings[0]) and "dropped" in warnings[0]
-    assert "Traceback" not in err
-    assert len(runs["doc2"]["models"]) == 7 and runs["doc2"]["run_id"] in warnings[0]
-    # the run with a live collector had nothing to warn about
-    assert "OpenLineage" not in runs["err1"]
+    assert runs["doc3"]["run_id"] in warnings[0] and "Traceback" not in err
+    # the runs with a live collector had nothing to warn about
+    assert "OpenLineage" not in runs["err1"] + runs["err2"]
