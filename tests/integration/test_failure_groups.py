@@ -135,7 +135,12 @@ def test_three_causes_make_three_groups_each_with_its_models(runs: dict[str, Any
         assert not any(name in g["signature"] for name in ("small", "wide", "routed-", "/tmp", "0x"))
         # the representative's draft_export report, grouped the same way, names the same cause
         assert g["draft_report"] and g["draft_report"][0]["subject"] == g["subject"], g["draft_report"]
-    # the run's own document carries the same groups, and so does its summary on the terminal
+    # the run's own document carries the same groups (the typed RunDocument's dump, key order
+    # included), and so does its summary on the terminal
+    from pt2flow.flows.engine.documents import RunDocument
+
+    assert list(runs["doc1"])[-1] == "failure_groups"
+    assert json.dumps(RunDocument.model_validate(runs["doc1"]).model_dump(mode="json")) == json.dumps(runs["doc1"])
     assert by_models(runs["doc1"]["failure_groups"]).keys() == groups.keys()
     assert {g["id"] for g in runs["doc1"]["failure_groups"]} == {g["id"] for g in report["groups"]}
     text = run_cli(["failures", runs["doc1"]["run_id"], "--store", runs["store"]])
@@ -172,7 +177,18 @@ def test_the_fixed_cause_is_gone_the_next_run(runs: dict[str, Any]) -> None:
     assert {g["id"]: g["status"] for g in same["groups"]} == {i: g["status"] for i, g in now.items()}
     cut = run_cli_into_closed_pipe(["failures", "--store", runs["store"], "--json"])
     assert cut.returncode == 141 and "Traceback" not in cut.stderr, cut.stderr
-    # the fleet's Prefect markdown artifact and the HTML page show the groups
+    # the run's summary on the terminal, the fleet's Prefect markdown artifact and the HTML page show the groups
+    import io
+
+    from rich.console import Console
+
+    from pt2flow.flows.cli.summary import render_run
+
+    out = io.StringIO()
+    render_run(doc2, Console(file=out, width=220))
+    summary = out.getvalue()
+    assert "4 failure(s) in 2 group(s) by root cause; 1 group(s) of the previous run gone" in summary, summary
+    assert "[gone] data_dependent at trace: data-dependent Eq(u, 1) · tests.failure_models:SharedGate.forward — was gated-small, gated-wide" in summary
     from pt2flow.flows.engine.documents import RunDocument
     from pt2flow.flows.fleet import fleet_markdown
 
