@@ -152,6 +152,12 @@ class Emitter:
             error = None
             if not skip:
                 try:
+                    event = event() if callable(event) else event  # built here: the client's import and attrs off the run's path
+                except Exception as exc:  # noqa: BLE001 - an event that cannot be built is left out, the run goes on
+                    logger.debug("OpenLineage: an event could not be built: %s: %s", type(exc).__name__, exc)
+                    skip = True
+            if not skip:
+                try:
                     self.client().emit(event)
                 except Exception as exc:  # noqa: BLE001 - a collector's problem never reaches the run
                     error = f"cannot send events to the collector ({type(exc).__name__}: {_short(exc)})"
@@ -283,7 +289,7 @@ def RunFacts(**fields: Any) -> Any:  # noqa: N802
 
 
 def run_event(event_type: str, *, run_id: str, model: str, stage: str, attempt: int, inputs: list[Any], outputs: list[Any],
-              facts: Mapping[str, Any], torch_version: str, error: str | None = None) -> Any:
+              facts: Mapping[str, Any], torch_version: str, error: str | None = None, when: str | None = None) -> Any:
     """One OpenLineage RunEvent of a stage run."""
     from openlineage.client.event_v2 import Job, Run, RunEvent, RunState
     from openlineage.client.facet_v2 import error_message_run, parent_run, processing_engine_run
@@ -301,7 +307,7 @@ def run_event(event_type: str, *, run_id: str, model: str, stage: str, attempt: 
         facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(message=error, programmingLanguage="python")
     return RunEvent(
         eventType=getattr(RunState, event_type),
-        eventTime=_now(),
+        eventTime=when or _now(),
         run=Run(runId=stage_run_id(run_id, model, stage, attempt), facets=facets),
         job=Job(namespace=namespace(), name=f"{model}.{stage}"),
         producer=PRODUCER,
@@ -332,14 +338,11 @@ class StageLineage:
             self._emit("ABORT" if aborted else ("COMPLETE" if outcome is not None and outcome.ok else "FAIL"), outcome)
 
     def _emit(self, event_type: str, outcome: Any) -> None:
-        try:
-            event = self._event(event_type, outcome)
-        except Exception as exc:  # noqa: BLE001 - an event that cannot be built never fails the stage
-            logger.debug("OpenLineage: no %s event for %s/%s: %s", event_type, self.model.name, self.stage, exc)
-            return
-        emitter().submit(self.ctx.run_id, event)
+        """Queue the event; the sending thread builds it (at the time taken now)."""
+        when = _now()
+        emitter().submit(self.ctx.run_id, lambda: self._event(event_type, outcome, when))
 
-    def _event(self, event_type: str, outcome: Any) -> Any:
+    def _event(self, event_type: str, outcome: Any, when: str) -> Any:
         from pt2flow.flows.engine.keys import Environment, installed_version
         from pt2flow.flows.pipeline import get as get_stage
 
@@ -370,7 +373,7 @@ class StageLineage:
                 facts["error"] = (outcome.error or "")[:2000]
                 error = f"[{outcome.error_class}] {outcome.error or ''}"[:4000]
         return run_event(event_type, run_id=self.ctx.run_id, model=self.model.name, stage=self.stage, attempt=self.attempt,
-                         inputs=inputs, outputs=outputs, facts=facts, torch_version=env.torch_version, error=error)
+                         inputs=inputs, outputs=outputs, facts=facts, torch_version=env.torch_version, error=error, when=when)
 
 
 def flush(run_id: str) -> None:
