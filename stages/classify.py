@@ -10,7 +10,6 @@ import os
 import re
 import sys
 import sysconfig
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +122,35 @@ _LIBRARY_DIRS = tuple(
 _USER_FRAME = re.compile(r'File "([^"\n]+)", line (\d+), in ([\w<>.]+)\n\s+(\S.*)')
 
 
+# the framework a failure is raised in, never the model's code: torch and what it calls into. A
+# model's own code may be installed (transformers, timm): a frame there is the model's.
+FRAMEWORK_PACKAGES = frozenset({
+    "torch", "functorch", "torchgen", "sympy", "mpmath", "triton", "numpy", "optree", "onnx", "onnxscript", "onnxruntime",
+    "onnx_ir", "executorch", "safetensors", "typing_extensions", "_pytest", "pluggy",
+})
+
+
+def _distribution_package(path: str) -> str | None:
+    """The top-level package of a file in site-packages (None: not in site-packages)."""
+    parts = re.split(r"[/\\]", path)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py")
+    return None
+
+
 def _is_own(filename: str) -> bool:
-    """A file of the model's own code: not the standard library, an installed distribution or pt2flow."""
+    """A file of the model's own code: not the standard library, not torch's framework
+    (FRAMEWORK_PACKAGES), not pt2flow; an installed model library (transformers) is the model's."""
     if not filename or filename.startswith("<"):
         return False
     path = os.path.realpath(filename)
-    return not path.startswith(_LIBRARY_DIRS) and not path.startswith(_PT2FLOW_DIRS) and "site-packages" not in path
+    if path.startswith(_PT2FLOW_DIRS):
+        return False
+    package = _distribution_package(path)
+    if package is not None:
+        return package not in FRAMEWORK_PACKAGES
+    return not path.startswith(_LIBRARY_DIRS)
 
 
 def _module_for_file(filename: str) -> str:

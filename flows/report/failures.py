@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.report.runs import NotEnoughRuns, report_pair
+from pt2flow.stages.classify import FRAMEWORK_PACKAGES
 from pt2flow.storage.errors import RecordNotFound
 
 FAILURES_VERSION = 1
@@ -47,6 +48,7 @@ _BEFORE_TORCH = frozenset({"import", "config", "weights"})
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*[/\\])+([\w.-]+)")
 _SIZE = re.compile(r"torch\.Size\(\[[^\]]*\]\)|\[(?:\s*-?\d+\s*,)*\s*-?\d+\s*\]|\((?:\s*-?\d+\s*,)+\s*-?\d*\s*\)")
 _SYMBOL = re.compile(r"\b([usqfcz]+)\d+\b")
@@ -61,6 +63,7 @@ def normalise(text: str, model: str | None = None) -> str:
     text = _ANSI.sub("", text)
     if model:
         text = re.sub(rf"(?<![\w.]){re.escape(model)}(?![\w])", "<model>", text)
+    text = _URL.sub("<url>", text)
     text = _ADDRESS.sub("0x…", text)
     text = _PATH.sub(r"\1", text)
     text = _SIZE.sub("[…]", text)
@@ -118,6 +121,10 @@ def subject_of(message: str, model: str | None = None) -> str:
         return "no decomposition for " + ", ".join(ops)
     if re.search(r"Constraints violated|specialized it to be a constant|marked .* as dynamic", text):
         return "dynamic dim specialized"
+    compared = re.match(r"(outputs differ beyond [^:]+|the eager model disagrees with itself[^:,]*)", text)
+    if compared:  # validation: the verdict and which candidates, not each output's numbers
+        candidates = sorted(set(re.findall(r"(\w+) on (?:example|random|min|max)", text)))
+        return normalise(compared.group(1), model) + (f" ({', '.join(candidates)})" if candidates else "")
     found = _ANY_OP.search(text)
     if found:
         return f"op {_op_name(found.group(1))}"
@@ -134,6 +141,16 @@ _TEXT_FRAME = re.compile(r'File "?([^",\n]+?)"?, (?:line|lineno) (\d+), in ([\w<
 _LIBRARY_PATH = re.compile(r"[/\\](?:site-packages|dist-packages|lib[/\\]python\d[\d.]*)[/\\]")
 
 
+def _is_library(path: str) -> bool:
+    """A frame of the framework (the standard library, torch and what it calls: stages/classify.py
+    FRAMEWORK_PACKAGES) or pt2flow, not of the model: an installed model library is the model's."""
+    parts = re.split(r"[/\\]", path)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py") in FRAMEWORK_PACKAGES or parts[parts.index(marker) + 1] == "pt2flow"
+    return bool(_LIBRARY_PATH.search(path)) or "/pt2flow/" in path
+
+
 def _module_of_path(path: str) -> str:
     """A library file's dotted module (from site-packages on), else the file's stem."""
     parts = re.split(r"[/\\]", path)
@@ -148,7 +165,7 @@ def frames_in_text(text: str) -> list[dict[str, Any]]:
     """Stack frames named in a message or a traceback (`File "x.py", line 3, in forward`), in order."""
     frames = []
     for path, line, function in _TEXT_FRAME.findall(_ANSI.sub("", text or "")):
-        library = bool(_LIBRARY_PATH.search(path)) or "/pt2flow/" in path
+        library = _is_library(path)
         frames.append({"module": _module_of_path(path), "function": function, "line": int(line), "own": not library})
     return frames
 
@@ -248,7 +265,7 @@ def draft_issues(report: str) -> list[DraftIssue]:
         body = text[start.end(): starts[i + 1].start() if i + 1 < len(starts) else len(text)]
         user = body.split("framework stacktrace", 1)[0].split("Locals:", 1)[0]
         frames = [(path, function, (code or "").strip()) for path, _line, function, code in _DRAFT_FRAME.findall(user)]
-        own = [f for f in frames if not _LIBRARY_PATH.search(f[0])]
+        own = [f for f in frames if not _is_library(f[0])]
         frame = own[-1] if own else (frames[-1] if frames else None)
         if frame is not None:
             where = f"{_module_of_path(frame[0])}:{frame[1]}"

@@ -23,7 +23,11 @@ def test_what_varies_per_model_does_not_change_the_signature() -> None:
               for name, n, addr in (("resnet-a", 3, "7f3a9c"), ("resnet-b", 17, "55d0e1"))]
     first, second = (signature("runtime", "validate", text, model=name) for text, name in zip(shapes, ("resnet-a", "resnet-b")))
     assert first.id == second.id and "resnet" not in first.subject and "0x7f" not in first.subject, first.subject
-    assert normalise("u12 > s3 + 512 in /a/b/c.py") == "u > s + N in c.py"
+    assert normalise("u12 > s3 + 512 in /a/b/c.py, see https://x.org/a/1") == "u > s + N in c.py, see <url>"
+    mismatch = ("outputs differ beyond atol=1e-05, rtol=0.0001: compiled on example: {out}: max abs err {e}, max rel err 0.3 | "
+                "compiled on random-1: {out}: max abs err 2.1")
+    a, b = (signature("numeric_mismatch", "validate", mismatch.format(out=o, e=e)) for o, e in (("logits", 1.67), ("output", 0.02)))
+    assert a.id == b.id and a.subject == "outputs differ beyond atol=1e-N, rtol=N (compiled)", a.subject
 
 
 def test_another_op_guard_or_frame_is_another_cause() -> None:
@@ -48,6 +52,10 @@ def test_a_crash_is_placed_by_the_traceback_in_its_stderr() -> None:
     assert where_of(None, "worker died (signal SIGSEGV)", stderr) == "attn:forward"
     assert where_of(None, 'File "/venv/lib/python3.11/site-packages/torch/_ops.py", line 875, in __call__') == "torch._ops:__call__"
     assert where_of(None, "no frame here") == "-"
+    # a model library that is installed (transformers) is the model's code; torch below it is not
+    hf = ('The following call raised this error:\n  File "/venv/lib/python3.11/site-packages/transformers/models/bert/modeling_bert.py", '
+          'line 210, in forward\n    if attention_mask.sum() > 0:\n  File "/venv/lib/python3.11/site-packages/torch/_ops.py", line 875, in __call__')
+    assert where_of(None, hf) == "transformers.models.bert.modeling_bert:forward"
 
 
 class Config:
