@@ -49,7 +49,7 @@ def fleet(folder: Path, *, fixed: bool) -> Path:
         {"name": "routed-a", "factory": "tests.failure_models:routed_a", "inputs": {"x": {"shape": [3, 4]}}},
         {"name": "routed-b", "factory": "tests.failure_models:routed_b", "inputs": {"x": {"shape": [4, 10]}}},
         {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [2, 8]}}, "weights": "mlp.safetensors"},
-    ], store="store", stages=["trace", "serialize"])
+    ], store="store", stages=["trace", "serialize", "validate"])
 
 
 class Collector(ThreadingHTTPServer):
@@ -220,13 +220,17 @@ def test_openlineage_events_validate_and_carry_the_lineage_digests(runs: dict[st
     for event in events:
         runs_by_id.setdefault(event["run"]["runId"], []).append(event["eventType"])
         assert event["job"]["namespace"] == "fleet-test"
-    assert sorted(runs_by_id.values()) == sorted([["START", "COMPLETE"]] * 9 + [["START", "FAIL"]] * 6)
-    assert len(events) == 30
+    assert sorted(runs_by_id.values()) == sorted([["START", "COMPLETE"]] * 10 + [["START", "FAIL"]] * 6)
+    assert len(events) == 2 * (7 + 7 + 1 + 1)  # source and trace of each model; serialize and validate of mlp
     jobs = {(e["job"]["name"], e["eventType"]): e for e in events}
     failed = jobs[("opaque-wide.trace", "FAIL")]["run"]["facets"]
     assert failed["pt2flow"]["error_class"] == "unsupported_op" and "mystery" in failed["errorMessage"]["message"]
     assert failed["processing_engine"]["version"] == torch.__version__ and failed["pt2flow"]["versions"]["torch"] == torch.__version__
     assert failed["pt2flow"]["cache"] == "miss" and failed["parent"]["job"]["name"] == "fleet"
+    verdict = jobs[("mlp.validate", "COMPLETE")]
+    assert verdict["run"]["facets"]["pt2flow"]["validation"]["passed"] is True
+    assert verdict["outputs"][0]["facets"]["pt2flow"]["kind"] == "report"
+    assert verdict["outputs"][0]["facets"]["version"]["datasetVersion"] == next(m for m in runs["doc1"]["models"] if m["name"] == "mlp")["stages"]["validate"]["artifact"]
 
     # the digests `pt2flow lineage` shows for the archive are the datasets' versions
     serialized = next(m for m in runs["doc1"]["models"] if m["name"] == "mlp")["artifacts"]["serialized"]
@@ -261,7 +265,7 @@ def test_cached_stages_emit_what_they_served(runs: dict[str, Any]) -> None:
     cached_failure = events[("routed-b.trace", "FAIL")]["run"]["facets"]
     assert cached_failure["pt2flow"]["cache"] == "cached_failure" and cached_failure["pt2flow"]["error_class"] == "data_dependent"
     assert events[("gated-wide.serialize", "COMPLETE")]["run"]["facets"]["pt2flow"]["cache"] == "miss"  # fixed: built now
-    assert len(runs["events2"]) == 2 * (7 + 7 + 3) and "OpenLineage" not in runs["err2"]
+    assert len(runs["events2"]) == 2 * (7 + 7 + 3 + 3) and "OpenLineage" not in runs["err2"]
 
 
 def test_a_collector_that_is_down_costs_one_warning(runs: dict[str, Any]) -> None:
