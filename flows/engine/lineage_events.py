@@ -211,8 +211,8 @@ def dataset(store_url: str, digest: str, kind: str, size: int | None = None, *, 
     parts = urlsplit(uri if "://" in uri else "file://" + os.path.abspath(uri))
     ns = f"{parts.scheme}://{parts.netloc}" if parts.netloc else parts.scheme
     facets = {
-        "version": dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=digest),
-        "pt2flow": BlobFacet(kind=kind, sha256=digest, size=size, uri=uri),
+        "version": dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=digest, producer=PRODUCER),
+        "pt2flow": BlobFacet(kind=kind, sha256=digest, size=size, uri=uri, producer=PRODUCER),
     }
     cls = OutputDataset if output else InputDataset
     return cls(namespace=ns, name=parts.path, facets=facets)
@@ -227,8 +227,8 @@ def external_file(url: str, digest: str | None, kind: str) -> Any:
     ns = f"{parts.scheme}://{parts.netloc}" if parts.netloc else parts.scheme
     facets: dict[str, Any] = {}
     if digest:
-        facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=digest)
-        facets["pt2flow"] = BlobFacet(kind=kind, sha256=digest, size=None, uri=url)
+        facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=digest, producer=PRODUCER)
+        facets["pt2flow"] = BlobFacet(kind=kind, sha256=digest, size=None, uri=url, producer=PRODUCER)
     return InputDataset(namespace=ns, name=parts.path, facets=facets)
 
 
@@ -296,15 +296,15 @@ def run_event(event_type: str, *, run_id: str, model: str, stage: str, attempt: 
 
     facets: dict[str, Any] = {
         "processing_engine": processing_engine_run.ProcessingEngineRunFacet(
-            version=torch_version, name="torch", openlineageAdapterVersion=facts.get("versions", {}).get("pt2flow", "unknown")
+            version=torch_version, name="torch", openlineageAdapterVersion=facts.get("versions", {}).get("pt2flow", "unknown"), producer=PRODUCER,
         ),
-        "pt2flow": RunFacts(run=run_id, model=model, stage=stage, **facts),
+        "pt2flow": RunFacts(run=run_id, model=model, stage=stage, **facts, producer=PRODUCER),
         "parent": parent_run.ParentRunFacet(
-            run=parent_run.Run(runId=fleet_run_id(run_id)), job=parent_run.Job(namespace=namespace(), name="fleet"),
+            run=parent_run.Run(runId=fleet_run_id(run_id)), job=parent_run.Job(namespace=namespace(), name="fleet"), producer=PRODUCER,
         ),
     }
     if error is not None:
-        facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(message=error, programmingLanguage="python")
+        facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(message=error, programmingLanguage="python", producer=PRODUCER)
     return RunEvent(
         eventType=getattr(RunState, event_type),
         eventTime=when or _now(),

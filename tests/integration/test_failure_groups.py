@@ -227,6 +227,7 @@ def test_openlineage_events_validate_and_carry_the_lineage_digests(runs: dict[st
     assert failed["pt2flow"]["error_class"] == "unsupported_op" and "mystery" in failed["errorMessage"]["message"]
     assert failed["processing_engine"]["version"] == torch.__version__ and failed["pt2flow"]["versions"]["torch"] == torch.__version__
     assert failed["pt2flow"]["cache"] == "miss" and failed["parent"]["job"]["name"] == "fleet"
+    assert {f["_producer"] for k, f in failed.items() if k != "tags"} == {"https://pypi.org/project/pt2flow/"}  # the client adds `tags`
     verdict = jobs[("mlp.validate", "COMPLETE")]
     assert verdict["run"]["facets"]["pt2flow"]["validation"]["passed"] is True
     assert verdict["outputs"][0]["facets"]["pt2flow"]["kind"] == "report"
