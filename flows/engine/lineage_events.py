@@ -39,11 +39,19 @@ from urllib.parse import urlsplit
 logger = logging.getLogger("pt2flow.openlineage")
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever sys.stderr is when it writes (not when it was made)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def _warning_handler() -> None:
     """The run's one warning goes to stderr as a line of its own, whatever Prefect's console
     handler lets through (pt2flow run sets it to CRITICAL)."""
     if not any(getattr(h, "pt2flow_lineage", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("pt2flow: warning: %(message)s"))
         handler.setLevel(logging.WARNING)
         handler.pt2flow_lineage = True  # type: ignore[attr-defined]
