@@ -1,6 +1,7 @@
 # pt2flow: two commands do all the set-up on a fresh machine.
 #   make demo   create .venv, install pinned dependencies, run configs/demo.yaml (then its models to
-#               every deployment target, configs/targets.yaml) into ./pt2-store
+#               every deployment target, configs/targets.yaml) into ./pt2-store; DEMO_ARGS="--only mlp"
+#               passes arguments to both runs (the README's test runs a small part of the demo)
 #   make test   the same install, then the whole test suite (every tier)
 #
 # Prefect runs offline with its ephemeral server; PREFECT_HOME is project-local, telemetry off.
@@ -10,6 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 STORE ?= ./pt2-store
+DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
 export PREFECT_HOME := $(CURDIR)/.prefect
@@ -34,8 +36,8 @@ $(STAMP): pyproject.toml requirements.lock
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/pt2flow run configs/demo.yaml --store $(STORE)
-	$(BIN)/pt2flow run configs/targets.yaml --store $(STORE)
+	$(BIN)/pt2flow run configs/demo.yaml --store $(STORE) $(DEMO_ARGS)
+	$(BIN)/pt2flow run configs/targets.yaml --store $(STORE) $(DEMO_ARGS)
 
 test: install
 	$(BIN)/lint-imports

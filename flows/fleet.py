@@ -52,7 +52,7 @@ def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> Any:
     from pt2flow.flows.engine.pool import shared_pool
 
     announce_start(ctx.run_id, model.name)  # on a Dask worker: the orchestrator's clock of this model starts
-    result = run_model(model, ctx, plan, shared_pool(), tasks=STAGE_TASKS)
+    result = run_model(model, ctx, plan, shared_pool(python=ctx.python), tasks=STAGE_TASKS)
     if result.status != "ok":
         return Failed(message=f"{model.name}: {result.error_class} at {result.failed_stage}", data=result)
     return Completed(data=result)
@@ -82,7 +82,7 @@ def _run_models(
     if runner != "dask":
         from pt2flow.flows.engine.pool import start_pool
 
-        start_pool(workers)
+        start_pool(workers, ctx.python)
     with _task_runner(runner, workers, dask_address) as task_runner:
         try:
             futures = {m.name: (m, task_runner.submit(model_task, parameters={"model": m, "ctx": ctx, "plan": plans[m.name]})) for m in models}
@@ -301,13 +301,15 @@ def fleet_flow(
     retry_failed: bool = False,
     apply_retention: bool = False,
     no_worker_timeout_s: float | None = None,
+    python: str | None = None,
 ) -> Any:
     """Export every model of the config (or `only` those); returns the run document of
     docs/architecture.md §4 as its JSON dict. The run holds its lease on the store throughout
-    (storage/leases.py). apply_retention (`pt2flow serve`): then apply the config's `retention:`."""
+    (storage/leases.py). apply_retention (`pt2flow serve`): then apply the config's `retention:`.
+    python: the interpreter the workers run in (flows/engine/interpreter.py), else the config's."""
     from pt2flow.storage.leases import RunLease
 
-    pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed)
+    pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed, python)
     try:
         with contextlib.ExitStack() as lease:
             try:

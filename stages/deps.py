@@ -317,9 +317,11 @@ def manifest(seeds: Iterable[Any], search_path: str | None = None) -> dict[str, 
     return {"files": dict(sorted(files.items())), "distributions": dict(sorted(distributions.items()))}
 
 
-def changed_entries(recorded: Mapping[str, Mapping[str, str]], search_path: str | None = None) -> list[str]:
+def changed_entries(recorded: Mapping[str, Mapping[str, str]], search_path: str | None = None,
+                    versions: Mapping[str, str] | None = None) -> list[str]:
     """What differs between a recorded manifest and this machine now, one line per entry (empty:
-    unchanged). Hashes the files and looks the versions up; imports nothing."""
+    unchanged). Hashes the files and looks the versions up; imports nothing. `versions`
+    (canonical name -> version): another environment's distributions, instead of this one's."""
     changes = []
     for key, digest in sorted(recorded.get("files", {}).items()):
         path = _file_path(key, search_path)
@@ -330,13 +332,13 @@ def changed_entries(recorded: Mapping[str, Mapping[str, str]], search_path: str 
             continue
         if now != digest:
             changes.append(f"{key}: content changed")
-    table = installed_distributions()
+    now = versions if versions is not None else {name: dist.version for name, dist in installed_distributions().items()}
     for name, version in sorted(recorded.get("distributions", {}).items()):
-        dist = table.get(normalize_name(name))
-        if dist is None:
+        found = now.get(normalize_name(name))
+        if found is None:
             changes.append(f"{name}: {version} -> not installed")
-        elif dist.version != version:
-            changes.append(f"{name}: {version} -> {dist.version}")
+        elif found != version:
+            changes.append(f"{name}: {version} -> {found}")
     return changes
 
 

@@ -3,20 +3,24 @@ the CLI turns into exit codes (docs/architecture.md §4).
 
     from pt2flow.flows import api
 
-    doc = api.run("configs/demo.yaml", store="./pt2-store", workers=2)   # a RunDocument
+    doc = api.run("configs/demo.yaml", only=["mlp", "small-cnn"], workers=2)   # a RunDocument
     doc.summary.failed, [m.name for m in doc.models if m.status == "failed"]
+    archive = {m.name: m for m in doc.models}["mlp"].artifacts.serialized
 
-    store = api.open_store("./pt2-store")          # or s3://bucket/prefix, storage_options={...}
+    store = api.open_store("./pt2-store")          # or s3://bucket/prefix, storage_options={...}; or config=CONFIG
     store.ls(model="mlp", stage="serialize")        # records, newest first
-    store.show(doc.models[0].artifacts.serialized)  # every field, the validation report
-    store.lineage(ID, descendants=True)
-    store.diff(ID_A, ID_B)
+    store.show(archive)                             # every field, the validation report
+    store.lineage(archive, descendants=True)
+    store.diff(archive, other_id)
     store.get("mlp.pt2", model="mlp")               # a verified copy of the newest ok archive
-    store.compare()                                 # drift: the newest run against the one that covered its models
+    store.compare()                                 # drift: the newest run against the one that covered its models (two runs needed)
     store.verify()
     api.check_compat(store)                         # does the fleet's newest build still work here?
-    api.repro(store, "mlp", "repro/")               # a torch-only script raising a failure again
+    api.repro(store, "data-dependent", "repro/")    # a torch-only script raising a failed model's error again
     api.audit(store, sample=0.1)                    # is the cache honest? (rebuild a sample)
+    api.run("configs/demo.yaml", python="../venv-next/bin/python")   # workers under another environment
+    report = api.upgrade_check("configs/demo.yaml", python="../venv-next")   # an UpgradeReport
+    report.regressed, [(m.model, m.verdict) for m in report.models]
 
 Errors: ConfigError (a bad config), UsageError / InvalidId / AmbiguousId (arguments that cannot be
 used: the CLI's exit 2; InvalidId and AmbiguousId are no StorageError), RecordNotFound /
@@ -31,6 +35,7 @@ import os
 from typing import Any, Mapping
 
 from pt2flow.flows.api.running import run
+from pt2flow.flows.api.upgrade import upgrade_check
 from pt2flow.flows.api.store import Store, StoreLocation, locate_store
 from pt2flow.flows.config import ConfigError
 from pt2flow.flows.options import UsageError
@@ -122,5 +127,5 @@ def config_schema() -> dict[str, Any]:
 
 __all__ = [
     "AmbiguousId", "ConfigError", "IntegrityError", "InvalidId", "RecordNotFound", "StorageError", "Store", "UsageError",
-    "StoreLocation", "check_compat", "config_schema", "locate_store", "open_store", "repro", "run",
+    "StoreLocation", "check_compat", "config_schema", "locate_store", "open_store", "repro", "run", "upgrade_check",
 ]

@@ -81,12 +81,15 @@ def run(
     no_worker_timeout_s: float | None = None,
     force: bool = False,
     retry_failed: bool = False,
+    python: str | None = None,
     progress: Progress | None = None,
 ) -> Any:
     """Run a config as `pt2flow run` does; returns the typed run document (RunDocument).
 
-    Raises ConfigError (a bad config) or UsageError (bad arguments, an unreachable store) before
-    anything runs; a model that fails is in the document, not an exception."""
+    `python`: the interpreter (or virtualenv folder) the workers run in, instead of the config's
+    `python:` or this one (`run --python`). Raises ConfigError (a bad config) or UsageError (bad
+    arguments, an unreachable store, an interpreter without pt2flow) before anything runs; a
+    model that fails is in the document, not an exception."""
     from pt2flow.flows.config import resolve_store_url
     from pt2flow.flows.engine.context import new_run_id
     from pt2flow.flows.engine.documents import RunDocument
@@ -96,11 +99,12 @@ def run(
     )
     store_url = resolve_store_url(store or pipeline.store)
     refuse_credentials(store_url)
+    python = check_python(python or pipeline.python, runner)
     opened = open_checked_store(store_url, pipeline, storage_options)
     parameters = dict(
         config_path=os.path.abspath(config), store=store_url, only=list(only) or None, stages=list(pipeline.stages), force=force,
         runner=runner, workers=workers, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, run_id=new_run_id(),
-        retry_failed=retry_failed,
+        retry_failed=retry_failed, python=python,
     )
     return RunDocument.model_validate(execute(parameters, opened, pipeline, progress=progress))
 
@@ -115,7 +119,7 @@ def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, progress: 
             return with_failure_groups(document, store)
     starting = None
     if parameters["runner"] != "dask":  # the workers import torch while the Prefect server starts
-        starting = lambda: start_workers(parameters["workers"], len(pipeline.models))  # noqa: E731
+        starting = lambda: start_workers(parameters["workers"], len(pipeline.models), parameters.get("python"))  # noqa: E731
     with runtime.prefect_api(while_starting=starting):
         from pt2flow.flows.fleet import fleet_flow
 
@@ -148,10 +152,22 @@ def with_failure_groups(document: dict[str, Any], store: Any) -> dict[str, Any]:
     return document
 
 
-def start_workers(workers: int | None, models: int) -> None:
+def start_workers(workers: int | None, models: int, python: str | None = None) -> None:
     from pt2flow.flows.engine.pool import default_workers, start_pool
 
-    start_pool(workers or default_workers(models))
+    start_pool(workers or default_workers(models), python)
+
+
+def check_python(python: str | None, runner: str = "local") -> str | None:
+    """The workers' interpreter as an absolute executable path (None: this one), checked before
+    anything runs: UsageError when it lacks pt2flow or speaks another worker protocol."""
+    if python is None:
+        return None
+    from pt2flow.flows.engine.interpreter import describe
+
+    if runner == "dask":
+        raise UsageError("--python runs workers on this machine: use it with the local runner, not dask")
+    return describe(python).python
 
 
 def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
@@ -163,7 +179,8 @@ def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
     from pt2flow.storage.leases import RunLease
 
     pipeline, ctx = fleet_context(
-        parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"]
+        parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"],
+        parameters.get("python"),
     )
     from pt2flow.storage import StorageError
 

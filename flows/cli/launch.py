@@ -23,6 +23,11 @@ def fleet_options(fn: Any) -> Any:
         help="with --runner dask: once the cluster has had no worker this long, the models not done fail "
         "(timeout) and the run ends (default: the config's dask.no_worker_timeout_s, 60)",
     )(fn)
+    fn = click.option(
+        "--python", "python", metavar="PATH",
+        help="run the workers under this Python (an executable or a virtualenv folder with pt2flow installed, e.g. a "
+        "candidate torch or transformers); keys and records use its versions (default: the config's python:, else this one)",
+    )(fn)
     fn = click.option("--dask-address", metavar="ADDR", help="scheduler address of an existing Dask cluster (tcp://host:8786); default: a LocalCluster")(fn)
     fn = click.option(
         "--runner", type=click.Choice(["local", "process", "dask"]),

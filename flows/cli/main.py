@@ -49,6 +49,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = {
     "repro": ("pt2flow.flows.cli.artifacts:repro_command", "a torch-only script that reproduces a failed stage"),
     "schema": ("pt2flow.flows.cli.artifacts:schema_command", "print the config's JSON Schema"),
     "check-compat": ("pt2flow.flows.cli.artifacts:check_compat_command", "do a run's artifacts still load and match under this torch?"),
+    "upgrade-check": ("pt2flow.flows.cli.upgrade:upgrade_check_command", "what would a candidate torch / transformers environment do to the fleet?"),
     "audit": ("pt2flow.flows.cli.audit:audit_command", "rebuild a sample of a run's program records: is the cache honest?"),
 }
 

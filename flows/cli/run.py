@@ -60,6 +60,9 @@ def run_fleet(args: Args) -> int:
     pipeline = load_for_run(args)
     store_url = resolve_store_url(args.store or pipeline.store)
     refuse_credentials(store_url)
+    from pt2flow.flows.api.running import check_python
+
+    python = check_python(args.python or pipeline.python, runner_of(args))
     store = open_checked_store(store_url, pipeline, args)
     if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
@@ -77,6 +80,7 @@ def run_fleet(args: Args) -> int:
         no_worker_timeout_s=args.no_worker_timeout,
         run_id=new_run_id(),
         retry_failed=args.retry_failed,
+        python=python,
     )
     if args.json:
         with stdout_to_stderr() as real_stdout:

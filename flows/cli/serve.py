@@ -40,7 +40,14 @@ SERVER_HINT = (
 @click.option("--timezone", metavar="TZ", help="IANA time zone of the schedule (default UTC)")
 @fleet_options
 @click.option("--force", is_flag=True, help="re-run every stage at every scheduled run (default: cached stages are reused)")
-@click.option("--name", metavar="DEPLOYMENT", help="deployment name (default: the config file's stem); the full name is pt2flow-fleet/NAME")
+@click.option("--name", metavar="DEPLOYMENT", help="deployment name (default: the config file's stem); the full name is pt2flow-fleet/NAME "
+              "(pt2flow-upgrade-check/NAME with --upgrade-check)")
+@click.option("--upgrade-check", "upgrade_python", metavar="PYTHON",
+              help="serve `pt2flow upgrade-check CONFIG --python PYTHON` on the schedule instead of the fleet: each run checks the fleet "
+              "against that candidate environment (e.g. a venv a CI job refreshes), writes its report into --report-dir and fails when a model regresses")
+@click.option("--baseline-python", metavar="PATH", help="with --upgrade-check: the environment the baseline runs ran in (default: this one)")
+@click.option("--attribute", is_flag=True, help="with --upgrade-check: say which distribution breaks each regressed model")
+@click.option("--report-dir", metavar="DIR", help="with --upgrade-check: where each run's report goes (default: ./upgrade-reports)")
 def serve_command(args: Args) -> int:
     """Register the fleet flow as a deployment with a cron or interval schedule on a running Prefect
     server and execute its scheduled runs in this process' children until Ctrl-C or SIGTERM (exit 0).
@@ -55,6 +62,8 @@ def serve_command(args: Args) -> int:
     from pt2flow.storage.urls import redact_url
 
     pipeline = load_for_run(args)
+    if not args.upgrade_python and (args.baseline_python or args.attribute or args.report_dir):
+        raise UsageError("--baseline-python, --attribute and --report-dir go with --upgrade-check")
     schedule, when = schedule_of(args)
     store_url = resolve_store_url(args.store or pipeline.store)
     refuse_credentials(store_url)
@@ -65,12 +74,35 @@ def serve_command(args: Args) -> int:
     # the flow-run subprocesses inherit; never in the deployment's parameters.
     open_checked_store(store_url, pipeline, args)
 
-    from pt2flow.flows.fleet import fleet_flow
-
     name = args.name or os.path.splitext(os.path.basename(args.config))[0]
-    serve_forever(fleet_flow, name, schedule, deployment_parameters(args, pipeline, store_url), f"{when}, on the Prefect server at {redact_url(api_url)}")
-    print(f"pt2flow serve: stopped; the schedule of {fleet_flow.name}/{name} is paused until the next serve", file=sys.stderr)
+    if args.upgrade_python:
+        from pt2flow.flows.api.scheduled import upgrade_check_flow as served
+
+        parameters = upgrade_parameters(args, store_url)
+    else:
+        from pt2flow.flows.fleet import fleet_flow as served
+
+        parameters = deployment_parameters(args, pipeline, store_url)
+    serve_forever(served, name, schedule, parameters, f"{when}, on the Prefect server at {redact_url(api_url)}")
+    print(f"pt2flow serve: stopped; the schedule of {served.name}/{name} is paused until the next serve", file=sys.stderr)
     return EXIT_OK
+
+
+def upgrade_parameters(args: Args, store_url: str) -> dict[str, Any]:
+    """The upgrade-check deployment's parameters, the interpreters checked now (pt2flow installed there)."""
+    from pt2flow.flows.api.running import check_python
+
+    if args.python or args.only or args.stages or args.dask_address or (args.runner or "local") != "local":
+        raise UsageError("--upgrade-check runs the whole config on this machine: --python, --only, --stages and --runner do not apply")
+    return {
+        "config_path": os.path.abspath(args.config),
+        "python": check_python(args.upgrade_python),
+        "baseline_python": check_python(args.baseline_python),
+        "store": store_url,
+        "attribute": bool(args.attribute),
+        "workers": args.workers,
+        "report_dir": os.path.abspath(args.report_dir or "upgrade-reports"),
+    }
 
 
 def schedule_of(args: Args) -> tuple[Any, str]:
@@ -148,6 +180,10 @@ def deployment_parameters(args: Args, pipeline: Any, store_url: str) -> dict[str
         parameters["dask_address"] = args.dask_address
     if args.no_worker_timeout is not None:
         parameters["no_worker_timeout_s"] = args.no_worker_timeout
+    if args.python:  # checked now (pt2flow installed there); otherwise the config's python:, read at every run
+        from pt2flow.flows.api.running import check_python
+
+        parameters["python"] = check_python(args.python, runner_of(args))
     return parameters
 
 

@@ -103,6 +103,7 @@ def render_run(document: Mapping[str, Any], console: Console) -> None:
         f"[green]{summary['ok']} ok[/green], [red]{summary['failed']} failed[/red] in {summary['seconds']:.1f} s "
         f"({LEGEND}) — store {document['store']}"
         + (f", {document['workers']} worker process{'es' if document['workers'] != 1 else ''}" if document.get("workers") else "")
+        + (f" under {document['python']}" if document.get("python") else "")
     )
     static = [m["name"] for m in document["models"] if m.get("static_fallback")]
     if static:

@@ -138,6 +138,7 @@ def config_json_schema() -> dict[str, Any]:
             "models": {"type": "array", "minItems": 1, "items": _model(defs, stage_options, limits)},
             "retention": _retention(defs),
             "dask": _definition(DaskConfig, defs, "dask"),
+            "python": {"type": ["string", "null"], "description": "the Python executable (or virtualenv folder) the workers run in, relative to the config's folder; `run --python` overrides it"},
         },
         "$defs": dict(sorted(defs.items())),
     }

@@ -86,6 +86,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: str | None = Non
         raw=data,
         retention=config.retention,
         dask=config.dask,
+        python=_python_path(config.python, folder),
     )
 
 
@@ -106,7 +107,15 @@ def apply_overrides(pipeline: Pipeline, *, only: Sequence[str] = (), stages: Seq
         chosen = tuple(stages)
     if issues:
         raise ConfigError(pipeline.path, issues)
-    return Pipeline(pipeline.path, pipeline.store, pipeline.storage_options, chosen, models, pipeline.raw, retention=pipeline.retention, dask=pipeline.dask)
+    return replace(pipeline, stages=chosen, models=models)
+
+
+def _python_path(python: str | None, folder: str) -> str | None:
+    """The config's `python:`: a path (it has a separator) resolves against the config's folder;
+    a bare name (python3.11) is looked up on PATH when the run starts."""
+    if python is None or os.sep not in python and "/" not in python:
+        return python
+    return os.path.normpath(os.path.join(folder, os.path.expanduser(python)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -65,6 +65,8 @@ class PipelineConfig(_Strict):
     models: list[ModelConfig] = Field(min_length=1)
     retention: RetentionConfig | None = None  # what `pt2flow serve` keeps after each run
     dask: DaskConfig = Field(default_factory=DaskConfig)
+    # the interpreter (or virtualenv folder) the workers run in; `run --python` overrides it
+    python: str | None = None
 
 
 def config_model() -> type[PipelineConfig]:
@@ -112,6 +114,7 @@ class Pipeline:
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
     retention: RetentionConfig | None = None
     dask: DaskConfig = field(default_factory=DaskConfig)
+    python: str | None = None  # resolved against the config's folder when it is a path
 
     def model(self, name: str) -> ResolvedModel:
         for m in self.models:

@@ -11,6 +11,7 @@ out_of_memory) and a fresh worker checks the rest. This process imports no torch
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 import time
 from typing import Any, Mapping
 
@@ -40,15 +41,17 @@ class Checker:
     imported modules outside torch (an archive's pytree types: what one archive registered must
     not make the next one load)."""
 
-    def __init__(self, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    def __init__(self, timeout_s: float = CHECK_TIMEOUT_S, python: str | None = None) -> None:
         self.timeout_s = timeout_s
+        self.python = python  # the interpreter to check under (default: this one)
         self.memory_bytes = int(default_memory_gb() * 2**30)
         self.worker: Worker | None = None
         self.torch_version: str | None = None  # the workers' torch.__version__, once one answered
+        self.checked_in: str | None = None  # the workers' sys.executable, once one answered
 
     def check(self, kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None) -> dict[str, Any]:
         if self.worker is None:
-            self.worker = Worker(threads=None)
+            self.worker = Worker(threads=None, python=self.python)
         budget = Budget(deadline=time.monotonic() + self.timeout_s, deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s",
                         memory_bytes=self.memory_bytes)
         try:
@@ -62,6 +65,7 @@ class Checker:
             return {**_UNCHECKED, "error_class": payload["error_class"], "error": payload["error"]}
         result = dict(payload)
         self.torch_version = result.pop("checked_with", None) or self.torch_version
+        self.checked_in = result.pop("checked_in", None) or self.checked_in
         if result.pop("imported", None) or result.get("error_class"):
             self.close()
         return result
@@ -72,8 +76,12 @@ class Checker:
             self.worker = None
 
 
-def _installed_torch() -> str | None:
-    """The torch version of this environment, for a run whose artifacts no worker checked."""
+def _installed_torch(python: str | None = None) -> str | None:
+    """The torch version of the checking environment, for a run whose artifacts no worker checked."""
+    if python is not None:
+        from pt2flow.flows.engine.interpreter import describe
+
+        return describe(python).version("torch", None)
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -131,11 +139,12 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
 
 
 def check_compat(store: Any, run_id: str, *, models_from: Mapping[str, str] | None = None,
-                 selection: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 selection: Mapping[str, Any] | None = None, python: str | None = None) -> dict[str, Any]:
     """The check-compat document of a run: one entry per model with an archive or package, each
     with the run it was taken from (`run_id`). `models_from` (model -> run) takes each model
     from its own run instead (a fleet whose newest run was partial); `selection` says which runs
-    and why, and is kept in the document."""
+    and why, and is kept in the document. `python`: check under that interpreter's torch (an
+    upgrade candidate's) instead of this one's."""
     taken = dict(models_from or {})
     records: dict[str, dict[str, dict[str, Any]]] = {}
     origin: dict[str, str] = {}
@@ -145,7 +154,7 @@ def check_compat(store: Any, run_id: str, *, models_from: Mapping[str, str] | No
                 records[name], origin[name] = stages, run
     if not records:
         raise RecordNotFound(f"no records of run {run_id!r} in the index")
-    checker = Checker()
+    checker = Checker(python=python)
     try:
         models = [{**entry, "run_id": origin[name]} for name in sorted(records)
                   if (entry := check_model(store, name, records[name], checker)) is not None]
@@ -159,8 +168,9 @@ def check_compat(store: Any, run_id: str, *, models_from: Mapping[str, str] | No
         "runs": sorted(set(origin.values()), key=[run_id, *taken.values()].index),
         "selection": dict(selection) if selection is not None else None,
         "store": store.url,
-        "torch_version": checker.torch_version or _installed_torch(),
+        "torch_version": checker.torch_version or _installed_torch(python),
         "built_with": built_with,
+        "python": checker.checked_in or python or sys.executable,  # the interpreter the checks ran in
         "summary": {"ok": len(models) - failed - unchecked, "failed": failed, "unchecked": unchecked},
         "models": models,
     }

@@ -10,6 +10,7 @@ records. Torch is imported inside the functions, so planning never needs it.
 from __future__ import annotations
 
 import json
+import sys
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -447,7 +448,7 @@ def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: 
     except Exception as exc:
         failure = classify("check-compat", exc)
         return "failed", {"error_class": str(failure.error_class), "error": failure.error}
-    return "ok", {**result, "checked_with": torch.__version__}
+    return "ok", {**result, "checked_with": torch.__version__, "checked_in": sys.executable}
 
 
 def run_stage(request: StageRequest) -> tuple[str, Produced | Failure]:

@@ -19,6 +19,7 @@ class RunContext:
     stages: tuple[str, ...]
     force: bool = False
     retry_failed: bool = False  # re-run stages whose cached outcome is a deterministic failure
+    python: str | None = None  # the interpreter the workers run in (flows/engine/interpreter.py); None: this one
 
 
 class StageFailed(Exception):

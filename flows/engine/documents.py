@@ -168,4 +168,5 @@ class RunDocument(Document):
     summary: RunSummary
     models: list[ModelResult]
     workers: int
+    python: str | None = None  # the interpreter the workers ran in (`run --python`); None: pt2flow's own
     failure_groups: list[dict[str, Any]] | None = None

@@ -26,14 +26,21 @@ class NeedsFlow(RuntimeError):
 
 
 def fleet_context(
-    config_path: str, store: str | None, only: list[str] | None, stages: list[str] | None, force: bool, run_id: str | None, retry_failed: bool = False
+    config_path: str, store: str | None, only: list[str] | None, stages: list[str] | None, force: bool, run_id: str | None, retry_failed: bool = False,
+    python: str | None = None,
 ) -> tuple[Any, RunContext]:
+    """The config with the run's overrides, and the run's context. Makes the workers' interpreter
+    (`python`, else the config's, else this one) the active one: keys are planned with its versions."""
+    from pt2flow.flows.engine import interpreter
+
     pipeline = apply_overrides(load_config(config_path), only=only or (), stages=stages)
     store_url = resolve_store_url(store or pipeline.store)
     if not runtime.storage_options(store_url) and pipeline.storage_options:
         runtime.set_storage_options(store_url, pipeline.storage_options)
+    chosen = interpreter.activate(python or pipeline.python)
     return pipeline, RunContext(
-        run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force, retry_failed=retry_failed
+        run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force, retry_failed=retry_failed,
+        python=None if chosen.local else chosen.python,
     )
 
 
@@ -73,7 +80,7 @@ def run_document(ctx: RunContext, results: list[ModelResult], started: float, wo
         store.index.compact()
     ok = sum(1 for r in results if r.status == "ok")
     summary = RunSummary(ok=ok, failed=len(results) - ok, seconds=round(time.perf_counter() - started, 3))
-    return RunDocument(run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers)
+    return RunDocument(run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers, python=ctx.python)
 
 
 def settle_fleet(pipeline: Any, ctx: RunContext) -> dict[str, Any]:

@@ -10,13 +10,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import platform
 import socket
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from pt2flow.flows import pipeline
-from pt2flow.stages.distributions import installed_version
 
 
 def canonical_json(value: Any) -> str:
@@ -47,19 +45,27 @@ class Environment:
     host: str
 
     @classmethod
-    @functools.lru_cache(maxsize=1)
     def current(cls) -> "Environment":
-        """Read once per process: installed versions do not change under a running interpreter."""
-        return cls(
-            torch_version=installed_version("torch", "unknown"),
-            python_version=platform.python_version(),
-            pt2flow_version=installed_version("pt2flow", "unknown"),
-            host=socket.gethostname(),
-        )
+        """The environment the workers run in (flows/engine/interpreter.py: this interpreter unless
+        the fleet runs under another one), read once per interpreter."""
+        from pt2flow.flows.engine import interpreter
+
+        return _environment_of(interpreter.current())
 
     def key_part(self, device: str) -> dict[str, str]:
         py = ".".join(self.python_version.split(".")[:2])
         return {"torch": self.torch_version, "python": py, "device": device}
+
+
+@functools.lru_cache(maxsize=8)
+def _environment_of(python: Any) -> Environment:
+    """Installed versions do not change under a running interpreter."""
+    return Environment(
+        torch_version=python.version("torch", "unknown"),
+        python_version=python.python_version,
+        pt2flow_version=python.version("pt2flow", "unknown"),
+        host=socket.gethostname(),
+    )
 
 
 def derivation_key(stage: str, parents: Sequence[str], options: Any, env: Mapping[str, str]) -> str:

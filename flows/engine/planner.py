@@ -80,12 +80,20 @@ def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str,
         if details.get("request") != request:
             continue
         deps = (details.get("manifest") or {}).get("deps")
-        if deps is None or changed_entries(deps, model.search_path):
+        if deps is None or changed_entries(deps, model.search_path, versions=_worker_versions()):
             return None  # the newest build of this request depends on code that has changed since
         return row
     return None
 
 
+
+
+def _worker_versions() -> Mapping[str, str] | None:
+    """The distributions the workers' interpreter has (None: this process's, read from sys.path)."""
+    from pt2flow.flows.engine import interpreter
+
+    python = interpreter.current()
+    return None if python.local else python.distributions
 
 
 def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bool = False) -> dict[str, Any] | None:

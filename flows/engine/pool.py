@@ -76,7 +76,10 @@ class Worker:
     """One worker process, started at once (it imports torch while the orchestrator does other
     work) and used by one model at a time."""
 
-    def __init__(self, threads: int | None, env: dict[str, str] | None = None, stopping: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, threads: int | None, env: dict[str, str] | None = None, stopping: Callable[[], bool] = lambda: False,
+                 python: str | None = None) -> None:
+        """`python`: the interpreter to start (default: this one); another environment's must
+        have pt2flow installed (flows/engine/interpreter.py checks that before a run)."""
         self.stopping = stopping  # the pool's 'stop now' flag, polled while waiting
         parent_sock, child_sock = socket.socketpair()
         self.log = tempfile.TemporaryFile(prefix="pt2flow-worker-")
@@ -84,7 +87,7 @@ class Worker:
         if threads:
             child_env["PT2FLOW_WORKER_THREADS"] = str(threads)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pt2flow.flows.engine.worker", str(child_sock.fileno()), str(os.getpid())],
+            [python or sys.executable, "-m", "pt2flow.flows.engine.worker", str(child_sock.fileno()), str(os.getpid())],
             pass_fds=[child_sock.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=self.log,
@@ -241,8 +244,9 @@ class WorkerPool:
     """`size` workers, reused across models (torch is imported once per worker); a worker that
     died or was stopped is replaced by a fresh one for the next model."""
 
-    def __init__(self, size: int, threads: int | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, size: int, threads: int | None = None, env: dict[str, str] | None = None, python: str | None = None) -> None:
         self.size = max(1, size)
+        self.python = python or sys.executable
         self.threads = threads
         self.env = dict(env or {})
         self._idle: "queue.Queue[Worker]" = queue.Queue()
@@ -254,7 +258,7 @@ class WorkerPool:
             self._idle.put(self._spawn())
 
     def _spawn(self) -> Worker:
-        worker = Worker(self.threads, self.env, stopping=lambda: self.stopping)
+        worker = Worker(self.threads, self.env, stopping=lambda: self.stopping, python=self.python)
         with self._lock:
             self._all.append(worker)
         return worker
@@ -335,25 +339,27 @@ def worker_threads(size: int) -> int:
     return max(1, cores // max(1, size))
 
 
-def start_pool(size: int) -> WorkerPool:
-    """Start this process's pool of `size` workers (replacing a smaller one)."""
+def start_pool(size: int, python: str | None = None) -> WorkerPool:
+    """Start this process's pool of `size` workers under `python` (default: this interpreter),
+    replacing a smaller one or one of another interpreter."""
     global _pool
+    python = python or sys.executable
     with _pool_lock:
-        if _pool is not None and _pool.size >= size and _pool.usable:
+        if _pool is not None and _pool.size >= size and _pool.usable and _pool.python == python:
             return _pool
         if _pool is not None:
             _pool.shutdown()
         env = {"TORCHINDUCTOR_COMPILE_THREADS": "1"} if size > 1 else {}  # N compiles side by side
-        _pool = WorkerPool(size, threads=worker_threads(size), env=env)
+        _pool = WorkerPool(size, threads=worker_threads(size), env=env, python=python)
         return _pool
 
 
-def shared_pool(size: int = 1) -> WorkerPool:
+def shared_pool(size: int = 1, python: str | None = None) -> WorkerPool:
     with _pool_lock:
         existing = _pool
-    if existing is not None and existing.usable:
+    if existing is not None and existing.usable and existing.python == (python or sys.executable):
         return existing
-    return start_pool(size)
+    return start_pool(size, python)
 
 
 def interrupt_pool() -> None:

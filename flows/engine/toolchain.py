@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from pt2flow.flows.engine.interpreter import cache_dir, this_process  # noqa: F401  (cache_dir: re-exported)
 from pt2flow.flows.engine.keys import canonical_json
-from pt2flow.stages.distributions import installed_version
 
 # environment variables that inductor reads when it picks the compiler or the ISA
 _ENV = ("CXX", "ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CPP_MARCH", "TORCH_INDUCTOR_INSTALL_GXX", "CUDA_VISIBLE_DEVICES")
@@ -34,8 +34,11 @@ print(json.dumps(native_toolchain(sys.argv[1], json.loads(sys.argv[2]))))
 """
 
 
-def toolchain_facts(device: str, inductor_configs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Cheap facts that determine the identity, read without torch (a few stats and file reads)."""
+def toolchain_facts(device: str, inductor_configs: Mapping[str, Any] | None = None, python: Any = None) -> dict[str, Any]:
+    """Cheap facts that determine the identity, read without torch (a few stats and file reads).
+    `python`: the Interpreter the workers run in (flows/engine/interpreter.py; None: this one)."""
+    if python is None:
+        python = this_process()
     configs = dict(inductor_configs or {})
     compiler = configs.get("cpp.cxx") or os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
     if isinstance(compiler, (list, tuple)):
@@ -43,9 +46,9 @@ def toolchain_facts(device: str, inductor_configs: Mapping[str, Any] | None = No
     facts: dict[str, Any] = {
         "device": device,
         "configs": configs,
-        "torch": installed_version("torch", None),
-        "triton": installed_version("triton", None),
-        "python": sys.executable,
+        "torch": python.version("torch", None),
+        "triton": python.version("triton", None),
+        "python": python.python,
         "machine": platform.machine(),
         "cpu_flags": _cpu_flags_hash(),
         "compiler": _file_facts(compiler),
@@ -60,17 +63,19 @@ def toolchain_identity(
     device: str,
     cache_dir: str | os.PathLike[str],
     inductor_configs: Mapping[str, Any] | None = None,
+    python: Any = None,
 ) -> dict[str, str]:
     """stages.toolchain.native_toolchain(device, inductor_configs), from `cache_dir` when the
-    facts are unchanged; otherwise computed in a fresh interpreter and cached there."""
-    facts = toolchain_facts(device, inductor_configs)
+    facts are unchanged; otherwise computed in a fresh interpreter (`python`'s, the workers')
+    and cached there."""
+    facts = toolchain_facts(device, inductor_configs, python)
     digest = hashlib.sha256(canonical_json(facts).encode()).hexdigest()
     path = Path(cache_dir) / f"toolchain-{digest[:40]}.json"
     try:
         return dict(json.loads(path.read_text())["identity"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    identity = _compute(device, dict(inductor_configs or {}))
+    identity = _compute(device, dict(inductor_configs or {}), facts["python"])
     if "device_missing" not in identity and identity.get("vec_isa") != "unknown":
         # an identity of a missing device or a compiler that does not work is computed again next
         # time: what fixes it (a driver, headers) need not change the facts
@@ -78,9 +83,9 @@ def toolchain_identity(
     return identity
 
 
-def _compute(device: str, configs: dict[str, Any]) -> dict[str, str]:
+def _compute(device: str, configs: dict[str, Any], executable: str) -> dict[str, str]:
     result = subprocess.run(
-        [sys.executable, "-c", _COMPUTE, device, json.dumps(configs)],
+        [executable, "-c", _COMPUTE, device, json.dumps(configs)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -135,13 +140,3 @@ def _gpu_list_hash() -> str | None:
     except OSError:
         return None
     return hashlib.sha256("\n".join(texts).encode()).hexdigest()
-
-
-def cache_dir() -> str:
-    """Where pt2flow keeps per-machine facts (the native toolchain identity): PT2FLOW_CACHE_DIR,
-    else $XDG_CACHE_HOME/pt2flow, else ~/.cache/pt2flow."""
-    explicit = os.environ.get("PT2FLOW_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "pt2flow")

@@ -16,7 +16,7 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.context import Outcome
 from pt2flow.flows.engine.keys import Environment, derivation_key
 from pt2flow.flows.pipeline import Stage
-from pt2flow.stages.distributions import installed_version
+from pt2flow.flows.engine import interpreter
 from pt2flow.stages.options import AotCompileOptions, FunctionalizeOptions
 
 
@@ -69,7 +69,7 @@ def stage_key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome])
 def _env(device: str, libraries: Sequence[str] = ()) -> dict[str, str]:
     env = Environment.current().key_part(device)
     for name in libraries:  # a target's output depends on its library's version as much as on torch's
-        env[name] = installed_version(name, "absent")
+        env[name] = interpreter.current().version(name, "absent")
     return env
 
 
@@ -98,7 +98,7 @@ def compile_key(stage: Any, model: Any, inputs: Mapping[str, Any]) -> str:
 
     device = compile_device(model)
     options = options_json(model, "aot_compile")
-    env = {**_env(device), "toolchain": toolchain_identity(device, cache_dir(), options.get("inductor_configs"))}
+    env = {**_env(device), "toolchain": toolchain_identity(device, cache_dir(), options.get("inductor_configs"), interpreter.current())}
     return derivation_key("aot_compile", [inputs["program"].fingerprint], options, env)
 
 
@@ -106,5 +106,5 @@ def validate_key(stage: Any, model: Any, inputs: Mapping[str, Any]) -> str:
     """The source's key and every candidate's artifact, under the libraries of every candidate."""
     candidates = [inputs[name].artifact for name in pipeline.candidates() if name in inputs]
     libraries = [lib for name in pipeline.candidates() if name in inputs for lib in pipeline.get(name).libraries]
-    env = {**_env(compile_device(model)), **{lib: installed_version(lib, "absent") for lib in libraries}}
+    env = {**_env(compile_device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}
     return derivation_key("validate", [inputs["source"].key, *candidates], options_json(model, "validate"), env)

@@ -153,7 +153,7 @@ def _summary_markdown(url: str, flow_run_id: str) -> str:
 
 
 def _serve_until(url: str, tmp_path: Path, args: list[str], name: str, runs: int, env: dict[str, str] | None = None,
-                 drop_env: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], Path, dict[str, Any], list[dict[str, Any]]]:
+                 drop_env: tuple[str, ...] = (), flow: str = "pt2flow-fleet") -> tuple[subprocess.Popen[bytes], Path, dict[str, Any], list[dict[str, Any]]]:
     """Start `pt2flow serve ARGS --name NAME` in tmp_path/work and wait until RUNS scheduled runs of
     its deployment completed; returns (process, log, deployment, completed runs, oldest first)."""
     serve_env = cli_env({"PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path / "client-home"), **(env or {})})
@@ -173,13 +173,13 @@ def _serve_until(url: str, tmp_path: Path, args: list[str], name: str, runs: int
             assert serve.poll() is None, f"pt2flow serve exited with {serve.returncode}:\n{_tail(serve_log)}"
             if deployment is None:
                 with contextlib.suppress(urllib.error.HTTPError):
-                    deployment = _api(url, f"/deployments/name/pt2flow-fleet/{name}")
+                    deployment = _api(url, f"/deployments/name/{flow}/{name}")
             if deployment is not None:
                 completed = _completed_runs(url, deployment["id"])
                 if len(completed) >= runs:
                     break
             time.sleep(2)
-        assert deployment is not None, f"no deployment pt2flow-fleet/{name} after {RUN_DEADLINE_S} s:\n{_tail(serve_log)}"
+        assert deployment is not None, f"no deployment {flow}/{name} after {RUN_DEADLINE_S} s:\n{_tail(serve_log)}"
         assert len(completed) >= runs, f"{len(completed)} scheduled run(s) completed in {RUN_DEADLINE_S} s:\n{_tail(serve_log)}"
         print(f"{runs} scheduled run(s) of {name} completed {time.monotonic() - started:.0f} s after serve started")
     except BaseException:
@@ -336,3 +336,32 @@ def test_serve_refuses_bad_config_and_usage(tmp_path: Path) -> None:
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr, (args, proc.stderr)
         assert "user:secret" not in proc.stderr
+
+
+def test_serve_schedules_an_upgrade_check(tmp_path: Path, real_server: str) -> None:
+    """`serve --upgrade-check CANDIDATE`: each scheduled run checks the fleet against the candidate
+    environment (tests/environments.py) and leaves its report in --report-dir and in Prefect."""
+    from tests.environments import CANDIDATE_TRANSFORMERS, overlay_env
+
+    candidate = overlay_env("candidate", ["tinyops-2.0", f"transformers=={CANDIDATE_TRANSFORMERS}"])
+    url = real_server
+    work = tmp_path / "work"
+    _tiny_config(work / "fleet.yaml")
+    baseline = run_cli(["run", str(work / "fleet.yaml"), "--store", str(work / "store")])  # the baseline, in this environment
+    assert baseline.returncode == 0, baseline.stderr[-3000:]
+    serve, serve_log, deployment, completed = _serve_until(
+        url, tmp_path, ["fleet.yaml", "--interval", "5", "--store", "store", "--upgrade-check", candidate, "--report-dir", "reports"],
+        name=f"upgrade-{uuid.uuid4().hex[:8]}", runs=1, flow="pt2flow-upgrade-check",
+    )
+    try:
+        assert deployment["parameters"]["python"] == candidate and deployment["parameters"]["report_dir"] == str(work / "reports")
+        reports = sorted((work / "reports").glob("upgrade-check-*.json"))
+        assert reports and (work / "reports" / reports[0].name.replace(".json", ".html")).is_file()
+        report = json.loads(reports[0].read_text())
+        assert report["candidate"]["python"] == candidate and report["regressed"] is False
+        assert [(m["model"], m["verdict"]) for m in report["models"]] == [("mlp", "unchanged")]
+        # tinyops and transformers differ, but mlp imports neither: they are not the fleet's changes
+        assert report["versions"] == [] and {"tinyops", "transformers"} <= {v["name"] for v in report["other_version_changes"]}
+        assert "No regression" in _summary_markdown(url, completed[0]["id"])
+    finally:
+        _assert_stopped_cleanly(url, serve, serve_log, deployment, signal.SIGTERM)
