@@ -161,10 +161,9 @@ class Emitter:
             if not skip:
                 try:
                     event = event() if callable(event) else event  # built here: the client's import and attrs off the run's path
-                except Exception as exc:  # noqa: BLE001 - an event that cannot be built is left out, the run goes on
-                    logger.debug("OpenLineage: an event could not be built: %s: %s", type(exc).__name__, exc)
-                    skip = True
-            if not skip:
+                except Exception as exc:  # noqa: BLE001 - a pt2flow bug, said once; the run goes on
+                    error = f"an event could not be built ({type(exc).__name__}: {_short(exc)})"
+            if not skip and error is None:
                 try:
                     self.client().emit(event)
                 except Exception as exc:  # noqa: BLE001 - a collector's problem never reaches the run
@@ -346,15 +345,30 @@ class StageLineage:
             self._emit("ABORT" if aborted else ("COMPLETE" if outcome is not None and outcome.ok else "FAIL"), outcome)
 
     def _emit(self, event_type: str, outcome: Any) -> None:
-        """Queue the event; the sending thread builds it (at the time taken now)."""
+        """Queue the event; the sending thread builds it (with the time and versions taken now)."""
         when = _now()
-        emitter().submit(self.ctx.run_id, lambda: self._event(event_type, outcome, when))
+        try:
+            versions = self._versions()
+        except Exception as exc:  # noqa: BLE001 - an event without versions is still an event
+            logger.debug("OpenLineage: no versions for %s/%s: %s", self.model.name, self.stage, exc)
+            versions = {}
+        emitter().submit(self.ctx.run_id, lambda: self._event(event_type, outcome, when, versions))
 
-    def _event(self, event_type: str, outcome: Any, when: str) -> Any:
-        from pt2flow.flows.engine.keys import Environment, installed_version
+    def _versions(self) -> dict[str, str]:
+        """torch, python, pt2flow and the stage's libraries, as the workers' interpreter has them
+        (flows/engine/interpreter.py: this one unless the fleet runs under another)."""
+        from pt2flow.flows.engine import interpreter
+        from pt2flow.flows.engine.keys import Environment
         from pt2flow.flows.pipeline import get as get_stage
 
         env = Environment.current()
+        python = interpreter.current()
+        return {"torch": env.torch_version, "python": env.python_version, "pt2flow": env.pt2flow_version,
+                **{lib: str(python.version(lib, "unknown")) for lib in get_stage(self.stage).libraries}}
+
+    def _event(self, event_type: str, outcome: Any, when: str, versions: dict[str, str]) -> Any:
+        from pt2flow.flows.pipeline import get as get_stage
+
         spec = get_stage(self.stage)
         store = self.ctx.store_url
         inputs = [dataset(store, o.artifact, name, o.size) for name, o in self.inputs.items() if getattr(o, "artifact", None)]
@@ -362,8 +376,7 @@ class StageLineage:
         if self.stage == "source" and self.model.weights:
             weights = (outcome.details.get("weights") or {}) if outcome is not None else {}
             inputs.append(external_file(str(self.model.weights), weights.get("sha256"), "weights"))
-        facts: dict[str, Any] = {"versions": {"torch": env.torch_version, "python": env.python_version, "pt2flow": env.pt2flow_version,
-                                              **{lib: installed_version(lib, "unknown") for lib in spec.libraries}}}
+        facts: dict[str, Any] = {"versions": versions}
         error = None
         if outcome is not None:
             facts["key"] = outcome.key
@@ -381,7 +394,7 @@ class StageLineage:
                 facts["error"] = (outcome.error or "")[:2000]
                 error = f"[{outcome.error_class}] {outcome.error or ''}"[:4000]
         return run_event(event_type, run_id=self.ctx.run_id, model=self.model.name, stage=self.stage, attempt=self.attempt,
-                         inputs=inputs, outputs=outputs, facts=facts, torch_version=env.torch_version, error=error, when=when)
+                         inputs=inputs, outputs=outputs, facts=facts, torch_version=versions.get("torch", "unknown"), error=error, when=when)
 
 
 def flush(run_id: str) -> None:
