@@ -20,17 +20,31 @@ BIN = Path(sys.executable).parent
 def _prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every test (and every subprocess it starts) uses a throwaway PREFECT_HOME, telemetry off."""
     home = tmp_path_factory.mktemp("prefect-home")
-    saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK", "PREFECT_API_URL")}
+    saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK", "PREFECT_API_URL",
+                                            "PT2FLOW_PREFECT_SERVER_IDLE_S")}
     os.environ["PREFECT_HOME"] = str(home)
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ["DO_NOT_TRACK"] = "1"
+    os.environ["PT2FLOW_PREFECT_SERVER_IDLE_S"] = "120"  # the session's shared Prefect server goes soon after the session
     os.environ.pop("PREFECT_API_URL", None)
     yield home
+    stop_shared_server(home)
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def stop_shared_server(home: Path) -> None:
+    """SIGTERM the shared Prefect server of a PREFECT_HOME (flows/engine/prefect_server.py), if one runs."""
+    import signal
+
+    try:
+        pid = int(json.loads((home / "pt2flow-server.json").read_text())["pid"])
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError, KeyError):
+        pass
 
 
 @pytest.fixture(scope="session")

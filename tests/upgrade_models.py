@@ -8,29 +8,22 @@ import torch
 from torch import nn
 
 
-class Scaled(nn.Module):
-    def __init__(self) -> None:
+class OnTinyops(nn.Module):
+    """A linear layer, then one of tinyops' helpers (by name)."""
+
+    def __init__(self, helper: str) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.linear = nn.Linear(8, 4)
+        self.helper = helper
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return tinyops.scale(self.linear(x))
-
-
-class Gated(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return tinyops.gate(self.linear(x))
+        return getattr(tinyops, self.helper)(self.linear(x))
 
 
 def scaled() -> nn.Module:
-    return Scaled().eval()
+    return OnTinyops("scale").eval()
 
 
 def gated() -> nn.Module:
-    return Gated().eval()
+    return OnTinyops("gate").eval()

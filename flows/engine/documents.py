@@ -158,11 +158,10 @@ class RunSummary(Document):
 
 
 class RunDocument(Document):
-    """The run document of docs/architecture.md §4; added compatibly, each only when given:
-    `python` (the workers' interpreter under `run --python`) and `failure_groups` (the run's
-    failures grouped by root cause, flows/report/failures.py run_groups)."""
+    """The run document of docs/architecture.md §4; `failure_groups` (added compatibly) only when
+    the run's failures were grouped by root cause (flows/report/failures.py run_groups)."""
 
-    optional: ClassVar[frozenset[str]] = frozenset({"python", "failure_groups"})
+    optional: ClassVar[frozenset[str]] = frozenset({"failure_groups"})
 
     run_id: str
     store: str

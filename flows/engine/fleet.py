@@ -80,10 +80,7 @@ def run_document(ctx: RunContext, results: list[ModelResult], started: float, wo
         store.index.compact()
     ok = sum(1 for r in results if r.status == "ok")
     summary = RunSummary(ok=ok, failed=len(results) - ok, seconds=round(time.perf_counter() - started, 3))
-    document = RunDocument(run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers)
-    if ctx.python:  # another interpreter ran the workers (run --python): the document says which
-        document.python = ctx.python
-    return document
+    return RunDocument(run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers, python=ctx.python)
 
 
 def settle_fleet(pipeline: Any, ctx: RunContext) -> dict[str, Any]:

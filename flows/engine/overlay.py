@@ -25,7 +25,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pt2flow.flows.engine.keys import canonical_json
 from pt2flow.flows.options import UsageError
@@ -40,20 +40,15 @@ def overlay_environment(base: Any, candidate: Any, names: Sequence[str], root: s
         "base": base.python, "base_site": list(base.site_packages), "candidate": candidate.python,
         "dists": {name: [candidate.distributions.get(name), candidate.dist_info.get(name)] for name in sorted(names)},
     }
-    digest = hashlib.sha256(canonical_json(recipe).encode()).hexdigest()[:16]
-    folder = Path(root) / f"overlay-{'-'.join(sorted(names))[:60]}-{digest}"
-    python = folder / "bin" / "python"
-    marker = folder / "pt2flow-overlay.json"
-    if marker.is_file() and python.exists():
-        return str(python)
-    site = _new_overlay(base, folder)
-    for name in names:
-        info = candidate.dist_info.get(name)
-        if not info:
-            raise UsageError(f"the candidate at {candidate.python} has no installed files of {name} to link into an overlay")
-        link_distribution(info, site)
-    marker.write_text(json.dumps(recipe, indent=1, sort_keys=True))
-    return str(python)
+
+    def fill(site: str, python: Path) -> None:
+        for name in names:
+            info = candidate.dist_info.get(name)
+            if not info:
+                raise UsageError(f"the candidate at {candidate.python} has no installed files of {name} to link into an overlay")
+            link_distribution(info, site)
+
+    return _made_once(base, Path(root), f"overlay-{'-'.join(sorted(names))[:60]}", recipe, fill)
 
 
 def candidate_environment(base: Any, requirements: Sequence[str], root: str | os.PathLike[str]) -> str:
@@ -62,19 +57,31 @@ def candidate_environment(base: Any, requirements: Sequence[str], root: str | os
     registries, without their dependencies (what the base has serves them; name those that must
     change too). Made once per base and requirement list."""
     recipe = {"base": base.python, "base_site": list(base.site_packages), "requirements": list(requirements)}
-    digest = hashlib.sha256(canonical_json(recipe).encode()).hexdigest()[:16]
-    folder = Path(root) / f"candidate-{digest}"
+
+    def fill(site: str, python: Path) -> None:
+        result = subprocess.run([base.python, "-m", "pip", "--python", str(python), "install", "--quiet", "--disable-pip-version-check",
+                                 "--no-deps", *requirements], capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        if result.returncode != 0:
+            tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UsageError(f"could not install {' '.join(requirements)} into a candidate environment: {tail}")
+
+    return _made_once(base, Path(root), "candidate", recipe, fill)
+
+
+def _made_once(base: Any, root: Path, prefix: str, recipe: Mapping[str, Any], fill: Callable[[str, Path], None]) -> str:
+    """The python of the overlay `recipe` describes, under `root`: made by `fill(site-packages,
+    python)` over a fresh overlay of `base` unless a finished one is there (its marker written
+    last); a failed one is removed."""
+    folder = root / f"{prefix}-{hashlib.sha256(canonical_json(recipe).encode()).hexdigest()[:16]}"
     python = folder / "bin" / "python"
     marker = folder / "pt2flow-overlay.json"
     if marker.is_file() and python.exists():
         return str(python)
-    _new_overlay(base, folder)
-    result = subprocess.run([base.python, "-m", "pip", "--python", str(python), "install", "--quiet", "--disable-pip-version-check",
-                             "--no-deps", *requirements], capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
+    try:
+        fill(_new_overlay(base, folder), python)
+    except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(f"could not install {' '.join(requirements)} into a candidate environment: {tail}")
+        raise
     marker.write_text(json.dumps(recipe, indent=1, sort_keys=True))
     return str(python)
 

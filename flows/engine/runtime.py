@@ -95,8 +95,7 @@ def _healthy(api_url: str) -> bool:
 
 
 def server_log_path() -> Path:
-    home = os.environ.get("PREFECT_HOME") or str(Path.home() / ".prefect")
-    path = Path(home)
+    path = prefect_home()
     try:
         path.mkdir(parents=True, exist_ok=True)
         return path / "pt2flow-server.log"
@@ -104,9 +103,23 @@ def server_log_path() -> Path:
         return Path(tempfile.gettempdir()) / "pt2flow-server.log"
 
 
+SERVER_MODE_ENV = "PT2FLOW_PREFECT_SERVER"  # shared (default) | private
+SERVER_IDLE_ENV = "PT2FLOW_PREFECT_SERVER_IDLE_S"
+DEFAULT_SERVER_IDLE_S = 900.0
+# what a shared server's environment keeps of the starting run's (no storage options, no credentials)
+_SERVER_ENV_KEEP = ("PATH", "HOME", "LANG", "TMPDIR", "TZ", "DO_NOT_TRACK", "SSL_CERT_FILE", "VIRTUAL_ENV")
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or str(Path.home() / ".prefect"))
+
+
 @contextlib.contextmanager
 def prefect_api(timeout: float = 90.0, while_starting: Callable[[], Any] | None = None) -> Iterator[str]:
-    """Use PREFECT_API_URL when set; otherwise run a private ephemeral Prefect server for this run.
+    """Use PREFECT_API_URL when set; otherwise the shared local Prefect server of PREFECT_HOME
+    (flows/engine/prefect_server.py: started by the first run, reused by the next ones, gone
+    after PT2FLOW_PREFECT_SERVER_IDLE_S seconds without a run), or with PT2FLOW_PREFECT_SERVER=private
+    a server of this run's own, stopped when it ends.
 
     One server serves every worker process (they inherit PREFECT_API_URL), instead of each
     starting its own on the same SQLite file. Its output goes to a log file under PREFECT_HOME,
@@ -116,7 +129,12 @@ def prefect_api(timeout: float = 90.0, while_starting: Callable[[], Any] | None 
     if existing:
         yield existing
         return
-    process, api_url = _start_server(timeout, while_starting)
+    process = None
+    lease: Path | None = None
+    if os.environ.get(SERVER_MODE_ENV, "shared") == "private":
+        process, api_url = _start_server(timeout, while_starting)
+    else:
+        api_url, lease = _shared_server(timeout, while_starting)
     os.environ["PREFECT_API_URL"] = api_url
     # Worker processes inherit the URL; none of them may start an ephemeral server of its own
     # (an orphaned one would outlive the run and keep its stdout pipe open).
@@ -134,7 +152,70 @@ def prefect_api(timeout: float = 90.0, while_starting: Callable[[], Any] | None 
             os.environ.pop("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", None)
         else:
             os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = saved_ephemeral
-        _stop(process)
+        if process is not None:
+            _stop(process)
+        if lease is not None:
+            lease.unlink(missing_ok=True)
+
+
+def _shared_server(timeout: float, while_starting: Callable[[], Any] | None) -> tuple[str, Path]:
+    """The URL of PREFECT_HOME's shared server (started now if none answers) and this run's
+    lease on it. Under a lock: concurrent runs start one server between them."""
+    import fcntl
+    from importlib import metadata
+
+    from pt2flow.flows.engine.prefect_server import LEASES, STATE
+
+    home = prefect_home()
+    home.mkdir(parents=True, exist_ok=True)
+    leases = home / LEASES
+    leases.mkdir(exist_ok=True)
+    lease = leases / str(os.getpid())
+    lease.touch()  # before anything: a server starting now must not find itself idle
+    wanted = {"python": sys.executable, "prefect": metadata.version("prefect")}
+    with open(home / "pt2flow-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = _read_state(home / STATE)
+        if state and all(state.get(k) == v for k, v in wanted.items()) and _healthy(state["url"]):
+            if while_starting is not None:
+                while_starting()
+            return str(state["url"]), lease
+        log_path = server_log_path()
+        for _attempt in range(3):
+            port = _free_port()
+            api_url = f"http://127.0.0.1:{port}/api"
+            _spawn_shared(port, home, log_path)
+            if while_starting is not None:  # useful work while the server boots on another core
+                while_starting()
+                while_starting = None
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and not _healthy(api_url):
+                time.sleep(0.1)
+            state = _read_state(home / STATE)
+            if state and state.get("url") == api_url and _healthy(api_url):
+                return api_url, lease
+    lease.unlink(missing_ok=True)
+    raise RuntimeError(f"the Prefect server did not start; see {log_path}")
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _spawn_shared(port: int, home: Path, log_path: Path) -> None:
+    """Start the shared server (it detaches at once; this waits only for its first process)."""
+    env = {k: v for k, v in os.environ.items() if k in _SERVER_ENV_KEEP or k.startswith(("PREFECT_", "LC_", "XDG_"))}
+    env.pop("PREFECT_API_URL", None)
+    env.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1", "PREFECT_HOME": str(home)})
+    idle = os.environ.get(SERVER_IDLE_ENV) or str(DEFAULT_SERVER_IDLE_S)
+    with open(log_path, "ab") as log:
+        subprocess.run(
+            [sys.executable, "-m", "pt2flow.flows.engine.prefect_server", str(port), str(home), idle],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, timeout=60, check=False,
+        )
 
 
 def _start_server(timeout: float, while_starting: Callable[[], Any] | None) -> tuple[subprocess.Popen[bytes], str]:

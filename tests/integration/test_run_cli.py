@@ -104,7 +104,8 @@ def test_run_json_contract_digests_and_archive(tmp_path: Path) -> None:
     from pt2flow.flows.report.drift import DriftReport
 
     for document in (doc, doc2):
-        assert list(document) == ["run_id", "store", "summary", "models", "workers"]
+        assert list(document) == ["run_id", "store", "summary", "models", "workers", "python"]
+        assert document["python"] is None  # the workers ran under pt2flow's own interpreter (no --python)
         assert json.dumps(RunDocument.model_validate(document).model_dump(mode="json")) == json.dumps(document)
     code3, drift, stderr3 = run_json(["report", doc["run_id"], doc2["run_id"], "--store", str(store_dir)])
     assert code3 == 0, stderr3[-3000:]

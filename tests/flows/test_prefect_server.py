@@ -1,0 +1,65 @@
+"""The shared local Prefect server (flows/engine/prefect_server.py): the first run of a
+PREFECT_HOME starts it, the next runs reuse it, it holds no run's storage options, and it stops
+once no run has used it for PT2FLOW_PREFECT_SERVER_IDLE_S. PT2FLOW_PREFECT_SERVER=private keeps
+the old way: a server per run, gone with it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import run_json, stop_shared_server, write_config
+
+pytestmark = pytest.mark.integration
+
+STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
+SECRET = "pt2flow-test-secret-value"
+
+
+def _fleet(tmp_path: Path, name: str, hidden: int = 16) -> Path:
+    model = {"name": name, "factory": "tests.models:tiny_mlp", "kwargs": {"hidden": hidden}, "inputs": {"x": {"shape": [2, 8]}}}
+    return write_config(tmp_path / f"{name}.yaml", [model], stages=STAGES, store=str(tmp_path / "store"))
+
+
+def _server(home: Path) -> dict:
+    return json.loads((home / "pt2flow-server.json").read_text())
+
+
+def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_path: Path) -> None:
+    home = tmp_path / "prefect-home"
+    env = {"PREFECT_HOME": str(home), "PT2FLOW_PREFECT_SERVER_IDLE_S": "6"}
+    try:
+        code, first, stderr = run_json(["run", str(_fleet(tmp_path, "a")), "--storage-option", f"secret={SECRET}", "--json"], env=env)
+        assert code == 0, stderr[-3000:]
+        server = _server(home)
+        process = psutil.Process(server["pid"])
+        assert process.is_running() and "prefect_server" in " ".join(process.cmdline())
+        environ = process.environ()
+        assert "PT2FLOW_STORAGE_OPTIONS" not in environ and SECRET not in json.dumps(environ)
+        assert environ["PREFECT_HOME"] == str(home)
+
+        code, second, stderr = run_json(["run", str(_fleet(tmp_path, "b", hidden=24)), "--json"], env=env)  # work to do: it needs Prefect
+        assert code == 0, stderr[-3000:]
+        assert second["models"][0]["stages"]["trace"]["cached"] is False
+        assert _server(home)["pid"] == server["pid"]  # the same server answered the second run
+        assert list((home / "pt2flow-server.leases").iterdir()) == []  # both runs gave their lease back
+
+        deadline = time.monotonic() + 60
+        while process.is_running() and process.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE, "the idle server did not stop"
+        assert not (home / "pt2flow-server.json").exists()
+    finally:
+        stop_shared_server(home)
+
+
+def test_a_private_server_goes_with_its_run(tmp_path: Path) -> None:
+    home = tmp_path / "prefect-home"
+    code, _, stderr = run_json(["run", str(_fleet(tmp_path, "a")), "--json"], env={"PREFECT_HOME": str(home), "PT2FLOW_PREFECT_SERVER": "private"})
+    assert code == 0, stderr[-3000:]
+    assert not (home / "pt2flow-server.json").exists()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(home) in " ".join(p.info["cmdline"] or [])]
