@@ -162,8 +162,9 @@ def _fleet_rows(document: RunDocument) -> list[dict[str, Any]]:
     return rows
 
 
-def fleet_markdown(document: RunDocument, comparison: str | None = None) -> str:
-    """The fleet run as markdown: totals, failures with their class and stage, then the drift
+def fleet_markdown(document: RunDocument, comparison: str | None = None, groups: list[dict[str, Any]] | None = None) -> str:
+    """The fleet run as markdown: totals, the failures grouped by root cause (new, persisting,
+    gone against the previous run), failed models with their class and stage, then the drift
     against the previous run when there is one."""
     summary = document.summary
     rows = _fleet_rows(document)
@@ -174,6 +175,10 @@ def fleet_markdown(document: RunDocument, comparison: str | None = None) -> str:
         f"**{summary.ok} ok**, **{summary.failed} failed**, {cached} fully cached, {summary.seconds:.1f} s; store `{document.store}`",
         "",
     ]
+    if groups:
+        from pt2flow.flows.report.failure_views import groups_markdown
+
+        lines += groups_markdown(groups, title=f"## Failure groups ({sum(1 for g in groups if g['status'] != 'gone')} by root cause)")
     failed = [m for m in document.models if m.status != "ok"]
     if failed:
         lines += ["## Failed models", "", "| model | stage | error class | error |", "|---|---|---|---|"]
@@ -203,14 +208,27 @@ def _drift_markdown(store_obj: Any, run_id: str) -> str | None:
     return to_markdown(comparison)
 
 
+def _failure_groups(store_obj: Any, run_id: str) -> list[dict[str, Any]] | None:
+    """This run's failures grouped by root cause against the previous run, or None (a grouping
+    problem must not fail a finished fleet)."""
+    from pt2flow.flows.report.failures import run_groups
+
+    try:
+        return run_groups(store_obj.index, run_id, store_url=store_obj.url) or None
+    except Exception as exc:  # noqa: BLE001
+        run_logger().warning("could not group the run's failures: %s: %s", type(exc).__name__, exc)
+        return None
+
+
 def _publish_artifacts(document: RunDocument, store_obj: Any, comparison: str | None = None) -> None:
     """A table and a markdown summary of the fleet in the Prefect UI. Best effort: the run's
     result does not depend on the UI."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     try:
+        groups = _failure_groups(store_obj, document.run_id)
         create_table_artifact(table=_fleet_rows(document), key="pt2flow-fleet-models", description=f"pt2flow run {document.run_id}: one row per model")
-        create_markdown_artifact(markdown=fleet_markdown(document, comparison), key="pt2flow-fleet-summary", description=f"pt2flow run {document.run_id}")
+        create_markdown_artifact(markdown=fleet_markdown(document, comparison, groups), key="pt2flow-fleet-summary", description=f"pt2flow run {document.run_id}")
     except Exception as exc:  # the API being unreachable must not fail an otherwise finished fleet
         run_logger().warning("could not publish the fleet artifacts: %s", exc)
 

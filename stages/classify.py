@@ -6,7 +6,12 @@ RuntimeErrors for several distinct failures, and its messages are the only stabl
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
 
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.vocabulary import ErrorClass
@@ -105,3 +110,104 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 def strip_ansi(text: str) -> str:
     """`text` without terminal escape sequences (torch colours some of its messages and reports)."""
     return _ANSI.sub("", text)
+
+
+# ---------------------------------------------------------------------------------------------
+# where a failure happened: the first frame in the model's own code (flows/report/failures.py)
+
+_PT2FLOW_DIRS = tuple(str(Path(__file__).resolve().parents[1] / part) + os.sep for part in ("stages", "flows", "storage"))
+_LIBRARY_DIRS = tuple(
+    sorted({os.path.realpath(p) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))})
+)
+_USER_FRAME = re.compile(r'File "([^"\n]+)", line (\d+), in ([\w<>.]+)\n\s+(\S.*)')
+
+
+# the framework a failure is raised in, never the model's code: torch and what it calls into. A
+# model's own code may be installed (transformers, timm): a frame there is the model's.
+FRAMEWORK_PACKAGES = frozenset({
+    "torch", "functorch", "torchgen", "sympy", "mpmath", "triton", "numpy", "optree", "onnx", "onnxscript", "onnxruntime",
+    "onnx_ir", "executorch", "safetensors", "typing_extensions", "_pytest", "pluggy",
+})
+
+
+def _distribution_package(path: str) -> str | None:
+    """The top-level package of a file in site-packages (None: not in site-packages)."""
+    parts = re.split(r"[/\\]", path)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py")
+    return None
+
+
+def _is_own(filename: str) -> bool:
+    """A file of the model's own code: not the standard library, not torch's framework
+    (FRAMEWORK_PACKAGES), not pt2flow; an installed model library (transformers) is the model's."""
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.realpath(filename)
+    if path.startswith(_PT2FLOW_DIRS):
+        return False
+    package = _distribution_package(path)
+    if package is not None:
+        return package not in FRAMEWORK_PACKAGES
+    return not path.startswith(_LIBRARY_DIRS)
+
+
+def _module_for_file(filename: str) -> str:
+    path = os.path.realpath(filename)
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) and os.path.realpath(module.__file__) == path:
+            return name
+    return Path(filename).stem
+
+
+def failure_origin(exc: BaseException) -> dict[str, Any] | None:
+    """The frame nearest the raise in the model's own code, as {"module", "function", "line",
+    "code", "own": True}; else the innermost library frame that raised ("own": False); None when
+    there is no frame outside pt2flow. Follows the exception's cause chain to the first error, and
+    reads the user frames torch names in its message (strict export, guards) when the traceback
+    holds none."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    library: dict[str, Any] | None = None
+    for error in reversed(chain):  # the first error first
+        frames = _frames(error)
+        own = [f for f in frames if _is_own(f["file"])]
+        named = [(path, int(line), function, code) for path, line, function, code in _USER_FRAME.findall(str(error)) if _is_own(path)]
+        if named:  # torch names the user frame it stopped at (the traceback of a strict export has none)
+            path, line, function, code = named[-1]
+            same = [f for f in own if os.path.realpath(f["file"]) == os.path.realpath(path) and f["line"] == line]
+            if same:
+                return {**_public(same[-1]), "own": True}
+            return {"module": _module_for_file(path), "function": function, "line": line, "code": code.strip(), "own": True}
+        if own:
+            return {**_public(own[-1]), "own": True}
+        if library is None:
+            outside = [f for f in frames if not os.path.realpath(f["file"]).startswith(_PT2FLOW_DIRS)]
+            if outside:
+                library = {**_public(outside[-1]), "own": False}
+    return library
+
+
+def _frames(error: BaseException) -> list[dict[str, Any]]:
+    """The traceback's frames, outermost first: file, line, qualified function name, module, code."""
+    import linecache
+
+    out = []
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        out.append({"file": code.co_filename, "line": tb.tb_lineno, "function": getattr(code, "co_qualname", code.co_name),
+                    "module": tb.tb_frame.f_globals.get("__name__"), "code": linecache.getline(code.co_filename, tb.tb_lineno).strip()})
+        tb = tb.tb_next
+    return out
+
+
+def _public(frame: dict[str, Any]) -> dict[str, Any]:
+    """A frame as a failure's origin records it: no file path (it differs between machines)."""
+    return {"module": frame["module"] or _module_for_file(frame["file"]), "function": frame["function"], "line": frame["line"], "code": frame["code"]}

@@ -10,7 +10,7 @@ import torch
 
 from pt2flow.stages import program
 from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
-from pt2flow.stages.classify import classify_trace_error, short_message, strip_ansi
+from pt2flow.stages.classify import classify_trace_error, failure_origin, short_message, strip_ansi
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.example_inputs import BoundInputs, ModelInputs
 from pt2flow.stages.options import TraceOptions
@@ -87,7 +87,7 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
                 ep = _export(model, bound, dyn, strict)
         except Exception as exc:
             error_class = classify_trace_error(exc)
-            attempts.append(_attempt_record(strategy, strict, dyn, error_class, short_message(exc, 1000)))
+            attempts.append(_attempt_record(strategy, strict, dyn, error_class, short_message(exc, 1000), failure_origin(exc)))
             if error_class == ErrorClass.DYNAMIC_SHAPE and not fixes_tried and dyn is not None and options.allows("suggested_fixes"):
                 fixes_tried = True
                 refined = _suggested_fixes(exc, dyn)
@@ -101,9 +101,13 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
     raise _failure(model, bound, dynamic, options, attempts)
 
 
-def _attempt_record(strategy: str, strict: bool, dynamic: Any, error_class: str | None, error: str | None) -> dict[str, Any]:
-    """One rung of the ladder as metadata records it."""
-    return {"strategy": strategy, "strict": strict, "dynamic_shapes": _describe_dynamic(dynamic), "error_class": error_class, "error": error}
+def _attempt_record(strategy: str, strict: bool, dynamic: Any, error_class: str | None, error: str | None, origin: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One rung of the ladder as metadata records it; a failed one with where it failed (the
+    frame in the model's own code, classify.failure_origin) when there is one."""
+    record = {"strategy": strategy, "strict": strict, "dynamic_shapes": _describe_dynamic(dynamic), "error_class": error_class, "error": error}
+    if origin is not None:
+        record["origin"] = origin
+    return record
 
 
 def _exported(
@@ -160,5 +164,5 @@ def _failure(model: torch.nn.Module, bound: BoundInputs, dynamic: Any, options: 
         f"{first['error']} (tried: {tried})",
         attempts=tuple(attempts),
         report=report,
-        details={"attempts": attempts},
+        details={"attempts": attempts, **({"origin": first["origin"]} if first.get("origin") else {})},
     )

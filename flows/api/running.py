@@ -116,7 +116,7 @@ def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, progress: 
     if not parameters["force"] and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
         document = nothing_to_build(parameters)
         if document is not None:
-            return document
+            return with_failure_groups(document, store)
     starting = None
     if parameters["runner"] != "dask":  # the workers import torch while the Prefect server starts
         starting = lambda: start_workers(parameters["workers"], len(pipeline.models), parameters.get("python"))  # noqa: E731
@@ -129,6 +129,26 @@ def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, progress: 
         document = state.result(raise_on_failure=False)
     if not isinstance(document, dict):
         raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
+    return with_failure_groups(document, store)
+
+
+def with_failure_groups(document: dict[str, Any], store: Any) -> dict[str, Any]:
+    """The run document with its failures grouped by root cause against the run `report` pairs
+    it with (`failure_groups`, flows/report/failures.py). Best effort: the run is done, and a
+    grouping problem only leaves the groups out."""
+    import logging
+
+    from pt2flow.flows.report.failures import run_groups
+
+    if "failure_groups" in document:
+        return document
+    try:
+        groups = run_groups(store.index, document["run_id"], store_url=store.url)
+    except Exception as exc:  # noqa: BLE001 - the groups are a view of a finished run
+        logging.getLogger("pt2flow").warning("could not group the run's failures: %s: %s", type(exc).__name__, exc)
+        return document
+    if groups:
+        document["failure_groups"] = groups
     return document
 
 

@@ -237,6 +237,14 @@ class Store:
             raise UsageError("give both runs, or neither for the newest run and the earlier one that covered its models")
         return dict(compare_default(self.artifacts.index))
 
+    def failures(self, run: str | None = None, *, against: str | None = None) -> dict[str, Any]:
+        """`pt2flow failures --json`: `run`'s failures (default: the newest run) grouped by root
+        cause, largest first, each new or persisting against `against` (default: the run
+        `report` pairs it with), then the groups only `against` had (gone)."""
+        from pt2flow.flows.report.failures import failures_of
+
+        return failures_of(self.artifacts, run, against)
+
     def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None) -> dict[str, Any]:
         """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with `path`."""
         from pt2flow.storage.retrieve import ArtifactRequestError, copy_out, find_by_id, find_for_model

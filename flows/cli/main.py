@@ -44,6 +44,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = {
     "verify": ("pt2flow.flows.cli.maintenance:verify_command", "re-hash every blob"),
     "gc": ("pt2flow.flows.cli.maintenance:gc_command", "delete unreferenced blobs"),
     "report": ("pt2flow.flows.cli.report:report_command", "drift between two runs (default: the newest and the earlier one that covered its models)"),
+    "failures": ("pt2flow.flows.cli.report:failures_command", "a run's failures grouped by root cause, against the run before"),
     "get": ("pt2flow.flows.cli.artifacts:get_command", "copy a verified artifact out of the store"),
     "repro": ("pt2flow.flows.cli.artifacts:repro_command", "a torch-only script that reproduces a failed stage"),
     "schema": ("pt2flow.flows.cli.artifacts:schema_command", "print the config's JSON Schema"),

@@ -45,3 +45,31 @@ def report_command(args: Args) -> int:
     else:
         render_terminal(comparison, rich_console())
     return EXIT_FAILED if args.fail_on_regression and comparison["regressions"] else EXIT_OK
+
+
+@command(
+    "failures",
+    help="A run's failures grouped by root cause (class, stage, the op/guard/symbol the error names, the first frame in the "
+    "model's own code), largest first: the models in each group, one message, a repro command, and whether the group is "
+    "new, persisting or gone against another run.",
+    arguments={"[RUN]": "the run (ID or unique prefix); default: the newest"},
+)
+@click.argument("run", metavar="[RUN]", required=False)
+@click.option("--against", metavar="RUN", help="the run to compare with; default: the run `report` pairs RUN with (the newest earlier run that covered its models)")
+@store_options
+@json_option("print the groups as one JSON document")
+@click.option("--html", metavar="FILE", help="also write a self-contained HTML page")
+def failures_command(args: Args) -> int:
+    from pt2flow.flows.report.failure_views import failures_html, render_failures
+    from pt2flow.flows.report.failures import failures_of
+
+    if args.html:
+        check_page_path(args.html)
+    report = failures_of(open_store(args), args.run, args.against)
+    if args.html:
+        write_page(args.html, lambda: failures_html(report))
+    if args.json:
+        dump(report)
+    else:
+        render_failures(report, rich_console())
+    return EXIT_OK

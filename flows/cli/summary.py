@@ -112,6 +112,10 @@ def render_run(document: Mapping[str, Any], console: Console) -> None:
             f"so the program accepts only the example's sizes ({', '.join(static)}); "
             "set trace: {fallback: {static: false}} to fail instead[/yellow]"
         )
+    if document.get("failure_groups"):
+        from pt2flow.flows.report.failure_views import render_run_groups
+
+        render_run_groups(document["failure_groups"], console)
     for model in document["models"]:
         if model["status"] != "ok":
             failed = model["stages"].get(model["failed_stage"] or "") or {}

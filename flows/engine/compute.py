@@ -396,15 +396,32 @@ def classify(stage: str, exc: BaseException) -> Failure:
             details["validation"] = validation_summary(exc.details)
         elif exc.details:
             details.update(exc.details)
+        if "origin" not in details and (exc.__cause__ is not None or exc.__context__ is not None):
+            _add_origin(details, exc)
         return Failure(ErrorClass(exc.error_class), exc.message, details, report)
     if isinstance(exc, StorageError):
         return Failure(ErrorClass.STORAGE, str(exc), transient=is_transient(exc))
     if isinstance(exc, MemoryError):
         return Failure(ErrorClass.OUT_OF_MEMORY, f"out of memory: {exc or 'MemoryError'}")
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8))
+    found: dict[str, Any] = {"traceback": tb}
+    _add_origin(found, exc)
     if _registered_elsewhere(stage):  # a stage from another distribution raised: not pt2flow's bug
-        return Failure(ErrorClass.RUNTIME, f"{stage} raised {type(exc).__name__}: {exc}", {"traceback": tb})
-    return Failure(ErrorClass.INTERNAL, f"pt2flow bug: {type(exc).__name__}: {exc}", {"traceback": tb})
+        return Failure(ErrorClass.RUNTIME, f"{stage} raised {type(exc).__name__}: {exc}", found)
+    return Failure(ErrorClass.INTERNAL, f"pt2flow bug: {type(exc).__name__}: {exc}", found)
+
+
+def _add_origin(details: dict[str, Any], exc: BaseException) -> None:
+    """Where the failure happened (the frame in the model's own code, else the library's), for
+    its root-cause signature (flows/report/failures.py)."""
+    from pt2flow.stages.classify import failure_origin
+
+    try:
+        origin = failure_origin(exc)
+    except Exception:  # noqa: BLE001 - a frame that cannot be read leaves the failure without one
+        origin = None
+    if origin is not None:
+        details["origin"] = origin
 
 
 def _registered_elsewhere(stage: str) -> bool:

@@ -158,7 +158,10 @@ class RunSummary(Document):
 
 
 class RunDocument(Document):
-    """The run document of docs/architecture.md §4."""
+    """The run document of docs/architecture.md §4; `failure_groups` (added compatibly) only when
+    the run's failures were grouped by root cause (flows/report/failures.py run_groups)."""
+
+    optional: ClassVar[frozenset[str]] = frozenset({"failure_groups"})
 
     run_id: str
     store: str
@@ -166,3 +169,4 @@ class RunDocument(Document):
     models: list[ModelResult]
     workers: int
     python: str | None = None  # the interpreter the workers ran in (`run --python`); None: pt2flow's own
+    failure_groups: list[dict[str, Any]] | None = None

@@ -72,6 +72,9 @@ def resolve_workers(workers: int | None, models_with_work: int) -> int:
 
 def run_document(ctx: RunContext, results: list[ModelResult], started: float, workers: int) -> RunDocument:
     """The run document (docs/architecture.md §4); compacts the index once it has many files."""
+    from pt2flow.flows.engine.lineage_events import flush
+
+    flush(ctx.run_id)  # the run's OpenLineage events sent, or dropped with one warning (bounded wait)
     store = runtime.open_store(ctx.store_url)
     if len(store.index.files()) >= AUTO_COMPACT_FILES:
         store.index.compact()

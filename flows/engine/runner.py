@@ -23,6 +23,7 @@ from pt2flow.flows.engine.bookkeeping import StageRun
 from pt2flow.flows.engine.compute import Produced, StageRequest
 from pt2flow.flows.engine.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
 from pt2flow.flows.engine.documents import ModelResult, StageView, ValidationSummary
+from pt2flow.flows.engine.lineage_events import StageLineage
 from pt2flow.flows.engine.planner import Plan, plan_model, source_key
 from pt2flow.flows.engine.pool import Budget, Lease, WorkerLost, WorkerPool
 from pt2flow.flows.engine.wiring import gather, parent_keys, stage_key
@@ -93,14 +94,25 @@ def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping
 
     model_run = _model_run()
     spec = get_stage(stage)
-    key = (model_run.plan.source_key or "") if stage == "source" else stage_key(spec, model, inputs)
-    run = StageRun(stage, model, ctx, key, parent_keys(spec, inputs), records=model_run.records)
+    lineage = StageLineage(ctx, model, stage, inputs)  # OpenLineage START / COMPLETE / FAIL (off unless configured)
+    lineage.start()
     try:
-        return _attempt(run, model_run, inputs, spec.compute)
-    except StorageError as exc:
-        if is_transient(exc) and _retries_left():
-            raise TransientStageError(str(exc)) from exc  # not recorded: the retry records the outcome
-        raise run.fail(ErrorClass.STORAGE, str(exc)) from None
+        key = (model_run.plan.source_key or "") if stage == "source" else stage_key(spec, model, inputs)
+        run = StageRun(stage, model, ctx, key, parent_keys(spec, inputs), records=model_run.records)
+        try:
+            outcome = _attempt(run, model_run, inputs, spec.compute)
+        except StorageError as exc:
+            if is_transient(exc) and _retries_left():
+                raise TransientStageError(str(exc)) from exc  # not recorded: the retry records the outcome
+            raise run.fail(ErrorClass.STORAGE, str(exc)) from None
+    except StageFailed as failed:
+        lineage.end(failed.outcome)
+        raise
+    except BaseException:
+        lineage.end(None, aborted=True)
+        raise
+    lineage.end(outcome)
+    return outcome
 
 
 def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], compute: str) -> Outcome:

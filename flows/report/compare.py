@@ -29,6 +29,7 @@ from pt2flow.flows.report.drift import (
     TorchChange,
     ValidationFacts,
 )
+from pt2flow.flows.report.failures import run_groups
 from pt2flow.flows.report.rules import regressions
 from pt2flow.flows.report.runs import NotEnoughRuns, RunSelection, given, iso, report_pair
 from pt2flow.flows.report.text import op_changes
@@ -107,6 +108,7 @@ def build_report(index: Any, run_a: str, run_b: str, *, selection: RunSelection 
         only_in_a=[m.model for m in models if m.presence == "a"],
         only_in_b=[m.model for m in models if m.presence == "b"],
     )
+    report.failure_groups = run_groups(index, run_b, run_a)
     report.regressions = [Regression(**found) for found in regressions(report.model_dump(mode="json"))]
     report.summary.regressions = len(report.regressions)
     return report

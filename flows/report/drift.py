@@ -191,3 +191,5 @@ class DriftReport(Fact):
     only_in_b: list[str]
     regressions: list[Regression] = Field(default_factory=list)
     selection: Selection | None = None  # added compatibly, last: which runs and why
+    # added compatibly, last: run b's failures grouped by root cause against run a (flows/report/failures.py)
+    failure_groups: list[dict[str, Any]] | None = None

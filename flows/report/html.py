@@ -80,6 +80,7 @@ def to_html(comparison: Mapping[str, Any], *, plot_models: int = PLOT_MODELS) ->
         title=f"pt2flow drift report: {runs['a']['run_id']} → {runs['b']['run_id']}",
         runs=[_run(runs[side], label) for side, label in (("a", "before"), ("b", "after"))],
         selection=(comparison.get("selection") or {}).get("reason"),
+        failure_groups=comparison.get("failure_groups") or [],
         torch_changed=comparison["torch"]["changed"],
         torch_line=torch_line(comparison),
         chips=_chips(comparison["summary"], found),

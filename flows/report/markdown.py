@@ -28,6 +28,10 @@ def to_markdown(comparison: Mapping[str, Any], *, max_rows: int = 200) -> str:
         lines += [f"- **{_md(r['model'])}**: {_md(r['message'])} (`{r['rule']}`)" for r in found]
     else:
         lines += ["## No regressions"]
+    if comparison.get("failure_groups"):
+        from pt2flow.flows.report.failure_views import groups_markdown
+
+        lines += ["", *groups_markdown(comparison["failure_groups"], title="## Failure groups (run after, by root cause)")]
     lines += ["", "## Models", "", *_TABLE_HEAD]
     flagged = flagged_fields(found)
     rows = row_order(comparison)

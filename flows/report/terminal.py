@@ -37,6 +37,10 @@ def render_terminal(comparison: Mapping[str, Any], console: Any) -> None:
             console.print(Text(f"  ✗ {r['model']}: {r['message']}", style="red"))
     else:
         console.print("[green]no regressions[/green]")
+    if comparison.get("failure_groups"):
+        from pt2flow.flows.report.failure_views import render_run_groups
+
+        render_run_groups(comparison["failure_groups"], console)
 
 
 def _row(entry: Mapping[str, Any], marks: set[str]) -> list[Any]:

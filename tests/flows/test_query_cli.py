@@ -228,7 +228,7 @@ def test_a_closed_stdout_ends_every_query_quietly_with_141(populated: dict) -> N
     root, sha = str(populated["root"]), populated["alpha"]["decompose"]["sha256"]
     commands = [["ls"], ["ls", "--json"], ["show", sha[:10]], ["show", sha[:10], "--json"], ["lineage", sha[:10]],
                 ["diff", sha[:10], populated["beta"]["decompose"]["sha256"][:10], "--json"], ["report"], ["report", "--json"],
-                ["verify", "--json"]]
+                ["verify", "--json"], ["failures"], ["failures", "--json"]]
     for args in commands:
         assert run_cli([*args, "--store", root]).returncode == 0, args
         proc = run_cli_into_closed_pipe([*args, "--store", root])
@@ -255,7 +255,7 @@ def test_bad_ids_are_not_storage_errors_in_python(populated: dict) -> None:
         store.show("0" * 64)
 
 
-QUERY_COMMANDS = ("ls", "show", "lineage", "diff", "verify", "gc", "report", "get", "repro", "check-compat", "audit")
+QUERY_COMMANDS = ("ls", "show", "lineage", "diff", "verify", "gc", "report", "get", "repro", "check-compat", "audit", "failures")
 
 
 def test_the_query_commands_say_how_the_store_is_chosen(populated: dict, tmp_path: Path) -> None:

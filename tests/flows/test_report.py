@@ -423,7 +423,9 @@ def test_markdown_lists_regressions_and_every_model(store: ArtifactStore) -> Non
     text = to_markdown(comparison)
     assert "## ⚠️ 4 regression(s)" in text
     assert "compile time 8.00 s → 20.00 s (+150 %" in text
-    table = [line for line in text.splitlines() if line.startswith("| ")]
+    groups, models = text.split("## Models", 1)
+    assert "## Failure groups" in groups and "| new | 1: broken\\|pipe | unsupported_op @ trace |" in groups  # its failure, by cause
+    table = [line for line in models.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 4  # header + one row per model
     assert table[1].startswith("| ⚠️ `broken\\|pipe`")  # regressions first, a | in a cell escaped
     assert all(row.count(" | ") == table[0].count(" | ") for row in table[1:])
@@ -641,7 +643,8 @@ def test_the_drift_report_is_its_typed_model(store: ArtifactStore) -> None:
     from pt2flow.flows.report.drift import DriftReport
 
     comparison = fleet(store)
-    assert list(comparison) == ["report_version", "runs", "torch", "summary", "models", "only_in_a", "only_in_b", "regressions", "selection"]
+    assert list(comparison) == ["report_version", "runs", "torch", "summary", "models", "only_in_a", "only_in_b", "regressions", "selection",
+                                "failure_groups"]  # failure_groups: added compatibly (issue 22)
     assert list(comparison["summary"])[-1] == "regressions" and comparison["summary"]["regressions"] == len(comparison["regressions"]) > 0
     assert list(comparison["models"][0]) == [
         "model", "presence", "status", "torch_version", "source", "static_fallback", "keys_changed", "graph",
