@@ -11,7 +11,7 @@ import click
 
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, CommandUsageError
 from pt2flow.flows.cli.support import (
-    Args, check_page_path, command, dump, format_size, json_option, open_store, rich_console, store_options, write_page,
+    Args, check_page_path, command, dump, format_size, json_option, open_store, present, store_options,
 )
 
 from pt2flow.flows import pipeline
@@ -98,10 +98,5 @@ def check_compat_command(args: Args) -> int:
     if args.html:
         check_page_path(args.html)  # before the work, not after it
     doc = check_compat(Store.of(open_store(args)), args.run)
-    if args.html:
-        write_page(args.html, lambda: compat_html(doc))
-    if args.json:
-        dump(doc)
-    else:
-        render_compat(doc, rich_console())
+    present(args, doc, compat_html, render_compat)
     return EXIT_FAILED if doc["summary"]["failed"] else EXIT_OK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, CommandUsageError
-from pt2flow.flows.cli.support import Args, check_page_path, command, dump, json_option, open_store, rich_console, store_options, write_page
+from pt2flow.flows.cli.support import Args, check_page_path, command, json_option, open_store, present, store_options
 
 
 @command(
@@ -36,14 +36,9 @@ def report_command(args: Args) -> int:
         comparison = compare_runs(store.index, run_a, run_b)
     else:
         comparison = compare_default(store.index)
-    if args.html:
-        from pt2flow.flows.report.html import to_html
+    from pt2flow.flows.report.html import to_html
 
-        write_page(args.html, lambda: to_html(comparison))
-    if args.json:
-        dump(comparison)
-    else:
-        render_terminal(comparison, rich_console())
+    present(args, comparison, to_html, render_terminal)
     return EXIT_FAILED if args.fail_on_regression and comparison["regressions"] else EXIT_OK
 
 
@@ -65,11 +60,5 @@ def failures_command(args: Args) -> int:
 
     if args.html:
         check_page_path(args.html)
-    report = failures_of(open_store(args), args.run, args.against)
-    if args.html:
-        write_page(args.html, lambda: failures_html(report))
-    if args.json:
-        dump(report)
-    else:
-        render_failures(report, rich_console())
+    present(args, failures_of(open_store(args), args.run, args.against), failures_html, render_failures)
     return EXIT_OK

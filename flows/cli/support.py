@@ -126,6 +126,17 @@ def write_page(path: str, render: Callable[[], str]) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
+def present(args: Args, document: Any, page: Callable[[Any], str], terminal: Callable[[Any, Any], None]) -> None:
+    """What a report command prints: the --html page of `document` (if asked), then `document`
+    as JSON (--json) or its terminal view."""
+    if args.html:
+        write_page(args.html, lambda: page(document))
+    if args.json:
+        dump(document)
+    else:
+        terminal(document, rich_console())
+
+
 def check_page_path(path: str) -> None:
     """CommandUsageError when `path` cannot be a file to write: a folder, in no folder, or in one
     this user may not write in."""

@@ -4,7 +4,6 @@ view renders, as the dict compare_runs() returns."""
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
@@ -32,7 +31,7 @@ from pt2flow.flows.report.drift import (
 from pt2flow.flows.report.failures import run_groups
 from pt2flow.flows.report.rules import regressions
 from pt2flow.flows.report.runs import NotEnoughRuns, RunSelection, given, iso, report_pair
-from pt2flow.flows.report.text import op_changes
+from pt2flow.flows.report.text import decoded, op_changes
 from pt2flow.storage.errors import RecordNotFound
 
 
@@ -140,15 +139,6 @@ def _stages_of(state: ModelState | None) -> set[str]:
 # reading one run's records
 
 
-def _loads(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
 def _newest_per_stage(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """model -> stage -> the newest record of that stage in the run."""
     floor = datetime.min.replace(tzinfo=timezone.utc)
@@ -212,9 +202,9 @@ def _graph(stages: Stages) -> dict[str, Any]:
                 "stage": stage,
                 "fingerprint": record.get("fingerprint"),
                 "node_count": record.get("node_count"),
-                "op_histogram": _loads(record.get("op_histogram")) or {},
-                "signature": _loads(record.get("signature")),
-                "range_constraints": _loads(record.get("range_constraints")),
+                "op_histogram": decoded(record.get("op_histogram")) or {},
+                "signature": decoded(record.get("signature")),
+                "range_constraints": decoded(record.get("range_constraints")),
             }
     return {}
 
@@ -239,7 +229,7 @@ def _validation(stages: Stages) -> dict[str, Any]:
     record = stages.get("validate")
     if record is None:
         return {}
-    summary = _loads(record.get("validation")) or {}
+    summary = decoded(record.get("validation")) or {}
     return {
         "passed": record.get("passed") if record.get("passed") is not None else summary.get("passed"),
         "max_abs_err": record.get("max_abs_err") if record.get("max_abs_err") is not None else summary.get("max_abs_err"),
@@ -338,7 +328,7 @@ def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Sta
 def _source_facts(src_a: Mapping[str, Any], src_b: Mapping[str, Any]) -> SourceFacts:
     return SourceFacts(
         factory=Pair.of(src_a.get("factory"), src_b.get("factory")),
-        kwargs=Pair.of(_loads(src_a.get("kwargs")), _loads(src_b.get("kwargs"))),
+        kwargs=Pair.of(decoded(src_a.get("kwargs")), decoded(src_b.get("kwargs"))),
         code_hash=Pair.of(src_a.get("code_hash"), src_b.get("code_hash")),
         # no weights (factory init) is a value too: None -> digest is a change
         weights=Pair(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-import json
 import re
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
@@ -34,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.report.runs import NotEnoughRuns, report_pair
+from pt2flow.flows.report.text import decoded
 from pt2flow.stages.classify import FRAMEWORK_PACKAGES
 from pt2flow.storage.errors import RecordNotFound
 
@@ -216,7 +216,7 @@ def signature(error_class: str | None, stage: str | None, message: str | None, *
 
 def record_origin(record: Mapping[str, Any]) -> dict[str, Any] | None:
     """The frame a failed record's worker found (details.origin, else its trace attempt's)."""
-    details = _loads(record.get("details")) or {}
+    details = decoded(record.get("details")) or {}
     origin = details.get("origin") if isinstance(details, dict) else None
     attempts = (details.get("attempts") or []) if isinstance(details, dict) else []
     if not origin:
@@ -227,7 +227,7 @@ def record_origin(record: Mapping[str, Any]) -> dict[str, Any] | None:
 def record_signature(record: Mapping[str, Any]) -> Signature:
     """The signature of a failed index record (its details as recorded: origin, attempts,
     traceback, stderr_tail)."""
-    details = _loads(record.get("details")) or {}
+    details = decoded(record.get("details")) or {}
     texts = [details.get("traceback"), details.get("stderr_tail")] if isinstance(details, dict) else []
     return signature(record.get("error_class"), record.get("stage"), record.get("error_message"), origin=record_origin(record), texts=texts,
                      model=record.get("model"))
@@ -342,14 +342,6 @@ class FailureReport(Fact):
     summary: FailureSummary
     groups: list[FailureGroup] = Field(default_factory=list)
 
-
-def _loads(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def first_failures(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

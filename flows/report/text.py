@@ -4,8 +4,19 @@ range constraints, op changes, latency, and the torch line."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
+
+def decoded(value: Any) -> Any:
+    """An index field stored as JSON text, decoded (anything else, or text that is not JSON, as it is)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
 
 def secs(value: Any) -> str:
     return "-" if value is None else f"{value:.2f} s"
