@@ -8,7 +8,8 @@ detaches (fork, new session; the starting run does not wait for it), writes its 
 (`pt2flow-server.json` in PREFECT_HOME: pid, port, URL, interpreter and Prefect version) and runs
 Prefect's API app under uvicorn. A run holds a lease while it uses the server: a file named by
 its pid in `pt2flow-server.leases/`. Every few seconds the server drops the leases of processes
-that are gone; once none has been held for IDLE_SECONDS it stops, and removes its state file.
+that are gone; once none has been held for IDLE_SECONDS (or at once, when no run holds one and
+another server has taken over the state file) it stops, and removes its state file.
 Its environment holds only what Prefect reads (no storage options, no credentials of any run).
 """
 
@@ -25,6 +26,12 @@ from pathlib import Path
 WATCH_SECONDS = 2.0
 STATE = "pt2flow-server.json"
 LEASES = "pt2flow-server.leases"
+
+
+def environment() -> str:
+    """The Python environment a server runs in, as its identity: the real path of sys.prefix (a
+    venv reached through a symlink is the same venv; two venvs of one base interpreter are not)."""
+    return os.path.realpath(sys.prefix)
 
 
 def _alive(pid: int) -> bool:
@@ -52,13 +59,22 @@ def live_leases(folder: Path) -> int:
     return live
 
 
+def _superseded(state: Path) -> bool:
+    """Another server's state file is there now (one of another interpreter or Prefect version
+    took over this PREFECT_HOME): no new run will find this one."""
+    try:
+        return json.loads(state.read_text()).get("pid") != os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
 def _watch(server: object, folder: Path, idle: float, state: Path) -> None:
     last = time.monotonic()
     while not getattr(server, "should_exit"):
         time.sleep(WATCH_SECONDS)
         if live_leases(folder):
             last = time.monotonic()
-        elif time.monotonic() - last > idle:
+        elif time.monotonic() - last > idle or _superseded(state):
             setattr(server, "should_exit", True)
             _remove_state(state)
 
@@ -81,7 +97,8 @@ def main(port: int, home: str, idle: float) -> int:
     folder = Path(home) / LEASES
     folder.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}/api"
-    payload = {"pid": os.getpid(), "port": port, "url": url, "python": sys.executable, "prefect": metadata.version("prefect")}
+    payload = {"pid": os.getpid(), "port": port, "url": url, "python": sys.executable, "environment": environment(),
+               "prefect": metadata.version("prefect")}
     tmp = state.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload))
     os.replace(tmp, state)

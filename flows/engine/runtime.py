@@ -164,7 +164,7 @@ def _shared_server(timeout: float, while_starting: Callable[[], Any] | None) -> 
     import fcntl
     from importlib import metadata
 
-    from pt2flow.flows.engine.prefect_server import LEASES, STATE
+    from pt2flow.flows.engine.prefect_server import LEASES, STATE, environment
 
     home = prefect_home()
     home.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ def _shared_server(timeout: float, while_starting: Callable[[], Any] | None) -> 
     leases.mkdir(exist_ok=True)
     lease = leases / str(os.getpid())
     lease.touch()  # before anything: a server starting now must not find itself idle
-    wanted = {"python": sys.executable, "prefect": metadata.version("prefect")}
+    wanted = {"environment": environment(), "prefect": metadata.version("prefect")}
     with open(home / "pt2flow-server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         state = _read_state(home / STATE)
