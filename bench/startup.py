@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from pt2flow.flows.engine.runtime import stop_shared_server
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
@@ -105,21 +107,12 @@ def main() -> None:
         results[mode] = {"first": first, "runs": runs, "median": median}
         print(f"{mode + ', first run':22}" + "".join(f"{first[k]:9.2f}" for k in ("source", "trace", "end", "summary")))
         print(f"{mode + ', cold, median':22}" + "".join(f"{median[k]:9.2f}" for k in ("source", "trace", "end", "summary")))
-        _stop_server(home)
+        stop_shared_server(home)
     print(f"goal: trace <= 3 s (shared server, the default): {'met' if results['shared']['median']['trace'] <= 3.0 else 'NOT met'}")
     line = json.dumps(results)
     print(line)
     if args.json_out:
         Path(args.json_out).write_text(line + "\n")
-
-
-def _stop_server(home: Path) -> None:
-    import signal
-
-    try:
-        os.kill(int(json.loads((home / "pt2flow-server.json").read_text())["pid"]), signal.SIGTERM)
-    except (OSError, ValueError, KeyError):
-        pass
 
 
 if __name__ == "__main__":

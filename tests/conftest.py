@@ -37,14 +37,10 @@ def _prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def stop_shared_server(home: Path) -> None:
-    """SIGTERM the shared Prefect server of a PREFECT_HOME (flows/engine/prefect_server.py), if one runs."""
-    import signal
+    """Stop the shared Prefect server of a PREFECT_HOME (flows/engine/prefect_server.py), if one runs."""
+    from pt2flow.flows.engine.runtime import stop_shared_server as stop
 
-    try:
-        pid = int(json.loads((home / "pt2flow-server.json").read_text())["pid"])
-        os.kill(pid, signal.SIGTERM)
-    except (OSError, ValueError, KeyError):
-        pass
+    stop(home)
 
 
 @pytest.fixture(scope="session")

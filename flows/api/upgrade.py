@@ -119,18 +119,18 @@ def _baseline_run(store: Any, baseline: str | None, names: Sequence[str], base: 
     if not full:
         raise UsageError("no run in the store covers all of this config's models: run the fleet first (pt2flow run CONFIG), or give --baseline RUN")
     for run_id in reversed(full):
-        built_with = _manifest_versions(store, run_id)
+        built_with = _manifest_versions(store, [run_id])
         if built_with and all(base.version(name, None) == version for versions in built_with.values() for name, version in versions.items()):
             return run_id, "the newest run that built every model with the baseline's versions"
     return full[-1], "the newest run of every model (none was built with exactly the baseline environment's versions)"
 
 
-def _manifest_versions(store: Any, *runs: str) -> dict[str, dict[str, str]]:
-    """model -> the distribution versions its source record's dependency manifest names, for the
-    models of `runs` (their newest ok source record)."""
+def _manifest_versions(store: Any, runs: Sequence[str]) -> dict[tuple[str, str], dict[str, str]]:
+    """(run, model) -> the distribution versions its source record's dependency manifest names,
+    for the models of `runs` (their newest ok source record)."""
     import pyarrow.compute as pc
 
-    found: dict[str, dict[str, str]] = {}
+    found: dict[tuple[str, str], dict[str, str]] = {}
     rows = store.index.scan(["model", "stage", "status", "sha256", "size", "run_id", "ended_at"],
                             filter=(pc.field("stage") == "source") & pc.field("run_id").isin(list(runs))).to_pylist()
     for row in sorted(rows, key=lambda r: str(r["ended_at"] or "")):
@@ -140,16 +140,16 @@ def _manifest_versions(store: Any, *runs: str) -> dict[str, dict[str, str]]:
             manifest = json.loads(store.get_blob(row["sha256"], row["size"]))
         except Exception:  # noqa: BLE001 - a manifest that cannot be read names nothing
             continue
-        found[(row["run_id"], row["model"])] = dict((manifest.get("deps") or {}).get("distributions") or {})  # type: ignore[index]
-    return {f"{run}/{model}": versions for (run, model), versions in found.items()}  # type: ignore[misc]
+        found[(row["run_id"], row["model"])] = dict((manifest.get("deps") or {}).get("distributions") or {})
+    return found
 
 
 def _used_distributions(store: Any, *runs: str) -> dict[str, list[str]]:
     """distribution -> the models whose dependency manifest (their source record) names it."""
     used: dict[str, set[str]] = {}
-    for key, versions in _manifest_versions(store, *runs).items():
+    for (_run, model), versions in _manifest_versions(store, runs).items():
         for name in versions:
-            used.setdefault(name, set()).add(key.split("/", 1)[1])
+            used.setdefault(name, set()).add(model)
     return {name: sorted(models) for name, models in used.items()}
 
 

@@ -52,6 +52,11 @@ def comma_list(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
     return tuple(name.strip() for value in values for name in value.split(",") if name.strip())
 
 
+def stage_list(args: Args) -> list[str] | None:
+    """--stages a,b,... as a list (None when not given)."""
+    return [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+
+
 def runner_of(args: Args) -> str:
     return args.runner or "local"
 
@@ -60,7 +65,7 @@ def load_for_run(args: Args) -> Any:
     """The config with --only/--stages applied; raises ConfigError or UsageError."""
     from pt2flow.flows.api.running import load_for_run as load
 
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    stages = stage_list(args)
     return load(
         args.config, only=args.only or (), stages=stages, workers=args.workers, runner=runner_of(args), dask_address=args.dask_address,
         no_worker_timeout_s=args.no_worker_timeout,

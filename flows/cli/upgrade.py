@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import click
 
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK
-from pt2flow.flows.cli.launch import CONFIG_HELP, comma_list
+from pt2flow.flows.cli.launch import CONFIG_HELP, comma_list, stage_list
 from pt2flow.flows.cli.support import Args, check_page_path, command, json_option, write_page
 
 
@@ -39,7 +40,6 @@ from pt2flow.flows.cli.support import Args, check_page_path, command, json_optio
 @json_option("print the report as one JSON document (logs go to stderr)")
 @click.option("--html", metavar="FILE", help="also write the report as a self-contained HTML page")
 def upgrade_check_command(args: Args) -> int:
-    from pt2flow.flows.api.upgrade import upgrade_check
     from pt2flow.flows.report.upgrade import render_html, render_text
 
     if args.html:
@@ -48,20 +48,23 @@ def upgrade_check_command(args: Args) -> int:
         from pt2flow.flows.cli.run import stdout_to_stderr
 
         with stdout_to_stderr() as real_stdout:
-            report = _check(upgrade_check, args)
+            report = _check(args)
             real_stdout.write(json.dumps(report.model_dump(mode="json"), indent=1, default=str) + "\n")  # type: ignore[attr-defined]
             real_stdout.flush()
     else:
-        report = _check(upgrade_check, args)
+        report = _check(args)
         print(render_text(report))
     if args.html:
         write_page(args.html, lambda: render_html(report))
     return EXIT_FAILED if report.regressed else EXIT_OK
 
 
-def _check(upgrade_check: object, args: Args) -> object:
-    return upgrade_check(  # type: ignore[operator]
-        os.path.abspath(args.config), python=args.python, requirements=list(args.requirements), baseline=args.baseline, baseline_python=args.baseline_python,
-        only=list(args.only), stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
+def _check(args: Args) -> Any:
+    from pt2flow.flows.api.upgrade import upgrade_check
+
+    return upgrade_check(
+        os.path.abspath(args.config), python=args.python, requirements=list(args.requirements), baseline=args.baseline,
+        baseline_python=args.baseline_python,
+        only=list(args.only), stages=stage_list(args),
         store=args.store, attribute=args.attribute, workers=args.workers, repro_dir=args.repro_dir,
     )

@@ -198,6 +198,21 @@ def _shared_server(timeout: float, while_starting: Callable[[], Any] | None) -> 
     raise RuntimeError(f"the Prefect server did not start; see {log_path}")
 
 
+def stop_shared_server(home: str | os.PathLike[str] | None = None) -> bool:
+    """SIGTERM the shared Prefect server of `home` (default: PREFECT_HOME), if one runs; True if
+    one was signalled. It stops as after an idle period (flows/engine/prefect_server.py)."""
+    import signal
+
+    from pt2flow.flows.engine.prefect_server import STATE
+
+    state = _read_state(Path(home) / STATE if home is not None else prefect_home() / STATE)
+    try:
+        os.kill(int(state["pid"]), signal.SIGTERM)  # type: ignore[index]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
 def _read_state(path: Path) -> dict[str, Any] | None:
     try:
         return dict(json.loads(path.read_text()))

@@ -146,14 +146,19 @@ def test_gc_keep_runs_frees_exactly_what_only_superseded_runs_need(fleet: dict[s
     assert code == 0 and {r["model"] for r in listed} == {"other"}, stderr  # other's builders stay
 
 
-def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp_path: Path, moto_s3: Any) -> None:
-    """On S3: two runs of a changing model; a run that starts (takes its lease) between the index
-    rewrite and the deletions stops them: the records are gone, every blob is still there."""
+def _changed_model_run_twice(tmp_path: Path, moto_s3: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A fresh S3 store, and the documents of two runs of one model whose code changed between them."""
     url = f"s3://{moto_s3.bucket}/retention-{uuid.uuid4().hex[:8]}"
     config = write_config(tmp_path / "c.yaml", _models(16)[:1], stages=["trace", "serialize"])
     first = _run(config, url)
     write_config(config, _models(32)[:1], stages=["trace", "serialize"])
-    second = _run(config, url)
+    return url, first, _run(config, url)
+
+
+def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp_path: Path, moto_s3: Any) -> None:
+    """On S3: two runs of a changing model; a run that starts (takes its lease) between the index
+    rewrite and the deletions stops them: the records are gone, every blob is still there."""
+    url, first, second = _changed_model_run_twice(tmp_path, moto_s3)
     store = ArtifactStore(url)
     before = _records(store)
     old = [r for r in before if r["run_id"] == first["run_id"]]
@@ -192,11 +197,7 @@ def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp
 
 def test_keep_runs_the_s3_store_frees_superseded_blobs_directly(tmp_path: Path, moto_s3: Any) -> None:
     """gc --keep-runs 1 on S3 with nothing in the way: the superseded run's blobs go in one gc."""
-    url = f"s3://{moto_s3.bucket}/retention-{uuid.uuid4().hex[:8]}"
-    config = write_config(tmp_path / "c.yaml", _models(16)[:1], stages=["trace", "serialize"])
-    first = _run(config, url)
-    write_config(config, _models(32)[:1], stages=["trace", "serialize"])
-    second = _run(config, url)
+    url, first, second = _changed_model_run_twice(tmp_path, moto_s3)
     store = ArtifactStore(url)
     before = _records(store)
     expected = _named([r for r in before if r["run_id"] == first["run_id"]]) - _named([r for r in before if r["run_id"] == second["run_id"]])
