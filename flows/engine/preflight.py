@@ -7,7 +7,8 @@ would otherwise fail on only once it reached the model, checked without running 
 - Code (a worker process of engine/pool.py, the isolation a run's stages get: a module that
   crashes, hangs or eats memory on import fails only its model): the factory and inputs_factory
   modules import, the factory returns an nn.Module, and the configured input names match its
-  `forward()`.
+  `forward()` (an inputs_factory's: called on the meta device, its positional arguments filling
+  forward()'s first parameters).
 
 The worker builds the model on the meta device (`with torch.device("meta")`): every parameter
 is a shape without storage, so a 7B-parameter factory builds in seconds and no memory, and the
@@ -128,27 +129,58 @@ def inspect_model(model: ResolvedModel) -> tuple[str, dict[str, Any]]:
 
     problems: list[tuple[KeyPath, str]] = []
     notes: list[tuple[KeyPath, str]] = []
-    factory = None
+    imported: dict[str, Any] = {}
     for key in ("factory", "inputs_factory"):
         reference = getattr(model, key)
         if reference is None:
             continue
         try:
-            imported = import_factory(reference, model.search_path)
+            imported[key] = import_factory(reference, model.search_path)
         except StageError as exc:
             problems.append(((key,), exc.message))
-            continue
-        if key == "factory":
-            factory = imported
-    if factory is not None and model.inputs:
+    factory = imported.get("factory")
+    names: list[str] | None = list(model.inputs) if model.inputs else None
+    positional = 0
+    where: KeyPath = ("inputs",)
+    if factory is not None and "inputs_factory" in imported:
+        where = ("inputs_factory",)
+        names, positional, problem, note = _factory_inputs(imported["inputs_factory"], model.inputs_factory)
+        if problem:
+            problems.append((where, problem))
+        elif note:
+            notes.append((where, note))
+    if factory is not None and names is not None:
         signature, problem, note = _forward_signature(factory, model.kwargs)
         if problem:
             problems.append((("factory",), problem))
         elif note:
-            notes.append((("inputs",), note))
+            notes.append((where, note))
         elif signature is not None:
-            problems.extend(argument_problems(signature, list(model.inputs)))
+            found = argument_problems(signature, names, positional=positional)
+            problems.extend(found if where == ("inputs",) else [(where, message) for _path, message in found])
     return "ok", {"problems": problems, "notes": notes}
+
+
+def _factory_inputs(make: Any, reference: str | None) -> tuple[list[str] | None, int, str | None, str | None]:
+    """(keyword names, how many positional arguments, a problem, a note) of what an inputs
+    factory gives, called on the meta device (its tensors are shapes without storage: a factory
+    of large inputs costs nothing). One that does not run there is a note: the run calls it."""
+    import torch
+
+    from pt2flow.stages.errors import StageError
+    from pt2flow.stages.example_inputs import check_inputs_call
+
+    what = f"inputs_factory {reference}"
+    try:
+        with torch.device("meta"):
+            result = make()
+    except Exception as exc:  # noqa: BLE001 - what meta cannot run is the run's to judge
+        return None, 0, None, f"forward() not checked: {what} does not run on the meta device ({type(exc).__name__}: {str(exc)[:200]})"
+    try:
+        args, kwargs = check_inputs_call(result, what)
+    except StageError as exc:
+        return None, 0, exc.message, None
+    return list(kwargs), len(args), None, None
 
 
 def _forward_signature(factory: Any, kwargs: Any) -> tuple[inspect.Signature | None, str | None, str | None]:
@@ -172,11 +204,19 @@ def _forward_signature(factory: Any, kwargs: Any) -> tuple[inspect.Signature | N
 _NAMED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
-def argument_problems(signature: inspect.Signature, names: Sequence[str]) -> list[tuple[KeyPath, str]]:
+def argument_problems(signature: inspect.Signature, names: Sequence[str], positional: int = 0) -> list[tuple[KeyPath, str]]:
     """Input names forward() cannot take (none when it takes **kwargs), and forward()'s required
     parameters the inputs leave out: as stages/binding.py binds inputs, by name (a `*args`
-    parameter takes its list by its name)."""
+    parameter takes its list by its name). `positional` arguments (an inputs factory's args)
+    fill forward()'s first parameters before the names are bound."""
     parameters = list(signature.parameters.values())
+    if positional:
+        if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters):
+            return []  # forward(*args): any count binds
+        slots = [p for p in parameters if p.kind in _NAMED[:2]]
+        if positional > len(slots):
+            return [((), f"forward() takes {len(slots)} positional argument(s), the inputs give {positional}")]
+        names = [*(p.name for p in slots[:positional]), *names]
     takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
     known = [p.name for p in parameters if p.kind != inspect.Parameter.VAR_KEYWORD]
     found: list[tuple[KeyPath, str]] = []

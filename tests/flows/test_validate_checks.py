@@ -43,6 +43,26 @@ def needs_real_weights():
 
 def not_a_module():
     return 3
+
+
+def inputs_wrong():
+    return {"x": torch.randn(2, 4), "y": torch.randn(2)}
+
+
+def inputs_positional():
+    return (torch.randn(2, 4),), {"mask": torch.ones(2, 4)}
+
+
+def inputs_too_many():
+    return (torch.randn(2, 4), torch.ones(2, 4), torch.ones(2)), {}
+
+
+def inputs_not_meta():
+    return {"x": torch.tensor([[1.0, 2.0, 3.0, 4.0]]) * float(torch.ones(1))}
+
+
+def inputs_bad_shape():
+    return [torch.randn(2, 4)]
 '''
 
 RAISES = 'raise RuntimeError("this module refuses to import")\n\ndef f():\n    pass\n'
@@ -196,3 +216,45 @@ def test_validate_imports_no_torch_in_the_calling_process(folder: Path) -> None:
             "print(doc['imported'], sorted(m for m in ('torch', 'prefect', 'vmodels') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "1 []", proc.stderr
+
+
+def test_an_inputs_factorys_names_are_checked_on_the_meta_device(folder: Path) -> None:
+    path = config(folder, """\
+        - name: wrong-names
+          factory: vmodels:two
+          inputs_factory: vmodels:inputs_wrong
+        - name: positional-then-named
+          factory: vmodels:two
+          inputs_factory: vmodels:inputs_positional
+        - name: too-many
+          factory: vmodels:two
+          inputs_factory: vmodels:inputs_too_many
+        - name: not-args-kwargs
+          factory: vmodels:two
+          inputs_factory: vmodels:inputs_bad_shape
+        - name: needs-real-tensors
+          factory: vmodels:two
+          inputs_factory: vmodels:inputs_not_meta
+        """)
+    proc = run_cli(["validate", str(path)], cwd=folder.parent, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == f"{path}: 3 problems in the config:"
+    assert lines[1] == f"  {path}:6: models[0].inputs_factory: forward() has no parameter 'y' (it takes x, mask)"
+    assert lines[2] == f"  {path}:12: models[2].inputs_factory: forward() takes 2 positional argument(s), the inputs give 3"
+    assert lines[3].startswith(f"  {path}:15: models[3].inputs_factory: inputs_factory vmodels:inputs_bad_shape must give (args, kwargs)"), lines[3]
+    assert len(lines) == 4  # positional-then-named binds x then mask: no problem
+    # a factory whose tensors must hold values is not judged here: a note, and the run calls it
+    path = config(folder, """\
+        - name: positional-then-named
+          factory: vmodels:two
+          inputs_factory: vmodels:inputs_positional
+        - name: needs-real-tensors
+          factory: vmodels:two
+          inputs_factory: vmodels:inputs_not_meta
+        """)
+    proc = run_cli(["validate", str(path), "--json"], cwd=folder.parent, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (note,) = json.loads(proc.stdout)["notes"]
+    assert note["path"] == "models[1].inputs_factory" and note["line"] == 9
+    assert note["message"].startswith("forward() not checked: inputs_factory vmodels:inputs_not_meta does not run on the meta device"), note
