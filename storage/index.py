@@ -85,6 +85,7 @@ class MetadataIndex:
         self.root = root.rstrip("/")
         self.retry = retry
         self._file_cache: dict[str, pa.Table] = {}
+        self._key_rows: dict[str, dict[str, list[int]]] = {}  # per file: key -> its rows (with_key)
         self._combined: tuple[tuple[str, ...], pa.Table] | None = None
         self._pinned: list[str] | None = None  # the listing a snapshot() reuses
 
@@ -114,6 +115,8 @@ class MetadataIndex:
             path = f"{self.root}/{prefix}-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
             try:
                 self._write_table(table, path, **kwargs)
+                # files are immutable: the next read need not fetch and parse what was just written
+                self._file_cache[path] = _conform(table, None)
                 if self._pinned:  # a snapshot sees what this process itself appended
                     self._pinned.append(path)
                     self._pinned.sort()
@@ -222,9 +225,32 @@ class MetadataIndex:
             tables = [t for t in (self._cached_file(p) for p in current) if t is not None]
             for stale in set(self._file_cache) - set(current):
                 del self._file_cache[stale]
+                self._key_rows.pop(stale, None)
             combined = pa.concat_tables(tables).combine_chunks() if tables else None
         self._combined = (key, combined) if combined is not None else None
         return combined
+
+    def with_key(self, key: str) -> pa.Table:
+        """Every record of stage key `key` (all columns, de-duplicated): what read() with the
+        filter `key == key` gives, through a map of each file's keys to its rows, made once per
+        file (a run looks a key up before every stage: filtering the whole index each time
+        grew with it)."""
+        parts = []
+        for path in self.files():
+            table = self._cached_file(path)
+            if table is None:
+                continue
+            rows = self._key_rows.get(path)
+            if rows is None:
+                rows = {}
+                for row, value in enumerate(table["key"].to_pylist()):
+                    rows.setdefault(value, []).append(row)
+                self._key_rows[path] = rows
+            if key in rows:
+                parts.append(table.take(pa.array(rows[key], pa.int64())))
+        if not parts:
+            return _conform(pa.table({}), None)
+        return dedupe(pa.concat_tables(parts))
 
     def _cached_file(self, path: str) -> pa.Table | None:
         """A file's table, read once; None if a compaction deleted it since the listing (its rows
@@ -308,6 +334,7 @@ class MetadataIndex:
                 except Exception as exc:
                     raise StorageError(f"compaction wrote {target} but could not delete {victim}: {exc}") from exc
             self._file_cache.pop(path, None)
+            self._key_rows.pop(path, None)
         return CompactResult(len(paths), merged.num_rows, target)
 
     # -- artifact ID lookups -------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine import runtime
-from pt2flow.flows.engine.artifacts import load_artifact
+from pt2flow.flows.engine.artifacts import load_artifact, vouch
 from pt2flow.flows.engine.context import Outcome, RunContext
 from pt2flow.flows.engine.inputs import model_inputs
 from pt2flow.flows.engine.keys import Environment, canonical_json
@@ -156,7 +156,9 @@ class StageCall:
 
     def publish(self, data: bytes, *, fingerprint: str | None = None, details: Mapping[str, Any] | None = None, warnings: tuple[str, ...] | list[str] = ()) -> Produced:
         """Store `data` as this stage's artifact (by digest) and describe it for the index."""
-        return _publish(self.store, data, fingerprint=fingerprint, details=details or {}, warnings=warnings)
+        produced = _publish(self.store, data, fingerprint=fingerprint, details=details or {}, warnings=warnings)
+        vouch(produced.artifact, self.stage)
+        return produced
 
     def publish_result(self, result: Any, *, fingerprint: str | None = None) -> Produced:
         """Publish a StageResult whose output is bytes, with its metadata as details."""

@@ -102,10 +102,9 @@ def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bo
     class. Transient failures never settle a key. None if there is none."""
     import pyarrow.compute as pc
 
-    condition = pc.field("key") == key
+    table = store.index.with_key(key)
     if run_id is not None:
-        condition = condition & (pc.field("run_id") == run_id)
-    table = store.index.read(None, filter=condition)
+        table = table.filter(pc.field("run_id") == run_id)
     if table.num_rows == 0:
         return None
     rows = sorted(table.to_pylist(), key=lambda r: r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc), reverse=True)

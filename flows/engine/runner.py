@@ -10,6 +10,7 @@ settled from the index runs here directly, with no Prefect import at all.
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import sys
@@ -58,9 +59,11 @@ class ModelRun:
         return Budget(deadline=deadline, deadline_reason=reason, memory_bytes=memory)
 
 
+@functools.cache
 def default_memory_gb() -> float:
     """A worker tree may use 90% of the machine's memory unless `limits.memory_gb` says otherwise:
-    pt2flow stops it (out_of_memory) before the kernel's OOM killer picks a victim."""
+    pt2flow stops it (out_of_memory) before the kernel's OOM killer picks a victim. (The
+    machine's total: asked once per process, not before every stage.)"""
     import psutil
 
     return 0.9 * psutil.virtual_memory().total / 2**30
