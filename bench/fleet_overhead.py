@@ -38,7 +38,8 @@ then the two deployment targets
 
 Goals (issues 10, 11, 19 and 23): cold-1 / bare <= 1.05; cold-2 / cold-1 <= 0.55; warm / cold-1 <= 0.02;
 cold-small / bare-small <= 1.10; warm-small / bare-small <= 0.03; warm-hf / cold-hf <= 0.02.
-Prints one table and a JSON line with every figure (--json-out FILE also writes it).
+Prints one table, the stage seconds of each arm (the bare loop's steps timed under the name of
+the pt2flow stage doing that work) and a JSON line with every figure (--json-out FILE also writes it).
 """
 
 from __future__ import annotations
@@ -164,7 +165,9 @@ def _tensor(spec: dict[str, Any], sizes: dict[str, int] | None, dims_of: dict[in
     return torch.randint(spec.get("low", 0), spec.get("high", 10), shape, dtype=dtype)
 
 
-def bare_loop(kind: str, count: int, workdir: Path) -> dict[str, float]:
+def bare_loop(kind: str, count: int, workdir: Path) -> dict[str, Any]:
+    """Seconds per model, and the seconds of each step summed over the fleet (under the name of
+    the pt2flow stage doing that work: the comparison stage by stage)."""
     import copy
     import importlib
 
@@ -175,8 +178,16 @@ def bare_loop(kind: str, count: int, workdir: Path) -> dict[str, float]:
     sys.path.insert(0, str(workdir))
     compile_ = kind != "small"
     seconds: dict[str, float] = {}
+    steps = dict.fromkeys(["trace", "functionalize", "decompose", "serialize", *(["aot_compile"] if compile_ else []), "validate"], 0.0)
     for name, factory, kwargs, inputs, dynamic, dims in fleet_models(kind, count):
-        started = time.perf_counter()
+        started = step = time.perf_counter()
+
+        def lap(stage: str) -> None:  # the seconds since the last lap go to `stage`, pt2flow's name for that work
+            nonlocal step
+            now = time.perf_counter()
+            steps[stage] += now - step
+            step = now
+
         module, _, attr = (factory if ":" in factory else f"demo_models:{factory}").partition(":")
         torch.manual_seed(0)
         model = getattr(importlib.import_module(module), attr)(**kwargs).eval()
@@ -187,15 +198,21 @@ def bare_loop(kind: str, count: int, workdir: Path) -> dict[str, float]:
         try:
             program = torch.export.export(model, (), kwargs=example, dynamic_shapes=shapes or None, strict=False)
         except Exception:  # a model that cannot be exported: attempted, as every night
+            lap("trace")
             seconds[name] = time.perf_counter() - started
             continue
+        lap("trace")
         program = program.run_decompositions({})
+        lap("functionalize")
         program = program.run_decompositions()
+        lap("decompose")
         buffer = io.BytesIO()
         torch.export.save(program, buffer)
+        lap("serialize")
         package = workdir / f"{name}.pt2"
         if compile_:
             aoti_compile_and_package(program, package_path=str(package))
+            lap("aot_compile")
         archive = torch.export.load(io.BytesIO(buffer.getvalue())).module()
         compiled = aoti_load_package(str(package)) if compile_ else None
         for pick in (None, 0, 1):
@@ -211,8 +228,9 @@ def bare_loop(kind: str, count: int, workdir: Path) -> dict[str, float]:
                         torch.testing.assert_close(g, e, atol=1e-3, rtol=1e-3)
             archive = torch.export.load(io.BytesIO(buffer.getvalue())).module()  # fresh buffers each sample
             compiled = aoti_load_package(str(package)) if compile_ else None
+        lap("validate")
         seconds[name] = time.perf_counter() - started
-    return seconds
+    return {"models": seconds, "steps": {k: round(v, 2) for k, v in steps.items()}}
 
 
 def bare_targets(workdir: Path) -> dict[str, float]:
@@ -334,14 +352,15 @@ def main() -> int:
     config = write_config(workdir / "compile", "compile", count)
     bare = [sys.executable, __file__, "--models", str(count), "--small", str(args.small), "--workdir", str(workdir), "--bare"]
     figures["bare_s"], out = _arm("bare", [*bare, "compile"], _env(workdir, "bare"), ROOT)
-    figures["bare_per_model_s"] = json.loads(out.strip().splitlines()[-1])
+    bare_figures = json.loads(out.strip().splitlines()[-1])
+    figures["bare_per_model_s"], figures["bare_stage_s"] = bare_figures["models"], bare_figures["steps"]
     run = [pt2flow, "run", str(config), "--json"]
     figures["cold1_s"], out = _arm("cold-1", [*run, "--store", str(workdir / "store-1"), "--workers", "1"], _env(workdir, "cold1"), workdir)
     figures["cold1_stage_s"] = _stage_totals(_check(out, count, failed=len(FAILING)))
     figures["warm_s"], out = _arm("warm", [*run, "--store", str(workdir / "store-1")], _env(workdir, "warm"), workdir)
     _check(out, count, cached=True, failed=len(FAILING))
     figures["cold2_s"], out = _arm("cold-2", [*run, "--store", str(workdir / "store-2"), "--workers", "2"], _env(workdir, "cold2"), workdir)
-    _check(out, count, failed=len(FAILING))
+    figures["cold2_stage_s"] = _stage_totals(_check(out, count, failed=len(FAILING)))
     figures["ratios"] = {
         "cold1_over_bare": round(figures["cold1_s"] / figures["bare_s"], 3),
         "cold2_over_cold1": round(figures["cold2_s"] / figures["cold1_s"], 3),
@@ -350,7 +369,8 @@ def main() -> int:
 
     if args.small:
         small = write_config(workdir / "small", "small", args.small)
-        figures["bare_small_s"], _ = _arm("bare-small", [*bare, "small"], _env(workdir, "bare-small"), ROOT)
+        figures["bare_small_s"], out = _arm("bare-small", [*bare, "small"], _env(workdir, "bare-small"), ROOT)
+        figures["bare_small_stage_s"] = json.loads(out.strip().splitlines()[-1])["steps"]
         run = [pt2flow, "run", str(small), "--json", "--store", str(workdir / "store-small")]
         figures["cold_small_s"], out = _arm("cold-small", [*run, "--workers", "1"], _env(workdir, "cold-small"), workdir)
         figures["cold_small_stage_s"] = _stage_totals(_check(out, args.small))
@@ -383,10 +403,11 @@ def main() -> int:
     for key, value in figures["ratios"].items():
         goal = GOALS[key]
         print(f"  {key:28s} {value:8.3f}   <= {goal:.2f}  {'met' if value <= goal else 'MISSED'}", file=sys.stderr)
-    for arm in ("cold1", "cold_small"):
+    for arm in ("bare", "cold1", "cold2", "bare_small", "cold_small"):
         if f"{arm}_stage_s" in figures:
             totals = figures[f"{arm}_stage_s"]
-            print(f"{arm} stage seconds (sum over models): " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()), file=sys.stderr)
+            print(f"{arm + ' stage seconds':25s} (sum over models, total {sum(totals.values()):5.1f}): "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()), file=sys.stderr)
     line = json.dumps(figures)
     print(line)
     if args.json_out:

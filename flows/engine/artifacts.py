@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-# artifacts this process published itself, digest -> stage (a worker's own outputs, handed to
-# the model's next stages): the index vouches for what other processes wrote; for these, the
-# process that computed the digest does
-_OWN: dict[str, str] = {}
+# artifacts this process published itself, (store URL, digest) -> stage (a worker's own
+# outputs, handed to the model's next stages): the index vouches for what other processes wrote;
+# for these, the process that computed the digest does
+_OWN: dict[tuple[str, str], str] = {}
 
 
-def vouch(digest: str, stage: str) -> None:
-    """Record that this process published `digest` as `stage`'s output."""
-    _OWN[digest] = stage
+def vouch(store: Any, digest: str, stage: str) -> None:
+    """Record that this process published `digest` into `store` as `stage`'s output."""
+    _OWN[(store.url, digest)] = stage
 
 
 def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, ...], what: str, *, zipped: bool | None = True) -> bytes:
@@ -27,7 +27,7 @@ def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, 
     from pt2flow.storage.errors import RecordNotFound
     from pt2flow.storage.safety import check_archive
 
-    if size is None or _OWN.get(digest) not in stages:
+    if size is None or _OWN.get((store.url, digest)) not in stages:
         condition = (pc.field("sha256") == digest) & (pc.field("status") == "ok") & pc.field("stage").isin(list(stages))
         rows = store.index.read(["size"], filter=condition).to_pylist()
         if not rows:

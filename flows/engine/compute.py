@@ -157,7 +157,7 @@ class StageCall:
     def publish(self, data: bytes, *, fingerprint: str | None = None, details: Mapping[str, Any] | None = None, warnings: tuple[str, ...] | list[str] = ()) -> Produced:
         """Store `data` as this stage's artifact (by digest) and describe it for the index."""
         produced = _publish(self.store, data, fingerprint=fingerprint, details=details or {}, warnings=warnings)
-        vouch(produced.artifact, self.stage)
+        vouch(self.store, produced.artifact, self.stage)
         return produced
 
     def publish_result(self, result: Any, *, fingerprint: str | None = None) -> Produced:

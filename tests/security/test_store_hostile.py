@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from pt2flow.storage import ArtifactStore, RecordNotFound
+from pt2flow.storage import ArtifactStore, IntegrityError, RecordNotFound
 from tests.conftest import run_json, write_config
 from tests.security.conftest import MLP, STAGES, SecurityRun, call_validate, record
 
@@ -133,6 +133,31 @@ def test_an_archive_the_index_does_not_vouch_for_is_never_loaded(archive_blob, n
     assert outcome["status"] == "failed" and outcome["error_class"] == "storage"
     assert "has no ok serialize record in the index" in outcome["error"]
     assert no_torch_loads == []
+
+
+def test_a_workers_own_blob_loads_without_a_record_only_for_its_stage_and_store(archive_blob, tmp_path: Path) -> None:
+    """artifacts.vouch: the process that published a blob may load it back for the model's next
+    stage without an index query; for another stage or another store the index must vouch."""
+    from pt2flow.flows.engine.artifacts import _OWN, load_artifact, vouch
+
+    url, store, digest, size = archive_blob
+    try:
+        vouch(store, digest, "serialize")
+        assert load_artifact(store, digest, size, ("serialize",), "archive") == store.get_blob(digest, size)
+        with pytest.raises(RecordNotFound, match="has no ok aot_compile record"):
+            load_artifact(store, digest, size, ("aot_compile",), "package")
+        elsewhere = ArtifactStore(str(tmp_path / "other-store"))
+        elsewhere.put_blob(store.get_blob(digest, size))
+        with pytest.raises(RecordNotFound, match="has no ok serialize record"):
+            load_artifact(elsewhere, digest, size, ("serialize",), "archive")
+        # still read back verified: a changed blob is refused even though this process made it
+        path = next(p for p in Path(url).rglob(digest + "*") if p.is_file())
+        path.chmod(0o644)
+        path.write_bytes(b"PK\x03\x04 not what was published")
+        with pytest.raises(IntegrityError):
+            load_artifact(store, digest, size, ("serialize",), "archive")
+    finally:
+        _OWN.clear()
 
 
 def test_a_package_the_index_does_not_vouch_for_is_never_loaded(archive_blob, no_torch_loads: list[str]) -> None:

@@ -151,3 +151,32 @@ def test_reads_see_files_appended_by_another_writer(store_url: str) -> None:
     assert reader.index.read(["model"])["model"].to_pylist() == ["first"]
     writer.index.append([record(model="second")])
     assert sorted(reader.index.read(["model"])["model"].to_pylist()) == ["first", "second"]
+
+
+def test_with_key_gives_what_a_filter_on_the_key_gives_across_appends_compaction_and_other_writers(store_url: str) -> None:
+    reader = ArtifactStore(store_url)
+    writer = ArtifactStore(store_url)
+    shared = "k-shared"
+    first = [record(model="a", key=shared), record(model="b"), record(model="c", key=shared, run_id="run-2")]
+    reader.index.append(first[:2])
+    writer.index.append(first[2:])  # another process: the reader sees it at its next lookup
+
+    def by_filter(key: str) -> list[str]:
+        return sorted(reader.index.read(None, filter=pc.field("key") == key)["record_id"].to_pylist())
+
+    def by_key(key: str) -> list[str]:
+        table = reader.index.with_key(key)
+        assert table.column_names == list(COLUMNS)
+        return sorted(table["record_id"].to_pylist())
+
+    assert by_key(shared) == by_filter(shared) == sorted([first[0]["record_id"], first[2]["record_id"]])
+    assert by_key(first[1]["key"]) == [first[1]["record_id"]]
+    assert by_key("no-such-key") == by_filter("no-such-key") == []
+    # the reader's own append is seen without reading its file back, and it is the same row
+    own = record(model="d", key=shared, stage="validate", size=77)
+    reader.index.append([own])
+    (row,) = [r for r in reader.index.with_key(shared).to_pylist() if r["record_id"] == own["record_id"]]
+    assert (row["model"], row["stage"], row["size"], row["ended_at"]) == ("d", "validate", 77, T0)
+    # a compaction by another process: the small files are gone, their rows are in the merged one
+    writer.index.compact()
+    assert by_key(shared) == by_filter(shared) == sorted([first[0]["record_id"], first[2]["record_id"], own["record_id"]])
