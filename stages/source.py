@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import io
+import sys
 from typing import Any, Callable, Mapping
 
 import torch
@@ -25,11 +26,19 @@ from pt2flow.stages.vocabulary import FACTORY_PATTERN
 from pt2flow.stages.vocabulary import ErrorClass
 
 
+IMPORT_SEED = 0  # torch's RNG seed when a factory's module is first imported (build_model's default too)
+
+
 def import_factory(path: str, search_path: str | None = None) -> Callable[..., Any]:
     """Import `module:callable`, with `search_path` (the config's folder) first on sys.path."""
     if not isinstance(path, str) or not FACTORY_PATTERN.fullmatch(path):  # checked before anything is imported
         raise StageError(ErrorClass.CONFIG, f"factory {path!r} is not of the form 'module:callable'")
     module_name, _, attr = path.partition(":")
+    if module_name not in sys.modules:
+        # a module that builds its models when imported (torch's ExportDB examples do) draws on
+        # torch's RNG then: seed it as build_model does, or the weights, and so every key and
+        # artifact after them, would depend on what this process ran before
+        torch.manual_seed(IMPORT_SEED)
     try:
         with search_path_first(search_path):
             module = importlib.import_module(module_name)

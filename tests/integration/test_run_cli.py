@@ -288,3 +288,40 @@ def test_queries_on_s3_exit_cleanly_every_time(tmp_path: Path, moto_s3) -> None:
             outcomes.append((command[0], proc.returncode, "terminate called" in proc.stderr))
             assert json.loads(proc.stdout)  # the answer itself is there either way
     assert [o for o in outcomes if o[1:] != (0, False)] == [], outcomes
+
+
+BUILT_AT_IMPORT = '''import copy
+
+import torch
+from torch import nn
+
+torch.randn(3)  # whatever the module draws first: the import itself consumes torch's RNG
+MODEL = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))  # built when imported, as ExportDB's examples are
+
+
+def at_import():
+    return copy.deepcopy(MODEL)
+
+
+def fresh():
+    return nn.Linear(4, 3)
+'''
+
+
+def test_a_model_built_when_its_module_is_imported_gets_the_same_weights_in_any_order_and_process(tmp_path: Path) -> None:
+    """torch's RNG is seeded before a factory's module is first imported (stages/source.py), as
+    before the factory is called: a model that module builds at import (torch's ExportDB does)
+    gets the same weights, keys and archive whatever the worker ran first. Before, a fresh worker
+    process started from a random seed: each run built other weights and another archive ID."""
+    (tmp_path / "import_built.py").write_text(BUILT_AT_IMPORT)
+    entries = [
+        {"name": "fresh", "factory": "import_built:fresh", "inputs": {"input": {"shape": [2, 4]}}},
+        {"name": "at-import", "factory": "import_built:at_import", "inputs": {"input": {"shape": [2, 4]}}},
+    ]
+    archives = []
+    for n, (order, workers) in enumerate([(entries, 1), (entries[::-1], 2)]):
+        config = write_config(tmp_path / f"c{n}.yaml", order, stages=["trace", "serialize"])
+        code, doc, stderr = run_json(["run", str(config), "--store", str(tmp_path / f"store-{n}"), "--workers", str(workers)])
+        assert code == 0, stderr[-3000:]
+        archives.append({m["name"]: m["artifacts"]["serialized"] for m in doc["models"]})
+    assert archives[0] == archives[1], archives
