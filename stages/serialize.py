@@ -198,7 +198,7 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
     modules = pytree_modules(ep)
     text = json.dumps({**metadata, **({PYTREE_MODULES: modules} if modules else {})}, sort_keys=True)
     buffer = io.BytesIO()
-    with quiet_torch() as sink, stable_graph_ids(ep):
+    with quiet_torch() as sink, stable_graph_ids(ep), stable_stack_traces(ep):
         try:
             torch.export.save(ep, buffer, extra_files={METADATA_FILE: text})
         except Exception as exc:
@@ -262,6 +262,33 @@ def stable_graph_ids(ep: ExportedProgram) -> Iterator[None]:
         for info, graph_id in zip(infos, original):
             info.graph_id = graph_id
         _forget_cached_dicts(sources)
+
+
+# FX names the code it generates for a graph `<eval_with_key>.N`, N counting every graph the
+# process has compiled: a stack trace through such code names how much the worker did before
+EVAL_KEY = re.compile(r"(<eval_with_key>)\.\d+")
+
+
+@contextlib.contextmanager
+def stable_stack_traces(ep: ExportedProgram) -> Iterator[None]:
+    """Within the block, each node's stack_trace names generated FX code `<eval_with_key>`
+    without the process's counter (the same model exported after other models, or in another
+    worker, named it `<eval_with_key>.281` or `.603`). Restored afterwards."""
+    changed: list[tuple[Any, str]] = []
+    for module in ep.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        for node in graph.nodes:
+            trace = node.meta.get("stack_trace")
+            if isinstance(trace, str) and "<eval_with_key>." in trace:
+                changed.append((node, trace))
+                node.meta["stack_trace"] = EVAL_KEY.sub(r"\1", trace)
+    try:
+        yield
+    finally:
+        for node, trace in changed:
+            node.meta["stack_trace"] = trace
 
 
 def _forget_cached_dicts(sources: list[Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 import zipfile
 
 import pytest
@@ -211,3 +212,29 @@ def test_the_same_program_exported_twice_saves_to_the_same_bytes() -> None:
     assert saved == list(range(len(saved)))  # numbered in order of first appearance
     x = torch.randn(4, 8)
     torch.testing.assert_close(loaded.module()(x), first.module()(x))
+
+
+def test_a_program_through_generated_fx_code_saves_to_the_same_bytes_whatever_the_process_compiled_before() -> None:
+    """ExportDB's cond_closed_over_variable: its nodes' stack traces pass through code FX
+    generated, named `<eval_with_key>.N` with N counting the graphs the process compiled. The
+    same model exported after other work (as in a worker that ran other models first) must save
+    to the same bytes; the stack trace keeps its frames, without the counter."""
+    from torch._export.db.examples import all_examples
+
+    case = all_examples()["cond_closed_over_variable"]
+
+    def export() -> torch.export.ExportedProgram:
+        return torch.export.export(copy.deepcopy(case.model), case.example_args, strict=False).run_decompositions()
+
+    first = export()
+    traces = [n.meta.get("stack_trace") or "" for n in first.graph.nodes]
+    assert any("<eval_with_key>." in t for t in traces)
+    for _ in range(3):  # the process compiles more graphs: the counter moves on
+        torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    second = export()
+    assert [n.meta.get("stack_trace") for n in first.graph.nodes] != [n.meta.get("stack_trace") for n in second.graph.nodes]
+    a, b = serialize(first, METADATA).output, serialize(second, METADATA).output
+    assert a == b
+    assert [n.meta.get("stack_trace") or "" for n in first.graph.nodes] == traces  # restored after saving
+    saved = zipfile.ZipFile(io.BytesIO(a)).read(next(n for n in zipfile.ZipFile(io.BytesIO(a)).namelist() if n.endswith("models/model.json"))).decode()
+    assert "<eval_with_key>" in saved and re.search(r"<eval_with_key>\.\d", saved) is None
