@@ -218,43 +218,26 @@ def test_validate_imports_no_torch_in_the_calling_process(folder: Path) -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == "1 []", proc.stderr
 
 
+def with_inputs_factories(folder: Path, **models: str) -> Path:
+    """A config of vmodels:two models, each with the inputs factory vmodels:<its value>."""
+    return config(folder, "".join(f"- {{name: {name}, factory: 'vmodels:two', inputs_factory: 'vmodels:{make}'}}\n" for name, make in models.items()))
+
+
 def test_an_inputs_factorys_names_are_checked_on_the_meta_device(folder: Path) -> None:
-    path = config(folder, """\
-        - name: wrong-names
-          factory: vmodels:two
-          inputs_factory: vmodels:inputs_wrong
-        - name: positional-then-named
-          factory: vmodels:two
-          inputs_factory: vmodels:inputs_positional
-        - name: too-many
-          factory: vmodels:two
-          inputs_factory: vmodels:inputs_too_many
-        - name: not-args-kwargs
-          factory: vmodels:two
-          inputs_factory: vmodels:inputs_bad_shape
-        - name: needs-real-tensors
-          factory: vmodels:two
-          inputs_factory: vmodels:inputs_not_meta
-        """)
+    path = with_inputs_factories(folder, wrong_names="inputs_wrong", positional_then_named="inputs_positional",
+                                 too_many="inputs_too_many", not_args_kwargs="inputs_bad_shape")
     proc = run_cli(["validate", str(path)], cwd=folder.parent, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[0] == f"{path}: 3 problems in the config:"
-    assert lines[1] == f"  {path}:6: models[0].inputs_factory: forward() has no parameter 'y' (it takes x, mask)"
-    assert lines[2] == f"  {path}:12: models[2].inputs_factory: forward() takes 2 positional argument(s), the inputs give 3"
-    assert lines[3].startswith(f"  {path}:15: models[3].inputs_factory: inputs_factory vmodels:inputs_bad_shape must give (args, kwargs)"), lines[3]
+    assert lines[1] == f"  {path}:4: models[0].inputs_factory: forward() has no parameter 'y' (it takes x, mask)"
+    assert lines[2] == f"  {path}:6: models[2].inputs_factory: forward() takes 2 positional argument(s), the inputs give 3"
+    assert lines[3].startswith(f"  {path}:7: models[3].inputs_factory: inputs_factory vmodels:inputs_bad_shape must give (args, kwargs)"), lines[3]
     assert len(lines) == 4  # positional-then-named binds x then mask: no problem
     # a factory whose tensors must hold values is not judged here: a note, and the run calls it
-    path = config(folder, """\
-        - name: positional-then-named
-          factory: vmodels:two
-          inputs_factory: vmodels:inputs_positional
-        - name: needs-real-tensors
-          factory: vmodels:two
-          inputs_factory: vmodels:inputs_not_meta
-        """)
+    path = with_inputs_factories(folder, positional_then_named="inputs_positional", needs_real_tensors="inputs_not_meta")
     proc = run_cli(["validate", str(path), "--json"], cwd=folder.parent, timeout=300)
     assert proc.returncode == 0, proc.stderr
     (note,) = json.loads(proc.stdout)["notes"]
-    assert note["path"] == "models[1].inputs_factory" and note["line"] == 9
+    assert note["path"] == "models[1].inputs_factory" and note["line"] == 5
     assert note["message"].startswith("forward() not checked: inputs_factory vmodels:inputs_not_meta does not run on the meta device"), note
