@@ -88,23 +88,26 @@ def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_f
     store_url = str(tmp_path / "store")
     # once the source is recorded, the index cannot be read (every cache lookup fails); appends still work
     index_class = ArtifactStore(store_url).index.__class__
-    real_append, real_read = index_class.append, index_class.read
+    real_append = index_class.append
     calls = Counter()
 
     def append(self: Any, records: Any) -> Any:
         calls["append"] += 1
         return real_append(self, records)
 
-    def read(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if calls["append"] >= 1:
-            calls["failed_read"] += 1
-            raise TransientStorageError("injected outage: 503 Service Unavailable")
-        return real_read(self, *args, **kwargs)
+    def failing(real: Any) -> Any:
+        def read(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if calls["append"] >= 1:
+                calls["failed_read"] += 1
+                raise TransientStorageError("injected outage: 503 Service Unavailable")
+            return real(self, *args, **kwargs)
+        return read
 
     monkeypatch.setattr(index_class, "append", append)
-    monkeypatch.setattr(index_class, "read", read)
+    for reader in ("read", "with_key"):  # a filtered read, and the key lookup before each stage
+        monkeypatch.setattr(index_class, reader, failing(getattr(index_class, reader)))
     state, result, _ = _run(tmp_path)
-    monkeypatch.setattr(index_class, "read", real_read)
+    monkeypatch.undo()
     assert result["status"] == "failed" and result["failed_stage"] == "trace" and result["error_class"] == "storage", result
     assert "injected outage" in result["error"]
     assert calls["failed_read"] == 1 + STAGE_RETRIES  # one cache lookup per trace attempt
