@@ -211,12 +211,10 @@ def argument_problems(signature: inspect.Signature, names: Sequence[str], positi
     fill forward()'s first parameters before the names are bound."""
     parameters = list(signature.parameters.values())
     if positional:
-        if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters):
-            return []  # forward(*args): any count binds
         slots = [p for p in parameters if p.kind in _NAMED[:2]]
-        if positional > len(slots):
+        if positional > len(slots) and not any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters):
             return [((), f"forward() takes {len(slots)} positional argument(s), the inputs give {positional}")]
-        names = [*(p.name for p in slots[:positional]), *names]
+        names = [*(p.name for p in slots[:positional]), *names]  # the rest, if any, go to *args
     takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
     known = [p.name for p in parameters if p.kind != inspect.Parameter.VAR_KEYWORD]
     found: list[tuple[KeyPath, str]] = []

@@ -241,3 +241,18 @@ def test_an_inputs_factorys_names_are_checked_on_the_meta_device(folder: Path) -
     (note,) = json.loads(proc.stdout)["notes"]
     assert note["path"] == "models[1].inputs_factory" and note["line"] == 5
     assert note["message"].startswith("forward() not checked: inputs_factory vmodels:inputs_not_meta does not run on the meta device"), note
+
+
+@pytest.mark.parametrize(
+    ("params", "positional", "names", "expected"),
+    [
+        ("x, mask=None", 1, ["mask"], []),  # x by position, mask by name
+        ("x, mask=None", 2, [], []),
+        ("x, mask=None", 3, [], [((), "forward() takes 2 positional argument(s), the inputs give 3")]),
+        ("x, *rest", 4, [], []),  # the rest go to *rest
+        ("x, *rest", 1, ["y"], [(("inputs", "y"), "forward() has no parameter 'y' (it takes x, rest)")]),  # names still checked
+        ("x, *, scale", 1, [], [(("inputs",), "forward() requires 'scale', which the inputs do not give")]),
+    ],
+)
+def test_an_inputs_factorys_positional_arguments_fill_the_first_parameters(params: str, positional: int, names: list[str], expected: list) -> None:
+    assert argument_problems(_sig(params), names, positional=positional) == expected
