@@ -219,6 +219,15 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
     return StageResult(output=data, metadata=result_meta, warnings=sink.items)
 
 
+def _every_node(ep: ExportedProgram) -> Iterator[torch.fx.Node]:
+    """Every node of the program's graphs, its submodules' (a cond branch) included: what torch
+    serializes node metadata from."""
+    for module in ep.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        if isinstance(graph, torch.fx.Graph):
+            yield from graph.nodes
+
+
 @contextlib.contextmanager
 def stable_graph_ids(ep: ExportedProgram) -> Iterator[None]:
     """Within the block, the graph ids in the program's pass provenance (node.meta["from_node"],
@@ -244,13 +253,9 @@ def stable_graph_ids(ep: ExportedProgram) -> Iterator[None]:
         for parent in getattr(source, "from_node", None) or []:
             visit(parent)
 
-    for module in ep.graph_module.modules():
-        graph = getattr(module, "graph", None)
-        if not isinstance(graph, torch.fx.Graph):
-            continue
-        for node in graph.nodes:
-            for source in node.meta.get("from_node") or []:
-                visit(source)
+    for node in _every_node(ep):
+        for source in node.meta.get("from_node") or []:
+            visit(source)
     original = [info.graph_id for info in infos]
     numbers: dict[int, int] = {}
     try:
@@ -275,15 +280,11 @@ def stable_stack_traces(ep: ExportedProgram) -> Iterator[None]:
     without the process's counter (the same model exported after other models, or in another
     worker, named it `<eval_with_key>.281` or `.603`). Restored afterwards."""
     changed: list[tuple[Any, str]] = []
-    for module in ep.graph_module.modules():
-        graph = getattr(module, "graph", None)
-        if not isinstance(graph, torch.fx.Graph):
-            continue
-        for node in graph.nodes:
-            trace = node.meta.get("stack_trace")
-            if isinstance(trace, str) and "<eval_with_key>." in trace:
-                changed.append((node, trace))
-                node.meta["stack_trace"] = EVAL_KEY.sub(r"\1", trace)
+    for node in _every_node(ep):
+        trace = node.meta.get("stack_trace")
+        if isinstance(trace, str) and "<eval_with_key>." in trace:
+            changed.append((node, trace))
+            node.meta["stack_trace"] = EVAL_KEY.sub(r"\1", trace)
     try:
         yield
     finally:
