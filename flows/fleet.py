@@ -302,14 +302,17 @@ def fleet_flow(
     apply_retention: bool = False,
     no_worker_timeout_s: float | None = None,
     python: str | None = None,
+    verify_sources: bool = False,
 ) -> Any:
     """Export every model of the config (or `only` those); returns the run document of
     docs/architecture.md §4 as its JSON dict. The run holds its lease on the store throughout
     (storage/leases.py). apply_retention (`pt2flow serve`): then apply the config's `retention:`.
-    python: the interpreter the workers run in (flows/engine/interpreter.py), else the config's."""
+    python: the interpreter the workers run in (flows/engine/interpreter.py), else the config's.
+    verify_sources: build every model again instead of trusting its recorded manifest (a model
+    whose eager digest or files changed gets a new source key, so it is re-exported)."""
     from pt2flow.storage.leases import RunLease
 
-    pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed, python)
+    pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed, python, verify_sources)
     try:
         with contextlib.ExitStack() as lease:
             try:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import importlib.machinery
 import importlib.util
 import os
@@ -56,7 +55,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, Iterator, Mapping
 
-from pt2flow.stages.distributions import installed_distributions, normalize_name, requirements, top_level_owners
+from pt2flow.stages.datafiles import Hashed, changed_declared, changed_files, expand, file_key, sha256_file
+from pt2flow.stages.datafiles import is_under as _is_under
+from pt2flow.stages.reads import import_reads, interpreter_folders
+from pt2flow.stages.distributions import import_path, installed_distributions, normalize_name, requirements, top_level_owners
 
 OWN_PACKAGE = "pt2flow"  # its changes reach the keys through the stage versions, not the manifest
 ALWAYS_DISTRIBUTIONS = ("torch",)
@@ -88,7 +90,7 @@ def _import_roots(search_path: str | None) -> tuple[str, ...]:
     """Where imports are looked up, in order: the config's folder first (the worker puts it
     first on sys.path before importing a factory), then sys.path."""
     roots = [os.path.abspath(search_path)] if search_path else []
-    roots += [os.path.abspath(p or os.curdir) for p in sys.path]
+    roots += [os.path.abspath(p or os.curdir) for p in import_path()]
     return tuple(dict.fromkeys(roots))
 
 
@@ -99,10 +101,6 @@ def _home(path: str, candidates: tuple[str, ...]) -> str | None:
         if _is_under(path, folder) and (best is None or len(folder) > len(best)):
             best = folder
     return best
-
-
-def _is_under(path: str, folder: str) -> bool:
-    return path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 @dataclass(frozen=True)
@@ -123,14 +121,22 @@ class Located:
 
 
 def _locate(name: str, roots: tuple[str, ...]) -> Located | None:
-    """The module `name` as the import system would find it, importing nothing: a loaded module
-    is where it was loaded from; otherwise its top-level package is looked up on `roots` and each
-    submodule in its parent's folders (importlib.machinery.PathFinder, which only reads the file
-    system). None when it cannot be found (a name that is an attribute, not a module)."""
+    """The module `name` as the import system would find it, importing nothing. A module loaded
+    from outside the interpreter's folders (local code: the config's folder, an editable
+    install's finder, a module a factory registered) is where it was loaded from. Anything else
+    is looked up on `roots` (the config's folder and the start-up sys.path): its top-level
+    package there and each submodule in its parent's folders (importlib.machinery.PathFinder,
+    which only reads the file system). So a module loaded from inside the interpreter's folders
+    through a path added later (`tomli` from setuptools' vendored folder, which setuptools
+    appends to sys.path during a compile) is not seen: a fresh worker would not see it either.
+    None when it cannot be found (a name that is an attribute, not a module)."""
     loaded = sys.modules.get(name)
     if isinstance(loaded, ModuleType):
-        return Located(_module_file(loaded), tuple(getattr(loaded, "__path__", None) or ()))
+        path = _module_file(loaded)
+        if path is not None and not _inside(path, interpreter_folders()):
+            return Located(path, tuple(getattr(loaded, "__path__", None) or ()))
     parent, _, _leaf = name.rpartition(".")
+    spec = None
     if parent:
         above = _locate(parent, roots)
         if above is None or not above.search:
@@ -141,11 +147,15 @@ def _locate(name: str, roots: tuple[str, ...]) -> Located | None:
     try:
         spec = importlib.machinery.PathFinder.find_spec(name, where)
     except (ImportError, ValueError, OSError):
-        return None
+        spec = None
     if spec is None:
         return None
     origin = spec.origin if spec.has_location and spec.origin and os.path.isfile(spec.origin) else None
     return Located(os.path.abspath(origin) if origin else None, tuple(spec.submodule_search_locations or ()))
+
+
+def _inside(path: str, folders: Iterable[str]) -> bool:
+    return any(_is_under(path, folder) for folder in folders)
 
 
 def _classify(name: str, path: str | None, roots: tuple[str, ...], owners: Mapping[tuple[str, str], list[str]]) -> ModuleKind:
@@ -272,38 +282,20 @@ def dependency_modules(seeds: Iterable[Any], search_path: str | None = None) -> 
 # the manifest and its check
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def manifest(seeds: Iterable[Any], search_path: str | None = None, *, reads: Iterable[str] | None = None,
+             declared: Iterable[str] = (), hashed: Hashed | None = None) -> dict[str, Any]:
+    """{"files": {name: sha256}, "distributions": {canonical name: version}}, plus "reads" (data
+    files the build read: {name: sha256}) and "declared" (a checkpoint folder or `depends_on`
+    glob -> {name: sha256} of the files it names) when given: deterministic, JSON-able.
 
-
-def _file_key(path: str, search_path: str | None) -> str:
-    """A file's name in the manifest: relative to the config's folder when inside it (so a moved
-    config folder keeps its cache), absolute otherwise; '/' separators either way."""
-    if search_path and _is_under(path, os.path.abspath(search_path)):
-        return Path(os.path.relpath(path, os.path.abspath(search_path))).as_posix()
-    return Path(path).as_posix()
-
-
-def _file_path(key: str, search_path: str | None) -> str:
-    if os.path.isabs(key) or not search_path:
-        return key
-    return os.path.join(os.path.abspath(search_path), *key.split("/"))
-
-
-def manifest(seeds: Iterable[Any], search_path: str | None = None) -> dict[str, dict[str, str]]:
-    """{"files": {name: sha256}, "distributions": {canonical name: version}}: deterministic, JSON-able.
-
-    `seeds`: what `dependency_modules` takes (the factory's module, the model's classes and the
-    recorder's new_modules). Distributions include what the recorded ones require, and torch."""
+    `seeds`: what `dependency_modules` takes (the factory's module, the model's classes).
+    Distributions include what the recorded ones require, and torch. `reads` (a recording was
+    made, stages/reads.py): the files read while building, to which the import-time reads of
+    every local module the code depends on are added (a reused worker imported them before).
+    `hashed` collects each file's stat signature for a cheap re-check (stages/datafiles.py)."""
+    hashed = hashed or Hashed()
     kinds = dependency_modules(seeds, search_path)
-    files = {}
-    for kind in kinds.values():
-        if kind.kind == "file":
-            files[_file_key(kind.value, search_path)] = sha256_file(kind.value)
+    files = hashed.table([k.value for k in kinds.values() if k.kind == "file"], search_path)
     table = installed_distributions()
     wanted = [k.value for k in kinds.values() if k.kind == "dist"] + [normalize_name(n) for n in ALWAYS_DISTRIBUTIONS]
     distributions: dict[str, str] = {}
@@ -314,24 +306,29 @@ def manifest(seeds: Iterable[Any], search_path: str | None = None) -> dict[str, 
             continue
         distributions[name] = dist.version
         wanted.extend(requirements(dist))
-    return {"files": dict(sorted(files.items())), "distributions": dict(sorted(distributions.items()))}
+    found: dict[str, Any] = {"files": files, "distributions": dict(sorted(distributions.items()))}
+    specs = {spec: expand(spec) for spec in declared}
+    if specs:
+        found["declared"] = {file_key(spec, search_path): hashed.table(paths, search_path) for spec, paths in sorted(specs.items())}
+    if reads is not None:
+        local = {name: kind.value for name, kind in kinds.items() if kind.kind == "file"}
+        everything = {os.path.abspath(p) for p in reads} | import_reads(local)
+        skip = {p for paths in specs.values() for p in paths} | set(local.values())
+        found["reads"] = hashed.table(sorted(p for p in everything - skip if os.path.isfile(p)), search_path)
+    return found
 
 
-def changed_entries(recorded: Mapping[str, Mapping[str, str]], search_path: str | None = None,
-                    versions: Mapping[str, str] | None = None) -> list[str]:
+def changed_entries(recorded: Mapping[str, Any], search_path: str | None = None,
+                    versions: Mapping[str, str] | None = None, stats: Mapping[str, str] | None = None,
+                    taken_ns: int | None = None) -> list[str]:
     """What differs between a recorded manifest and this machine now, one line per entry (empty:
-    unchanged). Hashes the files and looks the versions up; imports nothing. `versions`
-    (canonical name -> version): another environment's distributions, instead of this one's."""
-    changes = []
-    for key, digest in sorted(recorded.get("files", {}).items()):
-        path = _file_path(key, search_path)
-        try:
-            now = sha256_file(path)
-        except OSError:
-            changes.append(f"{key}: file missing")
-            continue
-        if now != digest:
-            changes.append(f"{key}: content changed")
+    unchanged). Looks the versions up and checks the files, imports nothing. `versions`
+    (canonical name -> version): another environment's distributions, instead of this one's.
+    `stats`/`taken_ns`: the files' stat signatures when they were hashed; a file whose
+    signature still holds is not read again (stages/datafiles.py)."""
+    changes = changed_files(recorded.get("files", {}), search_path, stats, taken_ns)
+    changes += changed_files(recorded.get("reads", {}), search_path, stats, taken_ns)
+    changes += changed_declared(recorded.get("declared", {}), search_path, stats, taken_ns)
     now = versions if versions is not None else {name: dist.version for name, dist in installed_distributions().items()}
     for name, version in sorted(recorded.get("distributions", {}).items()):
         found = now.get(normalize_name(name))

@@ -44,11 +44,31 @@ class InstalledDistribution:
     path: str  # the metadata folder
 
 
+_STARTUP_PATH: list[tuple[str, ...]] = []
+
+
+def pin_import_path() -> None:
+    """Take this moment's sys.path as the interpreter's start-up path (a worker calls it before
+    it imports anything of a model): what is installed, and where a module is, are read from
+    it, not from the live sys.path that later work changes. setuptools appends its vendored
+    folder (`setuptools/_vendor`, with a `tomli` and its dist-info) when imported, as torch's C++
+    build does during a compile: a worker that compiled would see distributions a fresh one
+    does not, and record another manifest for the same model."""
+    if not _STARTUP_PATH:
+        _STARTUP_PATH.append(tuple(sys.path))
+
+
+def import_path() -> tuple[str, ...]:
+    """The folders imports and installed distributions are looked up in: the pinned start-up
+    sys.path (pin_import_path), else the live one."""
+    return _STARTUP_PATH[0] if _STARTUP_PATH else tuple(sys.path)
+
+
 def _path_state() -> tuple[tuple[str, int], ...]:
-    """sys.path with each folder's mtime: a pip install or uninstall renames a *.dist-info folder,
+    """import_path() with each folder's mtime: a pip install or uninstall renames a *.dist-info folder,
     which changes its parent's mtime, so this tuple changes whenever an installed version does."""
     state = []
-    for entry in sys.path:
+    for entry in import_path():
         folder = os.path.abspath(entry or os.curdir)
         try:
             state.append((folder, os.stat(folder).st_mtime_ns))

@@ -9,6 +9,7 @@ stages.binding.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import io
@@ -109,11 +110,21 @@ def build_model(
     *,
     training: bool = False,
     seed: int = 0,
+    checkpoint: str | None = None,
 ) -> torch.nn.Module:
-    """Call the factory (seeded, so random init is reproducible), load weights, set the mode."""
+    """Call the factory (seeded, so random init is reproducible), load weights, set the mode.
+
+    `checkpoint` (a folder): a class with `from_pretrained` (a transformers model class or
+    AutoModel) is loaded with `Class.from_pretrained(folder, **kwargs)`; any other factory is
+    called with the folder as its first argument."""
     torch.manual_seed(seed)
     try:
-        model = factory(**dict(kwargs))
+        if checkpoint is None:
+            model = factory(**dict(kwargs))
+        elif isinstance(factory, type) and callable(getattr(factory, "from_pretrained", None)):
+            model = factory.from_pretrained(checkpoint, **dict(kwargs))
+        else:
+            model = factory(checkpoint, **dict(kwargs))
     except TypeError as exc:
         raise StageError(ErrorClass.CONFIG, f"factory call failed: {exc}") from exc
     except Exception as exc:
@@ -128,6 +139,34 @@ def build_model(
         del result
     model.train(training)
     return model
+
+
+def eager_digest(model: torch.nn.Module) -> str:
+    """sha256 of a built eager model: its module tree (names, classes, training flags) and every
+    parameter and buffer (name, dtype, shape, bytes). The backstop for what no file tracker sees
+    (a factory reading an environment variable, a subprocess, the network): a rebuild that gives
+    another digest is another model (docs/architecture.md §5)."""
+    digest = hashlib.sha256()
+    for name, module in model.named_modules(remove_duplicate=False):
+        kind = type(module)
+        digest.update(f"m {name} {kind.__module__}.{kind.__qualname__} {module.training}\n".encode())
+    tensors = [("p", n, t) for n, t in model.named_parameters(remove_duplicate=False)]
+    tensors += [("b", n, t) for n, t in model.named_buffers(remove_duplicate=False)]
+    for kind_tag, name, tensor in tensors:
+        digest.update(f"{kind_tag} {name} {tensor.dtype} {tuple(tensor.shape)} {tensor.requires_grad}\n".encode())
+        digest.update(_tensor_bytes(tensor))
+    return digest.hexdigest()
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    data = tensor.detach()
+    if data.device.type == "meta":
+        return b"meta"
+    try:
+        flat = data.cpu().contiguous().reshape(-1)
+        return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    except (RuntimeError, TypeError):  # a quantized or sparse tensor: its values as text
+        return repr(data.cpu().tolist()).encode()
 
 
 class TrainingStep(torch.nn.Module):

@@ -95,16 +95,23 @@ def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[st
 
 def audit(store: Store, run: str | None = None, *, sample: float = 1.0, seed: int = 0, config: str | None = None) -> dict[str, Any]:
     """`pt2flow audit --json`: a sample (`sample`, a fraction, drawn with `seed`) of `run`'s
-    program records (default: the newest run) checked in fresh worker processes: each record's
-    blob must hold the program its fingerprint names, and the stage run again on the recorded
-    inputs must give that program again (trace too, for the models of `config`)."""
+    source and program records (default: the newest run) checked in fresh worker processes (of
+    the config's `python:` when it names one): each record's blob must hold the program its
+    fingerprint names, and the stage run again on the recorded inputs must give that program
+    again (source and trace too, for the models of `config`)."""
     from pt2flow.flows.config import load_config
     from pt2flow.flows.engine.audit import audit as audit_run
 
     if not 0.0 < sample <= 1.0:
         raise UsageError(f"--sample must be a fraction in (0, 1], not {sample:g}")
-    models = load_config(config).models if config else ()
-    return audit_run(store.artifacts, store.run_id(run), fraction=sample, seed=seed, models=models)
+    pipeline = load_config(config) if config else None
+    python = None
+    if pipeline is not None and pipeline.python:  # the config's workers' interpreter rebuilds its models
+        from pt2flow.flows.api.running import check_python
+
+        python = check_python(pipeline.python)
+    models = pipeline.models if pipeline is not None else ()
+    return audit_run(store.artifacts, store.run_id(run), fraction=sample, seed=seed, models=models, python=python)
 
 
 def repro(store: Store, target: str, out_dir: str) -> dict[str, Any]:

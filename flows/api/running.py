@@ -80,6 +80,7 @@ def run(
     dask_address: str | None = None,
     no_worker_timeout_s: float | None = None,
     force: bool = False,
+    verify_sources: bool = False,
     retry_failed: bool = False,
     python: str | None = None,
     progress: Progress | None = None,
@@ -104,7 +105,7 @@ def run(
     parameters = dict(
         config_path=os.path.abspath(config), store=store_url, only=list(only) or None, stages=list(pipeline.stages), force=force,
         runner=runner, workers=workers, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, run_id=new_run_id(),
-        retry_failed=retry_failed, python=python,
+        retry_failed=retry_failed, python=python, verify_sources=verify_sources,
     )
     return RunDocument.model_validate(execute(parameters, opened, pipeline, progress=progress))
 
@@ -113,7 +114,7 @@ def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, progress: 
     """Run the fleet flow with `parameters` (fleet_flow's); the run document as JSON-ready dict."""
     from pt2flow.flows.engine import runtime
 
-    if not parameters["force"] and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
+    if not parameters["force"] and not parameters.get("verify_sources") and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
         document = nothing_to_build(parameters)
         if document is not None:
             return with_failure_groups(document, store)

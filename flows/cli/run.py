@@ -28,6 +28,11 @@ from pt2flow.flows.cli.support import Args, command, json_option, rich_console
 @fleet_options
 @click.option("--force", is_flag=True, help="ignore cached results and re-run every stage")
 @click.option(
+    "--verify-sources", is_flag=True,
+    help="build every model again (no export) instead of trusting the files its construction read; re-export exactly "
+    "those whose eager model (parameters, buffers, structure) or files changed. Costs one model build per model",
+)
+@click.option(
     "--retry-failed", is_flag=True,
     help="re-run stages whose cached outcome is a deterministic failure (data_dependent, decomposition, ...); "
     "without it, an unchanged model that failed that way is reported again from the index",
@@ -81,6 +86,7 @@ def run_fleet(args: Args) -> int:
         run_id=new_run_id(),
         retry_failed=args.retry_failed,
         python=python,
+        verify_sources=args.verify_sources,
     )
     if args.json:
         with stdout_to_stderr() as real_stdout:

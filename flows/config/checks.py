@@ -91,6 +91,8 @@ def check_model(
         search_path=search_path,
         inputs_factory=model.inputs_factory,
         inputs_file=model.inputs_file,
+        checkpoint=model.checkpoint,
+        depends_on=tuple(model.depends_on),
     )
 
 
@@ -118,6 +120,11 @@ def _check_identity(model: ModelConfig, search_path: str, add: Add) -> None:
             add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")
         if holds_credentials(model.weights):
             add(("weights",), "the weights URL holds credentials, which would be stored in the index and Prefect's parameters; use storage_options or the environment")
+    if model.checkpoint is not None and "://" in model.checkpoint:
+        add(("checkpoint",), "checkpoint must be a local folder (a URL is not supported yet: copy the folder next to the config)")
+    for i, pattern in enumerate(model.depends_on):
+        if "://" in pattern:
+            add(("depends_on", i), "depends_on names local files, folders or globs, not URLs")
 
 
 def _check_input_sources(model: ModelConfig, search_path: str, add: Add) -> None:

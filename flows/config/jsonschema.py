@@ -94,6 +94,10 @@ def _model(defs: dict[str, Any], stage_options: dict[str, Any], limits: dict[str
             "factory": {**callable_ref, "description": "module:callable that returns the torch.nn.Module"},
             "kwargs": {"type": "object", "description": "keyword arguments of the factory"},
             "weights": {"type": ["string", "null"], "description": "a .safetensors file (relative to the config)"},
+            "checkpoint": {"type": ["string", "null"], "description": "a checkpoint folder (save_pretrained's), relative to the config: "
+                           "hashed as a tree into the key; the factory gets it (a class with from_pretrained: Class.from_pretrained(folder))"},
+            "depends_on": {"type": "array", "items": {"type": "string"},
+                           "description": "files, folders or globs (relative to the config) the model's construction reads: part of the key"},
             "inputs": {"type": "object", "additionalProperties": _input_tree(defs), "description": "forward() argument -> example input"},
             "inputs_factory": {**callable_ref, "description": "module:callable returning (args, kwargs)"},
             "inputs_file": {"type": "string", "description": "a .safetensors, .pt or .pth file of example inputs"},

@@ -44,6 +44,11 @@ class ModelConfig(_Strict):
     factory: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     weights: str | None = None
+    # a folder (save_pretrained's: config.json, model.safetensors, ...) hashed as a tree and part
+    # of the key; the factory is called with it (a class with from_pretrained: Class.from_pretrained(folder))
+    checkpoint: str | None = None
+    # files, folders or globs the model's construction reads that pt2flow cannot see: part of the key
+    depends_on: list[str] = Field(default_factory=list)
     # forward() argument name -> input tree, checked by flows.config.inputs.parse_inputs, which
     # reports problems at their YAML path together with the schema's
     inputs: Any = None
@@ -98,6 +103,8 @@ class ResolvedModel:
     inputs_factory: str | None = None  # "module:callable" returning (args, kwargs) for forward()
     inputs_file: str | None = None  # safetensors or torch.save file of example inputs
     limits: Limits = field(default_factory=Limits)
+    checkpoint: str | None = None  # as the config names it (resolved against search_path when used)
+    depends_on: tuple[str, ...] = ()  # as the config names them
 
     @property
     def training(self) -> bool:

@@ -1,8 +1,12 @@
 """`pt2flow audit`: prove that the cache is honest, as reproducible-build checkers do.
 
-A sample of a run's program records (trace, functionalize, decompose, serialize: the records the
-cache serves to later runs) is checked in fresh worker processes, one per model
-(docs/architecture.md §5, "Audit"):
+A sample of a run's source and program records (source, trace, functionalize, decompose,
+serialize: the records the cache serves to later runs) is checked in fresh worker processes, one
+per model (docs/architecture.md §5, "Audit"):
+
+- source: the model is built again from the config (`--config`) and its eager digest
+  (parameters, buffers, structure) must be the recorded one while the files of its manifest are
+  unchanged; a different model from the same files depends on something no tracker sees.
 
 - stored: the record's blob is read (hash verified), its program loaded and fingerprinted; it
   must be the record's fingerprint. A record pointing at another valid program fails here.
@@ -27,7 +31,7 @@ from pt2flow.flows.engine.runner import default_memory_gb
 from pt2flow.storage.errors import RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
 
-AUDITED_STAGES = ("trace", "functionalize", "decompose", "serialize")
+AUDITED_STAGES = ("source", "trace", "functionalize", "decompose", "serialize")
 AUDIT_TIMEOUT_S = 900.0  # one record: loading, and the stage run again
 
 
@@ -68,8 +72,9 @@ def _source_weights(index: Any, record: Mapping[str, Any]) -> Mapping[str, Any] 
 class Auditor:
     """One fresh worker per model (what one model's stages import must not help another's)."""
 
-    def __init__(self, store: Any, models: Mapping[str, ResolvedModel]) -> None:
+    def __init__(self, store: Any, models: Mapping[str, ResolvedModel], python: str | None = None) -> None:
         self.store = store
+        self.python = python
         self.models = models
         self.worker: Worker | None = None
         self.current: str | None = None
@@ -78,7 +83,7 @@ class Auditor:
     def _worker_for(self, model: str) -> Worker:
         if self.worker is None or self.current != model:
             self.close()
-            self.worker = Worker(threads=None)
+            self.worker = Worker(threads=None, python=self.python)
             self.current = model
         return self.worker
 
@@ -96,7 +101,11 @@ class Auditor:
         except StorageError as exc:
             return {**entry, "status": "failed", "problem": f"storage: {exc}"}
         model = self.models.get(record["model"])
-        weights = _source_weights(index, record) if record["stage"] == "trace" and model is not None else None
+        weights = None
+        if record["stage"] == "source":
+            weights = (record.get("details") or {}).get("weights")
+        elif record["stage"] == "trace" and model is not None:
+            weights = _source_weights(index, record)
         budget = Budget(deadline=time.monotonic() + AUDIT_TIMEOUT_S, deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
                         memory_bytes=self.memory_bytes)
         message = ("audit", record["stage"], data, record.get("options") or {}, parent, model, self.store.url, weights)
@@ -108,6 +117,8 @@ class Auditor:
         if status != "ok":
             self.close()
             return {**entry, "status": "failed", "problem": f"{payload['error_class']}: {payload['error']}"}
+        if record["stage"] == "source":
+            return _judge_source(entry, record, payload["rebuilt"], model, self._versions())
         entry.update(stored=payload["stored"], rebuilt=payload["rebuilt"])
         problems = []
         if payload["stored"] != record["fingerprint"]:
@@ -120,6 +131,14 @@ class Auditor:
             entry.update(status="failed", problem="; ".join(problems))
         return entry
 
+    def _versions(self) -> Mapping[str, str] | None:
+        """The workers' installed versions (None: this interpreter's), for a manifest's check."""
+        if self.python is None:
+            return None
+        from pt2flow.flows.engine.interpreter import describe
+
+        return describe(self.python).distributions
+
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
@@ -127,13 +146,42 @@ class Auditor:
             self.current = None
 
 
-def audit(store: Any, run_id: str, *, fraction: float = 1.0, seed: int = 0, models: Sequence[ResolvedModel] = ()) -> dict[str, Any]:
+def _judge_source(entry: dict[str, Any], record: Mapping[str, Any], rebuilt: str | None, model: ResolvedModel | None,
+                  versions: Mapping[str, str] | None) -> dict[str, Any]:
+    """A source record against the model built again now: the same eager model (parameters,
+    buffers, structure), unless a file of its manifest changed (a re-run would rebuild it then,
+    so the cache is honest). A different model from unchanged files is what no tracker saw."""
+    from pt2flow.stages.deps import changed_entries
+
+    details = record.get("details") or {}
+    deps = (details.get("manifest") or {}).get("deps") or {}
+    recorded = deps.get("eager")
+    entry.update(stored=recorded, rebuilt=rebuilt)
+    if model is None or rebuilt is None:
+        entry["note"] = "not rebuilt: pass --config with the model to build it again"
+        return entry
+    if recorded is None:
+        entry["note"] = "not compared: the record has no eager digest (made by an older pt2flow)"
+        return entry
+    changed = changed_entries(deps, model.search_path, versions=versions, stats=details.get("stats"), taken_ns=details.get("stats_at"))
+    if changed:
+        entry["note"] = f"its files changed since (a re-run rebuilds it): {'; '.join(changed[:5])}"
+    elif rebuilt != recorded:
+        entry.update(status="failed", problem=(
+            "the eager model built now differs from the recorded one (parameters, buffers or structure) while every file "
+            "it was recorded with is unchanged: its construction depends on something pt2flow cannot see (an environment "
+            "variable, a subprocess, the network); declare it with depends_on, or run with --verify-sources"))
+    return entry
+
+
+def audit(store: Any, run_id: str, *, fraction: float = 1.0, seed: int = 0, models: Sequence[ResolvedModel] = (),
+          python: str | None = None) -> dict[str, Any]:
     """The audit document of a run: every sampled record with its stored and rebuilt fingerprints."""
     records = _records(store.index, run_id)
     if not records:
-        raise RecordNotFound(f"run {run_id!r} has no ok program records to audit")
+        raise RecordNotFound(f"run {run_id!r} has no ok source or program records to audit")
     chosen = [r for r in records if sampled(r["record_id"], fraction, seed)]
-    auditor = Auditor(store, {m.name: m for m in models})
+    auditor = Auditor(store, {m.name: m for m in models}, python)
     try:
         checked = [auditor.check(record) for record in chosen]
     finally:

@@ -23,7 +23,7 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.engine.artifacts import load_artifact, vouch
 from pt2flow.flows.engine.context import Outcome, RunContext
-from pt2flow.flows.engine.inputs import model_inputs
+from pt2flow.flows.engine.inputs import checkpoint_folder, declared_paths, model_inputs
 from pt2flow.flows.engine.keys import Environment, canonical_json
 from pt2flow.flows.engine.planner import read_weights, request_key, source_manifest
 from pt2flow.flows.engine.wiring import OptionsT, stage_options
@@ -175,12 +175,13 @@ def model_builder(model: ResolvedModel, store: Any, weights: Mapping[str, Any] |
     from pt2flow.stages.source import build_model, import_factory, load_state_dict, training_step
 
     factory = import_factory(model.factory, model.search_path)
+    checkpoint = checkpoint_folder(model)
     state = None
     if weights:
         state = load_state_dict(store.get_blob(weights["sha256"], weights["size"]), weights["filename"])
 
     def build() -> Any:
-        module = build_model(factory, model.kwargs, state, training=model.training)
+        module = build_model(factory, model.kwargs, state, training=model.training, checkpoint=checkpoint)
         if model.training:
             module = training_step(module, stage_options(model, "functionalize", FunctionalizeOptions).loss_output)
         return module
@@ -194,8 +195,10 @@ def model_builder(model: ResolvedModel, store: Any, weights: Mapping[str, Any] |
 
 def source(call: StageCall) -> Produced:
     """Pin down what the model is made of: config, weights (copied into the store, so every
-    artifact can be rebuilt from it) and the dependency manifest of its code (the model is built
-    here to see what it imports; trace reuses the built model). Stored as canonical JSON."""
+    artifact can be rebuilt from it), the dependency manifest of its code, the data files its
+    construction read or declares (a checkpoint folder, `depends_on`) and the eager model's
+    digest (the model is built here; trace reuses it). Stored as canonical JSON; the files'
+    stat signatures go in the details, outside the key, for a cheap re-check."""
     model, store = call.model, call.store
     weights = None
     if model.weights:
@@ -203,11 +206,12 @@ def source(call: StageCall) -> Produced:
         ref = store.put_blob(data)
         weights = {"sha256": ref.digest, "size": ref.size, "filename": Path(url.split("?")[0]).name}
     static, origin = source_manifest(model, weights["sha256"] if weights else None)
-    deps, problem = _dependencies(model, store, weights)
-    manifest = {**static, "deps": deps}
-    details = {"manifest": manifest, "request": request_key(static), "module_file": origin, "weights": weights, "weights_url": model.weights}
-    if problem:  # trace meets the same problem and reports it with its class
-        details["deps_problem"] = problem
+    built = build_recorded(model, store, weights)
+    manifest = {**static, "deps": built.deps}
+    details = {"manifest": manifest, "request": request_key(static), "module_file": origin, "weights": weights, "weights_url": model.weights,
+               "stats": built.stats, "stats_at": built.stats_at}
+    if built.problem:  # trace meets the same problem and reports it with its class
+        details["deps_problem"] = built.problem
     return call.publish(canonical_json(manifest).encode(), details=details)
 
 
@@ -215,35 +219,69 @@ def source(call: StageCall) -> Produced:
 _BUILT: dict[str, Any] = {}
 
 
-def _dependencies(model: ResolvedModel, store: Any, weights: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
-    """The dependency manifest of the model's code (stages/deps.py), from building it once.
+@dataclass
+class Built:
+    """A model built as the source stage builds it: the dependency manifest (code, data files,
+    eager digest), the files' stat signatures and when they were taken, and what went wrong."""
 
-    Seeds: the factory's module, the inputs factory's module and the modules of the built
-    model's classes; the walk from them reads source files only, so the manifest does not depend
-    on what this worker ran before (docs/architecture.md §5)."""
+    deps: dict[str, Any]
+    stats: dict[str, str]
+    stats_at: int
+    problem: str | None
+    module: Any = None
+
+
+def _not_model_inputs(store: Any) -> list[str]:
+    """Folders whose files a build may read that are not the model's: the store (a local one) and
+    pt2flow's cache."""
+    from pt2flow.flows.engine.interpreter import cache_dir
+
+    folders = [str(cache_dir())]
+    url = str(store.url)
+    if url.startswith("file://") or "://" not in url:
+        folders.append(url.removeprefix("file://"))
+    return folders
+
+
+def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] | None) -> Built:
+    """Build the model once, recording what it is made of (stages/deps.py, stages/reads.py).
+
+    Seeds of the code walk: the factory's module, the inputs factory's module and the modules
+    of the built model's classes; the walk reads source files only, so the manifest does not
+    depend on what this worker ran before (docs/architecture.md §5). The data files come from
+    the reads recorded while the model and its example inputs are made, plus the import-time
+    reads of its local modules; the declared ones from the config."""
+    from pt2flow.stages.datafiles import Hashed
     from pt2flow.stages.deps import manifest
-    from pt2flow.stages.source import import_factory
+    from pt2flow.stages.reads import recording
+    from pt2flow.stages.source import eager_digest, import_factory
 
     _BUILT.clear()
     built = None
-    try:
-        if model.inputs_factory:  # its code makes the inputs: a dependency too
-            import_factory(model.inputs_factory, model.search_path)
-        built = model_builder(model, store, weights)()
-    except Exception as exc:  # noqa: BLE001 - an unimportable or unbuildable model fails at trace, classified
-        problem = f"{type(exc).__name__}: {exc}"
-    else:
-        problem = None
+    problem = None
+    with recording(exclude=_not_model_inputs(store)) as reads:
+        try:
+            if model.inputs_factory:  # its code makes the inputs: a dependency too
+                import_factory(model.inputs_factory, model.search_path)
+            built = model_builder(model, store, weights)()
+            model_inputs(model)  # an inputs factory's reads are the model's too
+        except Exception as exc:  # noqa: BLE001 - an unimportable or unbuildable model fails at trace, classified
+            problem = f"{type(exc).__name__}: {exc}"
+    if built is not None:
         _BUILT[model.name] = built
     seeds: list[Any] = [model.factory.split(":", 1)[0]]
     if model.inputs_factory:
         seeds.append(model.inputs_factory.split(":", 1)[0])
     if built is not None:
         seeds += sorted({type(m) for m in built.modules()}, key=lambda t: f"{t.__module__}.{t.__qualname__}")
+    hashed = Hashed()
     try:
-        return manifest(seeds, model.search_path), problem
+        deps = manifest(seeds, model.search_path, reads=reads.files(), declared=declared_paths(model), hashed=hashed)
     except Exception as exc:  # noqa: BLE001 - no manifest: the key still covers the factory module's source
-        return {"files": {}, "distributions": {}, "error": f"{type(exc).__name__}: {exc}"}, problem
+        deps = {"files": {}, "distributions": {}, "error": f"{type(exc).__name__}: {exc}"}
+    if built is not None:
+        deps["eager"] = eager_digest(built)
+    return Built(deps, hashed.signatures, hashed.taken_ns, problem, built)
 
 
 def _program_result(call: StageCall, result: Any) -> Produced:

@@ -20,6 +20,7 @@ class RunContext:
     force: bool = False
     retry_failed: bool = False  # re-run stages whose cached outcome is a deterministic failure
     python: str | None = None  # the interpreter the workers run in (flows/engine/interpreter.py); None: this one
+    verify_sources: bool = False  # build every model again (its source stage) instead of trusting its recorded manifest
 
 
 class StageFailed(Exception):

@@ -27,7 +27,7 @@ class NeedsFlow(RuntimeError):
 
 def fleet_context(
     config_path: str, store: str | None, only: list[str] | None, stages: list[str] | None, force: bool, run_id: str | None, retry_failed: bool = False,
-    python: str | None = None,
+    python: str | None = None, verify_sources: bool = False,
 ) -> tuple[Any, RunContext]:
     """The config with the run's overrides, and the run's context. Makes the workers' interpreter
     (`python`, else the config's, else this one) the active one: keys are planned with its versions."""
@@ -40,7 +40,7 @@ def fleet_context(
     chosen = interpreter.activate(python or pipeline.python)
     return pipeline, RunContext(
         run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force, retry_failed=retry_failed,
-        python=None if chosen.local else chosen.python,
+        python=None if chosen.local else chosen.python, verify_sources=verify_sources,
     )
 
 

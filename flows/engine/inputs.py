@@ -6,6 +6,7 @@ them the source key covers.
 from __future__ import annotations
 
 import hashlib
+import os
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,18 @@ def resolve_model_url(path: str, search_path: str) -> str:
     if "://" in url or Path(url).is_absolute():
         return url
     return str(Path(search_path) / url)
+
+
+def checkpoint_folder(model: ResolvedModel) -> str | None:
+    """The model's checkpoint folder, resolved against its config's folder."""
+    return os.path.abspath(resolve_model_url(model.checkpoint, model.search_path)) if model.checkpoint else None
+
+
+def declared_paths(model: ResolvedModel) -> list[str]:
+    """What the model declares it is made of beyond code and weights: its checkpoint folder and
+    its `depends_on` files, folders and globs, resolved against its config's folder."""
+    folder = checkpoint_folder(model)
+    return ([folder] if folder else []) + [os.path.abspath(resolve_model_url(p, model.search_path)) for p in model.depends_on]
 
 
 def read_model_file(path: str, search_path: str, error_class: str, what: str) -> tuple[bytes, str]:

@@ -47,6 +47,10 @@ def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[d
         "code_hash": code_hash,
         "weights": weights_digest,
     }
+    if model.checkpoint:  # its files' digests are in the dependency manifest ("declared")
+        manifest["checkpoint"] = model.checkpoint
+    if model.depends_on:
+        manifest["depends_on"] = list(model.depends_on)
     return manifest, origin
 
 
@@ -80,8 +84,9 @@ def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str,
         if details.get("request") != request:
             continue
         deps = (details.get("manifest") or {}).get("deps")
-        if deps is None or changed_entries(deps, model.search_path, versions=_worker_versions()):
-            return None  # the newest build of this request depends on code that has changed since
+        if deps is None or changed_entries(deps, model.search_path, versions=_worker_versions(),
+                                           stats=details.get("stats"), taken_ns=details.get("stats_at")):
+            return None  # the newest build of this request depends on code or files that have changed since
         return row
     return None
 
@@ -171,7 +176,7 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
     """Key chain and cache decisions for `model`. Never raises: a model that cannot be planned
     (weights missing, module gone) has work to do, and its model flow reports why."""
     plan = Plan(model)
-    if ctx.force:
+    if ctx.force or ctx.verify_sources:  # --verify-sources: the source is built again, the rest looked up
         return plan
     failures = not ctx.retry_failed
     try:

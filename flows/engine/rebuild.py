@@ -1,6 +1,8 @@
 """The worker's side of `pt2flow audit` (flows/engine/audit.py): one program record checked.
 
-Two fingerprints of the record's program, compared by the caller with the one the record holds:
+For a source record: the eager digest of the model built again now (the caller compares it with
+the recorded one). For a program record, two fingerprints of the record's program, compared by
+the caller with the one the record holds:
 `stored`, of the program in the record's blob as it loads now, and `rebuilt`, of the stage run
 again on its recorded inputs (the parent program from the store, the recorded options; for
 trace the model from the config). Imports torch; runs only in a worker process.
@@ -44,6 +46,16 @@ def _retrace(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | 
     return str(trace(built, model_inputs(model), stage_options(model, "trace", TraceOptions)).metadata["fingerprint"])
 
 
+def _rebuild_source(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> str | None:
+    """The eager digest of the model built again as the source stage builds it (None: it did not build)."""
+    from pt2flow.flows.engine.compute import build_recorded
+
+    built = build_recorded(model, runtime.open_store(store_url), weights)
+    if built.problem:
+        raise RuntimeError(f"the model no longer builds: {built.problem}")
+    return built.deps.get("eager")
+
+
 def rebuild(
     stage: str,
     stored: bytes,
@@ -58,6 +70,8 @@ def rebuild(
     from pt2flow.stages.source import import_factory
 
     try:
+        if stage == "source":
+            return "ok", {"stored": None, "rebuilt": _rebuild_source(model, store_url, weights) if model is not None else None}
         if model is not None:  # the pytree types the program uses, as the run had them
             import_factory(model.factory, model.search_path)
         found: dict[str, Any] = {"stored": fingerprint(_program(stored)), "rebuilt": None}

@@ -49,6 +49,13 @@ def main(fd: int, parent: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when a worker stops
     threading.Thread(target=_watch_parent, args=(parent,), name="pt2flow-watchdog", daemon=True).start()
     conn = Connection(fd)
+    # before anything of a model is imported: the start-up sys.path the dependency manifest
+    # resolves against, and the watch on file reads (stages/reads.py: import-time reads too)
+    from pt2flow.stages.distributions import pin_import_path
+    from pt2flow.stages.reads import install as watch_reads
+
+    pin_import_path()
+    watch_reads()
     import pt2flow.stages.trace  # noqa: F401  (torch and the stages: once per worker, before the first model)
 
     from pt2flow.flows.engine import compute

@@ -30,7 +30,9 @@ FUNCTIONAL_PROGRAM = Input("program", ("functionalize", "trace"))
 # what the config, the weights and the model's code are: the key comes from the planner's
 # manifest (flows/engine/planner.py), not from a key function
 # 3: the dependency manifest no longer depends on the worker's history (stages/deps.py)
-SOURCE = Stage("source", 3, compute=f"{_COMPUTE}:source", publishes="source")
+# 4: the data files the build reads, the declared ones (checkpoint, depends_on) and the eager
+# model's digest are part of it; imports resolve against the start-up sys.path
+SOURCE = Stage("source", 4, compute=f"{_COMPUTE}:source", publishes="source")
 
 BUILTIN: tuple[Stage, ...] = (
     # 2 (trace, functionalize, decompose, serialize, aot_compile): the program fingerprint covers
