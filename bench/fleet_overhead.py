@@ -26,6 +26,14 @@ validate (no compile)
   warm-hf     `pt2flow run` again: must do no stage work at all (issue 19: an unchanged re-run
               of transformers models used to re-trace two of them, warm/cold 0.20)
 
+transformers + compile fleet (--hf-compile, on by default): the tiny BERT, DistilBERT and RoBERTa
+(sequence 8) and two demo models through all six stages, aot_compile included (issue 29: a worker
+that compiled used to record another dependency manifest for the next transformers model)
+  cold-hfc      `pt2flow run --workers 1` on an empty store
+  warm-hfc      `pt2flow run` again: every stage cached
+  verify-hfc    `pt2flow run --verify-sources` again: every model built once more (no export) to
+                compare its eager model and files with the record; nothing re-exported
+
 targets fleet (--targets, on by default): four demo models (an MLP, a CNN, the encoder with
 dynamic batch and sequence, the attention block on the portable kernels) trace, functionalize,
 then the two deployment targets
@@ -36,8 +44,9 @@ then the two deployment targets
                  seconds (loading the program from the store and publishing included)
   goal: each target's stage seconds / its bare seconds <= 1.10 (issue 20)
 
-Goals (issues 10, 11, 19 and 23): cold-1 / bare <= 1.05; cold-2 / cold-1 <= 0.55; warm / cold-1 <= 0.02;
-cold-small / bare-small <= 1.10; warm-small / bare-small <= 0.03; warm-hf / cold-hf <= 0.02.
+Goals (issues 10, 11, 19, 23 and 29): cold-1 / bare <= 1.05; cold-2 / cold-1 <= 0.55; warm / cold-1 <= 0.02;
+cold-small / bare-small <= 1.10; warm-small / bare-small <= 0.03; warm-hf / cold-hf <= 0.02;
+warm-hfc / cold-hfc <= 0.02 (verify-hfc / warm-hfc is reported: the price of --verify-sources).
 Prints one table, the stage seconds of each arm (the bare loop's steps timed under the name of
 the pt2flow stage doing that work) and a JSON line with every figure (--json-out FILE also writes it).
 """
@@ -111,7 +120,12 @@ def small_fleet(count: int) -> list[tuple[str, str, dict[str, Any], dict[str, di
     return [(f"mlp-{i:03d}", "mlp", {"hidden": 8 + i}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}) for i in range(count)]
 
 
+HF_COMPILE = [entry for entry in TRANSFORMERS if entry[0].endswith("-s8") and not entry[0].startswith("gpt2")] + [FLEET[0], FLEET[3]]
+
+
 def fleet_models(kind: str, count: int) -> list[Any]:
+    if kind == "hf-compile":
+        return HF_COMPILE
     if kind == "small":
         return small_fleet(count)
     if kind == "targets":
@@ -141,7 +155,7 @@ def write_config(folder: Path, kind: str, count: int) -> Path:
             "stages": {"validate": {"atol": 1e-4}, **({"executorch": {"partitioners": partitioners[name]}} if kind == "targets" else {})},
         })
     path = folder / "fleet.yaml"
-    stages = {"compile": STAGES, "targets": TARGET_STAGES}.get(kind, SMALL_STAGES)
+    stages = {"compile": STAGES, "hf-compile": STAGES, "targets": TARGET_STAGES}.get(kind, SMALL_STAGES)
     path.write_text(yaml.safe_dump({"version": 1, "stages": stages, "models": models}, sort_keys=False))
     return path
 
@@ -299,6 +313,7 @@ GOALS = {
     "cold_small_over_bare_small": 1.10,  # issue 23 (was 1.25)
     "warm_small_over_bare_small": 0.03,
     "warm_hf_over_cold_hf": 0.02,
+    "warm_hfc_over_cold_hfc": 0.02,  # issue 29: transformers models after a compile in the same worker
     "onnx_over_bare": 1.10,
     "executorch_over_bare": 1.10,
 }
@@ -324,6 +339,8 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=8, help=f"compile fleet size (at most {len(FLEET)}; default 8), plus {len(FAILING)} failing models")
     parser.add_argument("--small", type=int, default=100, help="small fleet size (default 100; 0 skips it)")
     parser.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=True, help="run the transformers fleet (cold, warm)")
+    parser.add_argument("--hf-compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the transformers + aot_compile fleet (cold, warm, warm --verify-sources)")
     parser.add_argument("--targets", action=argparse.BooleanOptionalAction, default=True, help="run the deployment targets fleet (bare, cold)")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "pt2-bench-fleet"))
     parser.add_argument("--json-out", metavar="FILE")
@@ -387,6 +404,23 @@ def main() -> int:
         figures["warm_hf_s"], out = _arm("warm-hf", run, _env(workdir, "warm-hf"), workdir)
         _check(out, len(TRANSFORMERS) - 1, cached=True, failed=1)
         figures["ratios"]["warm_hf_over_cold_hf"] = round(figures["warm_hf_s"] / figures["cold_hf_s"], 4)
+
+    if args.hf_compile:
+        hfc = write_config(workdir / "hf-compile", "hf-compile", len(HF_COMPILE))
+        run = [pt2flow, "run", str(hfc), "--json", "--store", str(workdir / "store-hfc")]
+        figures["cold_hfc_s"], out = _arm("cold-hfc", [*run, "--workers", "1"], _env(workdir, "cold-hfc"), workdir)
+        _check(out, len(HF_COMPILE))
+        figures["warm_hfc_s"], out = _arm("warm-hfc", run, _env(workdir, "warm-hfc"), workdir)
+        _check(out, len(HF_COMPILE), cached=True)
+        figures["verify_hfc_s"], out = _arm("verify-hfc", [*run, "--verify-sources"], _env(workdir, "verify-hfc"), workdir)
+        document = json.loads(out.strip().splitlines()[-1])
+        rebuilt = [m["name"] for m in document["models"] if not all(s["cached"] for n, s in m["stages"].items() if n != "source")]
+        if rebuilt:
+            raise SystemExit(f"verify-hfc: --verify-sources re-exported unchanged models: {rebuilt}")
+        figures["ratios"]["warm_hfc_over_cold_hfc"] = round(figures["warm_hfc_s"] / figures["cold_hfc_s"], 4)
+        figures["verify_hfc_over_warm_hfc"] = round(figures["verify_hfc_s"] / figures["warm_hfc_s"], 2)
+        print(f"  --verify-sources: {figures['verify_hfc_s']:.1f} s against {figures['warm_hfc_s']:.1f} s warm "
+              f"({figures['verify_hfc_over_warm_hfc']:.1f} x), {figures['verify_hfc_s'] / figures['cold_hfc_s']:.2f} of cold", file=sys.stderr)
 
     if args.targets:
         targets = write_config(workdir / "targets", "targets", len(TARGET_FLEET))

@@ -23,7 +23,7 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.engine.artifacts import load_artifact, vouch
 from pt2flow.flows.engine.context import Outcome, RunContext
-from pt2flow.flows.engine.inputs import checkpoint_folder, declared_paths, model_inputs
+from pt2flow.flows.engine.inputs import checkpoint_folder, declared_paths, declared_problems, model_inputs
 from pt2flow.flows.engine.keys import Environment, canonical_json
 from pt2flow.flows.engine.planner import read_weights, request_key, source_manifest
 from pt2flow.flows.engine.wiring import OptionsT, stage_options
@@ -256,6 +256,11 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
     from pt2flow.stages.reads import recording
     from pt2flow.stages.source import eager_digest, import_factory
 
+    from pt2flow.stages.errors import StageError
+
+    missing = declared_problems(model)
+    if missing:  # what the config declares the model is made of must be there
+        raise StageError(ErrorClass.CONFIG, "; ".join(f"{'.'.join(map(str, path))}: {message}" for path, message in missing))
     _BUILT.clear()
     built = None
     problem = None

@@ -76,6 +76,20 @@ def declared_paths(model: ResolvedModel) -> list[str]:
     return ([folder] if folder else []) + [os.path.abspath(resolve_model_url(p, model.search_path)) for p in model.depends_on]
 
 
+def declared_problems(model: ResolvedModel) -> list[tuple[tuple[Any, ...], str]]:
+    """A checkpoint that is not a folder, a depends_on entry that names no file."""
+    from pt2flow.stages.datafiles import expand
+
+    problems: list[tuple[tuple[Any, ...], str]] = []
+    folder = checkpoint_folder(model)
+    if folder is not None and not os.path.isdir(folder):
+        problems.append((("checkpoint",), f"checkpoint folder not found: {folder}"))
+    for j, pattern in enumerate(model.depends_on):
+        if not expand(os.path.abspath(resolve_model_url(pattern, model.search_path))):
+            problems.append((("depends_on", j), f"names no file: {pattern} (resolved against {model.search_path})"))
+    return problems
+
+
 def read_model_file(path: str, search_path: str, error_class: str, what: str) -> tuple[bytes, str]:
     """(bytes, resolved URL) of a file a config names (weights, inputs file), with the store's
     storage options for a URL; a missing file is a StageError of `error_class`."""

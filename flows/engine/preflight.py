@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine.inputs import resolve_model_url
+from pt2flow.flows.engine.inputs import declared_problems, resolve_model_url
 from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.runner import default_memory_gb
 
@@ -62,6 +62,8 @@ def preflight(models: Sequence[ResolvedModel], *, imports: bool = True, url_exis
             location = getattr(model, key)
             if location is not None:
                 _check_file(found, ("models", i, key), str(location), model.search_path, url_exists)
+        for path, message in declared_problems(model):
+            found.problems.append(Finding(("models", i, *path), message))
     if imports:
         _check_code(found, models)
     return found

@@ -1,5 +1,6 @@
 """`pt2flow audit` on real runs: a clean store passes (every program record's blob and its
-rebuild give the recorded fingerprint, trace re-traced from the config), and a record whose
+rebuild give the recorded fingerprint, trace re-traced from the config, each source built again
+into the recorded eager model), and a record whose
 blob was swapped for another valid program is named, exit 1."""
 
 from __future__ import annotations
@@ -37,16 +38,20 @@ def test_audit_passes_on_a_clean_store(audited_store: tuple[Path, Path, str]) ->
     code, doc, stderr = run_json(["audit", "--store", str(store), "--config", str(config)])
     assert code == 0, (doc, stderr[-3000:])
     assert doc["run_id"] == run_id
-    assert doc["sample"] == {"fraction": 1.0, "seed": 0, "records": 8, "checked": 8}
-    assert doc["summary"] == {"ok": 8, "failed": 0, "rebuilt": 8}
+    # two source records (each model built again: its eager digest) and four program records each
+    assert doc["sample"] == {"fraction": 1.0, "seed": 0, "records": 10, "checked": 10}
+    assert doc["summary"] == {"ok": 10, "failed": 0, "rebuilt": 10}
     for entry in doc["records"]:
-        assert entry["stored"] == entry["rebuilt"] == entry["fingerprint"], entry
+        if entry["stage"] == "source":
+            assert entry["stored"] == entry["rebuilt"] and len(entry["rebuilt"]) == 64, entry
+        else:
+            assert entry["stored"] == entry["rebuilt"] == entry["fingerprint"], entry
     # a sample: the same seed picks the same records, never all of them at 0.3 (8 records)
     code, half, _ = run_json(["audit", "--store", str(store), "--sample", "0.3", "--seed", "7"])
     code_again, again, _ = run_json(["audit", run_id[:8], "--store", str(store), "--sample", "0.3", "--seed", "7"])
     assert code == code_again == 0
     assert [r["record_id"] for r in half["records"]] == [r["record_id"] for r in again["records"]]
-    assert half["sample"]["checked"] < 8
+    assert half["sample"]["checked"] < 10
 
 
 def test_audit_names_a_record_whose_blob_is_another_valid_program(audited_store: tuple[Path, Path, str], tmp_path: Path) -> None:
