@@ -71,6 +71,24 @@ def always_raises():
 
 def inputs_always_raise():
     raise KeyError("no such split: validation")
+
+
+def _refuse_meta():
+    if torch.empty(0).device.type == "meta":
+        raise NotImplementedError("this factory reads real tensors")
+
+
+def big_on_cpu():
+    _refuse_meta()
+    hold = torch.ones(400 * 2**20)  # 1.6 GB written: over a limit of 0.8 GiB
+    return Two()
+
+
+def slow_on_cpu():
+    _refuse_meta()
+    import time
+    time.sleep(60)
+    return Two()
 '''
 
 RAISES = 'raise RuntimeError("this module refuses to import")\n\ndef f():\n    pass\n'
@@ -350,3 +368,28 @@ def test_a_factory_that_raises_is_a_problem_with_its_message(folder: Path) -> No
 
     plain = subprocess.run([sys.executable, "-c", "import vraising_factory; vraising_factory.model()"], cwd=folder, capture_output=True, text=True)
     assert plain.returncode == 1 and plain.stderr.strip().endswith("RuntimeError: tokenizer.json is missing from the checkpoint folder")
+
+
+def test_the_cpu_build_runs_within_the_models_limits(folder: Path) -> None:
+    """The CPU attempt is the run's source stage in small: the model's memory ceiling and its
+    source-stage time limit hold, and going over either is that model's problem."""
+    path = config(folder, """\
+        - name: big
+          factory: vmodels:big_on_cpu
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+          limits: {memory_gb: 0.8}
+        - name: slow
+          factory: vmodels:slow_on_cpu
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+          limits: {stage_timeout_s: {source: 8}}
+        - name: fine
+          factory: vmodels:two
+          inputs: {x: {shape: [2, 4], dtype: float32}}
+        """)
+    proc = run_cli(["validate", str(path)], cwd=folder.parent, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == f"{path}: 2 problems in the config:" and len(lines) == 3, proc.stderr
+    assert lines[1].startswith(f"  {path}:5: models[0].factory: out_of_memory while importing or building it: its processes used "), lines[1]
+    assert "GiB, over the limit of 0.80 GiB; its worker process (pid " in lines[1], lines[1]
+    assert lines[2].startswith(f"  {path}:9: models[1].factory: timeout while importing or building it: importing and building it took over 8 s; "), lines[2]
