@@ -393,3 +393,49 @@ def test_the_cpu_build_runs_within_the_models_limits(folder: Path) -> None:
     assert lines[1].startswith(f"  {path}:5: models[0].factory: out_of_memory while importing or building it: its processes used "), lines[1]
     assert "GiB, over the limit of 0.80 GiB; its worker process (pid " in lines[1], lines[1]
     assert lines[2].startswith(f"  {path}:9: models[1].factory: timeout while importing or building it: importing and building it took over 8 s; "), lines[2]
+
+
+def test_what_the_schema_refuses_is_left_out_and_the_rest_still_checked(folder: Path) -> None:
+    """check_config (used by run's load_config too): a refused key of a model, a refused top-level
+    key or `defaults` section, and a model whose name is refused leave every other check running;
+    the checks that would read a refused key are skipped, not misled (a refused `dims` does not
+    make its dim "undefined")."""
+    from pt2flow.flows.config import ConfigError
+    from pt2flow.flows.config.load import check_config
+
+    path = config(folder, """\
+        - name: refused-dims
+          factory: vmodels:two
+          inputs: {x: {shape: [2, 4]}}
+          dynamic_shapes: {x: {0: batch}}
+          dims: {batch: {min: 0, max: 4}}
+        - name: bad-option
+          factory: vmodels:two
+          inputs: {x: {shape: [2, 4], dtype: floatt}}
+          stages: {validate: {atool: 1}}
+        - name: 3
+          factory: nosuch:x
+        - name: undefined-dim
+          factory: vmodels:two
+          inputs: {x: {shape: [2, 4]}}
+          dynamic_shapes: {x: {0: seq}}
+        """)
+    path.write_text(path.read_text().replace("stages: [trace, serialize]\n", "stagez: [trace]\ndefaults:\n  limits: {timeout_s: -1}\n"))
+    checked = check_config(path)
+    assert checked.pipeline is None
+    assert [(i.line, i.path, i.message.split(" (got")[0]) for i in checked.issues] == [
+        # the schema's problems, then the inputs', then what the schema let through
+        (4, "defaults.limits.timeout_s", "Input should be greater than 0"),
+        (10, "models[0].dims.batch.min", "Input should be greater than or equal to 1"),
+        (15, "models[2].name", "Input should be a valid string"),
+        (2, "stagez", "unknown key"),
+        (13, "models[1].inputs.x.dtype", "Input should be 'float32', 'float16', 'bfloat16', 'float64', 'int64', 'int32', 'int16', 'int8', 'uint8' or 'bool'"),
+        (14, "models[1].stages.validate.atool", "unknown key"),  # the defaults' stage sections were sound: options checked
+        (16, "models[2].factory", f"module 'nosuch' not found (looked in {folder} and on sys.path)"),
+        (15, "models[2].inputs", "required key is missing"),
+        (20, "models[3].dynamic_shapes.x[0]", "dim 'seq' has no definition under dims"),
+    ]
+    assert sorted(checked.models) == [0, 1, 2, 3]  # each is still given to validate's file and code checks
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert raised.value.issues == checked.issues
