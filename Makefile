@@ -50,6 +50,10 @@ test-fast: install
 lint: install
 	$(BIN)/lint-imports
 
-clean:  # stops the shared Prefect server of ./.prefect first, if one runs
-	-@python3 -c "import json, os, signal; os.kill(json.load(open('.prefect/pt2flow-server.json'))['pid'], signal.SIGTERM)" 2>/dev/null || true
-	rm -rf $(VENV) .prefect $(STORE) .pytest_cache
+# clean stops pt2flow's shared Prefect servers first: the one of ./.prefect (make's PREFECT_HOME), and
+# the one a `pt2flow run` outside make started under Prefect's default home, ~/.prefect, unless a run
+# still uses it (flows/engine/prefect_server.py `stop`; either stops by itself after its idle time).
+clean:
+	-@python3 -I flows/engine/prefect_server.py stop .prefect
+	-@python3 -I flows/engine/prefect_server.py stop --if-idle $(HOME)/.prefect
+	rm -rf $(VENV) .prefect $(STORE) pt2-store-failures .pytest_cache

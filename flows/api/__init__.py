@@ -71,21 +71,33 @@ def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
 
 
 def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[str, Any]:
-    """`pt2flow validate --json`: the config's own checks (load_config), then what a run would
-    otherwise meet only at its model (flows/engine/preflight.py): weights and inputs files exist,
-    and unless `imports` is False the factory modules import in a worker process and the input
-    names match the built model's forward(). ConfigError listing every problem at its YAML path;
-    else {"config", "valid", "models", "stages", "imported", "notes"}. Imports no torch here."""
-    from pt2flow.flows.config import load_config
-    from pt2flow.flows.config.problems import ConfigIssue, YamlLines
+    """`pt2flow validate --json`: every problem of the config in one pass. YAML syntax first
+    (nothing else can be read before it is fixed); then together the config's own checks (the
+    schema, factories, dims, ...: flows/config/load.py check_config, which checks what the schema
+    let through) and what a run would otherwise meet only at its model (flows/engine/preflight.py):
+    weights and inputs files exist, and unless `imports` is False each model's code is imported
+    and its factories called once in a worker process, the input names matched against the built
+    model's forward(). ConfigError listing every problem at its YAML path, in file order; else
+    {"config", "valid", "models", "stages", "imported", "notes"}. Imports no torch here."""
+    from pt2flow.flows.config.load import check_config
+    from pt2flow.flows.config.problems import ConfigIssue, YamlLines, format_path
     from pt2flow.flows.config.reading import read_config_file
     from pt2flow.flows.engine.preflight import preflight
 
-    pipeline = load_config(config)
-    found = preflight(pipeline.models, imports=imports)
+    checked = check_config(config)
+    issues = list(checked.issues)
+
+    def reported(path: str) -> bool:
+        return any(i.path == path or i.path.startswith((path + ".", path + "[")) for i in issues)
+
+    code = [i for i in checked.models if not any(reported(f"models[{i}].{key}") for key in ("factory", "inputs_factory", "inputs"))]
+    found = preflight(checked.models, imports=imports, code=code)
     lines = YamlLines(read_config_file(config)[0])
-    if found.problems:
-        raise ConfigError(str(config), [lines.issue(f.path, f.message) for f in found.problems])
+    # a key the config's checks already refused is not reported again (a malformed weights URL is not also "not found")
+    issues += [lines.issue(f.path, f.message) for f in found.problems if not reported(format_path(f.path))]
+    if issues or checked.pipeline is None:
+        raise ConfigError(str(config), sorted(issues, key=lambda issue: issue.line or 0))
+    pipeline = checked.pipeline
     notes: list[ConfigIssue] = [lines.issue(f.path, f.message) for f in found.notes]
     return {
         "config": str(config), "valid": True, "models": [m.name for m in pipeline.models], "stages": list(pipeline.stages),

@@ -52,7 +52,6 @@ def upgrade_check(
     from pt2flow.flows.engine import interpreter
     from pt2flow.flows.engine.compat import check_compat
     from pt2flow.flows.report.compare import build_report
-    from pt2flow.flows.report.runs import given
     from pt2flow.flows.report.upgrade import (LATENCY_GROWTH, REGRESSING, Side, UpgradeReport, model_verdicts, summarize,
                                               version_changes)
 
@@ -75,7 +74,7 @@ def upgrade_check(
         document = run(config, store=store_url, storage_options=storage_options, only=only, stages=stages, workers=workers,
                        python=candidate.python, progress=progress)
         candidate_run = document.run_id
-        drift = build_report(opened.index, baseline_run, candidate_run, selection=given((baseline_run, candidate_run)))
+        drift = build_report(opened.index, baseline_run, candidate_run, selection=_checked(opened.index, baseline_run, candidate_run, names))
         compat = check_compat(opened, baseline_run, python=candidate.python)
         used = _used_distributions(opened, baseline_run, candidate_run)
         relevant, other = version_changes(base.distributions, candidate.distributions, used)
@@ -102,6 +101,16 @@ def upgrade_check(
         return report
     finally:
         interpreter.activate(None)
+
+
+def _checked(index: Any, baseline_run: str, candidate_run: str, names: Sequence[str]) -> Any:
+    """The runs compared, on the models checked (`names`: the config's, after --only): the
+    baseline's other models are not compared, rather than counted "only in baseline"."""
+    from pt2flow.flows.report.runs import RunSelection, run_models
+
+    left_out = sorted(run_models(index).get(baseline_run, set()) - set(names))
+    reason = "named by the caller" + (f"; {len(left_out)} model(s) of the baseline outside the selection are not compared" if left_out else "")
+    return RunSelection("given", (baseline_run, candidate_run), reason, models={n: candidate_run for n in names}, not_compared=tuple(left_out))
 
 
 def _baseline_run(store: Any, baseline: str | None, names: Sequence[str], base: Any) -> tuple[str, str]:

@@ -78,12 +78,24 @@ def _library_error(exc: BaseException, prefix: str) -> int:
         print(f"{prefix}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if isinstance(exc, RecordNotFound):
-        print(f"{prefix}: {exc}", file=sys.stderr)
+        print(f"{prefix}: {exc}{_which_store(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     if isinstance(exc, StorageError):
         print(f"{prefix}: storage error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     raise exc
+
+
+def _which_store(message: str) -> str:
+    """" (store URL)" when the command read a store that `message` does not name: "no run in the
+    index" means little when it was not the store the user thought (a config's store elsewhere)."""
+    support = sys.modules.get("pt2flow.flows.cli.support")
+    url = getattr(support, "opened_store", None)
+    if not url or url in message:
+        return ""
+    from pt2flow.storage.urls import redact_url
+
+    return f" (store {redact_url(url)})"
 
 
 def silence_stdout() -> None:

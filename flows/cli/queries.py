@@ -5,6 +5,7 @@ pyarrow, rich and the storage modules are imported inside the commands: `--help`
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -44,6 +45,26 @@ def ls_filter(args: Args, store: Any) -> Any:
                                   run=args.run, since=args.since, until=args.until)
 
 
+def unknown_model_hint(store: Any, model: str, shown: int = 20) -> str | None:
+    """What to say when `--model NAME` matched no record: the store has no model of that name
+    (the closest names first, then the others, from the index's `model` column alone), or None
+    when it has (the other filters left nothing)."""
+    import difflib
+
+    import pyarrow.compute as pc
+
+    names = sorted(str(n) for n in pc.unique(store.index.scan(["model"]).column("model")).to_pylist() if n is not None)
+    if model in names:
+        return None
+    if not names:
+        return f"no model named {model!r}: the index of {store.url} holds no records"
+    close = difflib.get_close_matches(model, names, n=3, cutoff=0.5)
+    rest = [n for n in names if n not in close]
+    listed = ", ".join([*close, *rest][:shown]) + (f", … {len(names) - shown} more" if len(names) > shown else "")
+    return (f"no model named {model!r} in {store.url}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else "")
+            + f"; its models: {listed}")
+
+
 LS_COLUMNS = (
     "record_id", "run_id", "model", "stage", "status", "cached", "sha256", "size", "seconds",
     "error_class", "ended_at", "torch_version", "max_abs_err", "passed", "archive_version",
@@ -72,6 +93,10 @@ def ls_command(args: Args) -> int:
     if args.limit and args.limit > 0:
         table = table.slice(0, args.limit)
     rows = table.to_pylist()
+    if total == 0 and args.model:
+        hint = unknown_model_hint(store, args.model)
+        if hint:
+            print(hint, file=sys.stderr)
     if args.json:
         dump([decode(r) for r in rows])
         return EXIT_OK

@@ -97,7 +97,7 @@ def run_fleet(args: Args) -> int:
         document = command_wall_time(execute(parameters, store, pipeline, progress=terminal_progress if sys.stderr.isatty() or args.progress else None))
         from pt2flow.flows.cli.summary import render_run
 
-        render_run(document, rich_console())
+        render_run(document, rich_console(), config=args.config, store=args.store)
     return EXIT_OK if document["summary"]["failed"] == 0 else EXIT_FAILED
 
 

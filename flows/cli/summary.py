@@ -95,7 +95,17 @@ def fitted_table(document: Mapping[str, Any], console: Console) -> Table:
     return table
 
 
-def render_run(document: Mapping[str, Any], console: Console) -> None:
+def failures_command(document: Mapping[str, Any], config: str | None = None, store: str | None = None) -> str:
+    """The `pt2flow failures` command that reads this run's groups from its store: `--store` when
+    the run was given one, else `--config CONFIG` (its store resolved as the run resolved it)."""
+    import shlex
+
+    where = f" --store {shlex.quote(str(document['store']))}" if store or not config else f" --config {shlex.quote(config)}"
+    return f"pt2flow failures {document['run_id']}{where}"
+
+
+def render_run(document: Mapping[str, Any], console: Console, *, config: str | None = None, store: str | None = None) -> None:
+    """The summary of a run of `config` (`store`: the --store the run was given, if any)."""
     table = fitted_table(document, console)
     console.print(table)
     summary = document["summary"]
@@ -115,7 +125,7 @@ def render_run(document: Mapping[str, Any], console: Console) -> None:
     if document.get("failure_groups"):
         from pt2flow.flows.report.failure_views import render_run_groups
 
-        render_run_groups(document["failure_groups"], console)
+        render_run_groups(document["failure_groups"], console, failures_command(document, config, store))
     for model in document["models"]:
         if model["status"] != "ok":
             failed = model["stages"].get(model["failed_stage"] or "") or {}

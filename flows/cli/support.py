@@ -112,7 +112,13 @@ def open_store(args: Args) -> Any:
     problem = where.absent()
     if problem:
         raise CommandUsageError(problem)
+    global opened_store
+    opened_store = where.url
     return ArtifactStore(where.url, where.storage_options)
+
+
+# the store this command read (open_store): a "nothing found" answer names it (errors.py)
+opened_store: str | None = None
 
 
 def write_page(path: str, render: Callable[[], str]) -> None:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pt2flow.flows.config.factories import factory_problem
 from pt2flow.flows.config.inputs import INPUT_FILE_SUFFIXES, check_dims_named, check_dynamic
 from pt2flow.flows.config.issues import ConfigIssue, YamlLines, pydantic_issues
+from pt2flow.flows.config.limits import Limits
 from pt2flow.flows.config.models import ModelConfig, ResolvedModel
 from pt2flow.flows import pipeline
 from pt2flow.storage.urls import holds_credentials
@@ -57,10 +58,13 @@ def check_model(
     lines: YamlLines,
     issues: list[ConfigIssue],
     check_options: bool = True,
+    dropped: frozenset[str] = frozenset(),
 ) -> ResolvedModel | None:
     """`models[index]` checked: its problems are added to `issues` (None is returned then), else
     its resolved form. `inputs`: its parsed input trees (flows.config.inputs.parse_inputs; None
-    where they are broken); `check_options=False` skips the stage options (broken defaults)."""
+    where they are broken); `check_options=False` skips the stage options (broken defaults).
+    `dropped`: keys the schema refused (reported already): the checks that read them are skipped
+    rather than misled by their absence, and the model is not resolved."""
     base = ("models", index)
     before = len(issues)
 
@@ -71,13 +75,16 @@ def check_model(
         issues.extend(pydantic_issues(exc, base + ("stages", stage), lines))
 
     _check_identity(model, search_path, add)
-    _check_input_sources(model, search_path, add)
-    dynamic = _check_dynamic_shapes(model, inputs, add)
-    options = _stage_options(model, defaults, check_options, add, add_schema)
+    dynamic: dict[str, Any] = {}
+    if not dropped & _INPUT_KEYS:
+        _check_input_sources(model, search_path, add)
+    if not dropped & {*_INPUT_KEYS, "dynamic_shapes", "dims"}:
+        dynamic = _check_dynamic_shapes(model, inputs, add)
+    options = _stage_options(model, defaults, check_options and "stages" not in dropped, add, add_schema)
     validate_options = options.get("validate")
     if validate_options is not None and dynamic and validate_options.samples < 3:  # type: ignore[attr-defined]
         add(("stages", "validate", "samples"), "must be >= 3 for a model with dynamic dims (example, min and max)")
-    if len(issues) != before:
+    if len(issues) != before or dropped:
         return None
     return ResolvedModel(
         name=model.name,
@@ -93,6 +100,19 @@ def check_model(
         inputs_file=model.inputs_file,
         checkpoint=model.checkpoint,
         depends_on=tuple(model.depends_on),
+    )
+
+
+_INPUT_KEYS = frozenset({"inputs", "inputs_factory", "inputs_file"})
+
+
+def partial_model(model: ModelConfig, inputs: dict[str, Any] | None, search_path: str, limits: Limits) -> ResolvedModel:
+    """A model resolved as far as needs no check to pass (no stage options, no dynamic shapes):
+    what `pt2flow validate` checks files and code with when the config has problems too."""
+    return ResolvedModel(
+        name=model.name, factory=model.factory, kwargs=dict(model.kwargs), weights=model.weights, inputs=dict(inputs or {}),
+        dynamic_shapes={}, dims={}, options={}, search_path=search_path, inputs_factory=model.inputs_factory,
+        inputs_file=model.inputs_file, limits=limits,
     )
 
 

@@ -3,6 +3,7 @@ first run of a PREFECT_HOME, reused by every later run, stopped after it has ser
 while. A fresh server takes 3-6 s to answer; reusing one takes a health check.
 
     python -m pt2flow.flows.engine.prefect_server PORT PREFECT_HOME IDLE_SECONDS
+    python3 -I flows/engine/prefect_server.py stop [--if-idle] PREFECT_HOME...   (make clean)
 
 detaches (fork, new session; the starting run does not wait for it), writes its state file
 (`pt2flow-server.json` in PREFECT_HOME: pid, port, URL, interpreter and Prefect version) and runs
@@ -113,5 +114,51 @@ def main(port: int, home: str, idle: float) -> int:
     return 0
 
 
+def _is_server(pid: int) -> bool:
+    """Whether `pid` is a server of this module (not a process that reused a dead server's pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"pt2flow.flows.engine.prefect_server" in cmdline.read()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: trust the state file
+        return _alive(pid)
+
+
+def stop(home: str, *, if_idle: bool = False) -> str:
+    """SIGTERM the shared server of PREFECT_HOME `home`: "stopped", "none" (no server runs
+    there) or "busy" (`if_idle` and a live run holds a lease on it: left to stop by itself)."""
+    import signal
+
+    try:
+        pid = int(json.loads((Path(home) / STATE).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "none"
+    if not _is_server(pid):
+        return "none"
+    if if_idle and live_leases(Path(home) / LEASES):
+        return "busy"
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "none"
+    return "stopped"
+
+
+def stop_command(argv: list[str]) -> int:
+    """`python3 -I flows/engine/prefect_server.py stop [--if-idle] HOME...` (make clean): the
+    standard library only, so it runs without the venv, which clean removes."""
+    if_idle = "--if-idle" in argv
+    for home in (a for a in argv if a != "--if-idle"):
+        done = stop(home, if_idle=if_idle)
+        if done == "stopped":
+            print(f"stopped pt2flow's Prefect server of {home}")
+        elif done == "busy":
+            print(f"pt2flow's Prefect server of {home} serves a run: left running (it stops after its idle time)")
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["stop"]:
+        sys.exit(stop_command(sys.argv[2:]))
     sys.exit(main(int(sys.argv[1]), sys.argv[2], float(sys.argv[3])))

@@ -6,17 +6,20 @@ would otherwise fail on only once it reached the model, checked without running 
   read it; a URL that cannot be asked is a note, not a problem).
 - Code (a worker process of engine/pool.py, the isolation a run's stages get: a module that
   crashes, hangs or eats memory on import fails only its model): the factory and inputs_factory
-  modules import, the factory returns an nn.Module, and the configured input names match its
-  `forward()` (an inputs_factory's: called on the meta device, its positional arguments filling
-  forward()'s first parameters).
+  modules import, each factory is called once and returns what it must (an nn.Module; the
+  inputs factory's `(args, kwargs)`), and the configured input names match the built model's
+  `forward()` (an inputs_factory's positional arguments filling forward()'s first parameters).
 
-The worker builds the model on the meta device (`with torch.device("meta")`): every parameter
+Each factory is called on the meta device first (`with torch.device("meta")`): every parameter
 is a shape without storage, so a 7B-parameter factory builds in seconds and no memory, and the
 signature inspected is the built module's own `forward` (a factory may return a wrapper or
-another class than its name says). A factory that does not build on meta (it reads a
-checkpoint, calls `.item()` in `__init__`) falls back to the class's `forward` when the factory
-is an nn.Module class, else the signature is not checked and a note says why: building it for
-real would cost what the run's source stage costs, which is what validate is there to avoid.
+another class than its name says). One that refuses the meta device (it reads a checkpoint,
+calls `.item()` in `__init__`) is called again on the CPU, as the run's source stage would,
+within the model's limits (its memory ceiling; its source-stage time limit, else
+PREFLIGHT_TIMEOUT_S): what it raises there is a problem carrying the exception's message, as
+is running out of memory or time. A model's problems are found with the config's own in one
+pass (`api.validate`: flows/config/load.py `check_config` leaves out only what the schema
+refused).
 """
 
 from __future__ import annotations
@@ -25,14 +28,23 @@ import inspect
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.inputs import declared_problems, resolve_model_url
 from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.runner import default_memory_gb
 
-PREFLIGHT_TIMEOUT_S = 300.0  # one model: importing its modules and building it on the meta device
+PREFLIGHT_TIMEOUT_S = 300.0  # one model: importing its modules and building it, unless its limits say less
+
+
+def preflight_seconds(model: ResolvedModel) -> float:
+    """How long one model's code check may take: its source stage's limit when it has one (the
+    run builds it there), else PREFLIGHT_TIMEOUT_S or the model's whole limit if that is less."""
+    source = model.limits.stage_budget("source")
+    if source is not None:
+        return float(source)
+    return min(PREFLIGHT_TIMEOUT_S, model.limits.timeout_s or PREFLIGHT_TIMEOUT_S)
 
 KeyPath = tuple[Any, ...]  # a key path inside the config, ("models", 0, "weights")
 
@@ -53,11 +65,14 @@ class Preflight:
     imported: int = 0  # models whose modules a worker imported
 
 
-def preflight(models: Sequence[ResolvedModel], *, imports: bool = True, url_exists: Callable[[str], bool] | None = None) -> Preflight:
-    """Check `models` (the config's, in config order: position i is `models[i]`): their files
-    here, their code in a worker process unless `imports` is False."""
+def preflight(models: Sequence[ResolvedModel] | Mapping[int, ResolvedModel], *, imports: bool = True,
+              url_exists: Callable[[str], bool] | None = None, code: Container[int] | None = None) -> Preflight:
+    """Check `models` (the config's, in config order: position i is `models[i]`; or a mapping of
+    position to model): their files here, their code in a worker process unless `imports` is
+    False (only the positions in `code`, when given)."""
     found = Preflight()
-    for i, model in enumerate(models):
+    chosen = dict(models.items()) if isinstance(models, Mapping) else dict(enumerate(models))
+    for i, model in chosen.items():
         for key in ("weights", "inputs_file"):
             location = getattr(model, key)
             if location is not None:
@@ -65,7 +80,7 @@ def preflight(models: Sequence[ResolvedModel], *, imports: bool = True, url_exis
         for path, message in declared_problems(model):
             found.problems.append(Finding(("models", i, *path), message))
     if imports:
-        _check_code(found, models)
+        _check_code(found, {i: m for i, m in chosen.items() if code is None or i in code})
     return found
 
 
@@ -87,17 +102,18 @@ def _check_file(found: Preflight, path: KeyPath, location: str, search_path: str
         found.problems.append(Finding(path, f"not found: {redact_url(url)}"))
 
 
-def _check_code(found: Preflight, models: Sequence[ResolvedModel]) -> None:
+def _check_code(found: Preflight, models: Mapping[int, ResolvedModel]) -> None:
     """Each model's modules imported and its forward() read in a worker process; the worker is
     replaced after one that died, ran out of time or memory, or reported a problem (what a
     broken module left behind must not decide the next model)."""
     worker: Worker | None = None
     try:
-        for i, model in enumerate(models):
+        for i, model in models.items():
             worker = worker or Worker(threads=1)
             memory = model.limits.memory_gb or default_memory_gb()
-            budget = Budget(deadline=time.monotonic() + PREFLIGHT_TIMEOUT_S, memory_bytes=int(memory * 2**30),
-                            deadline_reason=f"importing and building it on the meta device took over {PREFLIGHT_TIMEOUT_S:g} s")
+            seconds = preflight_seconds(model)
+            budget = Budget(deadline=time.monotonic() + seconds, memory_bytes=int(memory * 2**30),
+                            deadline_reason=f"importing and building it took over {seconds:g} s")
             try:
                 status, payload = worker.call(("preflight", model), budget)
             except WorkerLost as lost:
@@ -125,7 +141,9 @@ def _check_code(found: Preflight, models: Sequence[ResolvedModel]) -> None:
 
 
 def inspect_model(model: ResolvedModel) -> tuple[str, dict[str, Any]]:
-    """("ok", {"problems": [(path, message)], "notes": [...]}) for one model, paths inside it."""
+    """("ok", {"problems": [(path, message)], "notes": [...]}) for one model, paths inside it:
+    its modules imported, the model built once (meta device, else CPU), its inputs factory called
+    (likewise), the input names bound to the built model's forward()."""
     from pt2flow.stages.errors import StageError
     from pt2flow.stages.source import import_factory
 
@@ -144,63 +162,73 @@ def inspect_model(model: ResolvedModel) -> tuple[str, dict[str, Any]]:
     names: list[str] | None = list(model.inputs) if model.inputs else None
     positional = 0
     where: KeyPath = ("inputs",)
-    if factory is not None and "inputs_factory" in imported:
+    if "inputs_factory" in imported:
         where = ("inputs_factory",)
-        names, positional, problem, note = _factory_inputs(imported["inputs_factory"], model.inputs_factory)
+        names, positional, problem = _factory_inputs(imported["inputs_factory"], model.inputs_factory)
         if problem:
             problems.append((where, problem))
-        elif note:
-            notes.append((where, note))
-    if factory is not None and names is not None:
-        signature, problem, note = _forward_signature(factory, model.kwargs)
-        if problem:
-            problems.append((("factory",), problem))
-        elif note:
-            notes.append((where, note))
-        elif signature is not None:
-            found = argument_problems(signature, names, positional=positional)
-            problems.extend(found if where == ("inputs",) else [(where, message) for _path, message in found])
+    if factory is None:
+        return "ok", {"problems": problems, "notes": notes}
+    signature, problem = _forward_signature(factory, model.kwargs)
+    if problem:
+        problems.append((("factory",), problem))
+    elif signature is not None and names is not None:
+        found = argument_problems(signature, names, positional=positional)
+        problems.extend(found if where == ("inputs",) else [(where, message) for _path, message in found])
     return "ok", {"problems": problems, "notes": notes}
 
 
-def _factory_inputs(make: Any, reference: str | None) -> tuple[list[str] | None, int, str | None, str | None]:
-    """(keyword names, how many positional arguments, a problem, a note) of what an inputs
-    factory gives, called on the meta device (its tensors are shapes without storage: a factory
-    of large inputs costs nothing). One that does not run there is a note: the run calls it."""
+def _built(make: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    """`make()` on the meta device (shapes without storage: any size costs nothing), else on the
+    CPU (what refuses meta: a checkpoint read, `.item()` in `__init__`); (result, None), or
+    (None, what the CPU attempt raised): the run's source stage would raise it too."""
     import torch
 
+    try:
+        with torch.device("meta"):
+            return make(), None
+    except Exception:  # noqa: BLE001 - the CPU attempt decides
+        pass
+    torch.manual_seed(0)  # as the source stage builds it (stages/source.py)
+    try:
+        return make(), None
+    except Exception as exc:  # noqa: BLE001 - reported as the model's problem, with its message
+        return None, exc
+
+
+def _raised(what: str, exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{what} raised {type(exc).__name__}: {text[0][:300] if text else '(no message)'}"
+
+
+def _factory_inputs(make: Any, reference: str | None) -> tuple[list[str] | None, int, str | None]:
+    """(keyword names, how many positional arguments, a problem) of what an inputs factory gives,
+    called on the meta device, else on the CPU; one that raises on both is a problem."""
     from pt2flow.stages.errors import StageError
     from pt2flow.stages.example_inputs import check_inputs_call
 
     what = f"inputs_factory {reference}"
-    try:
-        with torch.device("meta"):
-            result = make()
-    except Exception as exc:  # noqa: BLE001 - what meta cannot run is the run's to judge
-        return None, 0, None, f"forward() not checked: {what} does not run on the meta device ({type(exc).__name__}: {str(exc)[:200]})"
+    result, error = _built(make)
+    if error is not None:
+        return None, 0, _raised(what, error)
     try:
         args, kwargs = check_inputs_call(result, what)
     except StageError as exc:
-        return None, 0, exc.message, None
-    return list(kwargs), len(args), None, None
+        return None, 0, exc.message
+    return list(kwargs), len(args), None
 
 
-def _forward_signature(factory: Any, kwargs: Any) -> tuple[inspect.Signature | None, str | None, str | None]:
-    """(forward()'s signature, a problem, a note): the model built on the meta device, else the
-    class's own forward when the factory is an nn.Module class."""
+def _forward_signature(factory: Any, kwargs: Any) -> tuple[inspect.Signature | None, str | None]:
+    """(the built model's forward() signature, a problem): built on the meta device, else on the
+    CPU; a factory that raises on both, or returns no nn.Module, is a problem."""
     import torch
 
-    try:
-        with torch.device("meta"):
-            module = factory(**dict(kwargs))
-    except Exception as exc:  # noqa: BLE001 - what meta cannot build is the run's to judge
-        if isinstance(factory, type) and issubclass(factory, torch.nn.Module):
-            parameters = list(inspect.signature(factory.forward).parameters.values())[1:]  # without self
-            return inspect.Signature(parameters), None, None
-        return None, None, f"forward() not checked: the factory does not build on the meta device ({type(exc).__name__}: {str(exc)[:200]})"
+    module, error = _built(lambda: factory(**dict(kwargs)))
+    if error is not None:
+        return None, _raised("the factory", error)
     if not isinstance(module, torch.nn.Module):
-        return None, f"the factory returned {type(module).__name__}, expected a torch.nn.Module", None
-    return inspect.signature(module.forward), None, None
+        return None, f"the factory returned {type(module).__name__}, expected a torch.nn.Module"
+    return inspect.signature(module.forward), None
 
 
 _NAMED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

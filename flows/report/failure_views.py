@@ -31,7 +31,7 @@ def render_failures(report: Mapping[str, Any], console: Any) -> None:
     """`pt2flow failures` on the terminal: one block per group, largest first, gone groups last."""
     from rich.text import Text
 
-    console.print(Text(f"failures of run {report['run_id']}", style="bold"))
+    console.print(Text(f"failures of run {report['run_id']}" + (f" in {report['store']}" if report.get("store") else ""), style="bold"))
     console.print(Text(_headline(report)))
     console.print(Text(f"runs: {report['selection']}", style="dim"))
     for i, group in enumerate(report["groups"], 1):
@@ -72,8 +72,9 @@ def render_group(group: Mapping[str, Any], console: Any, *, number: int | None =
             console.print(Text(f"     ×{issue['occurrences']} {issue['subject']} · {issue['where']}{code}", style="dim"))
 
 
-def render_run_groups(groups: Sequence[Mapping[str, Any]], console: Any) -> None:
-    """The run summary's failure groups: one line each with its models (the models' errors follow)."""
+def render_run_groups(groups: Sequence[Mapping[str, Any]], console: Any, command: str | None = None) -> None:
+    """The run summary's failure groups: one line each with its models (the models' errors follow).
+    `command`: the exact `pt2flow failures` command that shows them in full (the run's store)."""
     from rich.text import Text
 
     live = [g for g in groups if g["status"] != "gone"]
@@ -81,7 +82,8 @@ def render_run_groups(groups: Sequence[Mapping[str, Any]], console: Any) -> None
     if not live and not gone:
         return
     console.print(Text(f"{sum(g['count'] for g in live)} failure(s) in {len(live)} group(s) by root cause"
-                       + (f"; {len(gone)} group(s) of the previous run gone" if gone else "") + " (pt2flow failures):", style="bold"))
+                       + (f"; {len(gone)} group(s) of the previous run gone" if gone else "")
+                       + (f" (in full: {command}):" if command else " (pt2flow failures):"), style="bold"))
     for g in live:
         line = Text(f"  [{g['status']}] ", style=_STATUS_STYLE.get(g["status"], ""))
         line.append(f"{g['count']} × {g['error_class']} at {g['stage']}: {g['subject']} · {g['where']}")

@@ -341,6 +341,7 @@ class FailureReport(Fact):
     selection: str
     summary: FailureSummary
     groups: list[FailureGroup] = Field(default_factory=list)
+    store: str | None = None  # the store read (added compatibly: an empty answer names where it looked)
 
 
 
@@ -412,13 +413,19 @@ def failure_report(index: Any, run_id: str, against: str | None = None, *, pick_
         other = _run_rows(index, against)
         if not other:
             raise RecordNotFound(f"no records of run {against!r} in the index")
-        theirs = first_failures(other)
+        # only the models both runs covered are compared: a model this run did not cover (an
+        # `--only` run) was not fixed, so its group is not "gone"
+        covered = {r["model"] for r in rows}
+        theirs = {model: record for model, record in first_failures(other).items() if model in covered}
+        left_out = sorted({r["model"] for r in other} - covered)
+        if left_out and selection == "named by the caller":
+            selection += f"; {len(left_out)} model(s) of {against} that {run_id} did not cover are not compared"
     groups = _groups(mine, theirs, blobs, store_url)
     summary = FailureSummary(
         failures=len(mine), groups=sum(1 for g in groups if g.status != "gone"),
         new=sum(1 for g in groups if g.status == "new"), persisting=sum(1 for g in groups if g.status == "persisting"),
         gone=sum(1 for g in groups if g.status == "gone"),
-        fixed_models=len([m for m in theirs if m not in mine and any(r.get("model") == m for r in rows)]),
+        fixed_models=len([m for m in theirs if m not in mine]),
     )
     return FailureReport(failures_version=FAILURES_VERSION, run_id=run_id, against=against, selection=selection, summary=summary, groups=groups)
 
@@ -488,7 +495,9 @@ def failures_of(store: Any, run: str | None = None, against: str | None = None) 
     other = resolve_run(store.index, against) if against else None
     if other == run_id:
         other = None
-    return failure_report(store.index, run_id, other, blobs=store, store_url=store.url).model_dump(mode="json")
+    report = failure_report(store.index, run_id, other, blobs=store, store_url=store.url)
+    report.store = store.url
+    return report.model_dump(mode="json")
 
 
 def run_groups(index: Any, run_id: str, against: str | None = None, store_url: str | None = None) -> list[dict[str, Any]]:
