@@ -336,7 +336,7 @@ def _check(out: str, ok: int, cached: bool = False, failed: int = 0) -> dict[str
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=int, default=8, help=f"compile fleet size (at most {len(FLEET)}; default 8), plus {len(FAILING)} failing models")
+    parser.add_argument("--models", type=int, default=8, help=f"compile fleet size (at most {len(FLEET)}; default 8; 0 skips it), plus {len(FAILING)} failing models")
     parser.add_argument("--small", type=int, default=100, help="small fleet size (default 100; 0 skips it)")
     parser.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=True, help="run the transformers fleet (cold, warm)")
     parser.add_argument("--hf-compile", action=argparse.BooleanOptionalAction, default=True,
@@ -366,23 +366,25 @@ def main() -> int:
     # default, flows/engine/prefect_server.py): start it once, as such a run did, before the arms.
     subprocess.run([sys.executable, "-c", "from pt2flow.flows.engine import runtime\nwith runtime.prefect_api(): pass"],
                    env=_env(workdir, "server"), check=True, capture_output=True)
-    config = write_config(workdir / "compile", "compile", count)
+    figures["ratios"] = {}
     bare = [sys.executable, __file__, "--models", str(count), "--small", str(args.small), "--workdir", str(workdir), "--bare"]
-    figures["bare_s"], out = _arm("bare", [*bare, "compile"], _env(workdir, "bare"), ROOT)
-    bare_figures = json.loads(out.strip().splitlines()[-1])
-    figures["bare_per_model_s"], figures["bare_stage_s"] = bare_figures["models"], bare_figures["steps"]
-    run = [pt2flow, "run", str(config), "--json"]
-    figures["cold1_s"], out = _arm("cold-1", [*run, "--store", str(workdir / "store-1"), "--workers", "1"], _env(workdir, "cold1"), workdir)
-    figures["cold1_stage_s"] = _stage_totals(_check(out, count, failed=len(FAILING)))
-    figures["warm_s"], out = _arm("warm", [*run, "--store", str(workdir / "store-1")], _env(workdir, "warm"), workdir)
-    _check(out, count, cached=True, failed=len(FAILING))
-    figures["cold2_s"], out = _arm("cold-2", [*run, "--store", str(workdir / "store-2"), "--workers", "2"], _env(workdir, "cold2"), workdir)
-    figures["cold2_stage_s"] = _stage_totals(_check(out, count, failed=len(FAILING)))
-    figures["ratios"] = {
-        "cold1_over_bare": round(figures["cold1_s"] / figures["bare_s"], 3),
-        "cold2_over_cold1": round(figures["cold2_s"] / figures["cold1_s"], 3),
-        "warm_over_cold1": round(figures["warm_s"] / figures["cold1_s"], 4),
-    }
+    if count:  # --models 0 skips the compile fleet
+        config = write_config(workdir / "compile", "compile", count)
+        figures["bare_s"], out = _arm("bare", [*bare, "compile"], _env(workdir, "bare"), ROOT)
+        bare_figures = json.loads(out.strip().splitlines()[-1])
+        figures["bare_per_model_s"], figures["bare_stage_s"] = bare_figures["models"], bare_figures["steps"]
+        run = [pt2flow, "run", str(config), "--json"]
+        figures["cold1_s"], out = _arm("cold-1", [*run, "--store", str(workdir / "store-1"), "--workers", "1"], _env(workdir, "cold1"), workdir)
+        figures["cold1_stage_s"] = _stage_totals(_check(out, count, failed=len(FAILING)))
+        figures["warm_s"], out = _arm("warm", [*run, "--store", str(workdir / "store-1")], _env(workdir, "warm"), workdir)
+        _check(out, count, cached=True, failed=len(FAILING))
+        figures["cold2_s"], out = _arm("cold-2", [*run, "--store", str(workdir / "store-2"), "--workers", "2"], _env(workdir, "cold2"), workdir)
+        figures["cold2_stage_s"] = _stage_totals(_check(out, count, failed=len(FAILING)))
+        figures["ratios"].update({
+            "cold1_over_bare": round(figures["cold1_s"] / figures["bare_s"], 3),
+            "cold2_over_cold1": round(figures["cold2_s"] / figures["cold1_s"], 3),
+            "warm_over_cold1": round(figures["warm_s"] / figures["cold1_s"], 4),
+        })
 
     if args.small:
         small = write_config(workdir / "small", "small", args.small)
