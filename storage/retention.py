@@ -3,6 +3,10 @@
 
 The rule, per model: the records a model got in its `keep_runs` newest runs, and in every run
 that ended within `keep_days`, are kept (both given: a run is kept when it satisfies either).
+A model that keeps a run also keeps the newest ok record of every artifact kind (stage) it has,
+whichever run made it: the newest runs of a model need not have built every kind (a run of a
+config without targets after one with them), and "the last run" still means the newest `.onnx`.
+A model none of whose runs the rule keeps (every run older than `keep_days`) keeps nothing.
 Then everything a kept record needs is kept too: for every key on the way from a kept record to
 its source (its parents' keys, transitively), the record that built it (the newest ok record
 that was not a cache hit; a kept run that reused an older record keeps that record alive).
@@ -95,6 +99,22 @@ class RunSummary:
 
 
 @dataclass
+class KindSummary:
+    """The records of one model and one stage (artifact kind) that go, and the blobs only they name."""
+
+    model: str
+    stage: str
+    records: int = 0
+    blobs: int = 0
+    bytes: int = 0
+    runs: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "stage": self.stage, "records": self.records, "blobs": self.blobs, "bytes": self.bytes,
+                "runs": self.runs}
+
+
+@dataclass
 class RetentionPlan:
     """What a rule keeps and drops in one reading of the index."""
 
@@ -104,6 +124,8 @@ class RetentionPlan:
     drop: set[str]  # record ids
     dropped_runs: list[RunSummary]  # runs some of whose records go, newest first
     free: dict[str, int]  # digest -> size, the blobs only dropped records name
+    kept_newest: dict[str, dict[str, str]] = field(default_factory=dict)  # model -> stage -> run of its newest artifact of that kind
+    dropped_kinds: list[KindSummary] = field(default_factory=list)  # what goes, by model and kind
 
 
 def _when(row: Mapping[str, Any]) -> datetime:
@@ -137,6 +159,8 @@ def plan_retention(rows: Iterable[Mapping[str, Any]], rule: RetentionRule, *, no
         return run is None or model is None or run in kept_runs.get(model, ())
 
     kept = {row["record_id"]: row for row in rows if kept_by_rule(row)}
+    newest = _newest_of_each_kind(rows, {model for model, runs in kept_runs.items() if runs})
+    kept.update({row["record_id"]: row for row in newest.values()})
     by_key: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         if row.get("key"):
@@ -162,19 +186,50 @@ def plan_retention(rows: Iterable[Mapping[str, Any]], rule: RetentionRule, *, no
     dropped = [row for row in rows if row["record_id"] not in kept]
     free: dict[str, int] = {}
     summaries: dict[str, RunSummary] = {}
+    kinds: dict[tuple[str, str], KindSummary] = {}
     for row in dropped:
         summary = summaries.setdefault(row["run_id"], RunSummary(row["run_id"], run_time.get(row["run_id"])))
+        kind = kinds.setdefault((row["model"], row["stage"]), KindSummary(row["model"], row["stage"]))
         summary.records += 1
+        kind.records += 1
         if row["model"] not in summary.models:
             summary.models.append(row["model"])
+        if row["run_id"] not in kind.runs:
+            kind.runs.append(row["run_id"])
         for digest, size, _role in blobs_of(row):
             if digest in kept_blobs or digest in free:
                 continue
             free[digest] = int(size or 0)
-            summary.blobs += 1
-            summary.bytes += int(size or 0)
+            for counted in (summary, kind):
+                counted.blobs += 1
+                counted.bytes += int(size or 0)
     ordered_runs = sorted(summaries.values(), key=lambda s: (s.ended_at or _EPOCH, s.run_id), reverse=True)
-    return RetentionPlan(rule, kept_runs, len(kept), {row["record_id"] for row in dropped}, ordered_runs, free)
+    return RetentionPlan(
+        rule, kept_runs, len(kept), {row["record_id"] for row in dropped}, ordered_runs, free,
+        kept_newest=_by_model(newest),
+        dropped_kinds=[kinds[k] for k in sorted(kinds)],
+    )
+
+
+def _by_model(newest: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for (model, stage), row in sorted(newest.items()):
+        out.setdefault(model, {})[stage] = row["run_id"]
+    return out
+
+
+def _newest_of_each_kind(rows: Iterable[Mapping[str, Any]], models: set[str]) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """(model, stage) -> the newest ok record with an artifact of that stage, for `models`."""
+    newest: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for row in rows:
+        model = row.get("model")
+        if model not in models or row.get("run_id") is None or row.get("status") != "ok" or not row.get("sha256"):
+            continue
+        slot = (model, row["stage"])
+        held = newest.get(slot)
+        if held is None or (_when(row), row["record_id"]) > (_when(held), held["record_id"]):
+            newest[slot] = row
+    return newest
 
 
 class Deferred(Exception):
@@ -204,7 +259,9 @@ def apply_retention(store: Any, rule: RetentionRule, *, dry_run: bool, grace_sec
         "rule": {"keep_runs": rule.keep_runs, "keep_days": rule.keep_days},
         "kept_runs": {model: runs for model, runs in sorted(plan.kept_runs.items())},
         "kept_records": plan.kept_records,
+        "kept_newest": plan.kept_newest,
         "dropped_runs": [s.as_dict() for s in plan.dropped_runs],
+        "dropped_kinds": [k.as_dict() for k in plan.dropped_kinds],
         "records": len(plan.drop),
         "records_dropped": 0,
         "blobs": sorted(plan.free),

@@ -70,6 +70,24 @@ class AnnouncedPause(nn.Module):
         return self.fc(x)
 
 
+class AnnouncedSlowTrace(nn.Module):
+    """A healthy model that, while $PT2FLOW_TEST_SLOW_MARKER names a file not yet there, creates
+    it (holding its process id) when traced and then sleeps 120 s: a test interrupts the run
+    meanwhile. Without the variable (the next run) it is as quick as any."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        marker = os.environ.get("PT2FLOW_TEST_SLOW_MARKER")
+        if marker and not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(120)
+        return self.fc(x)
+
+
 class MemoryHog(_Misbehaving):
     def misbehave(self) -> None:
         hoard = []
@@ -98,6 +116,10 @@ def announced_hang() -> nn.Module:
 
 def announced_pause() -> nn.Module:
     return AnnouncedPause()
+
+
+def announced_slow_trace() -> nn.Module:
+    return AnnouncedSlowTrace()
 
 
 def memory_hog() -> nn.Module:

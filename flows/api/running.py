@@ -16,6 +16,10 @@ CREDENTIALS_IN_URL = (
     "pass them with --storage-option, the config's storage_options or the environment"
 )
 RUNNERS = ("local", "process", "dask")
+# how long `run --runner dask --dask-address ADDR` waits for the scheduler to answer before anything
+# runs; short, so a wrong address is a quick usage error rather than Dask's 30 s connect timeout
+DASK_CONNECT_TIMEOUT_ENV = "PT2FLOW_DASK_CONNECT_TIMEOUT_S"
+DEFAULT_DASK_CONNECT_TIMEOUT_S = 10.0
 
 # progress(store, run_id, model names, stages) -> a context manager shown while the fleet runs
 Progress = Callable[[Any, str, list[str], Sequence[str]], ContextManager[Any]]
@@ -43,6 +47,64 @@ def load_for_run(config: str, *, only: Sequence[str] = (), stages: Sequence[str]
     if no_worker_timeout_s is not None and not no_worker_timeout_s > 0:
         raise UsageError("--no-worker-timeout must be more than 0 seconds")
     return pipeline
+
+
+def dask_connect_timeout() -> float:
+    """Seconds to wait for a Dask scheduler: $PT2FLOW_DASK_CONNECT_TIMEOUT_S, else 10."""
+    raw = os.environ.get(DASK_CONNECT_TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_DASK_CONNECT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise UsageError(f"{DASK_CONNECT_TIMEOUT_ENV} must be a number of seconds more than 0, not {raw!r}")
+    return value
+
+
+def check_cluster(runner: str, dask_address: str | None) -> None:
+    """With `--runner dask --dask-address ADDR`, the scheduler must answer before anything runs,
+    a run the index settles alone included: UsageError naming the address and how long it was
+    waited for (dask_connect_timeout). Without an address the run starts its own LocalCluster."""
+    if runner != "dask" or not dask_address:
+        return
+    import asyncio
+    import time
+
+    import distributed.comm  # noqa: F401  (imported before the clock starts)
+
+    timeout = dask_connect_timeout()
+    started = time.monotonic()
+    try:
+        asyncio.run(_reach_scheduler(dask_address, timeout))
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is the same answer to the user
+        waited = time.monotonic() - started
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if isinstance(exc, ValueError):  # distributed could not parse it
+            raise UsageError(f"--dask-address {dask_address} is not the address of a Dask scheduler (tcp://HOST:PORT): {reason}") from None
+        raise UsageError(
+            f"no Dask scheduler answered at --dask-address {dask_address} within {waited:.1f} s "
+            f"(limit {timeout:g} s, ${DASK_CONNECT_TIMEOUT_ENV}): {type(exc).__name__}: {reason}"
+        ) from None
+
+
+async def _reach_scheduler(address: str, timeout: float) -> None:
+    """Open one Dask comm to `address` (its handshake included) and ask it for its identity, as
+    a client's first call does: only a Dask scheduler answers. A comm, not a Client: a Client
+    that failed half-way would try to close itself again when Python exits."""
+    import asyncio
+
+    from distributed.comm import connect
+
+    comm = await connect(address, timeout=timeout)
+    try:
+        await comm.write({"op": "identity", "reply": True})
+        answer = await asyncio.wait_for(comm.read(), timeout)
+    finally:
+        await comm.close()
+    if not isinstance(answer, dict) or answer.get("type") != "Scheduler":
+        raise OSError(f"the server there is not a Dask scheduler (it says {str(answer)[:80]!r})")
 
 
 def refuse_credentials(store_url: str) -> None:
@@ -101,6 +163,7 @@ def run(
     store_url = resolve_store_url(store or pipeline.store)
     refuse_credentials(store_url)
     python = check_python(python or pipeline.python, runner)
+    check_cluster(runner, dask_address)
     opened = open_checked_store(store_url, pipeline, storage_options)
     parameters = dict(
         config_path=os.path.abspath(config), store=store_url, only=list(only) or None, stages=list(pipeline.stages), force=force,
@@ -128,6 +191,8 @@ def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, progress: 
         with shown:
             state = fleet_flow(**parameters, return_state=True)
         document = state.result(raise_on_failure=False)
+    if isinstance(document, OSError) and parameters["runner"] == "dask":  # the cluster went away after check_cluster
+        raise UsageError(f"the Dask cluster ({parameters.get('dask_address') or 'a LocalCluster'}) could not be used: {document}")
     if not isinstance(document, dict):
         raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
     return with_failure_groups(document, store)

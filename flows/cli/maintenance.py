@@ -33,13 +33,14 @@ def verify_command(args: Args) -> int:
     help="Delete blobs that no index record references and that are older than the grace period "
     "(a run in progress never loses a blob it just wrote). With --keep-runs and/or --keep-days, first "
     "drop the index records of each model's runs that neither keeps, and the blobs only they name: "
-    "what a kept run or the lineage of a kept artifact needs always stays; nothing goes while another "
+    "each model's newest artifact of every kind (a .onnx of an older run included), and what a kept run or the "
+    "lineage of a kept artifact needs, always stay; nothing goes while another "
     "run is in progress (its lease; the gc then says it was deferred, exit 0).",
 )
 @store_options
 @click.option("--keep-runs", type=click.IntRange(min=1), metavar="N", help="keep each model's N newest runs (and what their artifacts' lineage needs)")
 @click.option("--keep-days", type=click.FloatRange(min=0), metavar="DAYS", help="keep every run that ended within DAYS days (with --keep-runs: a run either keeps is kept)")
-@click.option("--dry-run", is_flag=True, help="list what would be deleted (per run, with counts and bytes), delete nothing")
+@click.option("--dry-run", is_flag=True, help="list what would be deleted (per run, and per model and kind, with counts and bytes), delete nothing")
 @click.option("--grace", type=click.FloatRange(min=0), default=DEFAULT_GRACE_SECONDS, metavar="SECONDS", help=f"keep blobs younger than this (default {DEFAULT_GRACE_SECONDS})")
 @click.option("--compact", is_flag=True, help="also merge the index files into one")
 @json_option()
@@ -87,3 +88,12 @@ def print_retention(retention: dict) -> None:
             print(f"  stopped: run(s) in progress ({', '.join(retention['deferred'])}); a later gc frees the rest")
     for run in retention["dropped_runs"]:
         print(f"  run {run['run_id']}: {run['records']} record(s) of {', '.join(run['models'])}; {run['blobs']} blob(s), {format_size(run['bytes'])}")
+    if retention.get("dropped_kinds"):
+        print("by model and kind:")
+        for kind in retention["dropped_kinds"]:
+            print(f"  {kind['model']} {kind['stage']}: {kind['records']} record(s) of {len(kind['runs'])} run(s); "
+                  f"{kind['blobs']} blob(s), {format_size(kind['bytes'])}")
+    newest_kept = [f"{model} {stage}" for model, stages in retention.get("kept_newest", {}).items() for stage, run in stages.items()
+                   if run not in retention["kept_runs"].get(model, [])]
+    if newest_kept:
+        print(f"kept as the newest artifact of its kind, from an older run: {', '.join(newest_kept)}")

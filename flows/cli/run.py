@@ -65,9 +65,10 @@ def run_fleet(args: Args) -> int:
     pipeline = load_for_run(args)
     store_url = resolve_store_url(args.store or pipeline.store)
     refuse_credentials(store_url)
-    from pt2flow.flows.api.running import check_python
+    from pt2flow.flows.api.running import check_cluster, check_python
 
     python = check_python(args.python or pipeline.python, runner_of(args))
+    check_cluster(runner_of(args), args.dask_address)
     store = open_checked_store(store_url, pipeline, args)
     if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"

@@ -28,6 +28,11 @@ from typing import Any, Callable
 import psutil
 
 POLL_SECONDS = 0.05
+# a worker stopped by a signal that stops runs (SIGTERM from a scheduler or systemd, which signal
+# every process; SIGINT) is an interrupt once the orchestrator's own handler has set the pool's
+# flag: this long it is given to do so before the death counts as a crash
+STOP_SIGNAL_GRACE_S = 3.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 MEMORY_SAMPLE_SECONDS = 0.2
 STARTUP_TIMEOUT = 300.0
 STDERR_TAIL_BYTES = 16000  # a faulthandler dump of a deep torch stack runs to ~10 kB
@@ -50,9 +55,17 @@ class WorkerLost(Exception):
         self.returncode = returncode
 
 
+def stopped_by_signal(returncode: int | None) -> bool:
+    """Whether a worker ended because it was told to stop (SIGTERM, SIGINT): killed by one, or
+    exited 128 + its number (worker.py's handler, after stopping its compilers)."""
+    return returncode is not None and (-returncode in STOP_SIGNALS or returncode - 128 in STOP_SIGNALS)
+
+
 def describe_exit(returncode: int | None) -> str:
     if returncode is None:
         return "is gone"
+    if returncode - 128 in STOP_SIGNALS:
+        return f"was stopped by {signal.Signals(returncode - 128).name} (exit code {returncode}), sent by something other than this run"
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -119,8 +132,7 @@ class Worker:
         next_sample = 0.0
         startup_deadline = time.monotonic() + STARTUP_TIMEOUT if startup else None
         while True:
-            if self.stopping():  # before looking at the process: the interrupt killed it
-                raise Interrupted(f"the run was interrupted; worker process {self.pid} stopped")
+            self._raise_if_interrupted()  # before looking at the process: the interrupt killed it
             try:
                 if self.conn.poll(POLL_SECONDS):
                     return self.conn.recv()
@@ -145,16 +157,30 @@ class Worker:
                     )
 
     def _lost(self, error_class: str, reason: str) -> WorkerLost:
+        """Why the worker is gone, as the exception to raise; raises Interrupted instead when the
+        run is being interrupted (the interrupt killed it, or the signal that stops the run
+        reached it too: Ctrl-C or a scheduler's SIGTERM to every process), which records nothing."""
+        self._raise_if_interrupted()
         try:
             returncode = self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.kill()
             returncode = self.process.returncode
+        self._raise_if_interrupted()
+        if stopped_by_signal(returncode):
+            grace = time.monotonic() + STOP_SIGNAL_GRACE_S
+            while time.monotonic() < grace:
+                self._raise_if_interrupted()
+                time.sleep(POLL_SECONDS)
         if error_class == "crash":
             message = f"the worker process (pid {self.pid}) {describe_exit(returncode)}" + (f" {reason}" if reason else "")
         else:
             message = f"{reason}; its worker process (pid {self.pid}) and everything it started were stopped"
         return WorkerLost(error_class, message, self.stderr_tail(), returncode)
+
+    def _raise_if_interrupted(self) -> None:
+        if self.stopping():
+            raise Interrupted(f"the run was interrupted; worker process {self.pid} stopped")
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -258,7 +284,9 @@ class WorkerPool:
             self._idle.put(self._spawn())
 
     def _spawn(self) -> Worker:
-        worker = Worker(self.threads, self.env, stopping=lambda: self.stopping, python=self.python)
+        # a pool shut down under a call in flight (the CLI stopping the workers of an interrupted
+        # run) interrupts that call too: the stage did not fail, it was stopped
+        worker = Worker(self.threads, self.env, stopping=lambda: self.stopping or self._closed, python=self.python)
         with self._lock:
             self._all.append(worker)
         return worker

@@ -3,7 +3,8 @@ file descriptor FD until told to stop or its parent goes away. Never imports Pre
 
 It leads its own process group (the supervisor starts it in a new session), so killing the
 group also stops the compiler subprocesses inductor starts. When the supervisor dies, the
-watchdog thread stops the whole group; SIGTERM does the same.
+watchdog thread stops the whole group; SIGTERM stops the rest of it and exits 143 (the
+supervisor tells that stop from a crash, flows/engine/pool.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,25 @@ def _stop_group(*_args: object) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
     finally:
         os._exit(1)
+
+
+def _stopped(signum: int, _frame: object) -> None:
+    """SIGTERM (a scheduler or systemd stopping every process of a job): kill the
+    rest of this worker's process group (its compilers), then exit 128 + signum, so that the
+    supervisor tells a stop from a crash (a SIGKILL of the whole group would read as the OOM
+    killer's)."""
+    try:
+        import psutil
+
+        me, group = os.getpid(), os.getpgid(0)
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid != me and os.getpgid(proc.pid) == group:
+                    proc.kill()
+            except (psutil.Error, OSError):
+                pass
+    finally:
+        os._exit(128 + signum)
 
 
 def _watch_parent(parent: int) -> None:
@@ -45,7 +65,7 @@ def main(fd: int, parent: int) -> int:
     # time or memory) prints where every thread is: both end up in the failed model's stderr tail
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    signal.signal(signal.SIGTERM, _stop_group)
+    signal.signal(signal.SIGTERM, _stopped)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when a worker stops
     threading.Thread(target=_watch_parent, args=(parent,), name="pt2flow-watchdog", daemon=True).start()
     conn = Connection(fd)

@@ -236,3 +236,59 @@ def test_retention_config_is_checked_and_applied_after_a_served_run(tmp_path: Pa
     # the served run (all cached) is mlp's newest; run 2 built what it reused, so run 2 stays
     assert {r["run_id"] for r in _records(ArtifactStore(store))} == {second["run_id"], served["run_id"]}
     assert _model(first, "mlp")["artifacts"]["serialized"] not in _present(ArtifactStore(store))
+
+
+def test_gc_keeps_each_models_newest_artifact_of_every_kind(tmp_path: Path) -> None:
+    """`make demo` then the README's walk (issue 31): a plain run, a targets run (onnx,
+    executorch) into the same store, then two `--only mlp` runs without targets. mlp's newest run
+    built no targets, yet `gc --keep-runs 1` keeps its .onnx and .pte (and their lineage): `get
+    --artifact onnx|pte` hands out the targets run's files, which ONNX Runtime runs in a fresh
+    process; the dry run lists what goes by model and kind, and only cached records go."""
+    store = str(tmp_path / "store")
+    plain = write_config(tmp_path / "demo.yaml", _models(16), stages=["trace", "functionalize", "serialize", "validate"])
+    targets = write_config(tmp_path / "targets.yaml", _models(16), stages=["trace", "functionalize", "serialize", "onnx", "executorch", "validate"])
+    first = _run(plain, store)
+    built = _run(targets, store)
+    later = [_run(plain, store, "--only", "mlp") for _ in range(2)]
+    onnx, pte = (_model(built, "mlp")["artifacts"][kind] for kind in ("onnx", "pte"))
+    assert onnx and pte and all(_model(doc, "mlp")["artifacts"].get("onnx") is None for doc in later)
+    before = _records(ArtifactStore(store))
+
+    code, doc, stderr = run_json(["gc", "--store", store, "--keep-runs", "1", "--dry-run"])
+    assert code == 0, stderr
+    plan = doc["retention"]
+    assert plan["kept_runs"] == {"mlp": [later[1]["run_id"]], "other": [built["run_id"]]}
+    assert plan["kept_newest"]["mlp"]["onnx"] == plan["kept_newest"]["mlp"]["executorch"] == built["run_id"]
+    dropped = {(k["model"], k["stage"]): sorted(k["runs"]) for k in plan["dropped_kinds"]}
+    # mlp: the records of the targets run and of the first --only run go (cached, or a validate
+    # another validate superseded); the builders of the kept ones stay (the first run's validate
+    # built the newest run's cached one). other keeps its newest run, whose validate is not the first's.
+    gone = sorted([built["run_id"], later[0]["run_id"]])
+    assert dropped == {("mlp", stage): gone for stage in ("source", "trace", "functionalize", "serialize", "validate")} | {
+        ("other", "validate"): [first["run_id"]]}, dropped
+    proc = run_cli(["gc", "--store", store, "--keep-runs", "1", "--dry-run"])
+    assert proc.returncode == 0 and "by model and kind:" in proc.stdout and "  mlp validate: 2 record(s) of 2 run(s)" in proc.stdout, proc.stdout
+    assert len(_records(ArtifactStore(store))) == len(before)
+
+    code, doc, stderr = run_json(["gc", "--store", store, "--keep-runs", "1", "--grace", "0"])
+    assert code == 0, stderr
+    present = _present(ArtifactStore(store))
+    assert {onnx, pte} <= present and not {onnx, pte} & set(doc["retention"]["deleted"])
+    kept = _records(ArtifactStore(store))
+    assert _named(kept) == present  # nothing kept that no record names, nothing named missing
+    for kind, digest in (("onnx", onnx), ("pte", pte)):
+        out = tmp_path / f"mlp.{kind}"
+        proc = run_cli(["get", "--store", store, "--model", "mlp", "--artifact", kind, "-o", str(out)])
+        assert proc.returncode == 0, proc.stderr
+        assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
+    # ground truth outside pt2flow: ONNX Runtime runs the file in a fresh process (tiny_mlp: 8 -> 4 features)
+    import subprocess
+    import sys
+
+    script = ("import sys, numpy, onnxruntime as ort; s = ort.InferenceSession(sys.argv[1]); "
+              "print(s.run(None, {s.get_inputs()[0].name: numpy.ones((3, 8), numpy.float32)})[0].shape)")
+    ran = subprocess.run([sys.executable, "-c", script, str(tmp_path / "mlp.onnx")], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and ran.stdout.strip() == "(3, 4)", ran.stderr[-2000:]
+    code, lineage, stderr = run_json(["lineage", "--store", store, onnx])
+    assert code == 0, stderr
+    assert {r["stage"] for r in lineage["ancestors"]} == {"source", "trace", "functionalize"}  # the onnx's lineage stayed whole

@@ -76,3 +76,37 @@ def test_a_rule_must_keep_something() -> None:
     for bad in ({}, {"keep_runs": 0}, {"keep_days": -1}):
         with pytest.raises(ValueError):
             RetentionRule(**bad)
+
+
+def _targets_then_plain_runs() -> list[dict[str, Any]]:
+    """m as `make demo` then the README leaves it: r1 builds (source s1, trace k1, serialize k2);
+    r2, a targets run, reuses them and builds onnx (k3 on k1); r3 and r4 run without targets (all
+    cached). n was built by r1 alone, 40 days ago, and never run since."""
+    return [
+        _row("r1", "m", "source", "s1", [], "a" * 64, 40), _row("r1", "m", "trace", "k1", ["s1"], "b" * 64, 40),
+        _row("r1", "m", "serialize", "k2", ["k1"], "c" * 64, 40),
+        _row("r1", "n", "source", "n0", [], "7" * 64, 40), _row("r1", "n", "onnx", "n1", ["n0"], "8" * 64, 40),
+        _row("r2", "m", "source", "s1", [], "a" * 64, 30, cached=True), _row("r2", "m", "trace", "k1", ["s1"], "b" * 64, 30, cached=True),
+        _row("r2", "m", "onnx", "k3", ["k1"], "d" * 64, 30),
+        *(_row(run, "m", stage, key, parents, digest, days, cached=True)
+          for run, days in (("r3", 2), ("r4", 1))
+          for stage, key, parents, digest in (("source", "s1", [], "a" * 64), ("trace", "k1", ["s1"], "b" * 64), ("serialize", "k2", ["k1"], "c" * 64))),
+    ]
+
+
+def test_the_newest_artifact_of_every_kind_stays_with_its_lineage() -> None:
+    """keep_runs 1 keeps r4 (all cached: r1's builders stay) and also r2's onnx, the only one m
+    has, with what its lineage needs; r2's and r3's cached records go, and nothing is freed.
+    With keep_days alone, n (no run within the days) keeps nothing, its onnx included."""
+    plan = plan_retention(_targets_then_plain_runs(), RetentionRule(keep_runs=1), now=NOW)
+    assert plan.kept_runs["m"] == ["r4"]
+    assert plan.drop == {"r2/m/source", "r2/m/trace", "r3/m/source", "r3/m/trace", "r3/m/serialize"}
+    assert plan.free == {}
+    assert plan.kept_newest["m"] == {"source": "r4", "trace": "r4", "serialize": "r4", "onnx": "r2"}
+    by_kind = {(k.model, k.stage): (k.records, sorted(k.runs)) for k in plan.dropped_kinds}
+    assert by_kind == {("m", "source"): (2, ["r2", "r3"]), ("m", "trace"): (2, ["r2", "r3"]), ("m", "serialize"): (1, ["r3"])}
+
+    plan = plan_retention(_targets_then_plain_runs(), RetentionRule(keep_days=10), now=NOW)
+    assert "r1/m/trace" not in plan.drop and "r2/m/onnx" not in plan.drop  # m keeps r3, r4 and its newest onnx
+    assert {"r1/n/source", "r1/n/onnx"} <= plan.drop and set(plan.free) == {"7" * 64, "8" * 64}
+    assert [(k.model, k.stage, k.blobs, k.bytes) for k in plan.dropped_kinds if k.model == "n"] == [("n", "onnx", 1, 10), ("n", "source", 1, 10)]
