@@ -37,6 +37,11 @@ def is_under(path: str, folder: str) -> bool:
     return path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+def is_inside(path: str, folders: Iterable[str]) -> bool:
+    """Whether `path` is one of `folders` or lies under one."""
+    return any(path == f or is_under(path, f) for f in folders)
+
+
 def file_key(path: str, search_path: str | None) -> str:
     """A file's name in a manifest: relative to the config's folder when inside it (so a moved
     config folder keeps its cache), absolute otherwise; '/' separators either way."""

@@ -55,7 +55,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, Iterator, Mapping
 
-from pt2flow.stages.datafiles import Hashed, changed_declared, changed_files, expand, file_key, sha256_file
+from pt2flow.stages.datafiles import Hashed, changed_declared, changed_files, expand, file_key, is_inside
 from pt2flow.stages.datafiles import is_under as _is_under
 from pt2flow.stages.reads import import_reads, interpreter_folders
 from pt2flow.stages.distributions import import_path, installed_distributions, normalize_name, requirements, top_level_owners
@@ -133,7 +133,7 @@ def _locate(name: str, roots: tuple[str, ...]) -> Located | None:
     loaded = sys.modules.get(name)
     if isinstance(loaded, ModuleType):
         path = _module_file(loaded)
-        if path is not None and not _inside(path, interpreter_folders()):
+        if path is not None and not is_inside(path, interpreter_folders()):
             return Located(path, tuple(getattr(loaded, "__path__", None) or ()))
     parent, _, _leaf = name.rpartition(".")
     spec = None
@@ -152,10 +152,6 @@ def _locate(name: str, roots: tuple[str, ...]) -> Located | None:
         return None
     origin = spec.origin if spec.has_location and spec.origin and os.path.isfile(spec.origin) else None
     return Located(os.path.abspath(origin) if origin else None, tuple(spec.submodule_search_locations or ()))
-
-
-def _inside(path: str, folders: Iterable[str]) -> bool:
-    return any(_is_under(path, folder) for folder in folders)
 
 
 def _classify(name: str, path: str | None, roots: tuple[str, ...], owners: Mapping[tuple[str, str], list[str]]) -> ModuleKind:

@@ -40,6 +40,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
+from pt2flow.stages.datafiles import is_inside
+
 SYSTEM_FOLDERS = ("/proc", "/sys", "/dev", "/etc", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/run", "/boot")
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyi", ".so", ".pyd", ".pth")
 
@@ -60,15 +62,11 @@ class Reads:
 
     def files(self) -> list[str]:
         """The model inputs: read, not written by the recorded code, still there, not excluded."""
-        return sorted(p for p in self.read if p not in self.written and os.path.isfile(p) and not _under_any(p, self.excluded))
+        return sorted(p for p in self.read if p not in self.written and os.path.isfile(p) and not is_inside(p, self.excluded))
 
 
 def _real(path: str) -> str:
     return os.path.realpath(path)
-
-
-def _under_any(path: str, folders: Iterable[str]) -> bool:
-    return any(path == f or path.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
 
 
 @functools.cache
@@ -118,7 +116,7 @@ def _note(path: Any, write: bool = False) -> None:
         return
     full = os.path.abspath(text)
     excluded = _state["excluded"]
-    if excluded is not None and _under_any(full, excluded):
+    if excluded is not None and is_inside(full, excluded):
         return
     if write:
         for reads in list(_active):
