@@ -120,7 +120,8 @@ def small_fleet(count: int) -> list[tuple[str, str, dict[str, Any], dict[str, di
     return [(f"mlp-{i:03d}", "mlp", {"hidden": 8 + i}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}) for i in range(count)]
 
 
-HF_COMPILE = [entry for entry in TRANSFORMERS if entry[0].endswith("-s8") and not entry[0].startswith("gpt2")] + [FLEET[0], FLEET[3]]
+# the demo models first: with one worker, each transformers model is built by a worker that compiled before
+HF_COMPILE = [FLEET[0], FLEET[3]] + [entry for entry in TRANSFORMERS if entry[0].endswith("-s8") and not entry[0].startswith("gpt2")]
 
 
 def fleet_models(kind: str, count: int) -> list[Any]:
