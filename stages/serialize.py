@@ -260,7 +260,7 @@ def stable_graph_ids(ep: ExportedProgram) -> Iterator[None]:
     """Within the block, the graph ids in the program's pass provenance (node.meta["from_node"],
     torch.fx.traceback.NodeSource) are 0, 1, 2... in order of first appearance instead of the
     `id()` of graphs of the process that exported it (addresses, different in every process):
-    the only part of an archive that differed between two exports of the same model, so the
+    what made two exports of the same model save to other bytes, with the addresses below, so the
     same program now saves to the same bytes (the zip's timestamps are fixed and its
     .data/serialization_id is derived from the records' contents by torch itself). A target that
     is a Python function is written by torch as its repr, `<function sym_float at 0x7f..>`: the
