@@ -308,12 +308,13 @@ def fingerprint(ep: ExportedProgram) -> str:
     return h.hexdigest()
 
 
-def describe(ep: ExportedProgram) -> dict[str, Any]:
-    """The metadata every program-producing stage reports."""
+def describe(ep: ExportedProgram, *, identity_of: ExportedProgram | None = None) -> dict[str, Any]:
+    """The metadata every program-producing stage reports. identity_of: the program whose
+    fingerprint stands for `ep` (the same program loaded back from its bytes, stages.serialize)."""
     return {
         "op_histogram": op_histogram(ep),
         "node_count": node_count(ep),
         "signature": signature_summary(ep),
         "range_constraints": range_constraints(ep),
-        "fingerprint": fingerprint(ep),
+        "fingerprint": fingerprint(ep if identity_of is None else identity_of),
     }

@@ -10,6 +10,7 @@ import logging
 import re
 import sys
 import zipfile
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -168,20 +169,40 @@ def pytree_modules(ep: ExportedProgram) -> list[str]:
     return sorted(found)
 
 
-def program_bytes_checked(ep: ExportedProgram) -> bytes:
-    """program_bytes, loaded back before it is returned, with the modules its pytree types need
-    recorded in its metadata. Raises StageError('serialization') naming the failure when the
-    program does not save or does not load back (it must never become a cache entry)."""
+@dataclass(frozen=True)
+class StoredProgram:
+    """A program as the store holds it: its bytes, the program they load back to (what every later
+    stage is given, whether its parent was computed in this worker or read from the store) and
+    that program's fingerprint (the identity its record carries, docs/architecture.md §5)."""
+
+    data: bytes
+    program: ExportedProgram
+    fingerprint: str
+
+
+def stored_program(ep: ExportedProgram) -> StoredProgram:
+    """The program saved (with PYTREE_MODULES in its metadata, node provenance and stack traces
+    free of process state) and loaded back. Its identity is the loaded program's: torch's loader
+    re-derives what an export kept in memory only (symbolic strides it simplifies, storage
+    offsets it drops, guards), so the in-memory program's fingerprint may differ from that of
+    the same program read from the store, while a loaded program loads back to itself.
+    Raises StageError('serialization') naming the failure when the program does not save or does
+    not load back (it must never become a cache entry)."""
     text = json.dumps({PYTREE_MODULES: pytree_modules(ep)}, sort_keys=True)
     buffer = io.BytesIO()
-    with quiet_torch():
+    with quiet_torch(), stable_graph_ids(ep), stable_stack_traces(ep):
         try:
             torch.export.save(ep, buffer, extra_files={METADATA_FILE: text})
         except Exception as exc:
             raise StageError(ErrorClass.SERIALIZATION, f"torch.export.save failed: {short_message(exc)}") from exc
     data = buffer.getvalue()
-    check_round_trip(data)
-    return data
+    loaded = check_round_trip(data)
+    return StoredProgram(data, loaded, program.fingerprint(loaded))
+
+
+def program_bytes_checked(ep: ExportedProgram) -> bytes:
+    """stored_program's bytes."""
+    return stored_program(ep).data
 
 
 def check_round_trip(data: bytes) -> ExportedProgram:
@@ -215,7 +236,9 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
     changed = roundtrip_differences(ep, reloaded)
     if changed:
         raise StageError(ErrorClass.SERIALIZATION, f"the reloaded program differs from the saved one: {'; '.join(changed)}")
-    result_meta = {**program.describe(ep), "size": len(data), "archive_version": archive_version(data)}
+    # the identity is the archive's program as it loads (stored_program): the same for a parent
+    # computed in this worker and one read from the store
+    result_meta = {**program.describe(ep, identity_of=reloaded), "size": len(data), "archive_version": archive_version(data)}
     return StageResult(output=data, metadata=result_meta, warnings=sink.items)
 
 
@@ -228,15 +251,21 @@ def _every_node(ep: ExportedProgram) -> Iterator[torch.fx.Node]:
             yield from graph.nodes
 
 
+# how a Python object's repr names its address (`<function f at 0x7f3a...>`)
+ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 @contextlib.contextmanager
 def stable_graph_ids(ep: ExportedProgram) -> Iterator[None]:
     """Within the block, the graph ids in the program's pass provenance (node.meta["from_node"],
     torch.fx.traceback.NodeSource) are 0, 1, 2... in order of first appearance instead of the
     `id()` of graphs of the process that exported it (addresses, different in every process):
-    the only part of an archive that differed between two exports of the same model, so the
+    what made two exports of the same model save to other bytes, with the addresses below, so the
     same program now saves to the same bytes (the zip's timestamps are fixed and its
-    .data/serialization_id is derived from the records' contents by torch itself). Which nodes
-    came from the same graph is kept. The original ids are restored afterwards."""
+    .data/serialization_id is derived from the records' contents by torch itself). A target that
+    is a Python function is written by torch as its repr, `<function sym_float at 0x7f..>`: the
+    address is left out (a joint program's archive had another ID in every process). Which nodes
+    came from the same graph is kept. The original ids and targets are restored afterwards."""
     infos: list[Any] = []  # every NodeSource.NodeInfo once, in order of first appearance
     sources: list[Any] = []
     seen: set[int] = set()
@@ -256,16 +285,18 @@ def stable_graph_ids(ep: ExportedProgram) -> Iterator[None]:
     for node in _every_node(ep):
         for source in node.meta.get("from_node") or []:
             visit(source)
-    original = [info.graph_id for info in infos]
+    original = [(info.graph_id, info.target) for info in infos]
     numbers: dict[int, int] = {}
     try:
-        for info, graph_id in zip(infos, original):
+        for info, (graph_id, target) in zip(infos, original):
             info.graph_id = numbers.setdefault(graph_id, len(numbers))
+            if isinstance(target, str):
+                info.target = ADDRESS.sub("", target)
         _forget_cached_dicts(sources)
         yield
     finally:
-        for info, graph_id in zip(infos, original):
-            info.graph_id = graph_id
+        for info, (graph_id, target) in zip(infos, original):
+            info.graph_id, info.target = graph_id, target
         _forget_cached_dicts(sources)
 
 

@@ -291,11 +291,15 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
 
 def _program_result(call: StageCall, result: Any) -> Produced:
     """Publish a program stage's output, after checking that it loads back (a program that does
-    not must never become a cache entry: the stage fails with `serialization`, cold or warm)."""
-    from pt2flow.stages.serialize import program_bytes_checked
+    not must never become a cache entry: the stage fails with `serialization`, cold or warm).
+    The record's identity and what the next stage is given are the program as it loads back, as
+    a later run or `pt2flow audit` reads it from the store (stages.serialize.stored_program)."""
+    from pt2flow.stages.serialize import stored_program
 
-    produced = call.publish(program_bytes_checked(result.output), fingerprint=result.metadata["fingerprint"], details=result.metadata, warnings=result.warnings)
-    _remember(produced.artifact, result.output)
+    stored = stored_program(result.output)
+    details = {**result.metadata, "fingerprint": stored.fingerprint}
+    produced = call.publish(stored.data, fingerprint=stored.fingerprint, details=details, warnings=result.warnings)
+    _remember(produced.artifact, stored.program)
     return produced
 
 

@@ -30,20 +30,23 @@ def _rerun(stage: str, options: Mapping[str, Any], parent: Any) -> str:
     from pt2flow.stages import decompose, functionalize
     from pt2flow.stages.options import DecomposeOptions, FunctionalizeOptions
     from pt2flow.stages.program import fingerprint
+    from pt2flow.stages.serialize import stored_program
 
+    # a program stage's record holds the identity of its program as stored (compute._program_result)
     if stage == "functionalize":
-        return str(functionalize.functionalize(parent, FunctionalizeOptions(**options)).metadata["fingerprint"])
+        return stored_program(functionalize.functionalize(parent, FunctionalizeOptions(**options)).output).fingerprint
     if stage == "decompose":
-        return str(decompose.decompose(parent, DecomposeOptions(**options)).metadata["fingerprint"])
+        return stored_program(decompose.decompose(parent, DecomposeOptions(**options)).output).fingerprint
     return fingerprint(parent)  # serialize stores its parent program as it is
 
 
 def _retrace(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> str:
     from pt2flow.stages.options import TraceOptions
+    from pt2flow.stages.serialize import stored_program
     from pt2flow.stages.trace import trace
 
     built = model_builder(model, runtime.open_store(store_url), weights)()
-    return str(trace(built, model_inputs(model), stage_options(model, "trace", TraceOptions)).metadata["fingerprint"])
+    return stored_program(trace(built, model_inputs(model), stage_options(model, "trace", TraceOptions)).output).fingerprint
 
 
 def _rebuild_source(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> str | None:

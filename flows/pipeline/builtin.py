@@ -36,26 +36,29 @@ SOURCE = Stage("source", 4, compute=f"{_COMPUTE}:source", publishes="source")
 
 BUILTIN: tuple[Stage, ...] = (
     # 2 (trace, functionalize, decompose, serialize, aot_compile): the program fingerprint covers
-    # every node's tensor metadata (stages/program.py); no record keyed by the old one is reused
+    # every node's tensor metadata (stages/program.py); no record keyed by the old one is reused.
+    # 3 (trace, functionalize, decompose), serialize 5: a program's identity is the program's as it
+    # loads back, and the next stage is given that program (stages.serialize.stored_program); an
+    # archive's node provenance names no function address
     Stage(
-        "trace", 2, compute=f"{_COMPUTE}:trace", inputs=(Input.of("source"),), options=TraceOptions,
+        "trace", 3, compute=f"{_COMPUTE}:trace", inputs=(Input.of("source"),), options=TraceOptions,
         key=f"{_KEYS}:trace_key", repro=f"{_REPRO}:trace_repro", default=True,
         description="the traced program (training IR)",
     ),
     Stage(
-        "functionalize", 2, compute=f"{_COMPUTE}:functionalize", inputs=(Input("program", ("trace",)),),
+        "functionalize", 3, compute=f"{_COMPUTE}:functionalize", inputs=(Input("program", ("trace",)),),
         options=FunctionalizeOptions, repro=f"{_REPRO}:functionalize_repro", default=True,
         description="the functional ATen program (training: the joint forward+backward program)",
     ),
     Stage(
-        "decompose", 2, compute=f"{_COMPUTE}:decompose", inputs=(Input("program", ("functionalize", "trace")),),
+        "decompose", 3, compute=f"{_COMPUTE}:decompose", inputs=(Input("program", ("functionalize", "trace")),),
         options=DecomposeOptions, repro=f"{_REPRO}:decompose_repro", default=True,
         description="the core ATen program",
     ),
     # 2: the archive names the modules its pytree types need; 3: the new fingerprint; 4: the
     # same program saves to the same bytes (graph ids of the pass provenance numbered, not addresses)
     Stage(
-        "serialize", 4, compute=f"{_COMPUTE}:serialize", inputs=(NEWEST_PROGRAM,), options=SerializeOptions,
+        "serialize", 5, compute=f"{_COMPUTE}:serialize", inputs=(NEWEST_PROGRAM,), options=SerializeOptions,
         publishes="archive", artifact="serialized", suffix=".pt2", candidate="pt2flow.stages.serialize:load_archive",
         repro=f"{_REPRO}:serialize_repro", default=True,
         description=".pt2 archive (torch.export.save)",
