@@ -21,6 +21,7 @@ import subprocess
 from typing import Any, Mapping, Sequence
 
 from pt2flow.flows.options import UsageError
+from pt2flow.stages.distributions import InstalledDistribution, normalize_name, requirements
 
 
 def upgrade_check(
@@ -78,12 +79,15 @@ def upgrade_check(
         drift = build_report(opened.index, baseline_run, candidate_run, selection=given((baseline_run, candidate_run)))
         compat = check_compat(opened, baseline_run, python=candidate.python)
         used = _used_distributions(opened, baseline_run, candidate_run)
-        relevant, other = version_changes(base.distributions, candidate.distributions, used)
+        relevant, other = version_changes(base.distributions, candidate.distributions, used,
+                                          with_torch=requirement_closure("torch", base) | requirement_closure("torch", candidate))
         models = model_verdicts(drift, compat, latency_growth or LATENCY_GROWTH)
         folder = os.path.abspath(repro_dir or f"pt2flow-upgrade-{candidate_run}")
         for entry in models:
             if entry.verdict == "newly_failing":
                 entry.repro, entry.repro_error = _repro_in(candidate.python, store_url, entry.model, os.path.join(folder, entry.model))
+                if entry.repro and entry.regressions:
+                    entry.regressions[0].evidence = f"{candidate.python} {os.path.join(entry.repro, 'repro.py')}"
         report = UpgradeReport(
             store=opened.url,
             baseline=Side(run_id=baseline_run, python=base.python, torch=base.version("torch", None), chosen=baseline_why),
@@ -102,6 +106,25 @@ def upgrade_check(
         return report
     finally:
         interpreter.activate(None)
+
+
+def requirement_closure(root: str, python: Any) -> set[str]:
+    """The installed distributions `root` requires in the environment `python` (an
+    interpreter.Interpreter), transitively, from each one's Requires-Dist (extras left out,
+    stages.distributions.requirements): for torch, the CUDA/runtime wheels its build brings."""
+    found: set[str] = set()
+    pending = [normalize_name(root)]
+    while pending:
+        name = pending.pop()
+        folder = python.dist_info.get(name)
+        if not folder:
+            continue
+        dist = InstalledDistribution(name, python.distributions.get(name, ""), os.path.dirname(folder), folder)
+        for required in requirements(dist):
+            if required not in found and required in python.dist_info:
+                found.add(required)
+                pending.append(required)
+    return found
 
 
 def _baseline_run(store: Any, baseline: str | None, names: Sequence[str], base: Any) -> tuple[str, str]:

@@ -1,0 +1,74 @@
+"""The upgrade report's version list (flows/report/upgrade.py, flows/api/upgrade.py): ranked by how
+many models import each distribution, torch first, a torch build's own wheels folded under torch,
+found from torch's Requires-Dist in the environment's metadata (not a list of names)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pt2flow.flows.api.upgrade import requirement_closure
+from pt2flow.flows.engine.interpreter import Interpreter
+from pt2flow.flows.report.upgrade import Finding, _compat_problem, render_text, version_changes
+
+
+def _dist(site: Path, name: str, version: str, requires: list[str]) -> str:
+    folder = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    folder.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *[f"Requires-Dist: {r}" for r in requires]]
+    (folder / "METADATA").write_text("\n".join(lines) + "\n")
+    return str(folder)
+
+
+def test_torch_requirements_are_found_transitively_from_the_metadata(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    dists = {
+        "torch": ("2.14.1", ["filelock", "sympy>=1.13.3", "cuda-toolkit[cublas,cudart]==13.0.3; platform_system == \"Linux\"",
+                             "triton==3.7.0; platform_system == \"Linux\"", "opt-einsum>=3.3; extra == \"opt-einsum\""]),
+        "cuda-toolkit": ("13.0.3", ["nvidia-cublas==13.1.0.3; extra == \"cublas\"", "nvidia-cuda-runtime==13.0.96"]),
+        "nvidia-cuda-runtime": ("13.0.96", []),
+        "nvidia-cublas": ("13.1.0.3", []),
+        "sympy": ("1.14.0", ["mpmath<1.4,>=1.1.0"]),
+        "mpmath": ("1.3.0", []),
+        "filelock": ("3.20.0", []),
+        "triton": ("3.7.0", []),
+        "opt-einsum": ("3.4.0", []),
+        "transformers": ("5.23.0", ["filelock"]),
+    }
+    python = Interpreter(python=sys.executable, python_version="3.11", distributions={n: v for n, (v, _) in dists.items()},
+                         dist_info={n: _dist(site, n, v, r) for n, (v, r) in dists.items()})
+    found = requirement_closure("torch", python)
+    # through cuda-toolkit and sympy; extras (opt-einsum, and cuda-toolkit's cublas extra) and what torch does not reach are left out
+    assert found == {"filelock", "sympy", "mpmath", "cuda-toolkit", "nvidia-cuda-runtime", "triton"}
+
+
+def test_versions_rank_by_models_and_fold_the_torch_builds_wheels() -> None:
+    baseline = {"torch": "2.13.0+cpu", "transformers": "5.23.0", "numpy": "2.3.0", "tinyops": "1.0", "rich": "14.0.0"}
+    candidate = {"torch": "2.14.1", "transformers": "5.23.0", "numpy": "2.4.0", "tinyops": "2.0", "rich": "14.1.0",
+                 "nvidia-cublas": "13.1.0.3", "triton": "3.7.0", "sympy": "1.14.0"}
+    baseline["sympy"] = "1.13.3"
+    used = {"torch": ["a", "b", "c"], "numpy": ["a", "b"], "tinyops": ["c"], "triton": ["a", "b", "c"], "nvidia-cublas": ["a", "b", "c"]}
+    relevant, other = version_changes(baseline, candidate, used, with_torch={"nvidia-cublas", "triton", "sympy", "filelock"})
+    assert [(v.name, len(v.used_by)) for v in relevant] == [("torch", 3), ("numpy", 2), ("tinyops", 1)]
+    torch = relevant[0]
+    assert [(w.name, w.baseline, w.candidate) for w in torch.came_with] == [("nvidia-cublas", None, "13.1.0.3"), ("sympy", "1.13.3", "1.14.0"), ("triton", None, "3.7.0")]
+    assert [v.name for v in other] == ["rich"]  # imported by no model; the folded wheels are in neither list
+    # without a torch change nothing is folded: a CUDA wheel that moved alone is listed as itself
+    same_torch = {**candidate, "torch": "2.13.0+cpu"}
+    relevant, _ = version_changes(baseline, same_torch, used, with_torch={"nvidia-cublas", "triton", "sympy"})
+    assert [v.name for v in relevant][:3] == ["nvidia-cublas", "triton", "numpy"]
+
+
+def test_an_incompatible_artifact_carries_the_command_that_shows_it() -> None:
+    command = "pt2flow get abc -o /tmp/m.compiled.pt2 --store s && python -c 'import torch; ...'"
+    entry = {"status": "failed", "archive": {"error_class": None}, "compiled": {"loads": False, "error_class": "incompatible",
+                                                                            "error": "compiled does not load with this torch: boom\nmore", "load_command": command}}
+    finding = _compat_problem(entry)
+    assert isinstance(finding, Finding) and finding.rule == "artifact_incompatible"
+    assert finding.message == "the baseline's compiled no longer loads under the candidate: incompatible: compiled does not load with this torch: boom"
+    assert finding.evidence == command
+    moved = {"status": "failed", "compiled": {"loads": True, "runs": True, "matches": False, "max_abs_err": 0.5, "max_rel_err": 0.1,
+                                            "samples": 3, "error_class": "numeric_mismatch", "error": "output: max abs 0.5"}}
+    assert _compat_problem(moved).evidence == "max_abs_err 0.5, max_rel_err 0.1 over 3 stored samples"
+    missing = {"status": "failed", "compiled": {"loads": None, "error_class": "import", "error": "importing 'transformers.modeling_outputs' failed"}}
+    assert _compat_problem(missing).rule == "artifact_module_missing"
