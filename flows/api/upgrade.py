@@ -178,7 +178,8 @@ def _used_distributions(store: Any, *runs: str) -> dict[str, list[str]]:
 
 def _repro_in(python: str, store_url: str, model: str, folder: str) -> tuple[str | None, str | None]:
     """`pt2flow repro MODEL -o FOLDER` run by the candidate's pt2flow: (folder, None) or (None, why not)."""
-    command = [python, "-c", "from pt2flow.flows.cli.main import main; main()", "repro", model, "-o", folder, "--store", store_url, "--json"]
+    # `-m`: the module's __main__ exits with the command's code (a bare `main()` call would exit 0)
+    command = [python, "-m", "pt2flow.flows.cli.main", "repro", model, "-o", folder, "--store", store_url, "--json"]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:

@@ -145,8 +145,8 @@ def load_command(store_url: str, python: str, model: str, kind: str, sha256: str
 def recheck_command(store_url: str, python: str, run_id: str | None) -> str:
     """check-compat of the run again in the interpreter that checked it: the evidence of an
     artifact that loads but raises or computes differently on the stored samples."""
-    cli = "from pt2flow.flows.cli.main import main; main()"
-    return f"{shlex.quote(python)} -c {shlex.quote(cli)} check-compat {run_id or ''} --store {shlex.quote(store_url)} --json".replace("  ", " ")
+    run = f" {run_id}" if run_id else ""
+    return f"{shlex.quote(python)} -m pt2flow.flows.cli.main check-compat{run} --store {shlex.quote(store_url)} --json"
 
 
 def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]], checker: Checker) -> dict[str, Any] | None:

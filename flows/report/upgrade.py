@@ -279,6 +279,8 @@ def render_text(report: UpgradeReport) -> str:
             parts += [f"{k} {a}→{b}" for k, (a, b) in sorted(ops.changed.items())]
             nodes = f"nodes {m.node_count.a}→{m.node_count.b}" if m.node_count.changed else "same node count"
             lines.append(f"    program changed: {nodes}; ops {' '.join(parts) if parts else 'same histogram'}")
+        if m.verdict == "changed" and m.changes:
+            lines.append(f"    what changed: {', '.join(m.changes)}")
         numbers = _numbers_line(m)
         if numbers:
             lines.append(f"    {numbers}")
