@@ -15,13 +15,16 @@ library) do to the fleet, asked before anyone upgrades.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import re
 import subprocess
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pt2flow.flows.options import UsageError
-from pt2flow.stages.distributions import InstalledDistribution, normalize_name, requirements
+from pt2flow.stages.distributions import normalize_name
 
 
 def upgrade_check(
@@ -108,22 +111,47 @@ def upgrade_check(
         interpreter.activate(None)
 
 
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
+_EXTRA_MARKER = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
+
+
 def requirement_closure(root: str, python: Any) -> set[str]:
     """The installed distributions `root` requires in the environment `python` (an
-    interpreter.Interpreter), transitively, from each one's Requires-Dist (extras left out,
-    stages.distributions.requirements): for torch, the CUDA/runtime wheels its build brings."""
+    interpreter.Interpreter), transitively, from each one's Requires-Dist: for torch, the
+    CUDA/runtime wheels its build brings. A requirement behind an `extra ==` marker counts only
+    when the requirement that reached its distribution asked for that extra (torch asks for
+    `cuda-toolkit[cublas,cudart,...]`, which brings nvidia-cublas...); other markers are not
+    evaluated: what is not installed is left out anyway."""
     found: set[str] = set()
-    pending = [normalize_name(root)]
+    seen: set[tuple[str, str | None]] = set()
+    pending: list[tuple[str, frozenset[str]]] = [(normalize_name(root), frozenset())]
     while pending:
-        name = pending.pop()
+        name, extras = pending.pop()
+        wanted = {None, *extras}
+        if all((name, e) in seen for e in wanted):
+            continue
+        seen.update((name, e) for e in wanted)
         folder = python.dist_info.get(name)
         if not folder:
             continue
-        dist = InstalledDistribution(name, python.distributions.get(name, ""), os.path.dirname(folder), folder)
-        for required in requirements(dist):
-            if required not in found and required in python.dist_info:
+        try:
+            requires = importlib.metadata.PathDistribution(Path(folder)).requires or []
+        except Exception:  # noqa: BLE001 - unreadable metadata requires nothing we can name
+            continue
+        for requirement in requires:
+            spec, _, marker = requirement.partition(";")
+            extra = _EXTRA_MARKER.search(marker)
+            if extra is not None and normalize_name(extra.group(1)) not in extras:
+                continue
+            match = _REQUIREMENT.match(spec)
+            if not match:
+                continue
+            required = normalize_name(match.group(1))
+            if required in python.dist_info:
                 found.add(required)
-                pending.append(required)
+                asked = frozenset(normalize_name(e) for e in (match.group(2) or "").split(",") if e.strip())
+                pending.append((required, asked))
+    found.discard(normalize_name(root))
     return found
 
 

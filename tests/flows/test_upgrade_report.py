@@ -25,7 +25,9 @@ def test_torch_requirements_are_found_transitively_from_the_metadata(tmp_path: P
     dists = {
         "torch": ("2.14.1", ["filelock", "sympy>=1.13.3", "cuda-toolkit[cublas,cudart]==13.0.3; platform_system == \"Linux\"",
                              "triton==3.7.0; platform_system == \"Linux\"", "opt-einsum>=3.3; extra == \"opt-einsum\""]),
-        "cuda-toolkit": ("13.0.3", ["nvidia-cublas==13.1.0.3; extra == \"cublas\"", "nvidia-cuda-runtime==13.0.96"]),
+        "cuda-toolkit": ("13.0.3", ["nvidia-cublas==13.1.0.3; extra == \"cublas\"", "nvidia-cuda-runtime==13.0.96; extra == 'cudart'",
+                                    "nvidia-cufft==12.0; (sys_platform == 'linux') and extra == 'cufft'"]),
+        "nvidia-cufft": ("12.0", []),
         "nvidia-cuda-runtime": ("13.0.96", []),
         "nvidia-cublas": ("13.1.0.3", []),
         "sympy": ("1.14.0", ["mpmath<1.4,>=1.1.0"]),
@@ -38,8 +40,9 @@ def test_torch_requirements_are_found_transitively_from_the_metadata(tmp_path: P
     python = Interpreter(python=sys.executable, python_version="3.11", distributions={n: v for n, (v, _) in dists.items()},
                          dist_info={n: _dist(site, n, v, r) for n, (v, r) in dists.items()})
     found = requirement_closure("torch", python)
-    # through cuda-toolkit and sympy; extras (opt-einsum, and cuda-toolkit's cublas extra) and what torch does not reach are left out
-    assert found == {"filelock", "sympy", "mpmath", "cuda-toolkit", "nvidia-cuda-runtime", "triton"}
+    # through sympy, and through cuda-toolkit's extras torch asks for (cublas, cudart: not cufft);
+    # torch's own extras (opt-einsum) and what torch does not reach (transformers) are left out
+    assert found == {"filelock", "sympy", "mpmath", "cuda-toolkit", "nvidia-cublas", "nvidia-cuda-runtime", "triton"}
 
 
 def test_versions_rank_by_models_and_fold_the_torch_builds_wheels() -> None:
