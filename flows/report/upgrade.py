@@ -17,10 +17,13 @@ from typing import Any, Collection, Mapping, Sequence
 from pydantic import Field
 
 from pt2flow.flows.report.drift import DriftReport, Fact, ModelDrift, Numbers, OpHistogramDiff
+from pt2flow.flows.report.rules import COST_GROWTH
 
 UPGRADE_REPORT_VERSION = 1
 LATENCY_GROWTH = 1.25  # a latency up more than 25 % is a regression
 REGRESSING = ("newly_failing", "regressed")
+TIMING_RULES = ("compile_time_up", "latency_up")  # measured, so re-timed before they are believed
+_ORDER = {v: i for i, v in enumerate(("newly_failing", "regressed", "changed", "fixed", "still_failing", "only_in_candidate", "only_in_baseline", "unchanged"))}
 
 
 class Side(Fact):
@@ -82,6 +85,9 @@ class ModelUpgrade(Fact):
     validation_error: dict[str, Numbers] | None = None  # max_abs_err, max_rel_err against eager
     compile_seconds: Numbers | None = None
     latency_ms: dict[str, Numbers] | None = None
+    # a timing regression re-measured back to back (baseline then candidate, fresh processes and
+    # compiler caches): what the re-timing found; a finding it did not confirm is dropped
+    retimed: str | None = None
 
 
 class UpgradeSummary(Fact):
@@ -225,8 +231,40 @@ def model_verdicts(drift: DriftReport, compat: Mapping[str, Any], latency_growth
             compile_seconds=entry.compile_seconds,
             latency_ms=entry.latency_ms,
         ))
-    order = {v: i for i, v in enumerate(("newly_failing", "regressed", "changed", "fixed", "still_failing", "only_in_candidate", "only_in_baseline", "unchanged"))}
-    return sorted(out, key=lambda m: (order[m.verdict], m.model))
+    return ordered(out)
+
+
+def timing_only(m: ModelUpgrade) -> bool:
+    """A regressed model whose every finding is a measured time (compile, latency)."""
+    return m.verdict == "regressed" and bool(m.regressions) and all(f.rule in TIMING_RULES for f in m.regressions)
+
+
+def apply_retiming(m: ModelUpgrade, again: ModelDrift | None, latency_growth: float = LATENCY_GROWTH) -> None:
+    """Keep each timing finding of `m` that the back-to-back re-timing `again` (its drift entry in
+    the re-timing runs) fires too, with the re-timed numbers as evidence; drop the others, and a
+    model left with none is `changed` (the numbers moved between the runs, not when re-timed)."""
+    if again is None or again.status.a is None or again.status.b is None or again.status.a.status != "ok" or again.status.b.status != "ok":
+        m.retimed = "could not re-time it (the re-timing runs did not both build it): the findings stand unconfirmed"
+        return
+    fired = {f.rule for f in _latency_findings(again, latency_growth)}
+    secs = again.compile_seconds
+    if secs.a and secs.b is not None and secs.b > COST_GROWTH * secs.a:
+        fired.add("compile_time_up")
+    parts = [("compile", _pair(secs, " s"))] + [(f"{k} latency", _pair(v, " ms")) for k, v in sorted((again.latency_ms or {}).items())]
+    measured = "; ".join(f"{name} {text}" for name, text in parts if text is not None) or "no numbers"
+    kept = [f for f in m.regressions if f.rule in fired]
+    for f in kept:
+        f.evidence = (f"{f.evidence}; " if f.evidence else "") + f"re-timed back to back: {measured}"
+    if not kept:
+        m.retimed, m.verdict = f"re-timed back to back: {measured}: not confirmed, a measurement's noise and not a regression", "changed"
+    else:
+        m.retimed = f"re-timed back to back: {measured}: " + ("confirmed" if len(kept) == len(m.regressions) else "partly confirmed")
+    m.regressions = kept
+
+
+def ordered(models: Sequence[ModelUpgrade]) -> list[ModelUpgrade]:
+    """Regressions first, then what changed, then the rest; by name within a verdict."""
+    return sorted(models, key=lambda m: (_ORDER[m.verdict], m.model))
 
 
 def summarize(models: Sequence[ModelUpgrade]) -> UpgradeSummary:
@@ -284,6 +322,8 @@ def render_text(report: UpgradeReport) -> str:
         numbers = _numbers_line(m)
         if numbers:
             lines.append(f"    {numbers}")
+        if m.retimed:
+            lines.append(f"    {m.retimed}")
         if m.repro:
             lines.append(f"    repro (made in the candidate): {m.repro}/repro.py")
         elif m.repro_error:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from pt2flow.flows.api.upgrade import requirement_closure
 from pt2flow.flows.engine.interpreter import Interpreter
-from pt2flow.flows.report.upgrade import Finding, _compat_problem, render_text, version_changes
+from pt2flow.flows.report.upgrade import Finding, _compat_problem, version_changes
 
 
 def _dist(site: Path, name: str, version: str, requires: list[str]) -> str:
@@ -75,3 +76,36 @@ def test_an_incompatible_artifact_carries_the_command_that_shows_it() -> None:
     assert _compat_problem(moved).evidence == "max_abs_err 0.5, max_rel_err 0.1 over 3 stored samples"
     missing = {"status": "failed", "compiled": {"loads": None, "error_class": "import", "error": "importing 'transformers.modeling_outputs' failed"}}
     assert _compat_problem(missing).rule == "artifact_module_missing"
+
+
+def test_a_compile_time_regression_stands_only_when_the_back_to_back_retiming_repeats_it(tmp_path: Path) -> None:
+    """Real index records (tests/flows/test_report.chain), real drift reports: the runs say
+    compile time 10 s -> 20 s; re-timed back to back it is 10 s -> 10.5 s (noise: the model is
+    `changed`, nothing regressed) or 10 s -> 20 s (confirmed, the re-timed numbers as evidence)."""
+    from pt2flow.flows.report.compare import build_report
+    from pt2flow.flows.report.runs import given
+    from pt2flow.flows.report.upgrade import apply_retiming, model_verdicts, timing_only
+    from pt2flow.storage import ArtifactStore
+    from tests.flows.test_report import chain
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    for i, (run, seconds) in enumerate([("run-a", 10.0), ("run-b", 20.0), ("run-c", 10.0), ("run-d", 10.5), ("run-e", 10.0), ("run-f", 20.0)]):
+        chain(store, "m", run, offset=10 * i, salt=f"s{i}", aot_compile={"seconds": seconds})
+
+    def drift(a: str, b: str) -> Any:
+        return build_report(store.index, a, b, selection=given((a, b)))
+
+    def verdict() -> Any:
+        [m] = model_verdicts(drift("run-a", "run-b"), {"models": []})
+        assert m.verdict == "regressed" and [f.rule for f in m.regressions] == ["compile_time_up"] and timing_only(m)
+        assert m.regressions[0].evidence == "baseline 10.0, candidate 20.0 (×2)"
+        return m
+
+    noise = verdict()
+    apply_retiming(noise, drift("run-c", "run-d").models[0])
+    assert (noise.verdict, noise.regressions) == ("changed", [])
+    assert noise.retimed == "re-timed back to back: compile 10 s → 10.5 s: not confirmed, a measurement's noise and not a regression"
+    real = verdict()
+    apply_retiming(real, drift("run-e", "run-f").models[0])
+    assert real.verdict == "regressed" and real.retimed == "re-timed back to back: compile 10 s → 20 s: confirmed"
+    assert real.regressions[0].evidence == "baseline 10.0, candidate 20.0 (×2); re-timed back to back: compile 10 s → 20 s"
