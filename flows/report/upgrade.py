@@ -256,7 +256,7 @@ def apply_retiming(m: ModelUpgrade, again: ModelDrift | None, latency_growth: fl
     for f in kept:
         f.evidence = (f"{f.evidence}; " if f.evidence else "") + f"re-timed back to back: {measured}"
     if not kept:
-        m.retimed, m.verdict = f"re-timed back to back: {measured}: not confirmed, a measurement's noise and not a regression", "changed"
+        m.retimed, m.verdict = f"re-timed back to back: {measured}: not confirmed, so not reported as a regression", "changed"
     else:
         m.retimed = f"re-timed back to back: {measured}: " + ("confirmed" if len(kept) == len(m.regressions) else "partly confirmed")
     m.regressions = kept

@@ -104,7 +104,7 @@ def test_a_compile_time_regression_stands_only_when_the_back_to_back_retiming_re
     noise = verdict()
     apply_retiming(noise, drift("run-c", "run-d").models[0])
     assert (noise.verdict, noise.regressions) == ("changed", [])
-    assert noise.retimed == "re-timed back to back: compile 10 s → 10.5 s: not confirmed, a measurement's noise and not a regression"
+    assert noise.retimed == "re-timed back to back: compile 10 s → 10.5 s: not confirmed, so not reported as a regression"
     real = verdict()
     apply_retiming(real, drift("run-e", "run-f").models[0])
     assert real.verdict == "regressed" and real.retimed == "re-timed back to back: compile 10 s → 20 s: confirmed"
