@@ -11,6 +11,7 @@ out_of_memory) and a fresh worker checks the rest. This process imports no torch
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shlex
 import sys
 import time
@@ -184,6 +185,8 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
                                          None if kind == "archive" else modules))
             if checked.get("error_class"):
                 python = checker.checked_in or checker.python or sys.executable
+                if os.path.isdir(python):  # a virtualenv's folder (`--python VENV`): its interpreter
+                    python = os.path.join(python, "bin", "python")
                 checked["load_command"] = (load_command(store.url, python, name, kind, record["sha256"], modules) if checked.get("loads") is False
                                            else recheck_command(store.url, python, record.get("run_id")))
         entry[kind] = checked
