@@ -18,7 +18,7 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint clean bench-torch-upgrade
 
 install: $(STAMP)
 
@@ -46,6 +46,13 @@ test: install
 # the developer's quick loop: no AOTInductor compiles, no end-to-end runs
 test-fast: install
 	$(BIN)/python -m pytest -m "not compile and not integration" $(PYTEST_ARGS)
+
+# a real torch upgrade through upgrade-check (bench/torch_upgrade.py): builds a torch 2.14.1 candidate
+# virtualenv under .cache/ once (about 6 GB: the CUDA build from the local wheel cache, run on the
+# CPU), then the mixed fleet under both torches; the reports land in bench/results/torch_upgrade/.
+# Not part of `make test`.
+bench-torch-upgrade: install
+	$(BIN)/python bench/torch_upgrade.py
 
 lint: install
 	$(BIN)/lint-imports

@@ -14,6 +14,7 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import AotCompileOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
+from pt2flow.stages.serialize import pytree_modules
 from pt2flow.stages.vocabulary import ErrorClass
 
 
@@ -34,7 +35,9 @@ def aot_compile(ep: ExportedProgram, options: AotCompileOptions) -> StageResult:
         except Exception as exc:
             raise StageError(classify_compile_error(exc), f"AOTInductor compile failed: {short_message(exc)}") from exc
         data = Path(path).read_bytes()
-    return StageResult(output=data, metadata={"size": len(data), "device": options.device}, warnings=sink.items)
+    modules = pytree_modules(ep)  # what a serving process imports before this package loads (the package cannot say)
+    metadata = {"size": len(data), "device": options.device, **({"pytree_modules": modules} if modules else {})}
+    return StageResult(output=data, metadata=metadata, warnings=sink.items)
 
 
 def load_package(data: bytes, workdir: str, device: str = "cpu") -> Any:

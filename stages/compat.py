@@ -23,16 +23,20 @@ from pt2flow.stages.classify import short_message
 from pt2flow.stages.devices import missing_device
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
-from pt2flow.stages.serialize import import_archive_modules, load_archive
+from pt2flow.stages.serialize import import_archive_modules, import_pytree_modules, load_archive
 from pt2flow.stages.validate import compare
 from pt2flow.stages.target_options import TARGET_EXTRAS, missing_extra
 from pt2flow.stages.targets import flat_tensor_inputs
 from pt2flow.stages.validation_io import IOSample
 from pt2flow.stages.vocabulary import ErrorClass
 
-def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str], flat: Callable[[bytes], Any] | None) -> Callable[..., Any]:
-    """The artifact, callable; `imported` gets the modules loading it imported (an archive's
-    pytree types, stages/serialize.py)."""
+def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str], flat: Callable[[bytes], Any] | None,
+          modules: Sequence[str] | None) -> Callable[..., Any]:
+    """The artifact, callable, loaded as a serving process would: first the modules registering
+    the program's pytree types (an archive names them itself; a package or target gets them from
+    `modules`, its model's archive's); `imported` gets the modules loading it imported."""
+    if kind != "archive" and modules:
+        imported += import_pytree_modules(list(modules))
     if flat is not None:
         return flat(data)
     if kind == "archive":
@@ -43,7 +47,7 @@ def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str]
 
 def check_artifact(
     kind: str, data: bytes, samples: Sequence[IOSample] | None, atol: float, rtol: float, device: str = "cpu",
-    *, flat: Callable[[bytes], Any] | None = None, target: str | None = None,
+    *, flat: Callable[[bytes], Any] | None = None, target: str | None = None, modules: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """{loads, runs, matches, max_abs_err, max_rel_err, samples, error_class, error, skipped,
     imported} of one artifact; runs/matches are None without stored samples, all three None when
@@ -51,7 +55,9 @@ def check_artifact(
     after this one is no longer clean). device: where a package was compiled for (its record's
     `device`). kind: archive, compiled, or another candidate's artifact kind, whose `flat` loader
     (its stage's candidate: bytes -> a runner of flat tensor lists) loads it; target: that
-    stage, whose missing libraries (stages.target_options) skip the check."""
+    stage, whose missing libraries (stages.target_options) skip the check. modules: for a
+    package or target, the pytree modules its model's archive records (imported first, as a
+    serving process must; one that does not import here is `import`, not `incompatible`)."""
     result: dict[str, Any] = {"loads": False, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None,
                               "samples": 0, "error_class": None, "error": None, "skipped": None, "imported": []}
     why = missing_device(device) if kind == "compiled" else None
@@ -62,7 +68,7 @@ def check_artifact(
         return {**result, "loads": None, "skipped": f"{lacking}: not checked"}
     with tempfile.TemporaryDirectory(prefix="pt2flow-compat-") as workdir, quiet_torch():
         try:
-            fn = _load(kind, data, workdir, device, result["imported"], flat)
+            fn = _load(kind, data, workdir, device, result["imported"], flat, modules)
         except StageError as exc:
             if exc.error_class == ErrorClass.IMPORT:  # a module the archive names does not import here: not torch's doing
                 return {**result, "loads": None, "error_class": ErrorClass.IMPORT, "error": exc.message}

@@ -17,6 +17,7 @@ import torch
 from torch.export import ExportedProgram
 
 from pt2flow.stages import program
+from pt2flow.stages.archive_meta import METADATA_FILE, PYTREE_MODULES, archive_metadata  # noqa: F401  (re-exported)
 from pt2flow.stages.classify import short_message
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
@@ -24,8 +25,6 @@ from pt2flow.stages.result import StageResult
 from pt2flow.stages.vocabulary import MODULE_NAME_PATTERN
 from pt2flow.stages.vocabulary import ErrorClass
 
-METADATA_FILE = "pt2flow.json"
-PYTREE_MODULES = "pytree_modules"  # metadata key: modules a loading process must have imported
 _TORCH_PYTREE_HOMES = ("builtins", "collections", "torch", "typing")
 
 
@@ -74,16 +73,6 @@ def _load_failures() -> Iterator[list[BaseException]]:
         logger.handlers = saved[2]
 
 
-def archive_metadata(data: bytes) -> dict[str, Any]:
-    """The pt2flow metadata of an archive, read from the zip without loading the program."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            names = [n for n in archive.namelist() if n.endswith("/extra/" + METADATA_FILE)]
-            return json.loads(archive.read(names[0])) if names else {}
-    except (zipfile.BadZipFile, ValueError, KeyError) as exc:
-        raise StageError(ErrorClass.SERIALIZATION, f"not a readable .pt2 archive: {short_message(exc)}") from exc
-
-
 def import_archive_modules(data: bytes) -> list[str]:
     """Import the modules registering the pytree types of an archive's program: those its
     metadata names, or for an archive that names none (from before serialize v2, or not from
@@ -94,6 +83,15 @@ def import_archive_modules(data: bytes) -> list[str]:
         _import_guessed(_spec_type_names(data))
     else:
         _import_modules(named)
+    return sorted(set(sys.modules) - before)
+
+
+def import_pytree_modules(names: Any) -> list[str]:
+    """Import modules an archive's metadata named (for an AOTInductor package or a target of the
+    same program, which records none itself); returns the ones this call imported. StageError
+    `import` naming the module that does not import."""
+    before = set(sys.modules)
+    _import_modules(names)
     return sorted(set(sys.modules) - before)
 
 

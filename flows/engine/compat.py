@@ -11,15 +11,18 @@ out_of_memory) and a fresh worker checks the rest. This process imports no torch
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import shlex
 import sys
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.runner import default_memory_gb
 from pt2flow.storage.errors import InvalidId, RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
+from pt2flow.stages.archive_meta import recorded_pytree_modules
 from pt2flow.stages.vocabulary import ErrorClass
 
 
@@ -49,13 +52,14 @@ class Checker:
         self.torch_version: str | None = None  # the workers' torch.__version__, once one answered
         self.checked_in: str | None = None  # the workers' sys.executable, once one answered
 
-    def check(self, kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None) -> dict[str, Any]:
+    def check(self, kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None,
+              modules: list[str] | None = None) -> dict[str, Any]:
         if self.worker is None:
             self.worker = Worker(threads=None, python=self.python)
         budget = Budget(deadline=time.monotonic() + self.timeout_s, deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s",
                         memory_bytes=self.memory_bytes)
         try:
-            status, payload = self.worker.call(("compat", kind, data, io, atol, rtol, device, stage), budget)
+            status, payload = self.worker.call(("compat", kind, data, io, atol, rtol, device, stage, modules), budget)
         except WorkerLost as lost:
             self.close()
             return {**_UNCHECKED, "error_class": lost.error_class, "error": f"{lost.message} while checking the {kind}",
@@ -110,10 +114,49 @@ def _samples(store: Any, validate: Mapping[str, Any] | None) -> tuple[bytes | No
     return store.get_blob(io["sha256"], io["size"]), None
 
 
+def _pytree_modules(records: Mapping[str, Mapping[str, Any]], archive: bytes | None) -> list[str] | None:
+    """The modules a serving process imports before the model's package or targets load: those
+    its archive records (read from the zip, no torch), else those its aot_compile record names."""
+    named = recorded_pytree_modules(archive) if archive is not None else None
+    if named is None:
+        named = ((records.get("aot_compile") or {}).get("details") or {}).get("pytree_modules")
+    return list(named) if named else None
+
+
+_LOADERS = {
+    "archive": "torch.export.load({path!r}).module()",
+    "compiled": "torch._inductor.aoti_load_package({path!r})",
+}
+
+
+def load_command(store_url: str, python: str, model: str, kind: str, sha256: str, modules: Sequence[str] | None) -> str:
+    """A shell command that loads the artifact as a serving process would, outside pt2flow (the
+    evidence behind an `incompatible` verdict): copy it out of the store, import the pytree
+    modules, load it with torch's own loader. A target's artifact: check-compat of its run again."""
+    path = f"/tmp/{model}.{kind}.pt2"
+    loader = _LOADERS.get(kind)
+    get = f"pt2flow get {sha256} -o {shlex.quote(path)} --store {shlex.quote(store_url)}"
+    if loader is None:
+        return get
+    imports = "".join(f"import {m}; " for m in modules or ())
+    script = f"{imports}import torch; {loader.format(path=path)}; print('loads')"
+    return f"{get} && {shlex.quote(python)} -c {shlex.quote(script)}"
+
+
+def recheck_command(store_url: str, python: str, run_id: str | None) -> str:
+    """check-compat of the run again in the interpreter that checked it: the evidence of an
+    artifact that loads but raises or computes differently on the stored samples."""
+    run = f" {run_id}" if run_id else ""
+    return f"{shlex.quote(python)} -m pt2flow.flows.cli.main check-compat{run} --store {shlex.quote(store_url)} --json"
+
+
 def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]], checker: Checker) -> dict[str, Any] | None:
     """One model's entry, or None when the run produced no archive or package of it. Its status:
     failed (an artifact failed), unchecked (none failed, one could not be run here: a CUDA package
-    on a machine without CUDA), ok."""
+    on a machine without CUDA), ok. Each artifact is loaded as a serving process would: its
+    archive's pytree modules imported first (the package and targets record none of their own).
+    A failed artifact carries `load_command`, the evidence a person can re-run: torch's own
+    loader outside pt2flow when it does not load, else check-compat of its run again."""
     built = {kind: records[stage] for kind, stage in checked_kinds().items() if records.get(stage, {}).get("status") == "ok"}
     if not built:
         return None
@@ -122,14 +165,30 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
     options = (validate or {}).get("options") or {}
     atol, rtol = float(options.get("atol", 1e-5)), float(options.get("rtol", 1e-4))
     entry: dict[str, Any] = {"name": name, "status": "ok", "error_class": None, "note": note}
+    blobs: dict[str, bytes | None] = {}
+    for kind, record in built.items():
+        try:
+            blobs[kind] = store.get_blob(record["sha256"], record.get("size"))
+        except (StorageError, InvalidId) as exc:  # InvalidId: a record whose digest is not one
+            blobs[kind] = None
+            entry[kind] = {"loads": False, "runs": None, "matches": None, "error_class": ErrorClass.STORAGE, "error": str(exc)}
+    modules = _pytree_modules(records, blobs.get("archive"))
+    if modules:
+        entry["pytree_modules"] = modules
     for kind, record in built.items():
         checked: dict[str, Any] = {"sha256": record["sha256"], "torch_version": record.get("torch_version"), "archive_version": record.get("archive_version")}
-        try:
-            data = store.get_blob(record["sha256"], record.get("size"))
-        except (StorageError, InvalidId) as exc:  # InvalidId: a record whose digest is not one
-            checked.update(loads=False, runs=None, matches=None, error_class=ErrorClass.STORAGE, error=str(exc))
+        data = blobs[kind]
+        if data is None:
+            checked.update(entry[kind])
         else:
-            checked.update(checker.check(kind, data, samples, atol, rtol, record.get("device") or "cpu", record["stage"]))
+            checked.update(checker.check(kind, data, samples, atol, rtol, record.get("device") or "cpu", record["stage"],
+                                         None if kind == "archive" else modules))
+            if checked.get("error_class"):
+                python = checker.checked_in or checker.python or sys.executable
+                if os.path.isdir(python):  # a virtualenv's folder (`--python VENV`): its interpreter
+                    python = os.path.join(python, "bin", "python")
+                checked["load_command"] = (load_command(store.url, python, name, kind, record["sha256"], modules) if checked.get("loads") is False
+                                           else recheck_command(store.url, python, record.get("run_id")))
         entry[kind] = checked
         if checked["error_class"] and entry["error_class"] is None:
             entry.update(status="failed", error_class=checked["error_class"])

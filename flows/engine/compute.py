@@ -480,10 +480,12 @@ def _registered_elsewhere(stage: str) -> bool:
         return False
 
 
-def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None) -> tuple[str, Any]:
+def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None,
+                   modules: list[str] | None = None) -> tuple[str, Any]:
     """check-compat's check of one artifact (stages/compat.py) on the stored samples `io`:
     ("ok", result with `checked_with`, this torch's version) or ("failed", failure). stage: the
-    candidate stage that made it; one validate does not load itself is loaded by its loader."""
+    candidate stage that made it; one validate does not load itself is loaded by its loader.
+    modules: the pytree modules to import before a package or target loads (its archive's)."""
     import torch
 
     from pt2flow.stages.compat import check_artifact as check
@@ -493,7 +495,7 @@ def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: 
     if stage is not None and stage not in BUILT_IN_CANDIDATES:
         flat = pipeline.resolve(str(pipeline.get(stage).candidate))
     try:
-        result = check(kind, data, unpack(io) if io is not None else None, atol, rtol, device, flat=flat, target=stage)
+        result = check(kind, data, unpack(io) if io is not None else None, atol, rtol, device, flat=flat, target=stage, modules=modules)
     except Exception as exc:
         failure = classify("check-compat", exc)
         return "failed", {"error_class": str(failure.error_class), "error": failure.error}

@@ -57,3 +57,22 @@ def test_an_archive_whose_modules_do_not_import_is_class_import_not_incompatible
     result = check_artifact("archive", broken, None, 1e-5, 1e-4)
     assert (result["loads"], result["error_class"]) == (None, "import")
     assert "importing 'tests.no_such_mod'" in result["error"]
+
+
+def test_a_package_gets_its_archives_modules_imported_first_and_one_missing_is_class_import() -> None:
+    """An AOTInductor package records no pytree modules itself: check-compat imports those its
+    model's archive names before loading it, as a serving process must; one that does not import
+    here is `import` (the model's library is missing), never `incompatible`. The modules are
+    imported before the package is even opened, so no compile is needed to see it."""
+    from pt2flow.flows.engine.compat import _pytree_modules
+    from pt2flow.stages.compat import check_artifact
+    from tests.pytree_models import point_output
+
+    archive = _archive(point_output(), torch.ones(2))
+    assert _pytree_modules({}, archive) == ["tests.pytree_models"]  # read from the zip, no torch needed
+    assert _pytree_modules({"aot_compile": {"details": {"pytree_modules": ["a.b"]}}}, None) == ["a.b"]  # no archive: the package's record
+    assert _pytree_modules({}, _archive(models.tiny_mlp().eval(), torch.randn(2, 8))) is None
+    result = check_artifact("compiled", b"not opened", None, 1e-5, 1e-4, modules=["tests.no_such_mod"])
+    assert (result["loads"], result["error_class"]) == (None, "import") and "importing 'tests.no_such_mod'" in result["error"]
+    result = check_artifact("compiled", b"not a package", None, 1e-5, 1e-4, modules=["tests.pytree_models"])
+    assert result["error_class"] == "incompatible" and result["error"].startswith("compiled does not load with this torch")
