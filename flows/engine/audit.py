@@ -118,7 +118,7 @@ class Auditor:
             self.close()
             return {**entry, "status": "failed", "problem": f"{payload['error_class']}: {payload['error']}"}
         if record["stage"] == "source":
-            return _judge_source(entry, record, payload["rebuilt"], model, self._versions())
+            return _judge_source(entry, record, payload["rebuilt"], payload.get("problem"), model, self._versions())
         entry.update(stored=payload["stored"], rebuilt=payload["rebuilt"])
         problems = []
         if payload["stored"] != record["fingerprint"]:
@@ -146,8 +146,8 @@ class Auditor:
             self.current = None
 
 
-def _judge_source(entry: dict[str, Any], record: Mapping[str, Any], rebuilt: str | None, model: ResolvedModel | None,
-                  versions: Mapping[str, str] | None) -> dict[str, Any]:
+def _judge_source(entry: dict[str, Any], record: Mapping[str, Any], rebuilt: str | None, problem: str | None,
+                  model: ResolvedModel | None, versions: Mapping[str, str] | None) -> dict[str, Any]:
     """A source record against the model built again now: the same eager model (parameters,
     buffers, structure), unless a file of its manifest changed (a re-run would rebuild it then,
     so the cache is honest). A different model from unchanged files is what no tracker saw."""
@@ -157,15 +157,21 @@ def _judge_source(entry: dict[str, Any], record: Mapping[str, Any], rebuilt: str
     deps = (details.get("manifest") or {}).get("deps") or {}
     recorded = deps.get("eager")
     entry.update(stored=recorded, rebuilt=rebuilt)
-    if model is None or rebuilt is None:
+    if model is None:
         entry["note"] = "not rebuilt: pass --config with the model to build it again"
+        return entry
+    changed = changed_entries(deps, model.search_path, versions=versions, stats=details.get("stats"), taken_ns=details.get("stats_at"))
+    if recorded is None and details.get("deps_problem"):  # it did not build when recorded (its trace failed for it)
+        entry["note"] = f"the model did not build when recorded ({details['deps_problem'][:200]})" + (
+            f" and does not now ({problem[:200]})" if problem else " but builds now")
         return entry
     if recorded is None:
         entry["note"] = "not compared: the record has no eager digest (made by an older pt2flow)"
         return entry
-    changed = changed_entries(deps, model.search_path, versions=versions, stats=details.get("stats"), taken_ns=details.get("stats_at"))
     if changed:
         entry["note"] = f"its files changed since (a re-run rebuilds it): {'; '.join(changed[:5])}"
+    elif rebuilt is None:
+        entry.update(status="failed", problem=f"the model no longer builds while every file it was recorded with is unchanged: {problem}")
     elif rebuilt != recorded:
         entry.update(status="failed", problem=(
             "the eager model built now differs from the recorded one (parameters, buffers or structure) while every file "

@@ -49,14 +49,13 @@ def _retrace(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | 
     return stored_program(trace(built, model_inputs(model), stage_options(model, "trace", TraceOptions)).output).fingerprint
 
 
-def _rebuild_source(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> str | None:
-    """The eager digest of the model built again as the source stage builds it (None: it did not build)."""
+def _rebuild_source(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The model built again as the source stage builds it: {"rebuilt": its eager digest (None:
+    it did not build), "problem": why it did not}."""
     from pt2flow.flows.engine.compute import build_recorded
 
     built = build_recorded(model, runtime.open_store(store_url), weights)
-    if built.problem:
-        raise RuntimeError(f"the model no longer builds: {built.problem}")
-    return built.deps.get("eager")
+    return {"rebuilt": built.deps.get("eager"), "problem": built.problem}
 
 
 def rebuild(
@@ -74,7 +73,8 @@ def rebuild(
 
     try:
         if stage == "source":
-            return "ok", {"stored": None, "rebuilt": _rebuild_source(model, store_url, weights) if model is not None else None}
+            found = _rebuild_source(model, store_url, weights) if model is not None else {"rebuilt": None, "problem": None}
+            return "ok", {"stored": None, **found}
         if model is not None:  # the pytree types the program uses, as the run had them
             import_factory(model.factory, model.search_path)
         found: dict[str, Any] = {"stored": fingerprint(_program(stored)), "rebuilt": None}

@@ -57,9 +57,16 @@ def test_audit_rebuilds_every_record_of_a_fresh_store(two_stores: dict[str, Any]
     failed = [(r["model"], r["stage"], r["problem"]) for r in audit.get("records", []) if r["status"] != "ok"]
     assert code == 0 and failed == [], (two_stores["config"], failed, stderr[-3000:])
     records = audit["sample"]["records"]
+    # a model whose factory cannot be built (failures.yaml's missing dependency) has a source
+    # record, noted as not building then nor now; every other record is rebuilt
+    unbuildable = [e for e in audit["records"] if e["stage"] == "source" and e["rebuilt"] is None]
+    assert all("did not build when recorded" in e["note"] and "does not now" in e["note"] for e in unbuildable), unbuildable
+    assert len(unbuildable) == (1 if two_stores["config"] == "failures.yaml" else 0), unbuildable
     assert records > 0 and audit["sample"]["checked"] == records
-    assert audit["summary"] == {"ok": records, "failed": 0, "rebuilt": records}
+    assert audit["summary"] == {"ok": records, "failed": 0, "rebuilt": records - len(unbuildable)}
     for entry in audit["records"]:
+        if entry in unbuildable:
+            continue
         if entry["stage"] == "source":  # built again: the same eager model
             assert entry["stored"] == entry["rebuilt"] and entry["rebuilt"], entry
         else:
