@@ -24,14 +24,17 @@ install: $(STAMP)
 
 # torch is installed first and exactly (2.13.0, the CPU build on local disk): a looser requirement
 # would pull a multi-GB CUDA build. requirements.lock pins every other package.
-# The target extras (onnx, executorch) are installed too, so `make test` covers the target stages.
+# Every extra of pyproject.toml is installed (EXTRAS: the test tools and each target's libraries),
+# so `make test` covers every stage; a new target's extra is picked up without editing this file.
 # executorch 1.5.1 names no torch requirement, so it cannot replace torch 2.13.0; the lock pins
 # what it pulls (hydra-core forces antlr4-python3-runtime 4.9.*, which moto[server] accepts).
 # The last line fails the install if anything ever replaced torch 2.13.0.
+EXTRAS = $(shell $(PYTHON) -c "import tomllib; print(','.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']))")
+
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[test,onnx,executorch]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[$(EXTRAS)]"
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else f'torch {torch.__version__} replaced 2.13.0')"
 	touch $(STAMP)
 

@@ -122,11 +122,12 @@ _LIBRARY_DIRS = tuple(
 _USER_FRAME = re.compile(r'File "([^"\n]+)", line (\d+), in ([\w<>.]+)\n\s+(\S.*)')
 
 
-# the framework a failure is raised in, never the model's code: torch and what it calls into. A
-# model's own code may be installed (transformers, timm): a frame there is the model's.
+# the framework a failure is raised in, never the model's code: torch and what it calls into (and
+# the libraries the stages declare, which the caller adds: Stage.libraries). A model's own code may
+# be installed (transformers, timm): a frame there is the model's.
 FRAMEWORK_PACKAGES = frozenset({
-    "torch", "functorch", "torchgen", "sympy", "mpmath", "triton", "numpy", "optree", "onnx", "onnxscript", "onnxruntime",
-    "onnx_ir", "executorch", "safetensors", "typing_extensions", "_pytest", "pluggy",
+    "torch", "functorch", "torchgen", "sympy", "mpmath", "triton", "numpy", "optree", "onnx_ir", "safetensors",
+    "typing_extensions", "_pytest", "pluggy",
 })
 
 
@@ -139,7 +140,7 @@ def _distribution_package(path: str) -> str | None:
     return None
 
 
-def _is_own(filename: str) -> bool:
+def _is_own(filename: str, framework: frozenset[str] = frozenset()) -> bool:
     """A file of the model's own code: not the standard library, not torch's framework
     (FRAMEWORK_PACKAGES), not pt2flow; an installed model library (transformers) is the model's."""
     if not filename or filename.startswith("<"):
@@ -149,7 +150,7 @@ def _is_own(filename: str) -> bool:
         return False
     package = _distribution_package(path)
     if package is not None:
-        return package not in FRAMEWORK_PACKAGES
+        return package not in FRAMEWORK_PACKAGES and package not in framework
     return not path.startswith(_LIBRARY_DIRS)
 
 
@@ -161,12 +162,13 @@ def _module_for_file(filename: str) -> str:
     return Path(filename).stem
 
 
-def failure_origin(exc: BaseException) -> dict[str, Any] | None:
+def failure_origin(exc: BaseException, framework: frozenset[str] = frozenset()) -> dict[str, Any] | None:
     """The frame nearest the raise in the model's own code, as {"module", "function", "line",
     "code", "own": True}; else the innermost library frame that raised ("own": False); None when
     there is no frame outside pt2flow. Follows the exception's cause chain to the first error, and
     reads the user frames torch names in its message (strict export, guards) when the traceback
-    holds none."""
+    holds none. framework: packages besides FRAMEWORK_PACKAGES whose frames are not the model's
+    (the libraries the stages need)."""
     chain: list[BaseException] = []
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -177,8 +179,8 @@ def failure_origin(exc: BaseException) -> dict[str, Any] | None:
     library: dict[str, Any] | None = None
     for error in reversed(chain):  # the first error first
         frames = _frames(error)
-        own = [f for f in frames if _is_own(f["file"])]
-        named = [(path, int(line), function, code) for path, line, function, code in _USER_FRAME.findall(str(error)) if _is_own(path)]
+        own = [f for f in frames if _is_own(f["file"], framework)]
+        named = [(path, int(line), function, code) for path, line, function, code in _USER_FRAME.findall(str(error)) if _is_own(path, framework)]
         if named:  # torch names the user frame it stopped at (the traceback of a strict export has none)
             path, line, function, code = named[-1]
             same = [f for f in own if os.path.realpath(f["file"]) == os.path.realpath(path) and f["line"] == line]

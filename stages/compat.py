@@ -25,7 +25,6 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.serialize import import_archive_modules, import_pytree_modules, load_archive
 from pt2flow.stages.validate import compare
-from pt2flow.stages.target_options import TARGET_EXTRAS, missing_extra
 from pt2flow.stages.targets import flat_tensor_inputs
 from pt2flow.stages.validation_io import IOSample
 from pt2flow.stages.vocabulary import ErrorClass
@@ -47,7 +46,7 @@ def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str]
 
 def check_artifact(
     kind: str, data: bytes, samples: Sequence[IOSample] | None, atol: float, rtol: float, device: str = "cpu",
-    *, flat: Callable[[bytes], Any] | None = None, target: str | None = None, modules: Sequence[str] | None = None,
+    *, flat: Callable[[bytes], Any] | None = None, target: str | None = None, modules: Sequence[str] | None = None, lacking: str | None = None,
 ) -> dict[str, Any]:
     """{loads, runs, matches, max_abs_err, max_rel_err, samples, error_class, error, skipped,
     imported} of one artifact; runs/matches are None without stored samples, all three None when
@@ -55,7 +54,7 @@ def check_artifact(
     after this one is no longer clean). device: where a package was compiled for (its record's
     `device`). kind: archive, compiled, or another candidate's artifact kind, whose `flat` loader
     (its stage's candidate: bytes -> a runner of flat tensor lists) loads it; target: that
-    stage, whose missing libraries (stages.target_options) skip the check. modules: for a
+    stage; lacking: why its libraries are missing here (the check is then skipped). modules: for a
     package or target, the pytree modules its model's archive records (imported first, as a
     serving process must; one that does not import here is `import`, not `incompatible`)."""
     result: dict[str, Any] = {"loads": False, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None,
@@ -63,7 +62,6 @@ def check_artifact(
     why = missing_device(device) if kind == "compiled" else None
     if why is not None:
         return {**result, "loads": None, "skipped": f"compiled for {device}, and {why}: not checked"}
-    lacking = missing_extra(target) if target in TARGET_EXTRAS else None
     if lacking is not None:
         return {**result, "loads": None, "skipped": f"{lacking}: not checked"}
     with tempfile.TemporaryDirectory(prefix="pt2flow-compat-") as workdir, quiet_torch():

@@ -27,7 +27,7 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.vocabulary import ErrorClass
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
-from pt2flow.stages.target_options import ExecutorchOptions, missing_extra
+from pt2flow.stages.target_options import ExecutorchOptions
 from pt2flow.stages.targets import FlatRunner, innermost_reason, ops_named_in, refuse_training, repro_header
 
 
@@ -44,10 +44,6 @@ _PARTITIONER_SOURCE: dict[str, tuple[str, str]] = {
     "xnnpack": ("from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner", "XnnpackPartitioner()"),
 }
 
-
-def _require_executorch() -> None:
-    if (why := missing_extra("executorch")) is not None:
-        raise StageError(ErrorClass.CONFIG, why)
 
 
 def unbounded_dims(ep: ExportedProgram) -> list[str]:
@@ -122,7 +118,6 @@ def lower_executorch(ep: ExportedProgram, options: ExecutorchOptions) -> StageRe
     refuse_training(ep, "executorch")
     if not options.partitioners and not options.portable_fallback:
         raise StageError(ErrorClass.CONFIG, "executorch: portable_fallback false needs at least one partitioner (partitioners: [xnnpack])")
-    _require_executorch()
     open_dims = unbounded_dims(ep)
     if open_dims:
         raise StageError(
@@ -188,7 +183,6 @@ class PteRunner:
 
 def load_pte(data: bytes) -> FlatRunner:
     """A runner of lower_executorch's bytes."""
-    _require_executorch()
     return PteRunner(data)
 
 

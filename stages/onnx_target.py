@@ -26,7 +26,7 @@ from pt2flow.stages.classify import classify_target_error, short_message
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
-from pt2flow.stages.target_options import OnnxOptions, missing_extra
+from pt2flow.stages.target_options import OnnxOptions
 from pt2flow.stages.targets import FlatRunner, innermost_reason, ops_named_in, refuse_training, repro_header
 from pt2flow.stages.vocabulary import ErrorClass
 
@@ -37,10 +37,6 @@ FORMAT_ZIP = "onnx+external-data.zip"
 _ZIP_MAGIC = b"PK\x03\x04"  # a serialized ModelProto starts with its ir_version tag, 0x08
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same model gives the same bytes
 
-
-def _require_onnx() -> None:
-    if (why := missing_extra("onnx")) is not None:
-        raise StageError(ErrorClass.CONFIG, why)
 
 
 def export_onnx(
@@ -57,7 +53,6 @@ def export_onnx(
     training program or a missing extra."""
     refuse_training(ep, "onnx")
     refuse_state(ep)
-    _require_onnx()
     kwargs: dict[str, Any] = {"dynamo": True, "optimize": options.optimize, "verbose": False}
     if options.opset is not None:
         kwargs["opset_version"] = options.opset
@@ -191,7 +186,6 @@ class OnnxRunner:
 
 def load_onnx(data: bytes) -> FlatRunner:
     """A runner of export_onnx's bytes (either layout) in ONNX Runtime's CPU provider."""
-    _require_onnx()
     return OnnxRunner(data)
 
 

@@ -1,10 +1,9 @@
-"""The deployment targets' options (stages/onnx_target.py, stages/executorch_target.py) and the
-extras that install their libraries. Torch-free, like stages/options.py: a config naming a target
-validates without torch, and says which extra to install when the library is missing."""
+"""The deployment targets' options (stages/onnx_target.py, stages/executorch_target.py). Torch-free,
+like stages/options.py: a config naming a target validates without torch. The libraries a target
+needs and the extra installing them are in its declaration (flows/builtin/)."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,20 +35,3 @@ class ExecutorchOptions(_TargetOptions):
 
     partitioners: tuple[PartitionerName, ...] = ("xnnpack",)
     portable_fallback: bool = True
-
-
-# target -> (the pip extra, the import names that extra provides)
-TARGET_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "onnx": ("onnx", ("onnx", "onnxscript", "onnxruntime")),
-    "executorch": ("executorch", ("executorch",)),
-}
-
-
-def missing_extra(target: str) -> str | None:
-    """None when `target`'s libraries import here, else what to tell the user (which extra to
-    install). Looks the modules up without importing them."""
-    extra, modules = TARGET_EXTRAS[target]
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if not missing:
-        return None
-    return f"the {target} target needs {', '.join(missing)}: pip install 'pt2flow[{extra}]'"

@@ -21,7 +21,6 @@ from pt2flow.storage.index import JSON_COLUMNS, MetadataIndex
 
 MIN_PREFIX = 8
 _HEX = re.compile(r"^[0-9a-f]+$")
-STAGE_ORDER = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -105,13 +104,16 @@ def _graph_for(index: MetadataIndex, models: Sequence[str]) -> _Graph:
     return _Graph(index.scan(None, filter=pc.field("model").isin(list(models))))
 
 
-def _stage_rank(record: Mapping[str, Any]) -> int:
+def _stage_rank(record: Mapping[str, Any], order: Sequence[str]) -> int:
+    """Where the record's stage is in `order` (the caller's pipeline order; a stage it does not
+    name goes last)."""
     stage = record.get("stage")
-    return STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
+    return order.index(stage) if stage in order else len(order)
 
 
-def ancestors(index: MetadataIndex, record: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The chain from the source to `record` (inclusive), source first."""
+def ancestors(index: MetadataIndex, record: Mapping[str, Any], order: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The chain from the source to `record` (inclusive), in `order` of their stages (the
+    pipeline's, from the caller: storage knows no stage), then oldest first."""
     graph = _graph_for(index, [record["model"]])
     found: dict[str, dict[str, Any]] = {}
     pending = list(record.get("parent_keys") or [])
@@ -132,17 +134,17 @@ def ancestors(index: MetadataIndex, record: Mapping[str, Any]) -> list[dict[str,
             row = extra.pick(key)
             if row is not None:
                 found[key] = row
-    chain = sorted(found.values(), key=lambda r: (_stage_rank(r), r.get("ended_at") or _EPOCH))
+    chain = sorted(found.values(), key=lambda r: (_stage_rank(r, order), r.get("ended_at") or _EPOCH))
     return [*chain, dict(record)]
 
 
-def descendants(index: MetadataIndex, record: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Everything derived from `record` (newest record per derived key), in stage order."""
+def descendants(index: MetadataIndex, record: Mapping[str, Any], order: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Everything derived from `record` (newest record per derived key), in `order` of their stages."""
     graph = _graph_for(index, [record["model"]])
-    return _walk_down(graph, [record["key"]] if record.get("key") else [])
+    return _walk_down(graph, [record["key"]] if record.get("key") else [], order)
 
 
-def _walk_down(graph: _Graph, roots: Sequence[str]) -> list[dict[str, Any]]:
+def _walk_down(graph: _Graph, roots: Sequence[str], order: Sequence[str]) -> list[dict[str, Any]]:
     seen: set[str] = set(roots)
     out = []
     pending = list(roots)
@@ -156,10 +158,10 @@ def _walk_down(graph: _Graph, roots: Sequence[str]) -> list[dict[str, Any]]:
             if row is not None:
                 out.append(row)
                 pending.append(child)
-    return sorted(out, key=lambda r: (r.get("model") or "", _stage_rank(r), r.get("ended_at") or _EPOCH))
+    return sorted(out, key=lambda r: (r.get("model") or "", _stage_rank(r, order), r.get("ended_at") or _EPOCH))
 
 
-def by_weights(index: MetadataIndex, prefix: str) -> dict[str, Any]:
+def by_weights(index: MetadataIndex, prefix: str, order: Sequence[str] = ()) -> dict[str, Any]:
     """Every source record built from a checkpoint and everything derived from those sources."""
     value = check_prefix(prefix, "weights digest")
     sources = newest_first(index.scan(None, filter=_prefix_filter("weights_digest", value)).to_pylist())
@@ -172,7 +174,7 @@ def by_weights(index: MetadataIndex, prefix: str) -> dict[str, Any]:
     unique_sources: dict[str, dict[str, Any]] = {}
     for row in sources:
         unique_sources.setdefault(row["key"], row)
-    derived = _walk_down(graph, list(unique_sources))
+    derived = _walk_down(graph, list(unique_sources), order)
     return {"weights": digests[0], "sources": list(unique_sources.values()), "descendants": derived}
 
 

@@ -33,16 +33,12 @@ class ArtifactKinds:
         return next((kind for kind, owner in self.stages.items() if owner == stage), None)
 
 
-# pt2flow's own deliverables, for callers of the storage layer alone
-ARTIFACT_KINDS = ArtifactKinds({"serialized": "serialize", "compiled": "aot_compile", "report": "validate"}, frozenset({"serialize", "aot_compile"}))
-
-
 class ArtifactRequestError(StorageError, ValueError):
     """The request names no artifact `get` can hand out (a stage without one, a kind that does not
     match the ID)."""
 
 
-def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None, kinds: ArtifactKinds = ARTIFACT_KINDS) -> dict[str, Any]:
+def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None, *, kinds: ArtifactKinds) -> dict[str, Any]:
     """The newest ok record of the artifact an ID (prefix) names. Refuses an ID the index does not
     vouch for: unknown (RecordNotFound), ambiguous, only failed records, or not a `kind` artifact."""
     rows = records_for_id(index, prefix)
@@ -58,7 +54,7 @@ def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None, kinds
     return record
 
 
-def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | None = None, kinds: ArtifactKinds = ARTIFACT_KINDS) -> dict[str, Any]:
+def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | None = None, *, kinds: ArtifactKinds) -> dict[str, Any]:
     """The newest ok `kind` artifact of `model` (in run `run_id` if given)."""
     if kind not in kinds.stages:
         raise ArtifactRequestError(f"unknown artifact {kind!r}: choose from {', '.join(kinds.stages)}")
@@ -84,7 +80,7 @@ def check_destination(destination: str) -> str:
     return target
 
 
-def copy_out(store: Any, record: Mapping[str, Any], destination: str, kinds: ArtifactKinds = ARTIFACT_KINDS) -> dict[str, Any]:
+def copy_out(store: Any, record: Mapping[str, Any], destination: str, *, kinds: ArtifactKinds) -> dict[str, Any]:
     """Write the artifact of `record` to the local path `destination` after checking its size and
     sha256 (IntegrityError for a corrupt blob, BlobNotFound for a missing one) and, for archives,
     its zip structure. Returns the decoded record with `path` and `artifact` added."""
@@ -113,4 +109,4 @@ def copy_out(store: Any, record: Mapping[str, Any], destination: str, kinds: Art
     return result
 
 
-__all__ = ["ARTIFACT_KINDS", "ArtifactKinds", "ArtifactRequestError", "IntegrityError", "check_destination", "copy_out", "find_by_id", "find_for_model"]
+__all__ = ["ArtifactKinds", "ArtifactRequestError", "IntegrityError", "check_destination", "copy_out", "find_by_id", "find_for_model"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping
 
+from pt2flow.flows import pipeline
 from pt2flow.flows.options import UsageError, merge_options
 
 
@@ -123,7 +124,7 @@ def report_of(store: Any, record: Mapping[str, Any]) -> Any:
     """A validate record's stored report (verified by digest), or None."""
     import json
 
-    if record.get("stage") != "validate" or not record.get("sha256"):
+    if record.get("stage") != pipeline.publisher_name("report") or not record.get("sha256"):
         return None
     try:
         return json.loads(store.get_blob(record["sha256"], record.get("size")))
@@ -188,8 +189,8 @@ class Store:
         from pt2flow.storage import lineage
 
         record = lineage.resolve(self.artifacts.index, id)
-        chain = lineage.ancestors(self.artifacts.index, record)
-        below = lineage.descendants(self.artifacts.index, record) if descendants else []
+        chain = lineage.ancestors(self.artifacts.index, record, pipeline.lineage_order())
+        below = lineage.descendants(self.artifacts.index, record, pipeline.lineage_order()) if descendants else []
         return {"id": record["sha256"], "ancestors": [lineage.decode(r) for r in chain[:-1]], "record": lineage.decode(record),
                 "descendants": [lineage.decode(r) for r in below]}
 
@@ -197,7 +198,7 @@ class Store:
         """{weights, sources, descendants}: everything built from a checkpoint."""
         from pt2flow.storage import lineage
 
-        result = lineage.by_weights(self.artifacts.index, digest)
+        result = lineage.by_weights(self.artifacts.index, digest, pipeline.lineage_order())
         return {"weights": result["weights"], "sources": [lineage.decode(r) for r in result["sources"]],
                 "descendants": [lineage.decode(r) for r in result["descendants"]]}
 
@@ -256,10 +257,10 @@ class Store:
             raise UsageError("a run goes with a model")
         try:
             if id:
-                record = find_by_id(self.artifacts.index, id, artifact, kinds)
+                record = find_by_id(self.artifacts.index, id, artifact, kinds=kinds)
             else:
-                record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds)
-            return copy_out(self.artifacts, record, output, kinds)
+                record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds=kinds)
+            return copy_out(self.artifacts, record, output, kinds=kinds)
         except ArtifactRequestError as exc:
             raise UsageError(str(exc)) from None
 
@@ -273,7 +274,6 @@ class Store:
 def artifact_kinds() -> ArtifactKinds:
     """What `get` hands out, from the stages (flows/pipeline): each stage's `artifact` kind, and
     which of them are zip archives."""
-    from pt2flow.flows import pipeline
     from pt2flow.storage.retrieve import ArtifactKinds
 
     return ArtifactKinds(pipeline.artifact_kinds(), frozenset(s.name for s in pipeline.stages() if s.publishes in ("archive", "package", "program")))

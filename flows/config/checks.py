@@ -22,6 +22,7 @@ from pt2flow.flows.config.limits import Limits
 from pt2flow.flows.config.models import ModelConfig, ResolvedModel
 from pt2flow.flows import pipeline
 from pt2flow.storage.urls import holds_credentials
+from pt2flow.stages.options import ValidateOptions
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
@@ -81,9 +82,10 @@ def check_model(
     if not dropped & {*_INPUT_KEYS, "dynamic_shapes", "dims"}:
         dynamic = _check_dynamic_shapes(model, inputs, add)
     options = _stage_options(model, defaults, check_options and "stages" not in dropped, add, add_schema)
-    validate_options = options.get("validate")
+    checker = pipeline.configured_by(ValidateOptions)
+    validate_options = options.get(checker)
     if validate_options is not None and dynamic and validate_options.samples < 3:  # type: ignore[attr-defined]
-        add(("stages", "validate", "samples"), "must be >= 3 for a model with dynamic dims (example, min and max)")
+        add(("stages", checker, "samples"), "must be >= 3 for a model with dynamic dims (example, min and max)")
     if len(issues) != before or dropped:
         return None
     return ResolvedModel(

@@ -108,7 +108,9 @@ class ResolvedModel:
 
     @property
     def training(self) -> bool:
-        return self.options["functionalize"].mode == "training"  # type: ignore[attr-defined]
+        from pt2flow.stages.options import FunctionalizeOptions
+
+        return self.options[pipeline.configured_by(FunctionalizeOptions)].mode == "training"  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

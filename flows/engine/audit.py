@@ -25,13 +25,20 @@ import hashlib
 import time
 from typing import Any, Mapping, Sequence
 
+from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.runner import default_memory_gb
 from pt2flow.storage.errors import RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
 
-AUDITED_STAGES = ("source", "trace", "functionalize", "decompose", "serialize")
+
+
+def audited_stages() -> tuple[str, ...]:
+    """The record kinds audit checks: the source, and every stage that declares how it is rebuilt
+    (Stage.rebuild: the program stages and the archive, the records later runs are served)."""
+    return (pipeline.SOURCE_NAME, *(s.name for s in pipeline.stages() if s.rebuild))
+
 AUDIT_TIMEOUT_S = 900.0  # one record: loading, and the stage run again
 
 
@@ -46,9 +53,10 @@ def sampled(record_id: str, fraction: float, seed: int) -> bool:
 def _records(index: Any, run_id: str) -> list[dict[str, Any]]:
     import pyarrow.compute as pc
 
-    condition = (pc.field("run_id") == run_id) & (pc.field("status") == "ok") & pc.field("stage").isin(list(AUDITED_STAGES))
+    audited = audited_stages()
+    condition = (pc.field("run_id") == run_id) & (pc.field("status") == "ok") & pc.field("stage").isin(list(audited))
     rows = [decode(row) for row in index.scan(None, filter=condition).to_pylist()]
-    order = {stage: i for i, stage in enumerate(AUDITED_STAGES)}
+    order = {stage: i for i, stage in enumerate(audited)}
     return sorted(rows, key=lambda r: (r["model"], order[r["stage"]]))
 
 
@@ -94,17 +102,18 @@ class Auditor:
             "stored": None, "rebuilt": None, "status": "ok", "problem": None,
         }
         index = self.store.index
+        entry_stage = pipeline.entry().name  # the stage made from the model itself, not from a parent program
         try:
             data = self.store.get_blob(record["sha256"], record.get("size"))
-            parent_record = None if record["stage"] == "trace" else _parent(index, record)
+            parent_record = None if record["stage"] == entry_stage else _parent(index, record)
             parent = self.store.get_blob(parent_record["sha256"], parent_record.get("size")) if parent_record else None
         except StorageError as exc:
             return {**entry, "status": "failed", "problem": f"storage: {exc}"}
         model = self.models.get(record["model"])
         weights = None
-        if record["stage"] == "source":
+        if record["stage"] == pipeline.SOURCE_NAME:
             weights = (record.get("details") or {}).get("weights")
-        elif record["stage"] == "trace" and model is not None:
+        elif record["stage"] == entry_stage and model is not None:
             weights = _source_weights(index, record)
         budget = Budget(deadline=time.monotonic() + AUDIT_TIMEOUT_S, deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
                         memory_bytes=self.memory_bytes)
@@ -117,7 +126,7 @@ class Auditor:
         if status != "ok":
             self.close()
             return {**entry, "status": "failed", "problem": f"{payload['error_class']}: {payload['error']}"}
-        if record["stage"] == "source":
+        if record["stage"] == pipeline.SOURCE_NAME:
             return _judge_source(entry, record, payload["rebuilt"], payload.get("problem"), model, self._versions())
         entry.update(stored=payload["stored"], rebuilt=payload["rebuilt"])
         problems = []
@@ -126,7 +135,8 @@ class Auditor:
         if payload["rebuilt"] is not None and payload["rebuilt"] != record["fingerprint"]:
             problems.append(f"{record['stage']} run again on the recorded inputs gives another program")
         if payload["rebuilt"] is None:
-            entry["note"] = "not rebuilt: pass --config with the model to re-trace it" if record["stage"] == "trace" else "not rebuilt: no parent program"
+            entry["note"] = (f"not rebuilt: pass --config with the model to run {record['stage']} again" if record["stage"] == entry_stage
+                             else "not rebuilt: no parent program")
         if problems:
             entry.update(status="failed", problem="; ".join(problems))
         return entry

@@ -31,7 +31,7 @@ def checked_kinds() -> dict[str, str]:
     """The entry key of each candidate stage's artifact in a check-compat document -> the stage:
     `archive` (serialize's: the name this document has always used), `compiled`, then each
     target's artifact kind (`onnx`, `pte`)."""
-    return {("archive" if name == "serialize" else pipeline.get(name).artifact or name): name for name in pipeline.candidates()}
+    return {("archive" if pipeline.get(name).publishes == "archive" else pipeline.get(name).artifact or name): name for name in pipeline.candidates()}
 
 CHECK_TIMEOUT_S = 600.0  # one artifact: the worker's start, the load and every stored sample
 _UNCHECKED = {"loads": None, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None, "samples": 0, "skipped": None}
@@ -119,7 +119,7 @@ def _pytree_modules(records: Mapping[str, Mapping[str, Any]], archive: bytes | N
     its archive records (read from the zip, no torch), else those its aot_compile record names."""
     named = recorded_pytree_modules(archive) if archive is not None else None
     if named is None:
-        named = ((records.get("aot_compile") or {}).get("details") or {}).get("pytree_modules")
+        named = ((records.get(pipeline.publisher_name("package") or "") or {}).get("details") or {}).get("pytree_modules")
     return list(named) if named else None
 
 
@@ -160,7 +160,7 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
     built = {kind: records[stage] for kind, stage in checked_kinds().items() if records.get(stage, {}).get("status") == "ok"}
     if not built:
         return None
-    validate = records.get("validate")
+    validate = records.get(pipeline.publisher_name("report") or "")
     samples, note = _samples(store, validate)
     options = (validate or {}).get("options") or {}
     atol, rtol = float(options.get("atol", 1e-5)), float(options.get("rtol", 1e-4))

@@ -24,9 +24,11 @@ from pt2flow.flows.engine import runtime
 from pt2flow.flows.engine.artifacts import load_artifact, vouch
 from pt2flow.flows.engine.context import Outcome, RunContext
 from pt2flow.flows.engine.inputs import checkpoint_folder, declared_paths, declared_problems, model_inputs
-from pt2flow.flows.engine.keys import Environment, canonical_json
+from pt2flow.flows.engine.keys import canonical_json
 from pt2flow.flows.engine.planner import read_weights, request_key, source_manifest
 from pt2flow.flows.engine.wiring import OptionsT, stage_options
+from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE
+from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import FunctionalizeOptions
 from pt2flow.stages.vocabulary import ErrorClass
 
@@ -164,6 +166,31 @@ class StageCall:
         """Publish a StageResult whose output is bytes, with its metadata as details."""
         return self.publish(result.output, fingerprint=fingerprint, details=result.metadata, warnings=result.warnings)
 
+    def publish_program(self, result: Any) -> Produced:
+        """Publish a program stage's StageResult (its output an ExportedProgram), after checking
+        that it loads back (a program that does not must never become a cache entry: the stage
+        fails with `serialization`, cold or warm). The record's identity and what the next stage
+        is given are the program as it loads back, as a later run or `pt2flow audit` reads it
+        from the store (stages.serialize.stored_program)."""
+        from pt2flow.stages.serialize import stored_program
+
+        stored = stored_program(result.output)
+        details = {**result.metadata, "fingerprint": stored.fingerprint}
+        produced = self.publish(stored.data, fingerprint=stored.fingerprint, details=details, warnings=result.warnings)
+        _remember(produced.artifact, stored.program)
+        return produced
+
+    def eager_model(self) -> Any:
+        """The eager model: the one the source stage built in this worker, else a fresh one."""
+        built = _BUILT.pop(self.model.name, None)
+        return built if built is not None else self.eager()()
+
+    def artifact(self, name: str, what: str, *, zipped: bool | None = True) -> bytes:
+        """The bytes of input `name`'s artifact (a blob of kind `what`), verified against an ok
+        record of the stage that made it."""
+        outcome = self.inputs[name]
+        return load_artifact(self.store, outcome.artifact, outcome.size, (self._provider(name),), what, zipped=zipped)
+
     def _provider(self, name: str) -> str:
         item = next(i for i in pipeline.inputs_of(pipeline.get(self.stage)) if i.name == name)
         return next(s for s in item.stages if s in self.ctx.stages or s == "source")
@@ -183,7 +210,7 @@ def model_builder(model: ResolvedModel, store: Any, weights: Mapping[str, Any] |
     def build() -> Any:
         module = build_model(factory, model.kwargs, state, training=model.training, checkpoint=checkpoint)
         if model.training:
-            module = training_step(module, stage_options(model, "functionalize", FunctionalizeOptions).loss_output)
+            module = training_step(module, stage_options(model, pipeline.configured_by(FunctionalizeOptions), FunctionalizeOptions).loss_output)
         return module
 
     return build
@@ -289,128 +316,6 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
     return Built(deps, hashed.signatures, hashed.taken_ns, problem, built)
 
 
-def _program_result(call: StageCall, result: Any) -> Produced:
-    """Publish a program stage's output, after checking that it loads back (a program that does
-    not must never become a cache entry: the stage fails with `serialization`, cold or warm).
-    The record's identity and what the next stage is given are the program as it loads back, as
-    a later run or `pt2flow audit` reads it from the store (stages.serialize.stored_program)."""
-    from pt2flow.stages.serialize import stored_program
-
-    stored = stored_program(result.output)
-    details = {**result.metadata, "fingerprint": stored.fingerprint}
-    produced = call.publish(stored.data, fingerprint=stored.fingerprint, details=details, warnings=result.warnings)
-    _remember(produced.artifact, stored.program)
-    return produced
-
-
-def trace(call: StageCall) -> Produced:
-    from pt2flow.stages.options import TraceOptions
-    from pt2flow.stages.trace import trace as trace_stage
-
-    built = _BUILT.pop(call.model.name, None)
-    if built is None:
-        built = call.eager()()
-    return _program_result(call, trace_stage(built, call.example_inputs(), call.options(TraceOptions)))
-
-
-def functionalize(call: StageCall) -> Produced:
-    from pt2flow.stages.functionalize import functionalize as functionalize_stage
-
-    return _program_result(call, functionalize_stage(call.program(), call.options(FunctionalizeOptions)))
-
-
-def decompose(call: StageCall) -> Produced:
-    from pt2flow.stages.decompose import decompose as decompose_stage
-    from pt2flow.stages.options import DecomposeOptions
-
-    return _program_result(call, decompose_stage(call.program(), call.options(DecomposeOptions)))
-
-
-def serialize(call: StageCall) -> Produced:
-    from pt2flow.stages.serialize import serialize as serialize_stage
-
-    env = Environment.current()
-    parent = call.inputs["program"]
-    metadata = {
-        "pt2flow_version": env.pt2flow_version,
-        "torch_version": env.torch_version,
-        "program_fingerprint": parent.fingerprint,
-        "derivation_key": call.key,
-        "parent_key": parent.key,
-    }
-    result = serialize_stage(call.program(), metadata)
-    return call.publish_result(result, fingerprint=result.metadata["fingerprint"])
-
-
-def aot_compile(call: StageCall) -> Produced:
-    from pt2flow.stages.aot_compile import aot_compile as compile_stage
-    from pt2flow.stages.options import AotCompileOptions
-
-    return call.publish_result(compile_stage(call.program(), call.options(AotCompileOptions)))
-
-
-def onnx(call: StageCall) -> Produced:
-    from pt2flow.stages.onnx_target import export_onnx
-    from pt2flow.stages.target_options import OnnxOptions
-
-    return call.publish_result(export_onnx(call.program(), call.options(OnnxOptions)))
-
-
-def executorch(call: StageCall) -> Produced:
-    from pt2flow.stages.executorch_target import lower_executorch
-    from pt2flow.stages.target_options import ExecutorchOptions
-
-    return call.publish_result(lower_executorch(call.program(), call.options(ExecutorchOptions)))
-
-
-def validate(call: StageCall) -> Produced:
-    from pt2flow.stages.options import ValidateOptions
-    from pt2flow.stages.validate import validate as validate_stage
-
-    model, store = call.model, call.store
-    serialized, compiled = call.inputs.get("serialize"), call.inputs.get("aot_compile")
-    archive = load_artifact(store, serialized.artifact, serialized.size, ("serialize",), "archive") if serialized else None
-    package = load_artifact(store, compiled.artifact, compiled.size, ("aot_compile",), "package") if compiled else None
-    result = validate_stage(
-        call.eager(),
-        call.example_inputs(),
-        call.inputs["trace"].details.get("dims", {}),
-        call.options(ValidateOptions),
-        archive=archive,
-        package=package,
-        training=model.training,
-        device=compiled.details.get("device", "cpu") if compiled else "cpu",  # where the package was compiled for
-        targets=_targets(call),
-    )
-    report = json.dumps(result.output, indent=1, default=str).encode()
-    details: dict[str, Any] = {"validation": validation_summary(result.output)}
-    if "io" in result.side:  # the inputs and eager outputs, for check-compat after a torch upgrade
-        io_ref = store.put_blob(result.side["io"])
-        details["io"] = {"sha256": io_ref.digest, "size": io_ref.size}
-    elif result.output.get("io_skipped"):  # why not (training mode, an output safetensors cannot hold)
-        details["io_skipped"] = result.output["io_skipped"]
-    return call.publish(report, details=details, warnings=result.warnings)
-
-
-def _targets(call: StageCall) -> dict[str, Any]:
-    """The other candidates this model has (the targets; a registered stage's), each its bytes
-    and its stage's loader (Stage.candidate: bytes -> a runner of flat tensor lists)."""
-    from pt2flow.stages.targets import TargetArtifact
-
-    found = {}
-    for name in pipeline.candidates():
-        if name in BUILT_IN_CANDIDATES or name not in call.inputs:
-            continue
-        stage, outcome = pipeline.get(name), call.inputs[name]
-        data = load_artifact(call.store, outcome.artifact, outcome.size, (name,), stage.publishes, zipped=None)
-        found[name] = TargetArtifact(data, pipeline.resolve(str(stage.candidate)))
-    return found
-
-
-# the candidates validate loads itself, with checks of their own (signature, mutated buffers)
-BUILT_IN_CANDIDATES = frozenset({"serialize", "aot_compile"})
-
-
 def validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "passed": bool(report.get("passed")),
@@ -440,7 +345,7 @@ def classify(stage: str, exc: BaseException) -> Failure:
     if isinstance(exc, StageError):
         report = exc.report.encode() if exc.report else None
         details: dict[str, Any] = {"attempts": list(exc.attempts)} if exc.attempts else {}
-        if stage == "validate" and exc.details:
+        if _publishes(stage) == "report" and exc.details:  # validate's report, attached to its failure
             report = json.dumps(exc.details, indent=1, default=str).encode()
             details["validation"] = validation_summary(exc.details)
         elif exc.details:
@@ -466,11 +371,18 @@ def _add_origin(details: dict[str, Any], exc: BaseException) -> None:
     from pt2flow.stages.classify import failure_origin
 
     try:
-        origin = failure_origin(exc)
+        origin = failure_origin(exc, framework=pipeline.libraries())
     except Exception:  # noqa: BLE001 - a frame that cannot be read leaves the failure without one
         origin = None
     if origin is not None:
         details["origin"] = origin
+
+
+def _publishes(stage: str) -> str | None:
+    try:
+        return pipeline.get(stage).publishes
+    except KeyError:  # not a stage: check-compat, audit
+        return None
 
 
 def _registered_elsewhere(stage: str) -> bool:
@@ -491,21 +403,38 @@ def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: 
     from pt2flow.stages.compat import check_artifact as check
     from pt2flow.stages.validation_io import unpack
 
-    flat = None
-    if stage is not None and stage not in BUILT_IN_CANDIDATES:
+    flat, lacking = None, None
+    if stage is not None and pipeline.get(stage).publishes not in LOADED_BY_VALIDATE:
         flat = pipeline.resolve(str(pipeline.get(stage).candidate))
+        lacking = missing_libraries(stage)
     try:
-        result = check(kind, data, unpack(io) if io is not None else None, atol, rtol, device, flat=flat, target=stage, modules=modules)
+        result = check(kind, data, unpack(io) if io is not None else None, atol, rtol, device, flat=flat, target=stage, modules=modules,
+                       lacking=lacking)
     except Exception as exc:
         failure = classify("check-compat", exc)
         return "failed", {"error_class": str(failure.error_class), "error": failure.error}
     return "ok", {**result, "checked_with": torch.__version__, "checked_in": sys.executable}
 
 
+def missing_libraries(stage: str) -> str | None:
+    """None when the libraries `stage` needs (Stage.libraries) import here, else what to tell the
+    user: which are missing and the extra that installs them."""
+    import importlib.util
+
+    declared = pipeline.get(stage)
+    missing = [m for m in declared.libraries if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    extra = f": pip install 'pt2flow[{declared.extra}]'" if declared.extra else ""
+    return f"the {stage} stage needs {', '.join(missing)}{extra}"
+
+
 def run_stage(request: StageRequest) -> tuple[str, Produced | Failure]:
     """("ok", Produced) or ("failed", Failure): never raises for the stage's own errors."""
     try:
         compute = pipeline.resolve(request.compute)
+        if request.stage != pipeline.SOURCE_NAME and (lacking := missing_libraries(request.stage)) is not None:
+            raise StageError(ErrorClass.CONFIG, lacking)
         return "ok", compute(StageCall(request.stage, request.model, request.ctx, request.inputs, request.key))
     except Exception as exc:
         return "failed", classify(request.stage, exc)

@@ -4,19 +4,21 @@ For a source record: the eager digest of the model built again now (the caller c
 the recorded one). For a program record, two fingerprints of the record's program, compared by
 the caller with the one the record holds:
 `stored`, of the program in the record's blob as it loads now, and `rebuilt`, of the stage run
-again on its recorded inputs (the parent program from the store, the recorded options; for
-trace the model from the config). Imports torch; runs only in a worker process.
+again on its recorded inputs by its declaration's rebuild function (Stage.rebuild: the parent
+program from the store and the recorded options; for the stage that starts from the source, the
+model from the config). Imports torch; runs only in a worker process.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
+from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine import runtime
 from pt2flow.flows.engine.compute import classify, model_builder
 from pt2flow.flows.engine.inputs import model_inputs
-from pt2flow.flows.engine.wiring import stage_options
 
 
 def _program(data: bytes) -> Any:
@@ -25,28 +27,25 @@ def _program(data: bytes) -> Any:
     return load_archive(data, import_pytree_modules=True)[0]
 
 
-def _rerun(stage: str, options: Mapping[str, Any], parent: Any) -> str:
-    """The fingerprint of `stage` run again on `parent` with the recorded options."""
-    from pt2flow.stages import decompose, functionalize
-    from pt2flow.stages.options import DecomposeOptions, FunctionalizeOptions
-    from pt2flow.stages.program import fingerprint
-    from pt2flow.stages.serialize import stored_program
+@dataclass
+class RebuildCall:
+    """What a stage's rebuild function (Stage.rebuild) gets: the record's options, its parent's
+    program as stored (None for the stage that starts from the source), and the model as the
+    config resolves it (None without --config), with the weights its source recorded."""
 
-    # a program stage's record holds the identity of its program as stored (compute._program_result)
-    if stage == "functionalize":
-        return stored_program(functionalize.functionalize(parent, FunctionalizeOptions(**options)).output).fingerprint
-    if stage == "decompose":
-        return stored_program(decompose.decompose(parent, DecomposeOptions(**options)).output).fingerprint
-    return fingerprint(parent)  # serialize stores its parent program as it is
+    options: Mapping[str, Any]
+    parent: Any
+    model: ResolvedModel | None
+    store_url: str
+    weights: Mapping[str, Any] | None
 
+    def eager(self) -> Any:
+        assert self.model is not None
+        return model_builder(self.model, runtime.open_store(self.store_url), self.weights)()
 
-def _retrace(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> str:
-    from pt2flow.stages.options import TraceOptions
-    from pt2flow.stages.serialize import stored_program
-    from pt2flow.stages.trace import trace
-
-    built = model_builder(model, runtime.open_store(store_url), weights)()
-    return stored_program(trace(built, model_inputs(model), stage_options(model, "trace", TraceOptions)).output).fingerprint
+    def example_inputs(self) -> Any:
+        assert self.model is not None
+        return model_inputs(self.model)
 
 
 def _rebuild_source(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -72,17 +71,14 @@ def rebuild(
     from pt2flow.stages.source import import_factory
 
     try:
-        if stage == "source":
+        if stage == pipeline.SOURCE_NAME:
             found = _rebuild_source(model, store_url, weights) if model is not None else {"rebuilt": None, "problem": None}
             return "ok", {"stored": None, **found}
         if model is not None:  # the pytree types the program uses, as the run had them
             import_factory(model.factory, model.search_path)
         found: dict[str, Any] = {"stored": fingerprint(_program(stored)), "rebuilt": None}
-        if stage == "trace":
-            if model is not None:
-                found["rebuilt"] = _retrace(model, store_url, weights)
-        elif parent is not None:
-            found["rebuilt"] = _rerun(stage, options, _program(parent))
+        again = RebuildCall(options, _program(parent) if parent is not None else None, model, store_url, weights)
+        found["rebuilt"] = pipeline.resolve(str(pipeline.get(stage).rebuild))(again)
         return "ok", found
     except Exception as exc:  # noqa: BLE001 - reported as the record's failure to rebuild
         failure = classify(stage, exc)

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.documents import Outcome
 from pt2flow.flows.engine.keys import Environment
-from pt2flow.flows.engine.wiring import compile_device
+from pt2flow.flows.engine.wiring import stage_device
 from pt2flow.storage.records import IndexRecord
 
 # Facts about an artifact that a cached record copies from the record that made it.
@@ -79,7 +79,7 @@ def stage_record(
         python_version=env.python_version,
         pt2flow_version=env.pt2flow_version,
         host=env.host,
-        device=compile_device(model) if stage in ("aot_compile", "validate") else None,
+        device=stage_device(stage, model),
         **facts,
     )
 

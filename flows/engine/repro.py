@@ -17,8 +17,7 @@ it, and makes the same call that failed, so it raises the same exception:
     aot_compile    torch._inductor.aoti_compile_and_package (after move_to_device_pass for a
                    GPU target)
 
-Each stage names its template (flows/pipeline: Stage.repro, a function here or in a stage's own
-module); the program a later stage was given is its parent record's, found through the record's
+Each stage names its template (Stage.repro, a function in the stage's own module, flows/builtin/); the program a later stage was given is its parent record's, found through the record's
 parent keys, so any valid stage list reproduces (`[trace, serialize]` loads trace's program).
 
 A program stage that failed with `serialization` failed the store's round trip of its program,
@@ -105,7 +104,7 @@ def find_failure(index: Any, target: str) -> dict[str, Any]:
 def _chain(index: Any, record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The ok ancestors of a failed record: by stage, and its direct parent program (the record
     of a program stage whose key the failed record names) under "program"."""
-    found = [decode(r) for r in ancestors(index, record) if r.get("status") == "ok"]
+    found = [decode(r) for r in ancestors(index, record, pipeline.lineage_order()) if r.get("status") == "ok"]
     chain = {r["stage"]: r for r in found}
     parents = set(record.get("parent_keys") or ())
     programs = set(pipeline.program_stages())
@@ -175,7 +174,7 @@ def _int_keys(dyn: Any) -> Any:
     return dyn
 
 
-def _weights(store: Any, details: Mapping[str, Any]) -> Any:
+def recorded_weights(store: Any, details: Mapping[str, Any]) -> Any:
     from pt2flow.stages.source import load_state_dict
 
     weights = details.get("weights")
@@ -184,8 +183,8 @@ def _weights(store: Any, details: Mapping[str, Any]) -> Any:
     return load_state_dict(store.get_blob(weights["sha256"], weights["size"]), weights["filename"])
 
 
-def _dims_code(dynamic: Any) -> tuple[list[str], str]:
-    """(Dim definitions, the dynamic_shapes expression) as Python source."""
+def dims_code(dynamic: Any) -> tuple[list[str], str]:
+    """(Dim definitions, the dynamic_shapes expression) as Python source (a repro template's)."""
     dims: dict[str, str] = {}
 
     def code(value: Any) -> str:
@@ -210,8 +209,8 @@ def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
     from pt2flow.stages.devices import MISSING_DEVICE_PREFIX
 
     record = find_failure(store.index, target)
-    if record["stage"] == "aot_compile" and (record.get("error_message") or "").startswith(MISSING_DEVICE_PREFIX):
-        raise ReproError(f"{record['model']}'s aot_compile failed because that machine lacked the device "
+    if (record.get("error_message") or "").startswith(MISSING_DEVICE_PREFIX):
+        raise ReproError(f"{record['model']}'s {record['stage']} failed because that machine lacked the device "
                          f"({record.get('error_message')}), not inside torch: there is nothing to reproduce")
     chain = _chain(store.index, record)
     source = chain.get("source")
@@ -303,41 +302,7 @@ _ROUND_TRIP = textwrap.dedent("""\
     """)
 
 
-def trace_repro(job: ReproJob) -> str:
-    """torch.export.export with the first strategy of the ladder, whose error is the one recorded."""
-    import torch
-
-    from pt2flow.flows.engine.inputs import model_inputs
-    from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
-    from pt2flow.stages.source import build_model, import_factory
-
-    store, record, source, model, folder, files = job.store, job.record, job.source, job.model, job.folder, job.files
-    state = _weights(store, source.get("details") or {})
-    eager = build_model(import_factory(model.factory, model.search_path), model.kwargs, state)
-    specs = model_inputs(model)
-    bound = bind_inputs(eager, specs, seed=0)
-    files.append("inputs.pt")
-    torch.save({"args": bound.args, "kwargs": bound.kwargs}, folder / "inputs.pt")
-    if state is not None:
-        files.append("weights.pt")
-        torch.save(dict(state), folder / "weights.pt")
-    attempts = (record.get("details") or {}).get("attempts") or [{}]
-    first = attempts[0]
-    dynamic = export_dynamic_shapes(specs, bound) if first.get("strategy", "configured") != "static" else None
-    strict = bool(first.get("strict", (record.get("options") or {}).get("strict", False)))
-    dims, expression = _dims_code(dynamic)
-    lines = [
-        "inputs = torch.load(os.path.join(HERE, 'inputs.pt'), weights_only=True)",
-        "args, kwargs = tuple(inputs['args']), dict(inputs['kwargs'])",
-        *dims,
-        f"dynamic_shapes = {expression}",
-        f"# the strategy that failed first: strict={strict}, {first.get('strategy', 'configured')} dynamic shapes",
-        f"ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict={strict})",
-    ]
-    return _build_model_code(model, state is not None) + "\n".join(lines) + "\n"
-
-
-def _build_model_code(model: Any, weights: bool) -> str:
+def build_model_code(model: Any, weights: bool) -> str:
     module, _, attr = model.factory.partition(":")
     lines = [
         f"from {module} import {attr.split('.')[0]} as factory_root",
@@ -349,89 +314,6 @@ def _build_model_code(model: Any, weights: bool) -> str:
         lines.append("model.load_state_dict(torch.load(os.path.join(HERE, 'weights.pt'), weights_only=True), strict=True)")
     lines.append("model.eval()")
     return "\n".join(lines) + "\n"
-
-
-def functionalize_repro(job: ReproJob) -> str:
-    """run_decompositions({}) on the traced program (training: the joint program)."""
-    load = job.program()
-    if job.options.get("mode") == "training":
-        return load + textwrap.dedent("""\
-            from torch.export.experimental import _export_forward_backward
-            ep = _export_forward_backward(ep, joint_loss_index=0)
-            """)
-    return load + "ep = ep.run_decompositions({})\n"
-
-
-def decompose_repro(job: ReproJob) -> str:
-    """run_decompositions(core ATen table minus `preserve`), then the check that no op outside
-    core ATen is left."""
-    from pt2flow.stages.program import ALWAYS_ALLOWED_PREFIXES as ALLOWED
-
-    load = job.program()
-    preserve = tuple(job.options.get("preserve") or ())
-    return load + textwrap.dedent(f"""\
-        preserve = {preserve!r}
-        table = torch.export.default_decompositions()
-        for name in preserve:
-            namespace, op, overload = name.split(".")
-            table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
-        ep = ep.run_decompositions(table)
-        def is_core(target):  # pt2flow's rule: structure (getitem, sym ops, control flow) and core ATen
-            if not isinstance(target, torch._ops.OpOverload):
-                name = getattr(target, "__name__", "")
-                return isinstance(target, torch._ops.HigherOrderOperator) or getattr(target, "__module__", "") in ("_operator", "operator", "math") or name.startswith("sym_")
-            return str(target).startswith({ALLOWED!r}) or torch.Tag.core in target.tags
-        left = sorted({{str(n.target) for n in ep.graph.nodes
-                       if n.op == "call_function" and str(n.target) not in preserve and not is_core(n.target)}})
-        if left:
-            raise RuntimeError("ops outside core ATen remain after decomposition: " + ", ".join(left))
-        """)
-
-
-def serialize_repro(job: ReproJob) -> str:
-    """torch.export.save, then torch.export.load of the bytes."""
-    return job.program() + textwrap.dedent("""\
-        import io
-        buffer = io.BytesIO()
-        torch.export.save(ep, buffer)
-        buffer.seek(0)
-        torch.export.load(buffer)
-        """)
-
-
-def aot_compile_repro(job: ReproJob) -> str:
-    """torch._inductor.aoti_compile_and_package (after move_to_device_pass for a GPU target)."""
-    load = job.program()
-    configs = job.options.get("inductor_configs") or {}
-    device = job.options.get("device") or "cpu"
-    if device != "cpu":  # as the aot_compile stage does: the program moved to the target device
-        load += textwrap.dedent(f"""\
-            from torch.export.passes import move_to_device_pass
-            ep = move_to_device_pass(ep, {device!r})
-            """)
-    return load + textwrap.dedent(f"""\
-        import tempfile
-        from torch._inductor import aoti_compile_and_package
-        with tempfile.TemporaryDirectory() as folder:
-            aoti_compile_and_package(ep, package_path=os.path.join(folder, "model.pt2"), inductor_configs={configs!r})
-        """)
-
-
-def onnx_repro(job: ReproJob) -> str:
-    """torch.onnx.export(program, dynamo=True) as the onnx stage calls it."""
-    from pt2flow.stages.onnx_target import onnx_repro_body
-    from pt2flow.stages.target_options import OnnxOptions
-
-    return job.program() + "program = ep\n" + onnx_repro_body(OnnxOptions(**job.options))
-
-
-def executorch_repro(job: ReproJob) -> str:
-    """to_edge_transform_and_lower with the configured partitioners, then to_executorch, and the
-    portable_fallback check written out."""
-    from pt2flow.stages.executorch_target import executorch_repro_body
-    from pt2flow.stages.target_options import ExecutorchOptions
-
-    return job.program() + "program = ep\n" + executorch_repro_body(ExecutorchOptions(**job.options))
 
 
 def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str) -> str:
@@ -454,6 +336,6 @@ def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str
         "",
     ]
     # a later stage's program may hold the model's own pytree types: importing its module registers them
-    if record["stage"] != "trace":
+    if record["stage"] != pipeline.entry().name:
         head += [f"import {model.factory.split(':', 1)[0]}  # noqa: F401  (registers the model's pytree types)", ""]
     return "\n".join(head) + "\n" + body

@@ -28,6 +28,7 @@ from pt2flow.flows.engine.lineage_events import StageLineage
 from pt2flow.flows.engine.planner import Plan, plan_model, source_key
 from pt2flow.flows.engine.pool import Budget, Lease, WorkerLost, WorkerPool
 from pt2flow.flows.engine.wiring import gather, parent_keys, stage_key
+from pt2flow.flows import pipeline
 from pt2flow.flows.pipeline import get as get_stage, document_slots
 from pt2flow.storage.records import IndexRecord
 from pt2flow.stages.vocabulary import ErrorClass
@@ -203,11 +204,11 @@ def run_model(
 def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome]) -> None:
     """The trace strategy (where the ladder gave up dynamic shapes, say so where the user looks,
     docs/architecture.md §4) and the validation summary of a model's outcomes."""
-    trace = outcomes.get("trace")
+    trace = outcomes.get(pipeline.entry().name)
     strategy = trace.details.get("strategy") if trace is not None and trace.ok else None
     result.trace_strategy = strategy
     result.static_fallback = strategy == "static"
-    validate = outcomes.get("validate")
+    validate = outcomes.get(pipeline.publisher_name("report") or "")
     validation = validate.details.get("validation") if validate is not None else None
     if validation:
         result.validation = ValidationSummary(**{k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples")})

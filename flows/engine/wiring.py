@@ -1,6 +1,6 @@
 """How the engine wires a stage (flows/pipeline): its options for a model, its inputs from the
-outcomes a model has so far, its parents' keys, and its derivation key (the default one and the
-key functions the built-in stages name).
+outcomes a model has so far, its parents' keys, its device, and its derivation key (the default
+one, or the key function its declaration names; the parts a key function is made of).
 
 Torch-free: keys are computed by the orchestrator and by the fully-cached check without torch.
 """
@@ -17,7 +17,6 @@ from pt2flow.flows.engine.context import Outcome
 from pt2flow.flows.engine.keys import Environment, derivation_key
 from pt2flow.flows.pipeline import Stage
 from pt2flow.flows.engine import interpreter
-from pt2flow.stages.options import AotCompileOptions, FunctionalizeOptions
 
 
 def options_json(model: ResolvedModel, stage: str) -> dict[str, Any]:
@@ -35,8 +34,10 @@ def stage_options(model: ResolvedModel, stage: str, kind: type[OptionsT]) -> Opt
     return options
 
 
-def compile_device(model: ResolvedModel) -> str:
-    return stage_options(model, "aot_compile", AotCompileOptions).device
+def stage_device(stage: str, model: ResolvedModel) -> str | None:
+    """The device `stage`'s artifact is made for (Stage.device), None for a stage that does not say."""
+    declared = pipeline.get(stage)
+    return pipeline.resolve(declared.device)(model) if declared.device else None
 
 
 def gather(stage: Stage, outcomes: Mapping[str, Outcome]) -> dict[str, Outcome]:
@@ -66,7 +67,8 @@ def stage_key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome])
 # the stages' keys (flows/pipeline: Stage.key names the ones that are not the default)
 
 
-def _env(device: str, libraries: Sequence[str] = ()) -> dict[str, str]:
+def environment_part(device: str, libraries: Sequence[str] = ()) -> dict[str, str]:
+    """The environment a key covers: torch, Python and pt2flow on `device`, and `libraries`' versions."""
     env = Environment.current().key_part(device)
     for name in libraries:  # a target's output depends on its library's version as much as on torch's
         env[name] = interpreter.current().version(name, "absent")
@@ -78,33 +80,4 @@ def default_key(stage: Any, model: Any, inputs: Mapping[str, Any]) -> str:
     fingerprint, else its blob's digest), its options, and the torch, Python and library versions
     (Stage.libraries), on the CPU."""
     parents = [inputs[item.name].fingerprint or inputs[item.name].artifact for item in pipeline.inputs_of(stage) if item.name in inputs]
-    return derivation_key(stage.name, parents, options_json(model, stage.name), _env("cpu", stage.libraries))
-
-
-def trace_key(stage: Any, model: Any, inputs: Mapping[str, Any]) -> str:
-    """The source's key, the trace options, and the training-mode settings trace exports for."""
-    functionalize = stage_options(model, "functionalize", FunctionalizeOptions)
-    options = {**options_json(model, "trace"), "mode": functionalize.mode}
-    if model.training:
-        options["loss_output"] = functionalize.loss_output
-    return derivation_key("trace", [inputs["source"].key], options, _env("cpu"))
-
-
-def compile_key(stage: Any, model: Any, inputs: Mapping[str, Any]) -> str:
-    """A package is native code: its key also covers what that code was built for and with
-    (CPU vector ISA, C++ compiler and version; for CUDA the GPU architecture and CUDA version),
-    so a store shared by different machines never hands one a package built for another."""
-    from pt2flow.flows.engine.toolchain import cache_dir, toolchain_identity
-
-    device = compile_device(model)
-    options = options_json(model, "aot_compile")
-    env = {**_env(device), "toolchain": toolchain_identity(device, cache_dir(), options.get("inductor_configs"), interpreter.current())}
-    return derivation_key("aot_compile", [inputs["program"].fingerprint], options, env)
-
-
-def validate_key(stage: Any, model: Any, inputs: Mapping[str, Any]) -> str:
-    """The source's key and every candidate's artifact, under the libraries of every candidate."""
-    candidates = [inputs[name].artifact for name in pipeline.candidates() if name in inputs]
-    libraries = [lib for name in pipeline.candidates() if name in inputs for lib in pipeline.get(name).libraries]
-    env = {**_env(compile_device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}
-    return derivation_key("validate", [inputs["source"].key, *candidates], options_json(model, "validate"), env)
+    return derivation_key(stage.name, parents, options_json(model, stage.name), environment_part("cpu", stage.libraries))

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from pt2flow.flows.pipeline.registry import (
     ENTRY_POINT_GROUP,
+    SOURCE_NAME,
     StageRegistrationError,
     artifact_kinds,
     candidates,
     check_stage_list,
     choose_inputs,
+    configured_by,
+    entry,
+    libraries,
+    lineage_order,
+    publisher,
+    publisher_name,
     default_stages,
     document_slots,
     get,
@@ -27,7 +34,7 @@ from pt2flow.flows.pipeline.registry import (
 from pt2flow.flows.pipeline.stage import Input, NoOptions, Stage, resolve
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "Input", "NoOptions", "Stage", "StageRegistrationError", "artifact_kinds", "candidates",
-    "check_stage_list", "choose_inputs", "default_stages", "document_slots", "get", "inputs_of", "missing_libraries",
+    "ENTRY_POINT_GROUP", "SOURCE_NAME", "Input", "NoOptions", "Stage", "StageRegistrationError", "artifact_kinds", "candidates",
+    "check_stage_list", "choose_inputs", "configured_by", "entry", "libraries", "lineage_order", "publisher", "publisher_name", "default_stages", "document_slots", "get", "inputs_of", "missing_libraries",
     "names", "parents", "plugin_problems", "program_stages", "register", "resolve", "stages", "unregister", "versions",
 ]

@@ -1,5 +1,6 @@
-"""The stages pt2flow knows: its own (flows/pipeline/builtin.py), those other distributions
-declare under the entry point group `pt2flow.stages`, and those `register` is given.
+"""The stages pt2flow knows: its own (each module of flows/builtin/ that declares a `STAGE`), those
+other distributions declare under the entry point group `pt2flow.stages`, and those `register`
+is given.
 
 Everything that lists stages reads it here: the pipeline order (a topological sort of the
 declared inputs, ties kept in registration order), each stage's parents in a given stage list,
@@ -18,7 +19,17 @@ from typing import Iterable, Mapping, Sequence
 from pt2flow.flows.pipeline.stage import Input, Stage
 
 ENTRY_POINT_GROUP = "pt2flow.stages"
+# pt2flow's own stages: one module each, found by listing the package (adding a stage adds a
+# module and changes no list); imported by name, as entry points are
+BUILTIN_PACKAGE = "pt2flow.flows.builtin"
 SOURCE_NAME = "source"
+
+# what the config, the weights and the model's code are: the model's first record, not a stage of
+# a stage list. Its key comes from the planner's manifest (flows/engine/planner.py), not a key function.
+# 3: the dependency manifest no longer depends on the worker's history (stages/deps.py)
+# 4: the data files the build reads, the declared ones (checkpoint, depends_on) and the eager
+# model's digest are part of it; imports resolve against the start-up sys.path
+SOURCE = Stage(SOURCE_NAME, 4, compute="pt2flow.flows.engine.compute:source", publishes=SOURCE_NAME)
 
 _lock = threading.RLock()
 _declared: dict[str, Stage] = {}  # registration order
@@ -79,8 +90,6 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> Stage:
     """The stage named `name` (the source included); KeyError naming the known ones."""
     if name == SOURCE_NAME:
-        from pt2flow.flows.pipeline.builtin import SOURCE
-
         return SOURCE
     for stage in stages():
         if stage.name == name:
@@ -122,7 +131,7 @@ def inputs_of(stage: Stage) -> tuple[Input, ...]:
 
 
 def _inputs(stage: Stage, declared: Mapping[str, Stage]) -> tuple[Input, ...]:
-    if stage.name == "validate":
+    if stage.checks_candidates:
         return stage.inputs + tuple(Input.of(name, optional=True) for name, s in declared.items() if s.candidate)
     return stage.inputs
 
@@ -155,8 +164,9 @@ def check_stage_list(selected: Sequence[str]) -> list[str]:
         problems.append("a stage is listed twice")
     if list(selected) != [s for s in known if s in selected]:
         problems.append(f"stages must keep the pipeline order {list(known)}")
-    if "trace" not in selected:
-        problems.append("trace is required: every other stage starts from its program")
+    first = entry().name
+    if first not in selected:
+        problems.append(f"{first} is required: every other stage starts from its program")
         return problems
     for name in dict.fromkeys(selected):
         stage = get(name)
@@ -164,8 +174,8 @@ def check_stage_list(selected: Sequence[str]) -> list[str]:
         for item in inputs_of(stage):
             if not item.optional and item.name not in chosen:
                 problems.append(f"{name} needs {' or '.join(item.stages)} before it")
-        if name == "validate" and not any(c in selected for c in candidates()):
-            problems.append(f"validate needs {' or '.join(candidates())} (it compares their artifacts with eager)")
+        if stage.checks_candidates and not any(c in selected for c in candidates()):
+            problems.append(f"{name} needs {' or '.join(candidates())} (it compares their artifacts with eager)")
     return problems
 
 
@@ -182,6 +192,38 @@ def missing_libraries(selected: Iterable[str]) -> dict[str, tuple[str, list[str]
     return missing
 
 
+def entry() -> Stage:
+    """The stage every other starts from: the program stage made from the source alone (trace)."""
+    return next(s for s in stages() if s.program and [i.stages for i in s.inputs] == [(SOURCE_NAME,)])
+
+
+def publisher(kind: str) -> Stage | None:
+    """The first stage (in pipeline order) whose blob is a `kind` (Stage.publishes): "archive",
+    "package", "report"... None when no stage publishes one."""
+    return next((s for s in stages() if s.publishes == kind), None)
+
+
+def publisher_name(kind: str) -> str | None:
+    found = publisher(kind)
+    return found.name if found is not None else None
+
+
+def configured_by(kind: type) -> str:
+    """The stage whose options model is `kind` (a setting another part reads, like the
+    training mode of the functional program)."""
+    return next(s.name for s in stages() if s.options is kind)
+
+
+def lineage_order() -> tuple[str, ...]:
+    """The record kinds in the order lineage lists a model's records: the source, then the stages."""
+    return (SOURCE_NAME, *names())
+
+
+def libraries() -> frozenset[str]:
+    """Every library a stage needs besides torch (their frames are framework, not the model's)."""
+    return frozenset(lib for s in stages() for lib in s.libraries)
+
+
 def plugin_problems() -> list[str]:
     """Entry points of the `pt2flow.stages` group that could not be loaded, one line each."""
     stages()
@@ -192,8 +234,9 @@ def plugin_problems() -> list[str]:
 
 
 def _sort(declared: Mapping[str, Stage]) -> tuple[Stage, ...]:
-    """Kahn's topological sort of the input edges, the earliest-registered ready stage first."""
-    position = {name: i for i, name in enumerate(declared)}
+    """Kahn's topological sort of the input edges, the ready stage of the lowest position first
+    (Stage.position; then the earliest registered)."""
+    position = {name: (stage.position, i) for i, (name, stage) in enumerate(declared.items())}
     needs: dict[str, set[str]] = {}
     for name, stage in declared.items():
         edges = set()
@@ -218,17 +261,15 @@ def _sort(declared: Mapping[str, Stage]) -> tuple[Stage, ...]:
 
 
 def _load_plugins() -> None:
-    """The built-in stages, then the entry points of `pt2flow.stages` (each names a Stage or an
-    iterable of them). One that fails to load is reported (plugin_problems), never fatal: a
+    """The built-in stages (each module of BUILTIN_PACKAGE with a `STAGE`), then the entry points
+    of `pt2flow.stages` (each names a Stage or an iterable of them). One that fails to load is reported (plugin_problems), never fatal: a
     query or a run without it still works, and a config naming its stage gets an unknown-stage
     error next to the reason."""
     global _plugins_loaded
     if _plugins_loaded:
         return
     _plugins_loaded = True
-    from pt2flow.flows.pipeline.builtin import BUILTIN
-
-    for stage in BUILTIN:
+    for stage in _builtin():
         _declared[stage.name] = stage
     for point in entry_points(group=ENTRY_POINT_GROUP):
         try:
@@ -249,3 +290,20 @@ def _load_plugins() -> None:
             _plugin_problems.append(problem)
             log.warning("%s", problem)
 
+
+
+def _builtin() -> list[Stage]:
+    """pt2flow's own stages: the `STAGE` of every public module of BUILTIN_PACKAGE (imported
+    torch-free: a stage module imports torch inside its functions)."""
+    import importlib
+    import pkgutil
+
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    found = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        declared = getattr(importlib.import_module(f"{BUILTIN_PACKAGE}.{info.name}"), "STAGE", None)
+        if isinstance(declared, Stage):
+            found.append(declared)
+    return sorted(found, key=lambda s: s.position)

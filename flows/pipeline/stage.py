@@ -15,6 +15,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 
+# the blobs validate and check-compat load themselves, with the checks they allow (the signature of
+# an archive, the mutated buffers of a package); every other candidate runs through its stage's
+# loader (Stage.candidate)
+LOADED_BY_VALIDATE = ("archive", "package")
+
+
 class NoOptions(BaseModel):
     """A stage with nothing to configure (its section exists for symmetry and future use)."""
 
@@ -67,7 +73,16 @@ class Stage:
       config naming it without them installed is a config error naming `extra`;
     default: whether the config's default `stages` list holds it;
     accepts_training: whether it takes the joint forward+backward program of training mode;
-    description: what its output is, in a few words (help texts, `ls`).
+    description: what its output is, in a few words (help texts, `ls`);
+    position: where it goes among stages the inputs leave unordered (lower first; a plugin's
+      default puts it after pt2flow's own);
+    rebuild: "module:function" taking a flows.engine.rebuild.RebuildCall and returning the
+      fingerprint of its program made again from the recorded inputs: `pt2flow audit` checks the
+      records of the stages that have one (a program stage's; the archive's);
+    device: "module:function" (model) -> the device its artifact is made for, the records'
+      `device` column (None: the CPU, not recorded);
+    checks_candidates: it compares every candidate stage's artifact with eager (validate): every
+      candidate registered is an optional input of it.
     """
 
     name: str
@@ -86,6 +101,10 @@ class Stage:
     default: bool = False
     accepts_training: bool = True
     description: str = ""
+    position: int = 1000
+    rebuild: str | None = None
+    device: str | None = None
+    checks_candidates: bool = False
     origin: str = field(default="pt2flow", compare=False)  # the distribution or module that declared it
 
     def __post_init__(self) -> None:
@@ -93,7 +112,7 @@ class Stage:
 
         if not MODULE_NAME_PATTERN.fullmatch(self.name) or "." in self.name:
             raise ValueError(f"stage name {self.name!r} must be an identifier")
-        for path in (self.compute, self.key, self.candidate, self.repro):
+        for path in (self.compute, self.key, self.candidate, self.repro, self.rebuild, self.device):
             if path is not None and ":" not in path:
                 raise ValueError(f"stage {self.name}: {path!r} is not a 'module:function' path")
 

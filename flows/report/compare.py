@@ -92,7 +92,8 @@ def build_report(index: Any, run_a: str, run_b: str, *, selection: RunSelection 
     per_a = whole_a
     if selection is not None and selection.models:
         per_a = {name: stages for name, stages in whole_a.items() if name in selection.models}
-    cached = [s["aot_compile"] for per in (per_a, per_b) for s in per.values() if s.get("aot_compile", {}).get("cached")]
+    package = _kind("package")
+    cached = [s[package] for per in (per_a, per_b) for s in per.values() if s.get(package, {}).get("cached")]
     originals = _original_compile_records(index, cached)
 
     models = [_compare_model(name, per_a.get(name), per_b.get(name), originals) for name in sorted(set(per_a) | set(per_b))]
@@ -157,7 +158,7 @@ def _original_compile_records(index: Any, cached: Sequence[Mapping[str, Any]]) -
         return {}
     keys = sorted({r["key"] for r in cached if r.get("key")})
     digests = sorted({r["sha256"] for r in cached if r.get("sha256")})
-    condition = pc.field("stage") == "aot_compile"
+    condition = pc.field("stage") == _kind("package")
     condition = condition & (pc.field("key").isin(keys) | pc.field("sha256").isin(digests))
     table = index.scan(["record_id", "run_id", "key", "sha256", "status", "cached", "seconds", "ended_at"], filter=condition)
     floor = datetime.min.replace(tzinfo=timezone.utc)
@@ -180,7 +181,7 @@ def _state(stages: Stages | None) -> ModelState | None:
     first = stages[failed[0]] if failed else None
     ran = [s for s in stage_columns() if s in stages and s != "source"]
     message = (first or {}).get("error_message")
-    strategy = (stages.get("trace") or {}).get("strategy")
+    strategy = (stages.get(pipeline.entry().name) or {}).get("strategy")
     return ModelState(
         status="failed" if failed else "ok",
         failed_stage=failed[0] if failed else None,
@@ -209,6 +210,11 @@ def _graph(stages: Stages) -> dict[str, Any]:
     return {}
 
 
+def _kind(publishes: str) -> str:
+    """The stage that makes a `publishes` kind of blob (the archive, the package, the report)."""
+    return pipeline.publisher_name(publishes) or ""
+
+
 def _ok(stages: Stages, stage: str) -> Mapping[str, Any] | None:
     record = stages.get(stage)
     return record if record is not None and record.get("status") == "ok" else None
@@ -226,7 +232,7 @@ def _compile_time(record: Mapping[str, Any] | None, originals: Stages) -> tuple[
 
 
 def _validation(stages: Stages) -> dict[str, Any]:
-    record = stages.get("validate")
+    record = stages.get(_kind("report"))
     if record is None:
         return {}
     summary = decoded(record.get("validation")) or {}
@@ -353,8 +359,8 @@ def _graph_facts(graph_a: Mapping[str, Any], graph_b: Mapping[str, Any]) -> Grap
 
 def _cost_facts(a: Stages, b: Stages, originals: Stages) -> dict[str, Any]:
     """archive_size, package_size and compile_seconds (a cached compile reports the original's)."""
-    archive_a, archive_b = _ok(a, "serialize"), _ok(b, "serialize")
-    package_a, package_b = _ok(a, "aot_compile"), _ok(b, "aot_compile")
+    archive_a, archive_b = _ok(a, _kind("archive")), _ok(b, _kind("archive"))
+    package_a, package_b = _ok(a, _kind("package")), _ok(b, _kind("package"))
     secs_a, cached_a, by_a = _compile_time(package_a, originals)
     secs_b, cached_b, by_b = _compile_time(package_b, originals)
     seconds = Numbers.of(secs_a, secs_b)

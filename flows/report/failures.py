@@ -143,11 +143,12 @@ _LIBRARY_PATH = re.compile(r"[/\\](?:site-packages|dist-packages|lib[/\\]python\
 
 def _is_library(path: str) -> bool:
     """A frame of the framework (the standard library, torch and what it calls: stages/classify.py
-    FRAMEWORK_PACKAGES) or pt2flow, not of the model: an installed model library is the model's."""
+    FRAMEWORK_PACKAGES, and the libraries the stages declare) or pt2flow, not of the model: an installed model library is the model's."""
     parts = re.split(r"[/\\]", path)
     for marker in ("site-packages", "dist-packages"):
         if marker in parts and parts.index(marker) + 1 < len(parts):
-            return parts[parts.index(marker) + 1].removesuffix(".py") in FRAMEWORK_PACKAGES or parts[parts.index(marker) + 1] == "pt2flow"
+            package = parts[parts.index(marker) + 1].removesuffix(".py")
+            return package in FRAMEWORK_PACKAGES or package in pipeline.libraries() or package == "pt2flow"
     return bool(_LIBRARY_PATH.search(path)) or "/pt2flow/" in path
 
 
@@ -470,7 +471,7 @@ def _group(members: Sequence[tuple[Signature, dict[str, Any]]], against: Sequenc
 
 def _draft(record: Mapping[str, Any], blobs: Any) -> list[DraftIssue] | None:
     """The representative's draft_export report, grouped (trace failures that left one)."""
-    if blobs is None or record.get("stage") != "trace" or not record.get("sha256"):
+    if blobs is None or record.get("stage") != pipeline.entry().name or not record.get("sha256"):
         return None
     try:
         text = blobs.get_blob(record["sha256"]).decode("utf-8", "replace")

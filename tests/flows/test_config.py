@@ -20,6 +20,8 @@ from pt2flow.flows.config.models import Pipeline
 from pt2flow.flows import pipeline
 
 KNOWN = list(pipeline.names())  # the built-in stages and the targets, in pipeline order
+# every candidate stage registered, in order: serialize or aot_compile or onnx or executorch...
+CANDIDATES = " or ".join(pipeline.candidates())
 STAGES = pipeline.default_stages()
 from pt2flow.flows.config.reading import read_store_settings
 from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
@@ -492,8 +494,8 @@ def test_weights_with_a_supported_suffix(weights: str) -> None:
         (["functionalize", "trace"], [f"stages must keep the pipeline order {KNOWN}"]),
         (["functionalize", "decompose"], ["trace is required: every other stage starts from its program"]),
         ([], ["trace is required: every other stage starts from its program"]),
-        (["trace", "validate"], ["validate needs serialize or aot_compile or onnx or executorch (it compares their artifacts with eager)"]),
-        (["trace", "decompose", "validate"], ["validate needs serialize or aot_compile or onnx or executorch (it compares their artifacts with eager)"]),
+        (["trace", "validate"], [f"validate needs {CANDIDATES} (it compares their artifacts with eager)"]),
+        (["trace", "decompose", "validate"], [f"validate needs {CANDIDATES} (it compares their artifacts with eager)"]),
         (["trace", "trace"], ["a stage is listed twice", f"stages must keep the pipeline order {KNOWN}"]),
     ],
     ids=["unknown", "order", "missing-trace", "empty", "validate-alone", "validate-without-artifact", "duplicate"],

@@ -47,7 +47,7 @@ def test_a_manifest_is_checked_against_the_workers_distributions() -> None:
 
 def test_activation_changes_the_keys_environment(cache: Path) -> None:
     from pt2flow.flows.engine.keys import Environment
-    from pt2flow.flows.engine.wiring import _env
+    from pt2flow.flows.engine.wiring import environment_part as _env
 
     candidate = overlay_env("candidate", ["tinyops-2.0", f"transformers=={CANDIDATE_TRANSFORMERS}"])
     try:

@@ -9,9 +9,15 @@ from pt2flow.flows import pipeline
 from pt2flow.flows.pipeline import Input, Stage, StageRegistrationError
 
 
+ORDER = ("trace", "functionalize", "decompose", "serialize", "aot_compile", "onnx", "executorch", "validate")
+
+
 def test_the_order_is_a_topological_sort_of_the_inputs() -> None:
     names = pipeline.names()
-    assert names == ("trace", "functionalize", "decompose", "serialize", "aot_compile", "onnx", "executorch", "validate")
+    # the order every config keeps (a new target joins between the others and validate, by its position)
+    assert [n for n in names if n in ORDER] == list(ORDER)
+    assert names[0] == "trace" and names[-1] == "validate"
+    assert [s.position for s in pipeline.stages()] == sorted(s.position for s in pipeline.stages())
     for stage in pipeline.stages():  # every provider of every input comes before the stage
         for item in pipeline.inputs_of(stage):
             assert all(names.index(p) < names.index(stage.name) for p in item.stages if p != "source"), stage.name
@@ -42,6 +48,14 @@ def test_a_registered_stage_joins_after_what_it_consumes_and_leaves_cleanly() ->
     finally:
         pipeline.unregister("counted")
     assert "counted" not in pipeline.names()
+    early = Stage("early", 1, compute="tests.plugin_stage:compute", inputs=(Input("program", ("functionalize", "trace")),), position=35)
+    pipeline.register(early)  # its position puts it before serialize, which its inputs leave unordered
+    try:
+        names = pipeline.names()
+        assert names.index("functionalize") < names.index("early") < names.index("serialize")
+        assert names.index("decompose") < names.index("early")  # position 35: after decompose's 30
+    finally:
+        pipeline.unregister("early")
     with pytest.raises(StageRegistrationError, match="own stages"):
         pipeline.unregister("trace")
 

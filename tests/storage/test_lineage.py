@@ -8,6 +8,9 @@ from pt2flow.storage import AmbiguousId, ArtifactStore, InvalidId, RecordNotFoun
 from pt2flow.storage import lineage
 from tests.records import CHAIN, T0, h, make_chain
 
+# the order the caller gives (flows passes the pipeline's: storage knows no stage)
+ORDER = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
+
 @pytest.fixture
 def graph(store: ArtifactStore) -> dict:
     w = h("checkpoint-1")
@@ -46,7 +49,7 @@ def test_ambiguous_prefix_names_the_candidates(store: ArtifactStore) -> None:
 
 def test_ancestors_run_from_source_to_the_artifact(store: ArtifactStore, graph: dict) -> None:
     record = lineage.resolve(store.index, graph["a1"]["aot_compile"]["sha256"])
-    chain = lineage.ancestors(store.index, record)
+    chain = lineage.ancestors(store.index, record, ORDER)
     assert [r["stage"] for r in chain] == ["source", "trace", "functionalize", "decompose", "aot_compile"]
     assert chain[0]["factory"] == "zoo:net" and chain[0]["weights_digest"] == graph["w"]
     assert {r["run_id"] for r in chain} == {"run-2"}  # the same run's records are preferred
@@ -54,19 +57,19 @@ def test_ancestors_run_from_source_to_the_artifact(store: ArtifactStore, graph: 
 
 def test_validate_has_all_its_parents(store: ArtifactStore, graph: dict) -> None:
     record = lineage.resolve(store.index, graph["b1"]["validate"]["sha256"])
-    stages = [r["stage"] for r in lineage.ancestors(store.index, record)]
+    stages = [r["stage"] for r in lineage.ancestors(store.index, record, ORDER)]
     assert stages == ["source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"]
 
 
 def test_descendants(store: ArtifactStore, graph: dict) -> None:
     record = lineage.resolve(store.index, graph["a1"]["functionalize"]["sha256"])
-    below = lineage.descendants(store.index, record)
+    below = lineage.descendants(store.index, record, ORDER)
     assert [r["stage"] for r in below] == ["decompose", "serialize", "aot_compile", "validate"]
     assert all(r["model"] == "alpha" for r in below)
 
 
 def test_everything_built_from_a_checkpoint(store: ArtifactStore, graph: dict) -> None:
-    result = lineage.by_weights(store.index, graph["w"][:12])
+    result = lineage.by_weights(store.index, graph["w"][:12], ORDER)
     assert result["weights"] == graph["w"]
     assert [s["model"] for s in result["sources"]] == ["alpha"]
     assert [r["stage"] for r in result["descendants"]] == list(CHAIN[1:])

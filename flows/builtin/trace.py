@@ -1,0 +1,86 @@
+"""trace: torch.export.export of the eager model (stages/trace.py: the strictness and
+dynamic-shape ladder), the training IR every other stage starts from."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from pt2flow.flows.pipeline.stage import Input, Stage
+from pt2flow.stages.options import FunctionalizeOptions, TraceOptions
+
+if TYPE_CHECKING:
+    from pt2flow.flows.engine.compute import Produced, StageCall
+    from pt2flow.flows.engine.rebuild import RebuildCall
+    from pt2flow.flows.engine.repro import ReproJob
+
+# 2: the program fingerprint covers every node's tensor metadata (stages/program.py); 3: a
+# program's identity is the program's as it loads back (stages.serialize.stored_program)
+STAGE = Stage(
+    "trace", 3, compute=f"{__name__}:compute", inputs=(Input.of("source"),), options=TraceOptions,
+    key=f"{__name__}:key", repro=f"{__name__}:repro", rebuild=f"{__name__}:rebuild", default=True, position=10,
+    description="the traced program (training IR)",
+)
+
+
+def compute(call: StageCall) -> Produced:
+    from pt2flow.stages.trace import trace
+
+    return call.publish_program(trace(call.eager_model(), call.example_inputs(), call.options(TraceOptions)))
+
+
+def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
+    """The source's key, the trace options, and the training-mode settings trace exports for."""
+    from pt2flow.flows.engine.keys import derivation_key
+    from pt2flow.flows.engine.wiring import environment_part, options_json, stage_options
+    from pt2flow.flows.pipeline import configured_by
+
+    functional = stage_options(model, configured_by(FunctionalizeOptions), FunctionalizeOptions)
+    options = {**options_json(model, stage.name), "mode": functional.mode}
+    if model.training:
+        options["loss_output"] = functional.loss_output
+    return derivation_key(stage.name, [inputs["source"].key], options, environment_part("cpu"))
+
+
+def rebuild(call: RebuildCall) -> str | None:
+    """The program traced again from the model the config builds now (None without --config)."""
+    from pt2flow.stages.serialize import stored_program
+    from pt2flow.stages.trace import trace
+
+    if call.model is None:
+        return None
+    return stored_program(trace(call.eager(), call.example_inputs(), TraceOptions(**call.options)).output).fingerprint
+
+
+def repro(job: ReproJob) -> str:
+    """torch.export.export with the first strategy of the ladder, whose error is the one recorded."""
+    import torch
+
+    from pt2flow.flows.engine.inputs import model_inputs
+    from pt2flow.flows.engine.repro import build_model_code, dims_code, recorded_weights
+    from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
+    from pt2flow.stages.source import build_model, import_factory
+
+    store, record, source, model, folder, files = job.store, job.record, job.source, job.model, job.folder, job.files
+    state = recorded_weights(store, source.get("details") or {})
+    eager = build_model(import_factory(model.factory, model.search_path), model.kwargs, state)
+    specs = model_inputs(model)
+    bound = bind_inputs(eager, specs, seed=0)
+    files.append("inputs.pt")
+    torch.save({"args": bound.args, "kwargs": bound.kwargs}, folder / "inputs.pt")
+    if state is not None:
+        files.append("weights.pt")
+        torch.save(dict(state), folder / "weights.pt")
+    attempts = (record.get("details") or {}).get("attempts") or [{}]
+    first = attempts[0]
+    dynamic = export_dynamic_shapes(specs, bound) if first.get("strategy", "configured") != "static" else None
+    strict = bool(first.get("strict", (record.get("options") or {}).get("strict", False)))
+    dims, expression = dims_code(dynamic)
+    lines = [
+        "inputs = torch.load(os.path.join(HERE, 'inputs.pt'), weights_only=True)",
+        "args, kwargs = tuple(inputs['args']), dict(inputs['kwargs'])",
+        *dims,
+        f"dynamic_shapes = {expression}",
+        f"# the strategy that failed first: strict={strict}, {first.get('strategy', 'configured')} dynamic shapes",
+        f"ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict={strict})",
+    ]
+    return build_model_code(model, state is not None) + "\n".join(lines) + "\n"

@@ -1,0 +1,90 @@
+"""validate: every candidate artifact the model has against eager (stages/validate.py), on the
+same samples at the edges of every dynamic dim; the report is its artifact. The archive and the
+package it loads itself, with the signature checks they allow; every other candidate (a target,
+a plugin's) through its stage's loader (Stage.candidate)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Mapping
+
+from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE as LOADED_HERE, Input, Stage
+from pt2flow.stages.options import ValidateOptions
+
+if TYPE_CHECKING:
+    from pt2flow.flows.engine.compute import Produced, StageCall
+
+# 2: the candidates' signatures are checked against the configured inputs
+STAGE = Stage(
+    "validate", 2, compute=f"{__name__}:compute", inputs=(Input.of("source"), Input.of("trace")),
+    options=ValidateOptions, publishes="report", artifact="report", suffix=".json", key=f"{__name__}:key",
+    device=f"{__name__}:device", checks_candidates=True, default=True, position=100,
+    description="validation report (JSON)",
+)
+
+
+
+def compute(call: StageCall) -> Produced:
+    from pt2flow.flows import pipeline
+    from pt2flow.flows.engine.compute import validation_summary
+    from pt2flow.stages.validate import validate
+
+    model, store = call.model, call.store
+    own = {kind: call.inputs.get(name) if (name := pipeline.publisher_name(kind)) else None for kind in LOADED_HERE}
+    archive = call.artifact(pipeline.publisher_name("archive"), "archive") if own["archive"] else None
+    package = call.artifact(pipeline.publisher_name("package"), "package") if own["package"] else None
+    result = validate(
+        call.eager(),
+        call.example_inputs(),
+        call.inputs["trace"].details.get("dims", {}),
+        call.options(ValidateOptions),
+        archive=archive,
+        package=package,
+        training=model.training,
+        device=own["package"].details.get("device", "cpu") if own["package"] else "cpu",  # where the package was compiled for
+        targets=_targets(call),
+    )
+    report = json.dumps(result.output, indent=1, default=str).encode()
+    details: dict[str, Any] = {"validation": validation_summary(result.output)}
+    if "io" in result.side:  # the inputs and eager outputs, for check-compat after a torch upgrade
+        io_ref = store.put_blob(result.side["io"])
+        details["io"] = {"sha256": io_ref.digest, "size": io_ref.size}
+    elif result.output.get("io_skipped"):  # why not (training mode, an output safetensors cannot hold)
+        details["io_skipped"] = result.output["io_skipped"]
+    return call.publish(report, details=details, warnings=result.warnings)
+
+
+def _targets(call: StageCall) -> dict[str, Any]:
+    """The other candidates this model has (the targets; a plugin's), each its bytes and its
+    stage's loader (Stage.candidate: bytes -> a runner of flat tensor lists)."""
+    from pt2flow.flows import pipeline
+    from pt2flow.stages.targets import TargetArtifact
+
+    found = {}
+    for name in pipeline.candidates():
+        stage = pipeline.get(name)
+        if stage.publishes in LOADED_HERE or name not in call.inputs:
+            continue
+        found[name] = TargetArtifact(call.artifact(name, stage.publishes, zipped=None), pipeline.resolve(str(stage.candidate)))
+    return found
+
+
+def device(model: Any) -> str:
+    """Where the package it checks runs: the package's device (the CPU without a package stage)."""
+    from pt2flow.flows import pipeline
+
+    package = pipeline.publisher("package")
+    return pipeline.resolve(package.device)(model) if package is not None and package.device else "cpu"
+
+
+def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
+    """The source's key and every candidate's artifact, under the libraries of every candidate."""
+    from pt2flow.flows import pipeline
+    from pt2flow.flows.engine import interpreter
+    from pt2flow.flows.engine.keys import derivation_key
+    from pt2flow.flows.engine.wiring import environment_part, options_json
+
+    candidates = [inputs[name].artifact for name in pipeline.candidates() if name in inputs]
+    libraries = [lib for name in pipeline.candidates() if name in inputs for lib in pipeline.get(name).libraries]
+    env = {**environment_part(device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}
+    return derivation_key(stage.name, [inputs["source"].key, *candidates], options_json(model, stage.name), env)
