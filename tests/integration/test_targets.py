@@ -1,5 +1,5 @@
 """The deployment targets end to end through `pt2flow run`: the shipped configs/targets.yaml (the
-demo's inference models to the archive, ONNX and ExecuTorch, every one validated against eager
+demo's inference models to the archive, ONNX, ExecuTorch and OpenVINO, every one validated against eager
 at the edges of every dynamic dim), cached on a re-run, got, traced back to one export and
 re-checked by check-compat; and a fleet of models the targets refuse, each refusal with its
 class, naming why, and a repro that raises it again in a fresh process with torch and the
@@ -8,6 +8,7 @@ target's library alone."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from tests.conftest import ROOT, run_cli, write_config
 pytestmark = pytest.mark.integration
 
 # the shipped targets config without aot_compile (compiles are covered elsewhere; they are slow)
-STAGES = "trace,functionalize,decompose,serialize,onnx,executorch,validate"
+STAGES = "trace,functionalize,decompose,serialize,onnx,executorch,openvino,validate"
 
 
 def _models(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
@@ -46,13 +47,13 @@ def test_every_demo_model_reaches_every_target_validated(demo: dict[str, Any]) -
     models = _models(cold)
     assert sorted(models) == ["mlp", "multi-head", "small-cnn", "tiny-encoder"]
     for name, model in models.items():
-        assert model["artifacts"]["onnx"] and model["artifacts"]["pte"] and model["artifacts"]["serialized"], name
+        assert model["artifacts"]["onnx"] and model["artifacts"]["pte"] and model["artifacts"]["openvino"] and model["artifacts"]["serialized"], name
         assert model["validation"]["passed"] is True
     store = demo["store"]
     report_id = models["tiny-encoder"]["stages"]["validate"]["artifact"]
     record = json.loads(run_cli(["show", report_id, "--store", store, "--json"]).stdout)
     candidates = record["report"]["candidates"]
-    assert set(candidates) == {"archive", "onnx", "executorch"}
+    assert set(candidates) == {"archive", "onnx", "executorch", "openvino"}
     for name, candidate in candidates.items():
         # the example, then batch and seq at their min and at their max: the same samples for every candidate
         assert [s["label"] for s in candidate["samples"]] == ["example", "min", "max"], name
@@ -72,19 +73,34 @@ def test_a_re_run_is_served_from_the_cache(demo: dict[str, Any]) -> None:
 def test_targets_are_got_and_descend_from_the_same_export(demo: dict[str, Any], tmp_path: Path) -> None:
     store, model = demo["store"], _models(demo["cold"])["multi-head"]
     lines = {}
-    for kind in ("serialized", "onnx", "pte"):
+    for kind in ("serialized", "onnx", "pte", "openvino"):
         out = tmp_path / f"multi-head.{kind}"
         got = run_cli(["get", "--model", "multi-head", "--artifact", kind, "-o", str(out), "--store", store, "--json"])
         assert got.returncode == 0, got.stderr
         assert json.loads(got.stdout)["sha256"] == model["artifacts"][kind]
         lineage = json.loads(run_cli(["lineage", model["artifacts"][kind], "--store", store, "--json"]).stdout)
         lines[kind] = {a["stage"]: a["sha256"] for a in lineage["ancestors"]}
-    assert lines["onnx"]["trace"] == lines["pte"]["trace"] == lines["serialized"]["trace"]  # one export
-    assert lines["onnx"]["functionalize"] == lines["pte"]["functionalize"] and "decompose" not in lines["onnx"]
+    assert lines["onnx"]["trace"] == lines["pte"]["trace"] == lines["openvino"]["trace"] == lines["serialized"]["trace"]  # one export
+    assert lines["onnx"]["functionalize"] == lines["pte"]["functionalize"] == lines["openvino"]["functionalize"]
+    assert "decompose" not in lines["onnx"] and "decompose" not in lines["openvino"]
     import onnx  # the file is a real ONNX model naming its dynamic dims
 
     proto = onnx.load(str(tmp_path / "multi-head.onnx"))
     assert [d.dim_param or d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim][2] == 12
+    # the OpenVINO IR loads in OpenVINO's own runtime, outside pt2flow, and takes the dims' edges
+    script = (
+        "import sys, zipfile, numpy as np, openvino as ov\n"
+        "z = zipfile.ZipFile(sys.argv[1]); core = ov.Core()\n"
+        "model = core.read_model(model=z.read('model.xml'), weights=ov.Tensor(np.frombuffer(z.read('model.bin'), dtype=np.uint8)))\n"
+        "compiled = core.compile_model(model, 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'})\n"
+        "for b, s in ((1, 2), (8, 32)):\n"
+        "    out = compiled([np.ones((b, s, 12), np.float32), np.ones((b, s), np.float32)])\n"
+        "    print(out[0].shape[0])\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script, str(tmp_path / "multi-head.openvino")], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "CI": "true"})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == ["1", "8"]  # one output row per batch item, at the dims' min and max
 
 
 def test_check_compat_re_runs_every_target(demo: dict[str, Any]) -> None:
@@ -92,7 +108,7 @@ def test_check_compat_re_runs_every_target(demo: dict[str, Any]) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     document = json.loads(result.stdout)
     for model in document["models"]:
-        for kind in ("archive", "onnx", "pte"):
+        for kind in ("archive", "onnx", "pte", "openvino"):
             assert model[kind]["loads"] and model[kind]["runs"] and model[kind]["matches"], (model["name"], kind)
 
 

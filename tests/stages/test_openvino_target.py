@@ -27,7 +27,6 @@ from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.functionalize import functionalize
 from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
-from pt2flow.stages.result import StageResult
 from pt2flow.stages.source import build_model, import_factory
 from pt2flow.stages.targets import TargetArtifact
 from pt2flow.stages.validate import validate
