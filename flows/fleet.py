@@ -29,7 +29,6 @@ from pt2flow.flows.engine.model_flow import STAGE_TASKS
 from pt2flow.flows.engine.planner import Plan
 from pt2flow.flows.engine.runner import run_logger, run_model
 
-RUNNERS = ("local", "process", "dask")
 WATCH_SECONDS = 1.0  # how often the orchestrator looks at a Dask cluster's workers and the models' clocks
 
 def _model_result(state: Any, model: ResolvedModel) -> ModelResult:
