@@ -17,9 +17,9 @@ from pt2flow.stages.options import (
 )
 from pt2flow.stages.target_options import TARGET_EXTRAS, ExecutorchOptions, OnnxOptions
 
-_COMPUTE = "pt2flow.flows.engine.compute"
-_KEYS = "pt2flow.flows.engine.wiring"
-_REPRO = "pt2flow.flows.engine.repro"
+_COMPUTE = "pt2flow.flows.engine.worker.compute"
+_KEYS = "pt2flow.flows.engine.orchestrator.stage_keys"
+_REPRO = "pt2flow.flows.engine.maintenance.repro"
 
 # a program consumer takes the newest program the run has
 NEWEST_PROGRAM = Input("program", ("decompose", "functionalize", "trace"))
@@ -28,7 +28,7 @@ NEWEST_PROGRAM = Input("program", ("decompose", "functionalize", "trace"))
 FUNCTIONAL_PROGRAM = Input("program", ("functionalize", "trace"))
 
 # what the config, the weights and the model's code are: the key comes from the planner's
-# manifest (flows/engine/planner.py), not from a key function
+# manifest (flows/engine/orchestrator/planner.py), not from a key function
 # 3: the dependency manifest no longer depends on the worker's history (stages/deps.py)
 # 4: the data files the build reads, the declared ones (checkpoint, depends_on) and the eager
 # model's digest are part of it; imports resolve against the start-up sys.path

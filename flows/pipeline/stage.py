@@ -45,7 +45,7 @@ class Stage:
 
     name, version: the version is part of every key, so bump it when the stage's output for
       the same inputs changes (what an older pt2flow built is then rebuilt, never reused);
-    compute: "module:function" taking a flows.engine.compute.StageCall and returning its
+    compute: "module:function" taking a flows.engine.worker.compute.StageCall and returning its
       Produced; it runs in a worker process (the place torch is imported);
     inputs: the artifacts it consumes (Input); order and parents derive from them;
     options: its pydantic options model (the config section `defaults.<name>` and
@@ -55,14 +55,14 @@ class Stage:
       (None: not a deliverable); suffix: the file name suffix `get` gives it;
     key: "module:function" (stage, model, inputs) -> key, for a stage whose key is not the
       default one (its name and version, its inputs' identities, its options, and the torch,
-      Python and library versions: flows/engine/wiring.default_key);
+      Python and library versions: flows/engine/orchestrator/stage_keys.default_key);
     candidate: "module:function" loading its blob into a runner of flat tensor lists (the
       user's tensor inputs in, the output leaves out: stages/targets.FlatRunner), which
       validate runs beside eager on every sample and check-compat on the stored ones; the
       archive and the package (serialize's and aot_compile's) are loaded by validate itself,
       with the signature checks they allow;
     repro: "module:function" giving the body of a torch-only script that makes the same call
-      (flows/engine/repro.py);
+      (flows/engine/maintenance/repro.py);
     libraries: the distributions it needs besides torch: their versions are in its key, and a
       config naming it without them installed is a config error naming `extra`;
     default: whether the config's default `stages` list holds it;

@@ -34,7 +34,7 @@ def regressor_inputs() -> ModelInputs:
 
 
 def builder(factory: Callable[..., torch.nn.Module], *, training: bool = False, loss_output: int | None = None) -> Callable[[], torch.nn.Module]:
-    """What flows.engine.compute.model_builder returns: a fresh, seeded model (a TrainingStep in training mode)."""
+    """What flows.engine.worker.compute.model_builder returns: a fresh, seeded model (a TrainingStep in training mode)."""
 
     def build() -> torch.nn.Module:
         module = build_model(factory, {}, training=training)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from pt2flow.flows.config.limits import Limits  # noqa: F401  (re-exported: the engine's view of a model's limits)
-from pt2flow.flows.engine.documents import Outcome  # noqa: F401  (re-exported: what every stage returns)
+from pt2flow.flows.engine.common.documents import Outcome  # noqa: F401  (re-exported: what every stage returns)
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class RunContext:
     stages: tuple[str, ...]
     force: bool = False
     retry_failed: bool = False  # re-run stages whose cached outcome is a deterministic failure
-    python: str | None = None  # the interpreter the workers run in (flows/engine/interpreter.py); None: this one
+    python: str | None = None  # the interpreter the workers run in (flows/engine/environment/interpreter.py); None: this one
     verify_sources: bool = False  # build every model again (its source stage) instead of trusting its recorded manifest
 
 

@@ -1,7 +1,7 @@
 """The documents a run produces, each defined once (docs/architecture.md §4).
 
 Outcome      one stage's outcome: what the engine passes between stages (worker pipes, Dask),
-             records in the index (flows/engine/records.py) and summarizes in a model result
+             records in the index (flows/engine/orchestrator/records.py) and summarizes in a model result
 StageView    a stage as the run document shows it
 ModelResult  one model's entry in the run document
 RunDocument  what `pt2flow run --json` prints and the fleet flow returns

@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from pt2flow.flows.engine import runtime
+from pt2flow.flows.engine.common import stores
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
 from pt2flow.stages.vocabulary import ErrorClass
@@ -98,7 +98,7 @@ def read_model_file(path: str, search_path: str, error_class: str, what: str) ->
 
     url = resolve_model_url(path, search_path)
     try:
-        return read_url(url, runtime.storage_options(url) if "://" in url else {}), url
+        return read_url(url, stores.storage_options(url) if "://" in url else {}), url
     except FileNotFoundError as exc:
         raise StageError(error_class, f"{what} not found: {path}") from exc
 

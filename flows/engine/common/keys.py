@@ -1,4 +1,5 @@
-"""Identities: canonical JSON, derivation keys (the cache keys) and the run environment.
+"""Identities: canonical JSON, derivation keys (the cache keys), the run environment, and the
+request key that finds a model's recorded sources.
 
 Derivation key = sha256(stage, stage version, parent identities, canonical options,
 environment). Program stages take their parent's program fingerprint as identity, so a re-trace
@@ -46,9 +47,9 @@ class Environment:
 
     @classmethod
     def current(cls) -> "Environment":
-        """The environment the workers run in (flows/engine/interpreter.py: this interpreter unless
+        """The environment the workers run in (flows/engine/environment/interpreter.py: this interpreter unless
         the fleet runs under another one), read once per interpreter."""
-        from pt2flow.flows.engine import interpreter
+        from pt2flow.flows.engine.environment import interpreter
 
         return _environment_of(interpreter.current())
 
@@ -78,3 +79,10 @@ def derivation_key(stage: str, parents: Sequence[str], options: Any, env: Mappin
     }
     return sha256_text(canonical_json(payload))
 
+
+def request_key(static: Mapping[str, Any]) -> str:
+    """What the config and the weights say about a model (the manifest without its code's
+    dependencies): finds the source records whose dependency manifest a re-run checks."""
+    # the source stage's version too: a pt2flow that records manifests differently never
+    # reuses a manifest an older one recorded
+    return sha256_text(f"source-request:v{pipeline.versions()['source']}:" + canonical_json(static))

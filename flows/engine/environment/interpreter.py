@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
-from pt2flow.flows.engine.protocol import WORKER_PROTOCOL
+from pt2flow.flows.engine.common.protocol import WORKER_PROTOCOL
 from pt2flow.flows.options import UsageError
 from pt2flow.stages.distributions import installed_version, normalize_name
 
@@ -35,7 +35,7 @@ _Missing = TypeVar("_Missing")
 QUERY_TIMEOUT_S = 120.0
 # run by the other interpreter: stdlib and pt2flow's protocol module only (no torch)
 _QUERY = r"""
-import importlib.metadata as md, json, os, platform, re, site, sys
+import importlib, importlib.metadata as md, json, os, platform, re, site, sys
 out = {"executable": sys.executable, "python_version": platform.python_version(),
        "prefix": sys.prefix, "sys_path": [os.path.abspath(p or os.curdir) for p in sys.path], "distributions": {},
        "dist_info": {}, "site_packages": [p for p in site.getsitepackages() if os.path.isdir(p)]}
@@ -50,7 +50,10 @@ for dist in md.distributions():  # in sys.path order: the first of a name is the
             out["distributions"][key] = dist.version
             out["dist_info"][key] = str(getattr(dist, "_path", "") or "")
 try:
-    from pt2flow.flows.engine.protocol import WORKER_PROTOCOL
+    try:
+        from pt2flow.flows.engine.common.protocol import WORKER_PROTOCOL
+    except ModuleNotFoundError:  # a pt2flow from before the engine's subpackages (protocol 1)
+        WORKER_PROTOCOL = importlib.import_module("pt2flow.flows.engine" + ".protocol").WORKER_PROTOCOL
     out["protocol"] = WORKER_PROTOCOL
 except Exception as exc:
     out["pt2flow_error"] = f"{type(exc).__name__}: {exc}"
@@ -165,7 +168,8 @@ def _stamp(paths: Any, executable: str) -> list[list[Any]]:
 
 
 def _cached_facts(executable: str) -> dict[str, Any]:
-    path = Path(cache_dir()) / f"interpreter-v2-{hashlib.sha256(executable.encode()).hexdigest()[:40]}.json"
+    # the protocol in the name: facts cached by a pt2flow of another protocol were asked its module path
+    path = Path(cache_dir()) / f"interpreter-v2-p{WORKER_PROTOCOL}-{hashlib.sha256(executable.encode()).hexdigest()[:40]}.json"
     try:
         cached = json.loads(path.read_text())
         if cached["stamp"] == _stamp(cached["facts"]["sys_path"], executable):

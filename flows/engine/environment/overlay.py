@@ -27,7 +27,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from pt2flow.flows.engine.keys import canonical_json
+from pt2flow.flows.engine.common.keys import canonical_json
 from pt2flow.flows.options import UsageError
 
 OVERLAY_PTH = "_pt2flow_overlay.pth"

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from pt2flow.flows.engine.interpreter import cache_dir, this_process  # noqa: F401  (cache_dir: re-exported)
-from pt2flow.flows.engine.keys import canonical_json
+from pt2flow.flows.engine.environment.interpreter import cache_dir, this_process  # noqa: F401  (cache_dir: re-exported)
+from pt2flow.flows.engine.common.keys import canonical_json
 
 # environment variables that inductor reads when it picks the compiler or the ISA
 _ENV = ("CXX", "ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CPP_MARCH", "TORCH_INDUCTOR_INSTALL_GXX", "CUDA_VISIBLE_DEVICES")
@@ -36,7 +36,7 @@ print(json.dumps(native_toolchain(sys.argv[1], json.loads(sys.argv[2]))))
 
 def toolchain_facts(device: str, inductor_configs: Mapping[str, Any] | None = None, python: Any = None) -> dict[str, Any]:
     """Cheap facts that determine the identity, read without torch (a few stats and file reads).
-    `python`: the Interpreter the workers run in (flows/engine/interpreter.py; None: this one)."""
+    `python`: the Interpreter the workers run in (flows/engine/environment/interpreter.py; None: this one)."""
     if python is None:
         python = this_process()
     configs = dict(inductor_configs or {})

@@ -356,9 +356,9 @@ class StageLineage:
 
     def _versions(self) -> dict[str, str]:
         """torch, python, pt2flow and the stage's libraries, as the workers' interpreter has them
-        (flows/engine/interpreter.py: this one unless the fleet runs under another)."""
-        from pt2flow.flows.engine import interpreter
-        from pt2flow.flows.engine.keys import Environment
+        (flows/engine/environment/interpreter.py: this one unless the fleet runs under another)."""
+        from pt2flow.flows.engine.environment import interpreter
+        from pt2flow.flows.engine.common.keys import Environment
         from pt2flow.flows.pipeline import get as get_stage
 
         env = Environment.current()

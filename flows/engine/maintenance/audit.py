@@ -26,8 +26,8 @@ import time
 from typing import Any, Mapping, Sequence
 
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
-from pt2flow.flows.engine.runner import default_memory_gb
+from pt2flow.flows.engine.orchestrator.supervisor import Budget, Worker, WorkerLost
+from pt2flow.flows.engine.orchestrator.runner import default_memory_gb
 from pt2flow.storage.errors import RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
 
@@ -135,7 +135,7 @@ class Auditor:
         """The workers' installed versions (None: this interpreter's), for a manifest's check."""
         if self.python is None:
             return None
-        from pt2flow.flows.engine.interpreter import describe
+        from pt2flow.flows.engine.environment.interpreter import describe
 
         return describe(self.python).distributions
 

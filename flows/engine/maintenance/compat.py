@@ -3,7 +3,7 @@ the same with the torch installed now? The question to answer before a serving f
 torch (docs/architecture.md §6). Each artifact is checked by stages/compat.py on the inputs and
 eager outputs validate stored with it, with the run's tolerances: no model code, no weights.
 
-The checks run in a supervised worker process (engine/pool.py), never in the caller: a loader
+The checks run in a supervised worker process (engine/orchestrator/supervisor.py), never in the caller: a loader
 that crashes, hangs or runs out of memory fails that artifact alone (class crash, timeout or
 out_of_memory) and a fresh worker checks the rest. This process imports no torch.
 """
@@ -18,8 +18,8 @@ import time
 from typing import Any, Mapping, Sequence
 
 from pt2flow.flows import pipeline
-from pt2flow.flows.engine.pool import Budget, Worker, WorkerLost
-from pt2flow.flows.engine.runner import default_memory_gb
+from pt2flow.flows.engine.orchestrator.supervisor import Budget, Worker, WorkerLost
+from pt2flow.flows.engine.orchestrator.runner import default_memory_gb
 from pt2flow.storage.errors import InvalidId, RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
 from pt2flow.stages.archive_meta import recorded_pytree_modules
@@ -83,7 +83,7 @@ class Checker:
 def _installed_torch(python: str | None = None) -> str | None:
     """The torch version of the checking environment, for a run whose artifacts no worker checked."""
     if python is not None:
-        from pt2flow.flows.engine.interpreter import describe
+        from pt2flow.flows.engine.environment.interpreter import describe
 
         return describe(python).version("torch", None)
     try:

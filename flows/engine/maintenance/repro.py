@@ -307,7 +307,7 @@ def trace_repro(job: ReproJob) -> str:
     """torch.export.export with the first strategy of the ladder, whose error is the one recorded."""
     import torch
 
-    from pt2flow.flows.engine.inputs import model_inputs
+    from pt2flow.flows.engine.common.inputs import model_inputs
     from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
     from pt2flow.stages.source import build_model, import_factory
 

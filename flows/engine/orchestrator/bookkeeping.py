@@ -10,18 +10,18 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping
 
-from pt2flow.flows.engine import runtime
+from pt2flow.flows.engine.common import stores
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine.context import Outcome, RunContext, StageFailed
-from pt2flow.flows.engine.planner import cached_outcome, find_cached
-from pt2flow.flows.engine.wiring import options_json
-from pt2flow.flows.engine.keys import Environment
-from pt2flow.flows.engine.records import stage_record
+from pt2flow.flows.engine.common.context import Outcome, RunContext, StageFailed
+from pt2flow.flows.engine.orchestrator.planner import cached_outcome, find_cached
+from pt2flow.flows.engine.orchestrator.stage_keys import options_json
+from pt2flow.flows.engine.common.keys import Environment
+from pt2flow.flows.engine.orchestrator.records import stage_record
 from pt2flow.storage import StorageError
 from pt2flow.storage.records import IndexRecord
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.compute import Produced
+    from pt2flow.flows.engine.worker.compute import Produced
 
 
 def _now() -> datetime:
@@ -38,7 +38,7 @@ class StageRun:
         self.ctx = ctx
         self.key = key
         self.parents = parents
-        self.store = runtime.open_store(ctx.store_url)
+        self.store = stores.open_store(ctx.store_url)
         self.started = _now()
         self.clock = time.perf_counter()
 

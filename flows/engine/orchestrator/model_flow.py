@@ -1,6 +1,6 @@
 """The Prefect tasks of a model's stages: one per stage, named after it, so the UI shows which
 stage of which model failed. The fleet flow's model task (flows/fleet.py) runs them; their bodies
-are flows/engine/runner.py's, which run in this process and send the torch work to a supervised
+are flows/engine/orchestrator/runner.py's, which run in this process and send the torch work to a supervised
 worker process.
 """
 
@@ -12,8 +12,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from pt2flow.flows import pipeline
-from pt2flow.flows.engine.context import TransientStageError
-from pt2flow.flows.engine.runner import run_stage
+from pt2flow.flows.engine.common.context import TransientStageError
+from pt2flow.flows.engine.orchestrator.runner import run_stage
 
 # A stage task is retried, by Prefect, only after a transient storage error (the store's own
 # RetryPolicy gave up: an outage longer than its backoff). The retry looks the stage up in the

@@ -16,57 +16,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from pt2flow.flows.engine import runtime
+from pt2flow.flows.engine.common import stores
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine.context import Outcome, RunContext
+from pt2flow.flows.engine.common.context import Outcome, RunContext
 from pt2flow.flows import pipeline
-from pt2flow.flows.engine.wiring import gather, stage_key
-from pt2flow.flows.engine.keys import derivation_key
+from pt2flow.flows.engine.orchestrator.stage_keys import gather, stage_key
+from pt2flow.flows.engine.common.keys import derivation_key, request_key
+from pt2flow.flows.engine.common.source_manifest import read_weights, source_manifest
 from pt2flow.stages.vocabulary import DETERMINISTIC_FAILURES
-
-
-def read_weights(model: ResolvedModel) -> tuple[bytes, str]:
-    from pt2flow.flows.engine.inputs import read_model_file
-
-    return read_model_file(str(model.weights), model.search_path, "weights", "weights file")
-
-
-def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[dict[str, Any], str | None]:
-    """What the config and the weights say about a model (the source key adds its code's
-    dependency manifest): factory, kwargs, inputs (with an inputs factory's source or an inputs
-    file's sha256), dynamic shapes, dims, the factory module's source and the weights' sha256.
-    Returns (manifest, the factory module's file)."""
-    from pt2flow.flows.engine.inputs import inputs_manifest, module_source_hash
-
-    code_hash, origin = module_source_hash(model.factory, model.search_path)
-    manifest: dict[str, Any] = {
-        "factory": model.factory,
-        "kwargs": dict(model.kwargs),
-        **inputs_manifest(model),  # inputs, dynamic_shapes; inputs_factory / inputs_file where set
-        "dims": {k: list(v) for k, v in model.dims.items()},
-        "code_hash": code_hash,
-        "weights": weights_digest,
-    }
-    if model.checkpoint:  # its files' digests are in the dependency manifest ("declared")
-        manifest["checkpoint"] = model.checkpoint
-    if model.depends_on:
-        manifest["depends_on"] = list(model.depends_on)
-    return manifest, origin
 
 
 def source_key(manifest: Mapping[str, Any]) -> str:
     """The source key: the full manifest, the dependency manifest of the model's code included."""
     return derivation_key("source", [], manifest, {})
-
-
-def request_key(static: Mapping[str, Any]) -> str:
-    """What the config and the weights say about a model (the manifest without its code's
-    dependencies): finds the source records whose dependency manifest a re-run checks."""
-    from pt2flow.flows.engine.keys import canonical_json, sha256_text
-
-    # the source stage's version too: a pt2flow that records manifests differently never
-    # reuses a manifest an older one recorded
-    return sha256_text(f"source-request:v{pipeline.versions()['source']}:" + canonical_json(static))
 
 
 def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str, Any] | None:
@@ -95,7 +57,7 @@ def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str,
 
 def _worker_versions() -> Mapping[str, str] | None:
     """The distributions the workers' interpreter has (None: this process's, read from sys.path)."""
-    from pt2flow.flows.engine import interpreter
+    from pt2flow.flows.engine.environment import interpreter
 
     python = interpreter.current()
     return None if python.local else python.distributions
@@ -182,7 +144,7 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
     try:
         digest = hashlib.sha256(read_weights(model)[0]).hexdigest() if model.weights else None
         plan.manifest, plan.module_file = source_manifest(model, digest)
-        store = runtime.open_store(ctx.store_url)
+        store = stores.open_store(ctx.store_url)
         recorded = recorded_source(store, model, request_key(plan.manifest))
         if recorded is None:
             return plan

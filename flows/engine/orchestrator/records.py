@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine.documents import Outcome
-from pt2flow.flows.engine.keys import Environment
-from pt2flow.flows.engine.wiring import compile_device
+from pt2flow.flows.engine.common.documents import Outcome
+from pt2flow.flows.engine.common.keys import Environment
+from pt2flow.flows.engine.orchestrator.stage_keys import compile_device
 from pt2flow.storage.records import IndexRecord
 
 # Facts about an artifact that a cached record copies from the record that made it.

@@ -2,9 +2,9 @@
 
 `run_model` walks the configured stages; each stage's body (`run_stage`) computes its key, looks
 it up (the planner's hit first), and otherwise sends the work to the model's worker process
-(flows/engine/pool.py). A worker that crashes, runs past its time or over its memory fails only
+(flows/engine/orchestrator/supervisor.py). A worker that crashes, runs past its time or over its memory fails only
 this model's current stage, recorded as `crash`, `timeout` or `out_of_memory` with the tail of its
-stderr. flows/engine/model_flow.py wraps each stage in a Prefect task; a model the planner
+stderr. flows/engine/orchestrator/model_flow.py wraps each stage in a Prefect task; a model the planner
 settled from the index runs here directly, with no Prefect import at all.
 """
 
@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine.bookkeeping import StageRun
-from pt2flow.flows.engine.compute import Produced, StageRequest
-from pt2flow.flows.engine.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
-from pt2flow.flows.engine.documents import ModelResult, StageView, ValidationSummary
-from pt2flow.flows.engine.lineage_events import StageLineage
-from pt2flow.flows.engine.planner import Plan, plan_model, source_key
-from pt2flow.flows.engine.pool import Budget, Lease, WorkerLost, WorkerPool
-from pt2flow.flows.engine.wiring import gather, parent_keys, stage_key
+from pt2flow.flows.engine.orchestrator.bookkeeping import StageRun
+from pt2flow.flows.engine.worker.compute import Produced, StageRequest
+from pt2flow.flows.engine.common.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
+from pt2flow.flows.engine.common.documents import ModelResult, StageView, ValidationSummary
+from pt2flow.flows.engine.lineage.events import StageLineage
+from pt2flow.flows.engine.orchestrator.planner import Plan, plan_model, source_key
+from pt2flow.flows.engine.orchestrator.supervisor import Budget, Lease, WorkerLost, WorkerPool
+from pt2flow.flows.engine.orchestrator.stage_keys import gather, parent_keys, stage_key
 from pt2flow.flows.pipeline import get as get_stage, document_slots
 from pt2flow.storage.records import IndexRecord
 from pt2flow.stages.vocabulary import ErrorClass

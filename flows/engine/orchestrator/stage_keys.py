@@ -7,32 +7,20 @@ Torch-free: keys are computed by the orchestrator and by the fully-cached check 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, TypeVar
-
-from pydantic import BaseModel
+from typing import Any, Mapping, Sequence
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine.context import Outcome
-from pt2flow.flows.engine.keys import Environment, derivation_key
+from pt2flow.flows.engine.common.context import Outcome
+from pt2flow.flows.engine.common.stage_options import stage_options
+from pt2flow.flows.engine.common.keys import Environment, derivation_key
 from pt2flow.flows.pipeline import Stage
-from pt2flow.flows.engine import interpreter
+from pt2flow.flows.engine.environment import interpreter
 from pt2flow.stages.options import AotCompileOptions, FunctionalizeOptions
 
 
 def options_json(model: ResolvedModel, stage: str) -> dict[str, Any]:
     return model.options[stage].model_dump(mode="json") if stage in model.options else {}
-
-
-OptionsT = TypeVar("OptionsT", bound=BaseModel)
-
-
-def stage_options(model: ResolvedModel, stage: str, kind: type[OptionsT]) -> OptionsT:
-    """A stage's options as their own type (the config validated them with it)."""
-    options = model.options[stage]
-    if not isinstance(options, kind):
-        raise TypeError(f"{model.name}: the {stage} options are a {type(options).__name__}, not a {kind.__name__}")
-    return options
 
 
 def compile_device(model: ResolvedModel) -> str:
@@ -94,7 +82,7 @@ def compile_key(stage: Any, model: Any, inputs: Mapping[str, Any]) -> str:
     """A package is native code: its key also covers what that code was built for and with
     (CPU vector ISA, C++ compiler and version; for CUDA the GPU architecture and CUDA version),
     so a store shared by different machines never hands one a package built for another."""
-    from pt2flow.flows.engine.toolchain import cache_dir, toolchain_identity
+    from pt2flow.flows.engine.environment.toolchain import cache_dir, toolchain_identity
 
     device = compile_device(model)
     options = options_json(model, "aot_compile")

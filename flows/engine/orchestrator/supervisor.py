@@ -92,7 +92,7 @@ class Worker:
     def __init__(self, threads: int | None, env: dict[str, str] | None = None, stopping: Callable[[], bool] = lambda: False,
                  python: str | None = None) -> None:
         """`python`: the interpreter to start (default: this one); another environment's must
-        have pt2flow installed (flows/engine/interpreter.py checks that before a run)."""
+        have pt2flow installed (flows/engine/environment/interpreter.py checks that before a run)."""
         self.stopping = stopping  # the pool's 'stop now' flag, polled while waiting
         parent_sock, child_sock = socket.socketpair()
         self.log = tempfile.TemporaryFile(prefix="pt2flow-worker-")
@@ -100,7 +100,7 @@ class Worker:
         if threads:
             child_env["PT2FLOW_WORKER_THREADS"] = str(threads)
         self.process = subprocess.Popen(
-            [python or sys.executable, "-m", "pt2flow.flows.engine.worker", str(child_sock.fileno()), str(os.getpid())],
+            [python or sys.executable, "-m", "pt2flow.flows.engine.worker.process", str(child_sock.fileno()), str(os.getpid())],
             pass_fds=[child_sock.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=self.log,

@@ -1,4 +1,4 @@
-"""Process-level set-up: Prefect's environment, a private API server, storage options and stores.
+"""Prefect's environment and the API server a run talks to (shared, or a private one).
 
 Import this before prefect: it sets quiet, offline defaults without overriding what the user set:
 no telemetry; Prefect's console logging only at CRITICAL (pt2flow reports failures itself) while
@@ -17,9 +17,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
-
-_OPTIONS_ENV = "PT2FLOW_STORAGE_OPTIONS"
+from typing import Any, Callable, Iterator
 
 PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -36,44 +34,6 @@ def prepare_environment() -> None:
 
 
 prepare_environment()
-
-
-# ---------------------------------------------------------------------------------------------
-# storage options: never in Prefect parameters, results or the index; children inherit them
-# through the environment of the process that started them.
-
-_options: dict[str, dict[str, Any]] = {}
-
-
-def set_storage_options(store_url: str, options: Mapping[str, Any]) -> None:
-    _options[store_url] = dict(options)
-    os.environ[_OPTIONS_ENV] = json.dumps(_options)
-
-
-def storage_options(store_url: str) -> dict[str, Any]:
-    if store_url in _options:
-        return dict(_options[store_url])
-    raw = os.environ.get(_OPTIONS_ENV)
-    if raw:
-        try:
-            return dict(json.loads(raw).get(store_url, {}))
-        except (ValueError, AttributeError):
-            return {}
-    return {}
-
-
-_stores: dict[str, Any] = {}
-
-
-def open_store(store_url: str) -> Any:
-    """The process's ArtifactStore for a URL (one per process, so index file caches are shared)."""
-    from pt2flow.storage import ArtifactStore
-
-    store = _stores.get(store_url)
-    if store is None:
-        store = ArtifactStore(store_url, storage_options(store_url))
-        _stores[store_url] = store
-    return store
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +77,7 @@ def prefect_home() -> Path:
 @contextlib.contextmanager
 def prefect_api(timeout: float = 90.0, while_starting: Callable[[], Any] | None = None) -> Iterator[str]:
     """Use PREFECT_API_URL when set; otherwise the shared local Prefect server of PREFECT_HOME
-    (flows/engine/prefect_server.py: started by the first run, reused by the next ones, gone
+    (flows/engine/services/prefect_server.py: started by the first run, reused by the next ones, gone
     after PT2FLOW_PREFECT_SERVER_IDLE_S seconds without a run), or with PT2FLOW_PREFECT_SERVER=private
     a server of this run's own, stopped when it ends.
 
@@ -164,7 +124,7 @@ def _shared_server(timeout: float, while_starting: Callable[[], Any] | None) -> 
     import fcntl
     from importlib import metadata
 
-    from pt2flow.flows.engine.prefect_server import LEASES, STATE, environment
+    from pt2flow.flows.engine.services.prefect_server import LEASES, STATE, environment
 
     home = prefect_home()
     home.mkdir(parents=True, exist_ok=True)
@@ -200,10 +160,10 @@ def _shared_server(timeout: float, while_starting: Callable[[], Any] | None) -> 
 
 def stop_shared_server(home: str | os.PathLike[str] | None = None) -> bool:
     """SIGTERM the shared Prefect server of `home` (default: PREFECT_HOME), if one runs; True if
-    one was signalled. It stops as after an idle period (flows/engine/prefect_server.py)."""
+    one was signalled. It stops as after an idle period (flows/engine/services/prefect_server.py)."""
     import signal
 
-    from pt2flow.flows.engine.prefect_server import STATE
+    from pt2flow.flows.engine.services.prefect_server import STATE
 
     state = _read_state(Path(home) / STATE if home is not None else prefect_home() / STATE)
     try:
@@ -228,7 +188,7 @@ def _spawn_shared(port: int, home: Path, log_path: Path) -> None:
     idle = os.environ.get(SERVER_IDLE_ENV) or str(DEFAULT_SERVER_IDLE_S)
     with open(log_path, "ab") as log:
         subprocess.run(
-            [sys.executable, "-m", "pt2flow.flows.engine.prefect_server", str(port), str(home), idle],
+            [sys.executable, "-m", "pt2flow.flows.engine.services.prefect_server", str(port), str(home), idle],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, timeout=60, check=False,
         )
 

@@ -2,8 +2,8 @@
 first run of a PREFECT_HOME, reused by every later run, stopped after it has served no run for a
 while. A fresh server takes 3-6 s to answer; reusing one takes a health check.
 
-    python -m pt2flow.flows.engine.prefect_server PORT PREFECT_HOME IDLE_SECONDS
-    python3 -I flows/engine/prefect_server.py stop [--if-idle] PREFECT_HOME...   (make clean)
+    python -m pt2flow.flows.engine.services.prefect_server PORT PREFECT_HOME IDLE_SECONDS
+    python3 -I flows/engine/services/prefect_server.py stop [--if-idle] PREFECT_HOME...   (make clean)
 
 detaches (fork, new session; the starting run does not wait for it), writes its state file
 (`pt2flow-server.json` in PREFECT_HOME: pid, port, URL, interpreter and Prefect version) and runs
@@ -118,7 +118,7 @@ def _is_server(pid: int) -> bool:
     """Whether `pid` is a server of this module (not a process that reused a dead server's pid)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return b"pt2flow.flows.engine.prefect_server" in cmdline.read()
+            return b"pt2flow.flows.engine.services.prefect_server" in cmdline.read()
     except FileNotFoundError:
         return False
     except OSError:  # no /proc here: trust the state file
@@ -146,7 +146,7 @@ def stop(home: str, *, if_idle: bool = False) -> str:
 
 
 def stop_command(argv: list[str]) -> int:
-    """`python3 -I flows/engine/prefect_server.py stop [--if-idle] HOME...` (make clean): the
+    """`python3 -I flows/engine/services/prefect_server.py stop [--if-idle] HOME...` (make clean): the
     standard library only, so it runs without the venv, which clean removes."""
     if_idle = "--if-idle" in argv
     for home in (a for a in argv if a != "--if-idle"):

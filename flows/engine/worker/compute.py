@@ -20,13 +20,14 @@ from typing import Any, Callable, Mapping
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine import runtime
-from pt2flow.flows.engine.artifacts import load_artifact, vouch
-from pt2flow.flows.engine.context import Outcome, RunContext
-from pt2flow.flows.engine.inputs import checkpoint_folder, declared_paths, declared_problems, model_inputs
-from pt2flow.flows.engine.keys import Environment, canonical_json
-from pt2flow.flows.engine.planner import read_weights, request_key, source_manifest
-from pt2flow.flows.engine.wiring import OptionsT, stage_options
+from pt2flow.flows.engine.common import stores
+from pt2flow.flows.engine.worker.artifacts import load_artifact, vouch
+from pt2flow.flows.engine.common.context import Outcome, RunContext
+from pt2flow.flows.engine.common.inputs import checkpoint_folder, declared_paths, declared_problems, model_inputs
+from pt2flow.flows.engine.common.keys import Environment, canonical_json
+from pt2flow.flows.engine.common.source_manifest import read_weights, source_manifest
+from pt2flow.flows.engine.common.keys import request_key
+from pt2flow.flows.engine.common.stage_options import OptionsT, stage_options
 from pt2flow.stages.options import FunctionalizeOptions
 from pt2flow.stages.vocabulary import ErrorClass
 
@@ -130,7 +131,7 @@ class StageCall:
 
     @cached_property
     def store(self) -> Any:
-        return runtime.open_store(self.ctx.store_url)
+        return stores.open_store(self.ctx.store_url)
 
     def options(self, kind: type[OptionsT]) -> OptionsT:
         """This stage's options for the model, as the stage's options model."""
@@ -234,7 +235,7 @@ class Built:
 def _not_model_inputs(store: Any) -> list[str]:
     """Folders whose files a build may read that are not the model's: the store (a local one) and
     pt2flow's cache."""
-    from pt2flow.flows.engine.interpreter import cache_dir
+    from pt2flow.flows.engine.environment.interpreter import cache_dir
 
     folders = [str(cache_dir())]
     url = str(store.url)

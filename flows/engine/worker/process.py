@@ -1,10 +1,10 @@
-"""A worker process: `python -m flows.engine.worker FD` runs stages sent over the connection on
+"""A worker process: `python -m pt2flow.flows.engine.worker.process FD PARENT` runs stages sent over the connection on
 file descriptor FD until told to stop or its parent goes away. Never imports Prefect.
 
 It leads its own process group (the supervisor starts it in a new session), so killing the
 group also stops the compiler subprocesses inductor starts. When the supervisor dies, the
 watchdog thread stops the whole group; SIGTERM stops the rest of it and exits 143 (the
-supervisor tells that stop from a crash, flows/engine/pool.py).
+supervisor tells that stop from a crash, flows/engine/orchestrator/supervisor.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main(fd: int, parent: int) -> int:
     watch_reads()
     import pt2flow.stages.trace  # noqa: F401  (torch and the stages: once per worker, before the first model)
 
-    from pt2flow.flows.engine import compute
+    from pt2flow.flows.engine.worker import compute
     from pt2flow.storage.faults import crash_point
 
     _set_threads()
@@ -96,15 +96,15 @@ def main(fd: int, parent: int) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             conn.send((status, payload))
-        elif kind == "compat":  # check-compat: one artifact (flows/engine/compat.py)
+        elif kind == "compat":  # check-compat: one artifact (flows/engine/maintenance/compat.py)
             crash_point("before_compat_check")
             conn.send(compute.check_artifact(*message[1:]))
-        elif kind == "audit":  # pt2flow audit: one program record rebuilt (flows/engine/audit.py)
-            from pt2flow.flows.engine.rebuild import rebuild
+        elif kind == "audit":  # pt2flow audit: one program record rebuilt (flows/engine/maintenance/audit.py)
+            from pt2flow.flows.engine.worker.rebuild import rebuild
 
             conn.send(rebuild(*message[1:]))
-        elif kind == "preflight":  # pt2flow validate: one model's modules and forward() (flows/engine/preflight.py)
-            from pt2flow.flows.engine.preflight import inspect_model
+        elif kind == "preflight":  # pt2flow validate: one model's modules and forward() (flows/engine/orchestrator/preflight.py)
+            from pt2flow.flows.engine.worker.model_check import inspect_model
 
             conn.send(inspect_model(*message[1:]))
         elif kind == "new_model":

@@ -1,4 +1,4 @@
-"""The worker's side of `pt2flow audit` (flows/engine/audit.py): one program record checked.
+"""The worker's side of `pt2flow audit` (flows/engine/maintenance/audit.py): one program record checked.
 
 For a source record: the eager digest of the model built again now (the caller compares it with
 the recorded one). For a program record, two fingerprints of the record's program, compared by
@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from pt2flow.flows.config import ResolvedModel
-from pt2flow.flows.engine import runtime
-from pt2flow.flows.engine.compute import classify, model_builder
-from pt2flow.flows.engine.inputs import model_inputs
-from pt2flow.flows.engine.wiring import stage_options
+from pt2flow.flows.engine.common import stores
+from pt2flow.flows.engine.worker.compute import classify, model_builder
+from pt2flow.flows.engine.common.inputs import model_inputs
+from pt2flow.flows.engine.common.stage_options import stage_options
 
 
 def _program(data: bytes) -> Any:
@@ -45,16 +45,16 @@ def _retrace(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | 
     from pt2flow.stages.serialize import stored_program
     from pt2flow.stages.trace import trace
 
-    built = model_builder(model, runtime.open_store(store_url), weights)()
+    built = model_builder(model, stores.open_store(store_url), weights)()
     return stored_program(trace(built, model_inputs(model), stage_options(model, "trace", TraceOptions)).output).fingerprint
 
 
 def _rebuild_source(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> dict[str, Any]:
     """The model built again as the source stage builds it: {"rebuilt": its eager digest (None:
     it did not build), "problem": why it did not}."""
-    from pt2flow.flows.engine.compute import build_recorded
+    from pt2flow.flows.engine.worker.compute import build_recorded
 
-    built = build_recorded(model, runtime.open_store(store_url), weights)
+    built = build_recorded(model, stores.open_store(store_url), weights)
     return {"rebuilt": built.deps.get("eager"), "problem": built.problem}
 
 
