@@ -62,8 +62,8 @@ lint: install
 
 # clean stops pt2flow's shared Prefect servers first: the one of ./.prefect (make's PREFECT_HOME), and
 # the one a `pt2flow run` outside make started under Prefect's default home, ~/.prefect, unless a run
-# still uses it (flows/engine/prefect_server.py `stop`; either stops by itself after its idle time).
+# still uses it (flows/engine/services/prefect_server.py `stop`; either stops by itself after its idle time).
 clean:
-	-@python3 -I flows/engine/prefect_server.py stop .prefect
-	-@python3 -I flows/engine/prefect_server.py stop --if-idle $(HOME)/.prefect
+	-@python3 -I flows/engine/services/prefect_server.py stop .prefect
+	-@python3 -I flows/engine/services/prefect_server.py stop --if-idle $(HOME)/.prefect
 	rm -rf $(VENV) .prefect $(STORE) pt2-store-failures .pytest_cache

@@ -364,7 +364,7 @@ def main() -> int:
     print(f"{count} + {len(FAILING)} failing compile models, {args.small} small models, {os.cpu_count()} cores; each arm a fresh process", file=sys.stderr)
 
     # A machine that ran pt2flow in the last 15 minutes has its shared Prefect server up (the
-    # default, flows/engine/prefect_server.py): start it once, as such a run did, before the arms.
+    # default, flows/engine/services/prefect_server.py): start it once, as such a run did, before the arms.
     subprocess.run([sys.executable, "-c", "from pt2flow.flows.engine import runtime\nwith runtime.prefect_api(): pass"],
                    env=_env(workdir, "server"), check=True, capture_output=True)
     figures["ratios"] = {}

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from pt2flow.flows.engine.runtime import stop_shared_server
+from pt2flow.flows.engine.services.prefect_runtime import stop_shared_server
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

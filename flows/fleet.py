@@ -1,7 +1,7 @@
 """The fleet flow: every model of a config through the pipeline; one model's failure never stops the rest.
 
 Runners: `local` (and `process`, its older name) runs the model flows from N threads of this
-process, each model's stage work in one of N supervised worker processes (flows/engine/pool.py);
+process, each model's stage work in one of N supervised worker processes (flows/engine/orchestrator/supervisor.py);
 `dask` runs the model flows on prefect-dask's DaskTaskRunner (a LocalCluster of processes or an
 existing cluster's address), each Dask worker with a supervised worker process of its own.
 torch.export is not thread-safe: torch only ever runs in the worker processes.
@@ -17,19 +17,19 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
-from pt2flow.flows.engine import runtime
+from pt2flow.flows.engine.common import stores
+from pt2flow.flows.engine.services import prefect_runtime  # noqa: F401  (Prefect's quiet, offline defaults)
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.config.limits import DEFAULT_NO_WORKER_TIMEOUT_S
-from pt2flow.flows.engine.context import RunContext
-from pt2flow.flows.engine.documents import ModelResult, RunDocument, RunSummary
+from pt2flow.flows.engine.common.context import RunContext
+from pt2flow.flows.engine.common.documents import ModelResult, RunDocument, RunSummary
 from pt2flow.stages.vocabulary import ErrorClass
 from pt2flow.storage import StorageError
-from pt2flow.flows.engine.fleet import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
-from pt2flow.flows.engine.model_flow import STAGE_TASKS
-from pt2flow.flows.engine.planner import Plan
-from pt2flow.flows.engine.runner import run_logger, run_model
+from pt2flow.flows.engine.orchestrator.fleet_plan import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
+from pt2flow.flows.engine.orchestrator.model_flow import STAGE_TASKS
+from pt2flow.flows.engine.orchestrator.planner import Plan
+from pt2flow.flows.engine.orchestrator.runner import run_logger, run_model
 
-RUNNERS = ("local", "process", "dask")
 WATCH_SECONDS = 1.0  # how often the orchestrator looks at a Dask cluster's workers and the models' clocks
 
 def _model_result(state: Any, model: ResolvedModel) -> ModelResult:
@@ -48,8 +48,8 @@ def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> Any:
     run nested under this task (named after the model), their work on that process's worker
     pool. The task fails when the model does, naming the stage and the class. (A subflow per
     model costs 0.3-1 s more per model in flow-run bookkeeping: measured, see bench/.)"""
-    from pt2flow.flows.engine.cluster import announce_start
-    from pt2flow.flows.engine.pool import shared_pool
+    from pt2flow.flows.engine.services.dask_cluster import announce_start
+    from pt2flow.flows.engine.orchestrator.supervisor import shared_pool
 
     announce_start(ctx.run_id, model.name)  # on a Dask worker: the orchestrator's clock of this model starts
     result = run_model(model, ctx, plan, shared_pool(python=ctx.python), tasks=STAGE_TASKS)
@@ -80,7 +80,7 @@ def _run_models(
 ) -> list[ModelResult]:
     results: dict[str, ModelResult] = {}
     if runner != "dask":
-        from pt2flow.flows.engine.pool import start_pool
+        from pt2flow.flows.engine.orchestrator.supervisor import start_pool
 
         start_pool(workers, ctx.python)
     with _task_runner(runner, workers, dask_address) as task_runner:
@@ -94,7 +94,7 @@ def _run_models(
         except BaseException:
             # Ctrl-C, SIGTERM (Prefect's TerminationSignal), a bug: the task runner's exit joins the
             # model threads, so first make the ones waiting on a worker (a hung model) stop now
-            from pt2flow.flows.engine.pool import interrupt_pool
+            from pt2flow.flows.engine.orchestrator.supervisor import interrupt_pool
 
             interrupt_pool()
             raise
@@ -113,8 +113,8 @@ def _settled(model: ResolvedModel, future: Any) -> ModelResult:
 def _wait_on_cluster(futures: dict[str, tuple[ResolvedModel, Any]], results: dict[str, ModelResult], client: Any, ctx: RunContext, no_worker_timeout_s: float) -> None:
     """Wait for the models given to a Dask cluster, enforcing here what their Dask workers
     enforce while they exist: each model's time limit, and a cluster with no worker for
-    `no_worker_timeout_s` fails every model not done (flows/engine/cluster.py)."""
-    from pt2flow.flows.engine.cluster import ClusterWatch
+    `no_worker_timeout_s` fails every model not done (flows/engine/services/dask_cluster.py)."""
+    from pt2flow.flows.engine.services.dask_cluster import ClusterWatch
 
     watch = ClusterWatch(client, ctx.run_id, {name: m.limits.timeout_s for name, (m, _) in futures.items()}, no_worker_timeout_s)
     try:
@@ -252,7 +252,7 @@ def run_fleet(
         for m, r in zip(to_run, _run_models(to_run, plans, ctx, runner, used, dask_address, no_worker)):
             results[m.name] = r
     document = run_document(ctx, [results[m.name] for m in models], started, used)
-    _publish_artifacts(document, runtime.open_store(ctx.store_url), _drift_markdown(runtime.open_store(ctx.store_url), ctx.run_id))
+    _publish_artifacts(document, stores.open_store(ctx.store_url), _drift_markdown(stores.open_store(ctx.store_url), ctx.run_id))
     return document
 
 
@@ -307,7 +307,7 @@ def fleet_flow(
     """Export every model of the config (or `only` those); returns the run document of
     docs/architecture.md §4 as its JSON dict. The run holds its lease on the store throughout
     (storage/leases.py). apply_retention (`pt2flow serve`): then apply the config's `retention:`.
-    python: the interpreter the workers run in (flows/engine/interpreter.py), else the config's.
+    python: the interpreter the workers run in (flows/engine/environment/interpreter.py), else the config's.
     verify_sources: build every model again instead of trusting its recorded manifest (a model
     whose eager digest or files changed gets a new source key, so it is re-exported)."""
     from pt2flow.storage.leases import RunLease
@@ -316,17 +316,17 @@ def fleet_flow(
     try:
         with contextlib.ExitStack() as lease:
             try:
-                lease.enter_context(RunLease(runtime.open_store(ctx.store_url), ctx.run_id))
+                lease.enter_context(RunLease(stores.open_store(ctx.store_url), ctx.run_id))
             except StorageError as exc:  # the store cannot be written: nothing can run, every model says why
                 document = unwritable_store(pipeline, ctx, str(exc))
             else:
                 document = run_fleet(pipeline, ctx, runner, workers, dask_address, no_worker_timeout_s)
     finally:
-        from pt2flow.flows.engine.pool import stop_pool
+        from pt2flow.flows.engine.orchestrator.supervisor import stop_pool
 
         stop_pool()  # a served deployment runs many fleets in one process: free the workers
     if apply_retention and pipeline.retention is not None:
-        retain(runtime.open_store(ctx.store_url), pipeline.retention, ctx.run_id)
+        retain(stores.open_store(ctx.store_url), pipeline.retention, ctx.run_id)
     ok, total = document.summary.ok, len(document.models)
     if ok != total:
         return Failed(message=f"{total - ok} of {total} models failed", data=document.model_dump(mode="json"))

@@ -333,7 +333,3 @@ def changed_entries(recorded: Mapping[str, Any], search_path: str | None = None,
         elif found != version:
             changes.append(f"{name}: {version} -> {found}")
     return changes
-
-
-def manifest_unchanged(recorded: Mapping[str, Mapping[str, str]], search_path: str | None = None) -> bool:
-    return not changed_entries(recorded, search_path)

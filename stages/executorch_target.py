@@ -28,7 +28,7 @@ from pt2flow.stages.vocabulary import ErrorClass
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import ExecutorchOptions
-from pt2flow.stages.targets import FlatRunner, innermost_reason, ops_named_in, refuse_training, repro_header
+from pt2flow.stages.targets import FlatRunner, innermost_reason, ops_named_in, refuse_training
 
 
 def _xnnpack() -> Any:
@@ -210,21 +210,6 @@ left = sorted({{
 if left:
     raise RuntimeError("ops no partitioner ({names}) takes, and portable_fallback is false: " + ", ".join(left))
 '''
-
-
-def executorch_repro_script(
-    options: ExecutorchOptions,
-    said: str,
-    *,
-    program_path: str = "program.pt2",
-    script_name: str = "repro.py",
-    imports: Sequence[str] = (),
-) -> str:
-    """A standalone script that loads the program (`torch.export.save`d at `program_path`) and
-    lowers it as lower_executorch does (same partitioners; the portable_fallback check written
-    out), so it raises the same error with torch and executorch alone."""
-    header = repro_header("executorch", "executorch", said, program_path, script_name, imports)
-    return header + executorch_repro_body(options)
 
 
 def executorch_repro_body(options: ExecutorchOptions) -> str:

@@ -27,7 +27,7 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import OnnxOptions
-from pt2flow.stages.targets import FlatRunner, innermost_reason, ops_named_in, refuse_training, repro_header
+from pt2flow.stages.targets import FlatRunner, innermost_reason, ops_named_in, refuse_training
 from pt2flow.stages.vocabulary import ErrorClass
 
 MODEL_FILE = "model.onnx"
@@ -193,22 +193,6 @@ REPRO_BODY = '''onnx_program = torch.onnx.export(program, dynamo=True, optimize=
 onnx_program.save("model.onnx", external_data=True)
 print("exported model.onnx: the failure did not reproduce with torch", torch.__version__)
 '''
-
-
-def onnx_repro_script(
-    options: OnnxOptions,
-    said: str,
-    *,
-    program_path: str = "program.pt2",
-    script_name: str = "repro.py",
-    imports: Sequence[str] = (),
-) -> str:
-    """A standalone script that loads the program (`torch.export.save`d at `program_path`) and
-    calls torch.onnx.export as export_onnx does, so it raises the same error with torch, onnx and
-    onnxscript alone. said: the failure's message; imports: modules to import first (the model's
-    custom ops and pytree types)."""
-    header = repro_header("onnx", "onnx/onnxscript", said, program_path, script_name, imports)
-    return header + onnx_repro_body(options)
 
 
 def onnx_repro_body(options: OnnxOptions) -> str:

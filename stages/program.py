@@ -112,15 +112,6 @@ def user_outputs(ep: ExportedProgram) -> list[torch.fx.Node | None]:
     return [values.get(getattr(s.arg, "name", None)) for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
 
 
-def effective_dims(
-    ep: ExportedProgram,
-    arg_names: Sequence[str],
-    dynamic: dict[str, dict[int, str]],
-) -> dict[str, dict[str, Any]]:
-    """effective_dims_of_leaves for flat inputs: one tensor per argument, in `arg_names` order."""
-    return effective_dims_of_leaves(ep, [dynamic.get(arg) for arg in arg_names])
-
-
 def effective_dims_of_leaves(ep: ExportedProgram, leaf_dims: Sequence[Mapping[int, str] | None]) -> dict[str, dict[str, Any]]:
     """For each configured dim name, what the exported program really accepts.
 

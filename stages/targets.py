@@ -1,6 +1,6 @@
 """What the deployment targets (stages/onnx_target.py, stages/executorch_target.py) share: the
-refusal of training programs, the flat calling convention of their runners, the op named in a
-library's error, and the frame of their standalone repro scripts.
+refusal of training programs, the flat calling convention of their runners and the op named in a
+library's error.
 
 A target's runner takes the flat list of the user's input tensors (torch's flattening order of
 `(args, kwargs)`, non-tensor leaves left out: the program holds them as constants) and returns
@@ -18,7 +18,6 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
 from pt2flow.stages.errors import StageError
-from pt2flow.stages.vocabulary import MODULE_NAME_PATTERN
 from pt2flow.stages.vocabulary import ErrorClass
 
 # a runner of a target's artifact: flat user input tensors in, flat output tensors out
@@ -91,31 +90,6 @@ def innermost_reason(exc: BaseException, limit: int = 300) -> str:
     text = (str(last).strip().splitlines() or [""])[0]
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return f"{type(last).__name__}: {text}" if text else type(last).__name__
-
-
-REPRO_HEADER = '''"""Reproduces pt2flow's {target} failure with torch and {library} alone.
-
-pt2flow said: {said}
-Run it beside {program_path}: python {script_name}
-"""
-
-import torch
-{imports}
-program = torch.export.load({program_path!r})
-'''
-
-
-def repro_header(target: str, library: str, said: str, program_path: str, script_name: str, imports: Sequence[str]) -> str:
-    """The first lines of a target's repro script: what failed, the imports that register the
-    model's custom ops and pytree types (`imports`: module names), the program loaded."""
-    bad = [name for name in imports if not MODULE_NAME_PATTERN.fullmatch(name)]
-    if bad:
-        raise ValueError(f"not module names: {bad}")
-    said = " ".join(said.split()).replace('"""', "'''")
-    said = said if len(said) <= 400 else said[:397] + "..."
-    lines = "".join(f"import {name}  # registers what the program uses\n" for name in imports)
-    return REPRO_HEADER.format(target=target, library=library, said=said, program_path=program_path,
-                               script_name=script_name, imports=lines)
 
 
 class FlatCandidate:

@@ -31,7 +31,7 @@ CRASH_POINTS: tuple[str, ...] = (
 )
 
 # Points outside storage that use the same switches: "before_compat_check" (a check-compat
-# worker, flows/engine/worker.py, as it starts checking an artifact: a loader that crashes).
+# worker, flows/engine/worker/process.py, as it starts checking an artifact: a loader that crashes).
 
 _hits: dict[str, int] = {}
 _faults_fired: set[str] = set()

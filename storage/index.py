@@ -96,18 +96,6 @@ class MetadataIndex:
             return None
         return self._write_new(records_to_table(records), "part")
 
-    def append_table(self, table: pa.Table) -> str:
-        """Write an Arrow table of records (bulk imports, benchmarks) as one new index file."""
-        missing = {"record_id"} - set(table.column_names)
-        if missing:
-            raise StorageError("index records need a record_id column")
-        if "schema_version" not in table.column_names:
-            table = table.append_column("schema_version", pa.array([SCHEMA_VERSION] * table.num_rows, pa.int16()))
-        unknown = set(table.column_names) - set(COLUMNS)
-        if unknown:
-            raise StorageError(f"index records have fields the schema does not know: {sorted(unknown)}")
-        return self._write_new(_conform(table, None), "part")
-
     def _write_new(self, table: pa.Table, prefix: str, **kwargs: Any) -> str:
         """Write `table` under a fresh name: never over another writer's file."""
         for _attempt in range(5):

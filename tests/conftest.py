@@ -37,8 +37,8 @@ def _prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def stop_shared_server(home: Path) -> None:
-    """Stop the shared Prefect server of a PREFECT_HOME (flows/engine/prefect_server.py), if one runs."""
-    from pt2flow.flows.engine.runtime import stop_shared_server as stop
+    """Stop the shared Prefect server of a PREFECT_HOME (flows/engine/services/prefect_server.py), if one runs."""
+    from pt2flow.flows.engine.services.prefect_runtime import stop_shared_server as stop
 
     stop(home)
 
@@ -46,9 +46,9 @@ def stop_shared_server(home: Path) -> None:
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[str]:
     """One private Prefect API server for the in-process flow tests of the session."""
-    from pt2flow.flows.engine import runtime
+    from pt2flow.flows.engine.services import prefect_runtime
 
-    with runtime.prefect_api() as url:
+    with prefect_runtime.prefect_api() as url:
         yield url
 
 

@@ -60,7 +60,7 @@ def check_compat(store: Store, run: str | None = None) -> dict[str, Any]:
     newest run, or when it covered fewer models than an earlier run that covered all of its,
     that run's models, each from the newest run that built it. `selection` in the document says
     which runs and why."""
-    from pt2flow.flows.engine.compat import check_compat as check
+    from pt2flow.flows.engine.maintenance.compat import check_compat as check
     from pt2flow.flows.report.runs import fleet_runs, given
 
     if run:
@@ -74,7 +74,7 @@ def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[st
     """`pt2flow validate --json`: every problem of the config in one pass. YAML syntax first
     (nothing else can be read before it is fixed); then together the config's own checks (the
     schema, factories, dims, ...: flows/config/load.py check_config, which checks what the schema
-    let through) and what a run would otherwise meet only at its model (flows/engine/preflight.py):
+    let through) and what a run would otherwise meet only at its model (flows/engine/orchestrator/preflight.py):
     weights and inputs files exist, and unless `imports` is False each model's code is imported
     and its factories called once in a worker process, the input names matched against the built
     model's forward(). ConfigError listing every problem at its YAML path, in file order; else
@@ -82,7 +82,7 @@ def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[st
     from pt2flow.flows.config.load import check_config
     from pt2flow.flows.config.problems import ConfigIssue, YamlLines, format_path
     from pt2flow.flows.config.reading import read_config_file
-    from pt2flow.flows.engine.preflight import preflight
+    from pt2flow.flows.engine.orchestrator.preflight import preflight
 
     checked = check_config(config)
     issues = list(checked.issues)
@@ -112,7 +112,7 @@ def audit(store: Store, run: str | None = None, *, sample: float = 1.0, seed: in
     fingerprint names, and the stage run again on the recorded inputs must give that program
     again (source and trace too, for the models of `config`)."""
     from pt2flow.flows.config import load_config
-    from pt2flow.flows.engine.audit import audit as audit_run
+    from pt2flow.flows.engine.maintenance.audit import audit as audit_run
 
     if not 0.0 < sample <= 1.0:
         raise UsageError(f"--sample must be a fraction in (0, 1], not {sample:g}")
@@ -129,7 +129,7 @@ def audit(store: Store, run: str | None = None, *, sample: float = 1.0, seed: in
 def repro(store: Store, target: str, out_dir: str) -> dict[str, Any]:
     """`pt2flow repro --json`: write a torch-only script reproducing `target`'s failure (a model's
     newest, or a failure report's ID) into `out_dir`. Imports torch."""
-    from pt2flow.flows.engine.repro import ReproOutputError, write_repro
+    from pt2flow.flows.engine.maintenance.repro import ReproOutputError, write_repro
 
     try:
         return write_repro(store.artifacts, target, out_dir)

@@ -118,12 +118,12 @@ def refuse_credentials(store_url: str) -> None:
 def open_checked_store(store_url: str, pipeline: Any, storage_options: Mapping[str, Any] | None) -> ArtifactStore:
     """Set the run's storage options (the config's, then `storage_options` over them) in this
     process' environment and open the store; UsageError if it is unreachable."""
-    from pt2flow.flows.engine import runtime
+    from pt2flow.flows.engine.common import stores
     from pt2flow.storage.urls import redact_url
 
-    runtime.set_storage_options(store_url, merge_options(dict(pipeline.storage_options), dict(storage_options or {})))
+    stores.set_storage_options(store_url, merge_options(dict(pipeline.storage_options), dict(storage_options or {})))
     try:
-        store = runtime.open_store(store_url)
+        store = stores.open_store(store_url)
         store.index.files()  # fail fast on an unreachable store
     except Exception as exc:
         raise UsageError(f"store {redact_url(store_url)}: {exc}") from exc
@@ -154,8 +154,8 @@ def run(
     arguments, an unreachable store, an interpreter without pt2flow) before anything runs; a
     model that fails is in the document, not an exception."""
     from pt2flow.flows.config import resolve_store_url
-    from pt2flow.flows.engine.context import new_run_id
-    from pt2flow.flows.engine.documents import RunDocument
+    from pt2flow.flows.engine.common.context import new_run_id
+    from pt2flow.flows.engine.common.documents import RunDocument
 
     pipeline = load_for_run(
         str(config), only=only, stages=stages, workers=workers, runner=runner, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s
@@ -175,7 +175,7 @@ def run(
 
 def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, progress: Progress | None = None) -> dict[str, Any]:
     """Run the fleet flow with `parameters` (fleet_flow's); the run document as JSON-ready dict."""
-    from pt2flow.flows.engine import runtime
+    from pt2flow.flows.engine.services import prefect_runtime
 
     if not parameters["force"] and not parameters.get("verify_sources") and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
         document = nothing_to_build(parameters)
@@ -184,7 +184,7 @@ def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, progress: 
     starting = None
     if parameters["runner"] != "dask":  # the workers import torch while the Prefect server starts
         starting = lambda: start_workers(parameters["workers"], len(pipeline.models), parameters.get("python"))  # noqa: E731
-    with runtime.prefect_api(while_starting=starting):
+    with prefect_runtime.prefect_api(while_starting=starting):
         from pt2flow.flows.fleet import fleet_flow
 
         shown = progress(store, parameters["run_id"], [m.name for m in pipeline.models], pipeline.stages) if progress else contextlib.nullcontext()
@@ -219,7 +219,7 @@ def with_failure_groups(document: dict[str, Any], store: Any) -> dict[str, Any]:
 
 
 def start_workers(workers: int | None, models: int, python: str | None = None) -> None:
-    from pt2flow.flows.engine.pool import default_workers, start_pool
+    from pt2flow.flows.engine.orchestrator.supervisor import default_workers, start_pool
 
     start_pool(workers or default_workers(models), python)
 
@@ -229,7 +229,7 @@ def check_python(python: str | None, runner: str = "local") -> str | None:
     anything runs: UsageError when it lacks pt2flow or speaks another worker protocol."""
     if python is None:
         return None
-    from pt2flow.flows.engine.interpreter import describe
+    from pt2flow.flows.engine.environment.interpreter import describe
 
     if runner == "dask":
         raise UsageError("--python runs workers on this machine: use it with the local runner, not dask")
@@ -240,8 +240,8 @@ def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
     """When every model is already built (each stage's key has an ok record whose blob verifies),
     settle the run from the index without starting Prefect: the cached records are written under
     this run's id, as a flow would. None when there is work to do."""
-    from pt2flow.flows.engine import runtime
-    from pt2flow.flows.engine.fleet import NeedsFlow, fleet_context, settle_fleet
+    from pt2flow.flows.engine.common import stores
+    from pt2flow.flows.engine.orchestrator.fleet_plan import NeedsFlow, fleet_context, settle_fleet
     from pt2flow.storage.leases import RunLease
 
     pipeline, ctx = fleet_context(
@@ -251,7 +251,7 @@ def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
     from pt2flow.storage import StorageError
 
     try:
-        with RunLease(runtime.open_store(ctx.store_url), ctx.run_id):  # it reads the index and records hits
+        with RunLease(stores.open_store(ctx.store_url), ctx.run_id):  # it reads the index and records hits
             return settle_fleet(pipeline, ctx)
     except NeedsFlow:
         return None

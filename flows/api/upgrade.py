@@ -9,7 +9,7 @@ library) do to the fleet, asked before anyone upgrades.
 3. Per model, baseline run against candidate run (flows/report/upgrade.py), with a `repro`
    script made by the candidate's own pt2flow for every model that newly fails.
 4. `attribute`: for every distribution the fleet uses whose version differs, an overlay of the
-   baseline environment with that one candidate distribution (flows/engine/overlay.py) runs the
+   baseline environment with that one candidate distribution (flows/engine/environment/overlay.py) runs the
    regressed models; the distributions whose overlay reproduces a model's regression caused it.
 """
 
@@ -48,7 +48,7 @@ def upgrade_check(
     """The UpgradeReport (flows/report/upgrade.py) of `config`'s fleet under the interpreter
     `python` (an executable or virtualenv folder with pt2flow installed), or under the baseline
     environment with `requirements` pip-installed over it (`--with transformers==5.24.0`: an
-    overlay virtualenv made once and cached, flows/engine/overlay.py), against the run
+    overlay virtualenv made once and cached, flows/engine/environment/overlay.py), against the run
     `baseline` (default: the newest run that covered the config's models), whose environment is
     `baseline_python` (default: this interpreter). `only`/`stages` as `run`'s. Raises
     ConfigError or UsageError before anything runs; models that fail are in the report.
@@ -56,8 +56,8 @@ def upgrade_check(
     both environments, back to back, before the finding is believed (_retime)."""
     from pt2flow.flows.api.running import load_for_run, open_checked_store, refuse_credentials, run
     from pt2flow.flows.config import resolve_store_url
-    from pt2flow.flows.engine import interpreter
-    from pt2flow.flows.engine.compat import check_compat
+    from pt2flow.flows.engine.environment import interpreter
+    from pt2flow.flows.engine.maintenance.compat import check_compat
     from pt2flow.flows.report.compare import build_report
     from pt2flow.flows.report.upgrade import (LATENCY_GROWTH, REGRESSING, Side, UpgradeReport, model_verdicts, summarize,
                                               ordered, timing_only, version_changes)
@@ -69,7 +69,7 @@ def upgrade_check(
         raise UsageError("give the candidate as --python PATH or as --with REQUIREMENT (one of them)")
     base = interpreter.describe(baseline_python) if baseline_python else interpreter.full(interpreter.this_process())
     if requirements:
-        from pt2flow.flows.engine.overlay import candidate_environment
+        from pt2flow.flows.engine.environment.overlay import candidate_environment
 
         python = candidate_environment(base, requirements, os.path.join(interpreter.cache_dir(), "candidates"))
     candidate = interpreter.describe(python)
@@ -276,8 +276,8 @@ def _attribute(report: Any, regressed: Sequence[Any], base: Any, candidate: Any,
     is caused by each distribution whose overlay reproduces it (the same rule, and for a failure
     the same stage and class)."""
     from pt2flow.flows.api.running import run
-    from pt2flow.flows.engine.overlay import overlay_environment
-    from pt2flow.flows.engine.interpreter import cache_dir
+    from pt2flow.flows.engine.environment.overlay import overlay_environment
+    from pt2flow.flows.engine.environment.interpreter import cache_dir
     from pt2flow.flows.report.compare import build_report
     from pt2flow.flows.report.runs import given
     from pt2flow.flows.report.upgrade import Attribution

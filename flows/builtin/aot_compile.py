@@ -11,8 +11,8 @@ from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.options import AotCompileOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.compute import Produced, StageCall
-    from pt2flow.flows.engine.repro import ReproJob
+    from pt2flow.flows.engine.worker.compute import Produced, StageCall
+    from pt2flow.flows.engine.maintenance.repro import ReproJob
 
 # 2: the program fingerprint covers every node's tensor metadata (stages/program.py)
 STAGE = Stage(
@@ -31,7 +31,7 @@ def compute(call: StageCall) -> Produced:
 
 def device(model: Any) -> str:
     """The device the package is compiled for (its options' `device`)."""
-    from pt2flow.flows.engine.wiring import stage_options
+    from pt2flow.flows.engine.common.stage_options import stage_options
 
     return stage_options(model, STAGE.name, AotCompileOptions).device
 
@@ -40,10 +40,10 @@ def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
     """A package is native code: its key also covers what that code was built for and with
     (CPU vector ISA, C++ compiler and version; for CUDA the GPU architecture and CUDA version),
     so a store shared by different machines never hands one a package built for another."""
-    from pt2flow.flows.engine import interpreter
-    from pt2flow.flows.engine.keys import derivation_key
-    from pt2flow.flows.engine.toolchain import cache_dir, toolchain_identity
-    from pt2flow.flows.engine.wiring import environment_part, options_json
+    from pt2flow.flows.engine.environment import interpreter
+    from pt2flow.flows.engine.common.keys import derivation_key
+    from pt2flow.flows.engine.environment.toolchain import cache_dir, toolchain_identity
+    from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
 
     target = device(model)
     options = options_json(model, stage.name)

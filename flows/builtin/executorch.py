@@ -11,8 +11,8 @@ from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.target_options import ExecutorchOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.compute import Produced, StageCall
-    from pt2flow.flows.engine.repro import ReproJob
+    from pt2flow.flows.engine.worker.compute import Produced, StageCall
+    from pt2flow.flows.engine.maintenance.repro import ReproJob
 
 STAGE = Stage(
     "executorch", 1, compute=f"{__name__}:compute", inputs=(FUNCTIONAL_PROGRAM,), options=ExecutorchOptions,

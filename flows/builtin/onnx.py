@@ -10,8 +10,8 @@ from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.target_options import OnnxOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.compute import Produced, StageCall
-    from pt2flow.flows.engine.repro import ReproJob
+    from pt2flow.flows.engine.worker.compute import Produced, StageCall
+    from pt2flow.flows.engine.maintenance.repro import ReproJob
 
 STAGE = Stage(
     "onnx", 1, compute=f"{__name__}:compute", inputs=(FUNCTIONAL_PROGRAM,), options=OnnxOptions,

@@ -67,7 +67,7 @@ STAGE = Stage(
 
 
 def compute(call: Any) -> Any:
-    """The stage as a worker runs it (a flows.engine.compute.StageCall in, its Produced out)."""
+    """The stage as a worker runs it (a flows.engine.worker.compute.StageCall in, its Produced out)."""
     return call.publish_result(convert(call.program(), call.options(OpenvinoOptions)))
 
 
@@ -382,5 +382,5 @@ def repro_body(options: OpenvinoOptions) -> str:
 
 
 def repro(job: Any) -> str:
-    """The body of `pt2flow repro`'s script for a failed openvino stage (a flows.engine.repro.ReproJob)."""
+    """The body of `pt2flow repro`'s script for a failed openvino stage (a flows.engine.maintenance.repro.ReproJob)."""
     return job.program() + "program = ep\n" + repro_body(OpenvinoOptions(**job.options))

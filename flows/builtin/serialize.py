@@ -10,9 +10,9 @@ from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.options import SerializeOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.compute import Produced, StageCall
-    from pt2flow.flows.engine.rebuild import RebuildCall
-    from pt2flow.flows.engine.repro import ReproJob
+    from pt2flow.flows.engine.worker.compute import Produced, StageCall
+    from pt2flow.flows.engine.worker.rebuild import RebuildCall
+    from pt2flow.flows.engine.maintenance.repro import ReproJob
 
 # 2: the archive names the modules its pytree types need; 3: the new fingerprint; 4: the same
 # program saves to the same bytes (graph ids of the pass provenance numbered, not addresses);
@@ -26,7 +26,7 @@ STAGE = Stage(
 
 
 def compute(call: StageCall) -> Produced:
-    from pt2flow.flows.engine.keys import Environment
+    from pt2flow.flows.engine.common.keys import Environment
     from pt2flow.stages.serialize import serialize
 
     env = Environment.current()

@@ -9,9 +9,9 @@ from pt2flow.flows.pipeline.stage import Input, Stage
 from pt2flow.stages.options import FunctionalizeOptions, TraceOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.compute import Produced, StageCall
-    from pt2flow.flows.engine.rebuild import RebuildCall
-    from pt2flow.flows.engine.repro import ReproJob
+    from pt2flow.flows.engine.worker.compute import Produced, StageCall
+    from pt2flow.flows.engine.worker.rebuild import RebuildCall
+    from pt2flow.flows.engine.maintenance.repro import ReproJob
 
 # 2: the program fingerprint covers every node's tensor metadata (stages/program.py); 3: a
 # program's identity is the program's as it loads back (stages.serialize.stored_program)
@@ -30,8 +30,9 @@ def compute(call: StageCall) -> Produced:
 
 def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
     """The source's key, the trace options, and the training-mode settings trace exports for."""
-    from pt2flow.flows.engine.keys import derivation_key
-    from pt2flow.flows.engine.wiring import environment_part, options_json, stage_options
+    from pt2flow.flows.engine.common.keys import derivation_key
+    from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
+    from pt2flow.flows.engine.common.stage_options import stage_options
     from pt2flow.flows.pipeline import configured_by
 
     functional = stage_options(model, configured_by(FunctionalizeOptions), FunctionalizeOptions)
@@ -55,8 +56,8 @@ def repro(job: ReproJob) -> str:
     """torch.export.export with the first strategy of the ladder, whose error is the one recorded."""
     import torch
 
-    from pt2flow.flows.engine.inputs import model_inputs
-    from pt2flow.flows.engine.repro import build_model_code, dims_code, recorded_weights
+    from pt2flow.flows.engine.common.inputs import model_inputs
+    from pt2flow.flows.engine.maintenance.repro import build_model_code, dims_code, recorded_weights
     from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
     from pt2flow.stages.source import build_model, import_factory
 

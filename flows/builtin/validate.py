@@ -12,7 +12,7 @@ from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE as LOADED_HERE, Inpu
 from pt2flow.stages.options import ValidateOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.compute import Produced, StageCall
+    from pt2flow.flows.engine.worker.compute import Produced, StageCall
 
 # 2: the candidates' signatures are checked against the configured inputs
 STAGE = Stage(
@@ -26,7 +26,7 @@ STAGE = Stage(
 
 def compute(call: StageCall) -> Produced:
     from pt2flow.flows import pipeline
-    from pt2flow.flows.engine.compute import validation_summary
+    from pt2flow.flows.engine.worker.compute import validation_summary
     from pt2flow.stages.validate import validate
 
     model, store = call.model, call.store
@@ -80,9 +80,9 @@ def device(model: Any) -> str:
 def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
     """The source's key and every candidate's artifact, under the libraries of every candidate."""
     from pt2flow.flows import pipeline
-    from pt2flow.flows.engine import interpreter
-    from pt2flow.flows.engine.keys import derivation_key
-    from pt2flow.flows.engine.wiring import environment_part, options_json
+    from pt2flow.flows.engine.environment import interpreter
+    from pt2flow.flows.engine.common.keys import derivation_key
+    from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
 
     candidates = [inputs[name].artifact for name in pipeline.candidates() if name in inputs]
     libraries = [lib for name in pipeline.candidates() if name in inputs for lib in pipeline.get(name).libraries]

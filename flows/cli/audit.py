@@ -1,5 +1,5 @@
 """`pt2flow audit`: is the cache honest? A sample of a run's program records rebuilt in fresh
-worker processes and compared with what the records say (flows/engine/audit.py). Exit 1 naming
+worker processes and compared with what the records say (flows/engine/maintenance/audit.py). Exit 1 naming
 every record whose blob or rebuild disagrees with its fingerprint."""
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def interrupt(signum: int, frame: Any) -> None:
     """SIGTERM: stop the workers now, lock-free (the main thread may hold any lock, or be about
     to join a model thread that waits on a hung worker), then unwind as Ctrl-C does."""
     note_interrupt()
-    pool = sys.modules.get("pt2flow.flows.engine.pool")
+    pool = sys.modules.get("pt2flow.flows.engine.orchestrator.supervisor")
     if pool is not None:
         pool.interrupt_pool()
     raise KeyboardInterrupt
@@ -72,7 +72,7 @@ def run_fleet(args: Args) -> int:
     store = open_checked_store(store_url, pipeline, args)
     if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
-    from pt2flow.flows.engine.context import new_run_id
+    from pt2flow.flows.engine.common.context import new_run_id
 
     parameters = dict(
         config_path=os.path.abspath(args.config),

@@ -1,5 +1,5 @@
 """`pt2flow validate`: check a config without running anything: its own checks, then its files
-and, in a worker process, its code (flows/engine/preflight.py). No torch here, no Prefect."""
+and, in a worker process, its code (flows/engine/orchestrator/preflight.py). No torch here, no Prefect."""
 
 from __future__ import annotations
 

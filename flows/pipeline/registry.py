@@ -25,11 +25,11 @@ BUILTIN_PACKAGE = "pt2flow.flows.builtin"
 SOURCE_NAME = "source"
 
 # what the config, the weights and the model's code are: the model's first record, not a stage of
-# a stage list. Its key comes from the planner's manifest (flows/engine/planner.py), not a key function.
+# a stage list. Its key comes from the planner's manifest (flows/engine/orchestrator/planner.py), not a key function.
 # 3: the dependency manifest no longer depends on the worker's history (stages/deps.py)
 # 4: the data files the build reads, the declared ones (checkpoint, depends_on) and the eager
 # model's digest are part of it; imports resolve against the start-up sys.path
-SOURCE = Stage(SOURCE_NAME, 4, compute="pt2flow.flows.engine.compute:source", publishes=SOURCE_NAME)
+SOURCE = Stage(SOURCE_NAME, 4, compute="pt2flow.flows.engine.worker.compute:source", publishes=SOURCE_NAME)
 
 _lock = threading.RLock()
 _declared: dict[str, Stage] = {}  # registration order

@@ -51,7 +51,7 @@ class Stage:
 
     name, version: the version is part of every key, so bump it when the stage's output for
       the same inputs changes (what an older pt2flow built is then rebuilt, never reused);
-    compute: "module:function" taking a flows.engine.compute.StageCall and returning its
+    compute: "module:function" taking a flows.engine.worker.compute.StageCall and returning its
       Produced; it runs in a worker process (the place torch is imported);
     inputs: the artifacts it consumes (Input); order and parents derive from them;
     options: its pydantic options model (the config section `defaults.<name>` and
@@ -61,14 +61,14 @@ class Stage:
       (None: not a deliverable); suffix: the file name suffix `get` gives it;
     key: "module:function" (stage, model, inputs) -> key, for a stage whose key is not the
       default one (its name and version, its inputs' identities, its options, and the torch,
-      Python and library versions: flows/engine/wiring.default_key);
+      Python and library versions: flows/engine/orchestrator/stage_keys.default_key);
     candidate: "module:function" loading its blob into a runner of flat tensor lists (the
       user's tensor inputs in, the output leaves out: stages/targets.FlatRunner), which
       validate runs beside eager on every sample and check-compat on the stored ones; the
       archive and the package (serialize's and aot_compile's) are loaded by validate itself,
       with the signature checks they allow;
     repro: "module:function" giving the body of a torch-only script that makes the same call
-      (flows/engine/repro.py);
+      (flows/engine/maintenance/repro.py);
     libraries: the distributions it needs besides torch: their versions are in its key, and a
       config naming it without them installed is a config error naming `extra`;
     default: whether the config's default `stages` list holds it;
@@ -76,7 +76,7 @@ class Stage:
     description: what its output is, in a few words (help texts, `ls`);
     position: where it goes among stages the inputs leave unordered (lower first; a plugin's
       default puts it after pt2flow's own);
-    rebuild: "module:function" taking a flows.engine.rebuild.RebuildCall and returning the
+    rebuild: "module:function" taking a flows.engine.worker.rebuild.RebuildCall and returning the
       fingerprint of its program made again from the recorded inputs: `pt2flow audit` checks the
       records of the stages that have one (a program stage's; the archive's);
     device: "module:function" (model) -> the device its artifact is made for, the records'

@@ -5,7 +5,7 @@ Pure functions over the metadata index: no torch, no Prefect. compare_runs() bui
 JSON-ready dict; the terminal table, `--json`, `--html` and the fleet flow's markdown artifact
 all render that same dict.
 
-    runs.py      the runs of the index (list, last two, previous, resolve a prefix)
+    runs.py      the runs of the index (list, the pair a report compares, resolve a prefix)
     compare.py   comparing two runs model by model -> the comparison dict
     rules.py     regression rules and the order views list models in
     text.py      plain-text pieces every view shares
@@ -21,12 +21,12 @@ from pt2flow.flows.report.compare import REPORT_VERSION, compare_default, compar
 from pt2flow.flows.report.html import PLOT_MODELS, to_html
 from pt2flow.flows.report.markdown import to_markdown
 from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_FLOOR, VALIDATION_GROWTH, regressions
-from pt2flow.flows.report.runs import NotEnoughRuns, RunSelection, fleet_runs, last_two_runs, list_runs, previous_run, report_pair, resolve_run
+from pt2flow.flows.report.runs import NotEnoughRuns, RunSelection, fleet_runs, list_runs, report_pair, resolve_run
 from pt2flow.flows.report.terminal import render_terminal
 
 __all__ = [
     "COST_GROWTH", "PLOT_MODELS", "REPORT_VERSION", "VALIDATION_FLOOR", "VALIDATION_GROWTH",
     "NotEnoughRuns", "RunSelection", "compare_default", "compare_runs", "compare_with_previous", "fleet_runs", "graph_stages",
-    "last_two_runs", "list_runs", "previous_run", "report_pair", "regressions", "render_terminal", "resolve_run", "stage_columns",
+    "list_runs", "report_pair", "regressions", "render_terminal", "resolve_run", "stage_columns",
     "to_html", "to_markdown",
 ]

@@ -39,7 +39,7 @@ from pt2flow.storage.errors import RecordNotFound
 
 FAILURES_VERSION = 1
 
-# failures a torch-only script cannot show (flows/engine/repro.py BEFORE_TORCH): no repro command
+# failures a torch-only script cannot show (flows/engine/maintenance/repro.py BEFORE_TORCH): no repro command
 _BEFORE_TORCH = frozenset({"import", "config", "weights"})
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The runs of the metadata index: listed by time (with the models each covered), the last two,
-the one before a run, a run ID from a unique prefix, and which runs `report` and `check-compat`
-take when none is named (docs/architecture.md §4, "Which runs"):
+"""The runs of the metadata index: listed by time (with the models each covered), a run ID from
+a unique prefix, and which runs `report` and `check-compat` take when none is named
+(docs/architecture.md §4, "Which runs"):
 
 - report: the newest run (b) against the newest earlier run that covered every model b covered
   (a); when no earlier run did, the earlier run sharing the most models with b (the newest of
@@ -151,25 +151,6 @@ def fleet_runs(index: Any) -> RunSelection:
 def given(runs: Sequence[str]) -> RunSelection:
     """The selection of runs named by the caller."""
     return RunSelection("given", tuple(runs), "named by the caller")
-
-
-def last_two_runs(index: Any) -> tuple[str, str]:
-    """(previous, latest) run IDs by time; NotEnoughRuns if the index holds fewer than two runs."""
-    runs = list_runs(index)
-    if len(runs) < 2:
-        raise NotEnoughRuns(
-            f"the index holds {len(runs)} run(s) and a report compares two: run the fleet again, or name RUN_A RUN_B"
-        )
-    return runs[-2]["run_id"], runs[-1]["run_id"]
-
-
-def previous_run(index: Any, run_id: str) -> str | None:
-    """The run that started just before `run_id` (None for the first run); RecordNotFound if unknown."""
-    ids = [r["run_id"] for r in list_runs(index)]
-    if run_id not in ids:
-        raise RecordNotFound(f"no records of run {run_id!r} in the index")
-    position = ids.index(run_id)
-    return ids[position - 1] if position > 0 else None
 
 
 def resolve_run(index: Any, text: str) -> str:

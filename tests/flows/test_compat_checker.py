@@ -1,4 +1,4 @@
-"""check-compat's Checker (flows/engine/compat.py): every artifact is checked in a worker process,
+"""check-compat's Checker (flows/engine/maintenance/compat.py): every artifact is checked in a worker process,
 and a worker that imported a module outside torch for one archive (its pytree types) is not used
 for the next, so that one archive's imports can never make another one load."""
 
@@ -10,7 +10,7 @@ import zipfile
 
 import torch
 
-from pt2flow.flows.engine.compat import Checker
+from pt2flow.flows.engine.maintenance.compat import Checker
 from pt2flow.stages.serialize import serialize
 from tests import models
 
@@ -64,7 +64,7 @@ def test_a_package_gets_its_archives_modules_imported_first_and_one_missing_is_c
     model's archive names before loading it, as a serving process must; one that does not import
     here is `import` (the model's library is missing), never `incompatible`. The modules are
     imported before the package is even opened, so no compile is needed to see it."""
-    from pt2flow.flows.engine.compat import _pytree_modules
+    from pt2flow.flows.engine.maintenance.compat import _pytree_modules
     from pt2flow.stages.compat import check_artifact
     from tests.pytree_models import point_output
 

@@ -13,7 +13,7 @@ from pt2flow.flows.config.inputs import InputConfig
 from pt2flow.flows.config.issues import ConfigError, ConfigIssue
 from pt2flow.flows.config.load import parse_config
 from pt2flow.flows.config.models import Pipeline
-from pt2flow.flows.engine.inputs import dynamic_json, inputs_manifest, model_inputs, tree_json
+from pt2flow.flows.engine.common.inputs import dynamic_json, inputs_manifest, model_inputs, tree_json
 from pt2flow.stages.binding import bind_inputs
 from pt2flow.stages.example_inputs import InputSpec
 from tests.conftest import ROOT

@@ -130,11 +130,11 @@ def test_the_compile_key_follows_the_native_toolchain(tmp_path: Path, monkeypatc
     another aot_compile key, so a package is never reused on a machine it was not built for."""
     from pt2flow.flows.config.load import parse_config
     from pt2flow.flows import pipeline
-    from pt2flow.flows.engine.wiring import stage_key
+    from pt2flow.flows.engine.orchestrator.stage_keys import stage_key
 
     text = "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [3, 8]}}\n"
     model = parse_config(text, source="k.yaml", base_dir=str(ROOT)).models[0]
-    from pt2flow.flows.engine.documents import Outcome
+    from pt2flow.flows.engine.common.documents import Outcome
 
     inputs = {"program": Outcome(fingerprint="f" * 64, key="k")}
     monkeypatch.setenv("PT2FLOW_CACHE_DIR", str(tmp_path / "cache"))

@@ -7,8 +7,8 @@ import json
 
 import pyarrow as pa
 
-from pt2flow.flows.engine.documents import ModelResult, Outcome, RunDocument, RunSummary, StageView
-from pt2flow.flows.engine.runner import add_trace_and_validation
+from pt2flow.flows.engine.common.documents import ModelResult, Outcome, RunDocument, RunSummary, StageView
+from pt2flow.flows.engine.orchestrator.runner import add_trace_and_validation
 from pt2flow.storage.index import COLUMNS, JSON_COLUMNS, SCHEMA, records_to_table
 from pt2flow.storage.records import IndexRecord
 

@@ -1,5 +1,5 @@
-"""The workers' interpreter (flows/engine/interpreter.py) and overlay environments
-(flows/engine/overlay.py), against real second environments (tests/environments.py)."""
+"""The workers' interpreter (flows/engine/environment/interpreter.py) and overlay environments
+(flows/engine/environment/overlay.py), against real second environments (tests/environments.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pt2flow.flows.engine import interpreter
-from pt2flow.flows.engine.overlay import overlay_environment
+from pt2flow.flows.engine.environment import interpreter
+from pt2flow.flows.engine.environment.overlay import overlay_environment
 from pt2flow.flows.options import UsageError
 from pt2flow.stages.deps import changed_entries
 from tests.environments import CANDIDATE_TRANSFORMERS, overlay_env
@@ -46,8 +46,8 @@ def test_a_manifest_is_checked_against_the_workers_distributions() -> None:
 
 
 def test_activation_changes_the_keys_environment(cache: Path) -> None:
-    from pt2flow.flows.engine.keys import Environment
-    from pt2flow.flows.engine.wiring import environment_part as _env
+    from pt2flow.flows.engine.common.keys import Environment
+    from pt2flow.flows.engine.orchestrator.stage_keys import environment_part as _env
 
     candidate = overlay_env("candidate", ["tinyops-2.0", f"transformers=={CANDIDATE_TRANSFORMERS}"])
     try:

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pt2flow.flows.config import load_config
-from pt2flow.flows.engine.context import Outcome
-from pt2flow.flows.engine.planner import source_key
+from pt2flow.flows.engine.common.context import Outcome
+from pt2flow.flows.engine.orchestrator.planner import source_key
 from pt2flow.flows import pipeline
-from pt2flow.flows.engine.wiring import stage_key
+from pt2flow.flows.engine.orchestrator.stage_keys import stage_key
 from pt2flow.stages.program import fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The OpenLineage emitter's contract in isolation (flows/engine/lineage_events.py): on only with
+"""The OpenLineage emitter's contract in isolation (flows/engine/lineage/events.py): on only with
 the client's standard configuration, and a collector that refuses costs each run one warning,
 never an exception. A real fleet's events go to a real server in
 tests/integration/test_failure_groups.py."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pt2flow.flows.engine.lineage_events import Emitter, configured, run_event
+from pt2flow.flows.engine.lineage.events import Emitter, configured, run_event
 
 
 @pytest.fixture

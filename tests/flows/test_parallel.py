@@ -92,7 +92,7 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
 
     import asyncio
 
-    from pt2flow.flows.engine import runtime
+    from pt2flow.flows.engine.services import prefect_runtime
 
     async def latest(key: str, run_id: str | None = None) -> Any:
         """The newest artifact `key` of this run (other runs on the same Prefect server publish
@@ -105,7 +105,7 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
             found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=50)
             return next(a for a in found if (run_id or document["run_id"]) in (a.description or ""))
 
-    with runtime.prefect_api():
+    with prefect_runtime.prefect_api():
         table = asyncio.run(latest("pt2flow-fleet-models"))
         markdown = asyncio.run(latest("pt2flow-fleet-summary"))
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
@@ -120,7 +120,7 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
     # and goes through Prefect): its summary compares with the first, nothing regressed
     code, _, second, stderr = _run(["run", str(_fleet(tmp_path)), "--store", str(store), "--only", "mlp", "--only", "branchy", "--retry-failed"])
     assert code == 1, stderr[-3000:]
-    with runtime.prefect_api():
+    with prefect_runtime.prefect_api():
         markdown = asyncio.run(latest("pt2flow-fleet-summary", second["run_id"]))
     assert second["run_id"] in markdown.data
     assert f"`{document['run_id']}` → `{second['run_id']}`" in markdown.data

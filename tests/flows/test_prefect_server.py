@@ -1,4 +1,4 @@
-"""The shared local Prefect server (flows/engine/prefect_server.py): the first run of a
+"""The shared local Prefect server (flows/engine/services/prefect_server.py): the first run of a
 PREFECT_HOME starts it, the next runs reuse it, it holds no run's storage options, and it stops
 once no run has used it for PT2FLOW_PREFECT_SERVER_IDLE_S. PT2FLOW_PREFECT_SERVER=private keeps
 the old way: a server per run, gone with it."""

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pt2flow.flows import report
-from pt2flow.flows.report import NotEnoughRuns, compare_runs, last_two_runs, previous_run, regressions, resolve_run, to_html, to_markdown
+from pt2flow.flows.report import compare_runs, regressions, resolve_run, to_html, to_markdown
 from pt2flow.storage import AmbiguousId, ArtifactStore, RecordNotFound
 from tests.conftest import ROOT, run_cli, run_json, write_config
 from tests.records import T0, h, make_chain
@@ -112,19 +112,10 @@ def rules(comparison: dict) -> set[tuple[str, str]]:
 
 
 def test_runs_are_ordered_by_time_not_by_id(store: ArtifactStore) -> None:
-    with pytest.raises(NotEnoughRuns, match="0 run"):
-        last_two_runs(store.index)
     chain(store, "alpha", "zz-first", offset=0)
-    with pytest.raises(NotEnoughRuns, match="1 run.*compares two"):
-        last_two_runs(store.index)
     chain(store, "alpha", "mm-second", offset=10)
     chain(store, "alpha", "aa-third", offset=20)
-    assert last_two_runs(store.index) == ("mm-second", "aa-third")
     assert [r["run_id"] for r in report.list_runs(store.index)] == ["zz-first", "mm-second", "aa-third"]
-    assert previous_run(store.index, "aa-third") == "mm-second"
-    assert previous_run(store.index, "zz-first") is None
-    with pytest.raises(RecordNotFound):
-        previous_run(store.index, "nope")
     assert resolve_run(store.index, "mm") == "mm-second"
     chain(store, "alpha", "mm-fourth", offset=30)
     with pytest.raises(AmbiguousId):

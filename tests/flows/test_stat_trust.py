@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pt2flow.flows.engine.artifacts import load_artifact
+from pt2flow.flows.engine.worker.artifacts import load_artifact
 from pt2flow.storage import ArtifactStore
 from pt2flow.storage.errors import IntegrityError
 from pt2flow.storage.store import TRUST_STAT_MIN_BYTES

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pt2flow.flows.engine.toolchain import toolchain_facts, toolchain_identity
+from pt2flow.flows.engine.environment.toolchain import toolchain_facts, toolchain_identity
 from pt2flow.stages.toolchain import native_toolchain
 from tests.stages.test_toolchain import fake_compiler
 
@@ -46,7 +46,7 @@ def test_facts_are_read_without_torch(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = "import sys; from pt2flow.flows.engine.toolchain import toolchain_facts; f = toolchain_facts('cpu'); print('torch' in sys.modules, bool(f['cpu_flags']))"
+    code = "import sys; from pt2flow.flows.engine.environment.toolchain import toolchain_facts; f = toolchain_facts('cpu'); print('torch' in sys.modules, bool(f['cpu_flags']))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["False", "True"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pt2flow.flows.api.upgrade import requirement_closure
-from pt2flow.flows.engine.interpreter import Interpreter
+from pt2flow.flows.engine.environment.interpreter import Interpreter
 from pt2flow.flows.report.upgrade import Finding, _compat_problem, version_changes
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pt2flow.flows.engine.preflight import argument_problems, preflight
+from pt2flow.flows.engine.worker.model_check import argument_problems
+from pt2flow.flows.engine.orchestrator.preflight import preflight
 from pt2flow.flows.config import load_config
 from tests.conftest import run_cli
 

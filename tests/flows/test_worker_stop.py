@@ -1,4 +1,4 @@
-"""How the supervisor tells an interrupt from a crash (flows/engine/pool.py, issue 31), on real
+"""How the supervisor tells an interrupt from a crash (flows/engine/orchestrator/supervisor.py, issue 31), on real
 worker processes: a worker that dies while the run is being interrupted is `Interrupted` (no
 stage failure is recorded for it), whichever of the two the waiting thread saw first; a worker
 stopped by SIGTERM (a scheduler stopping every process) is an interrupt once the orchestrator's
@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from pt2flow.flows.engine.pool import Budget, Interrupted, Worker, WorkerLost
+from pt2flow.flows.engine.orchestrator.supervisor import Budget, Interrupted, Worker, WorkerLost
 
 
 def _ready_worker(stopping: Callable[[], bool]) -> Worker:

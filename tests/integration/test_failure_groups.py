@@ -137,7 +137,7 @@ def test_three_causes_make_three_groups_each_with_its_models(runs: dict[str, Any
         assert g["draft_report"] and g["draft_report"][0]["subject"] == g["subject"], g["draft_report"]
     # the run's own document carries the same groups (the typed RunDocument's dump, key order
     # included), and so does its summary on the terminal
-    from pt2flow.flows.engine.documents import RunDocument
+    from pt2flow.flows.engine.common.documents import RunDocument
 
     assert list(runs["doc1"])[-1] == "failure_groups"
     assert json.dumps(RunDocument.model_validate(runs["doc1"]).model_dump(mode="json")) == json.dumps(runs["doc1"])
@@ -189,7 +189,7 @@ def test_the_fixed_cause_is_gone_the_next_run(runs: dict[str, Any]) -> None:
     summary = out.getvalue()
     assert "4 failure(s) in 2 group(s) by root cause; 1 group(s) of the previous run gone" in summary, summary
     assert "[gone] data_dependent at trace: data-dependent Eq(u, 1) · tests.failure_models:SharedGate.forward — was gated-small, gated-wide" in summary
-    from pt2flow.flows.engine.documents import RunDocument
+    from pt2flow.flows.engine.common.documents import RunDocument
     from pt2flow.flows.fleet import fleet_markdown
 
     markdown = fleet_markdown(RunDocument.model_validate(doc2), None, doc2["failure_groups"])

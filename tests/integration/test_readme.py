@@ -190,7 +190,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
     if up_to_date.returncode != 0:
         pytest.fail(f"the install is out of date (`make -q install` exits {up_to_date.returncode}): run `make install` first")
     yield Workspace(root, env, s3=lambda: request.getfixturevalue("moto_s3"))
-    stop_shared_server(root / ".prefect")  # the walk's shared Prefect server (flows/engine/prefect_server.py)
+    stop_shared_server(root / ".prefect")  # the walk's shared Prefect server (flows/engine/services/prefect_server.py)
 
 
 # --- what each kind of block does -------------------------------------------------------------

@@ -100,7 +100,7 @@ def test_run_json_contract_digests_and_archive(tmp_path: Path) -> None:
 
     # both documents are the typed RunDocument's dump, and the drift report between the two runs
     # is the typed DriftReport's: validated back, each dumps to the same JSON, key order included
-    from pt2flow.flows.engine.documents import RunDocument
+    from pt2flow.flows.engine.common.documents import RunDocument
     from pt2flow.flows.report.drift import DriftReport
 
     for document in (doc, doc2):

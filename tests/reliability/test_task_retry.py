@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pt2flow.flows.engine.model_flow import STAGE_RETRIES
+from pt2flow.flows.engine.orchestrator.model_flow import STAGE_RETRIES
 from pt2flow.flows.fleet import fleet_flow
 from pt2flow.storage import ArtifactStore
 from pt2flow.storage.errors import TransientStorageError
@@ -55,7 +55,7 @@ def _task_runs(flow_run_id: Any) -> dict[str, int]:
 @pytest.fixture
 def fresh_pool() -> Any:
     """A worker pool started after the test armed its fault (workers read it at start)."""
-    from pt2flow.flows.engine.pool import stop_pool
+    from pt2flow.flows.engine.orchestrator.supervisor import stop_pool
 
     stop_pool()
     reset_points()

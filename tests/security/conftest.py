@@ -126,12 +126,12 @@ def call_validate(
     source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The validate stage on the given artifact outcomes, both halves in this process (so that
-    the torch-load spies see every load): the worker's compute (flows.engine.compute.run_stage)
+    the torch-load spies see every load): the worker's compute (flows.engine.worker.compute.run_stage)
     and the orchestrator's bookkeeping (StageRun records it). Returns the outcome, failed or not."""
     from pt2flow.flows.config.load import parse_config
-    from pt2flow.flows.engine import compute
-    from pt2flow.flows.engine.bookkeeping import StageRun
-    from pt2flow.flows.engine.context import Outcome, RunContext
+    from pt2flow.flows.engine.worker import compute
+    from pt2flow.flows.engine.orchestrator.bookkeeping import StageRun
+    from pt2flow.flows.engine.common.context import Outcome, RunContext
     from tests.conftest import ROOT
 
     text = (
@@ -142,7 +142,7 @@ def call_validate(
     ctx = RunContext(run_id="security-test", store_url=store_url, stages=tuple(STAGES))
     given = {"source": source or {"key": "security-source-key"}, "trace": {}, "serialize": archive, "aot_compile": package}
     inputs = {name: Outcome.model_validate(c) for name, c in given.items() if c is not None}
-    request = compute.StageRequest("validate", "pt2flow.flows.engine.compute:validate", model, ctx, inputs, "security-validate-key")
+    request = compute.StageRequest("validate", "pt2flow.flows.engine.worker.compute:validate", model, ctx, inputs, "security-validate-key")
     status, payload = compute.run_stage(request)
     run = StageRun("validate", model, ctx, "security-validate-key", [c["key"] for c in (archive, package) if c])
     if isinstance(payload, compute.Produced):

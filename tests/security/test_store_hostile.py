@@ -120,7 +120,7 @@ def archive_blob(tmp_path: Path) -> tuple[str, ArtifactStore, str, int]:
 
 @pytest.mark.parametrize("vouch", ["no-record", "failed-record", "other-stage"])
 def test_an_archive_the_index_does_not_vouch_for_is_never_loaded(archive_blob, no_torch_loads: list[str], vouch: str) -> None:
-    from pt2flow.flows.engine.artifacts import load_artifact
+    from pt2flow.flows.engine.worker.artifacts import load_artifact
 
     url, store, digest, size = archive_blob
     if vouch == "failed-record":
@@ -138,7 +138,7 @@ def test_an_archive_the_index_does_not_vouch_for_is_never_loaded(archive_blob, n
 def test_a_workers_own_blob_loads_without_a_record_only_for_its_stage_and_store(archive_blob, tmp_path: Path) -> None:
     """artifacts.vouch: the process that published a blob may load it back for the model's next
     stage without an index query; for another stage or another store the index must vouch."""
-    from pt2flow.flows.engine.artifacts import _OWN, load_artifact, vouch
+    from pt2flow.flows.engine.worker.artifacts import _OWN, load_artifact, vouch
 
     url, store, digest, size = archive_blob
     try:

@@ -215,7 +215,7 @@ HOSTILE_ZIPS = {
 @pytest.mark.parametrize("name", sorted(HOSTILE_ZIPS))
 @pytest.mark.parametrize("stage", ["serialize", "aot_compile", "trace"])
 def test_load_artifact_refuses_an_unsafe_zip_that_the_index_vouches_for(tmp_path: Path, no_torch_loads: list[str], name: str, stage: str) -> None:
-    from pt2flow.flows.engine.artifacts import load_artifact
+    from pt2flow.flows.engine.worker.artifacts import load_artifact
 
     store = ArtifactStore(str(tmp_path / "store"))
     ref = store.put_blob(make_zip(HOSTILE_ZIPS[name]))

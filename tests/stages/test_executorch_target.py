@@ -9,7 +9,7 @@ import torch
 
 from pt2flow.stages.compat import check_artifact
 from pt2flow.stages.errors import StageError
-from pt2flow.stages.executorch_target import executorch_repro_script, load_pte, lower_executorch
+from pt2flow.stages.executorch_target import load_pte, lower_executorch
 from pt2flow.stages.options import ValidateOptions
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import ExecutorchOptions
@@ -17,7 +17,7 @@ from pt2flow.stages.targets import TargetArtifact
 from pt2flow.stages.validate import validate
 from pt2flow.stages.validation_io import unpack
 from tests.stages.conftest import TargetCase
-from tests.stages.helpers import run_repro, runner_errors_at
+from tests.stages.helpers import runner_errors_at
 
 pytest.importorskip("executorch")
 
@@ -116,25 +116,6 @@ def test_validate_refuses_targets_in_training_mode(joint_program: torch.export.E
         validate(builder(models.regressor, training=True), regressor_inputs(), {}, ValidateOptions(), training=True,
                  targets={"executorch": TargetArtifact(seq_pte.output, load_pte)})
     assert info.value.error_class == "config" and "inference" in info.value.message
-
-
-@pytest.mark.integration
-def test_repro_script_raises_the_same_error_in_a_fresh_process(dict_case: TargetCase, tmp_path) -> None:
-    options = ExecutorchOptions(portable_fallback=False)
-    with pytest.raises(StageError) as info:
-        lower_executorch(dict_case.program, options)
-    script = executorch_repro_script(options, info.value.message)
-    assert "pt2flow" not in script.split('"""')[2].replace("pt2flow's", "")  # torch and executorch alone
-    proc = run_repro(script, dict_case.program, tmp_path)
-    assert proc.returncode != 0, proc.stdout
-    assert "portable_fallback is false: aten.argmax.default" in proc.stderr
-
-
-@pytest.mark.integration
-def test_repro_script_of_a_lowering_that_works_says_it_did_not_reproduce(dict_case: TargetCase, tmp_path) -> None:
-    proc = run_repro(executorch_repro_script(ExecutorchOptions(), "nothing"), dict_case.program, tmp_path)
-    assert proc.returncode == 0 and "did not reproduce" in proc.stdout
-    assert (tmp_path / "model.pte").stat().st_size > 0
 
 
 def test_check_compat_reruns_the_stored_samples(seq_case: TargetCase, seq_pte: StageResult) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from pt2flow.stages.compat import check_artifact
 from pt2flow.stages.errors import StageError
-from pt2flow.stages.onnx_target import FORMAT_SINGLE, FORMAT_ZIP, export_onnx, load_onnx, onnx_repro_script
+from pt2flow.stages.onnx_target import FORMAT_SINGLE, FORMAT_ZIP, export_onnx, load_onnx
 from pt2flow.stages.options import ValidateOptions
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import OnnxOptions
@@ -21,7 +21,7 @@ from pt2flow.stages.validate import validate
 from pt2flow.stages.validation_io import unpack
 from tests import models
 from tests.stages.conftest import TargetCase
-from tests.stages.helpers import run_repro, runner_errors_at
+from tests.stages.helpers import runner_errors_at
 
 pytest.importorskip("onnxruntime")
 
@@ -134,17 +134,6 @@ def test_an_op_without_an_onnx_translation_is_lowering_naming_it(wobbly_case: Ta
     assert info.value.error_class == "lowering"
     assert info.value.message.startswith("ONNX export cannot translate pt2flow_test.wobble.default")
     assert info.value.details["ops"][0] == "pt2flow_test.wobble.default"
-
-
-@pytest.mark.integration
-def test_repro_script_raises_the_same_error_in_a_fresh_process(wobbly_case: TargetCase, tmp_path) -> None:
-    with pytest.raises(StageError) as info:
-        export_onnx(wobbly_case.program, OnnxOptions())
-    script = onnx_repro_script(OnnxOptions(), info.value.message, imports=["tests.custom_op_models"])
-    assert "pt2flow" not in script.split('"""')[2]  # past its docstring: torch and the library alone
-    proc = run_repro(script, wobbly_case.program, tmp_path)
-    assert proc.returncode != 0
-    assert "ConversionError" in proc.stderr and "pt2flow_test.wobble" in proc.stderr
 
 
 def test_check_compat_reruns_the_stored_samples(seq_case: TargetCase, seq_onnx: StageResult) -> None:

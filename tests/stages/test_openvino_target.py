@@ -22,7 +22,7 @@ import torch
 from pt2flow.flows.builtin import openvino as target
 from pt2flow.flows.builtin.openvino import FORMAT, OpenvinoOptions, convert, load_runner, repro_body
 from pt2flow.flows.config import load_config
-from pt2flow.flows.engine.inputs import model_inputs
+from pt2flow.flows.engine.common.inputs import model_inputs
 from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.functionalize import functionalize
@@ -190,7 +190,7 @@ def test_a_custom_op_is_named_and_the_failure_is_openvinos_not_the_models(wobbly
     assert info.value.error_class == "lowering" and info.value.details["ops"] == ["pt2flow_test.wobble.default"]
     from pt2flow.flows import pipeline
 
-    # as the worker asks (flows/engine/compute.py): the stages' declared libraries are framework
+    # as the worker asks (flows/engine/worker/compute.py): the stages' declared libraries are framework
     origin = failure_origin(info.value, framework=pipeline.libraries())  # the nearest frame outside it: this test's call
     assert origin is not None and not origin["module"].startswith("openvino")
 

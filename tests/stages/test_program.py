@@ -50,10 +50,10 @@ def test_mutation_facts_before_and_after_functionalization() -> None:
 def test_effective_dims_dynamic_and_specialized() -> None:
     # a dim the program keeps dynamic reports its range; one it specialized (batch_of_four), its value
     ep = traced(builder(models.tiny_mlp), mlp_inputs(2, 9)).output
-    assert program.effective_dims(ep, ("x",), {"x": {0: "batch"}}) == {
+    assert program.effective_dims_of_leaves(ep, [{0: "batch"}]) == {
         "batch": {"min": 2, "max": 9, "static": False, "value": None}
     }
     static = traced(builder(models.batch_of_four), mlp_inputs()).output
-    assert program.effective_dims(static, ("x",), {"x": {0: "batch"}}) == {
+    assert program.effective_dims_of_leaves(static, [{0: "batch"}]) == {
         "batch": {"min": 4, "max": 4, "static": True, "value": 4}
     }

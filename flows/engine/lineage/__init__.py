@@ -1,0 +1,3 @@
+"""OpenLineage run events of every stage (events.py; off unless configured), emitted by the
+orchestrator. May import common/ and environment/.
+"""

@@ -1,0 +1,212 @@
+"""`pt2flow audit`: prove that the cache is honest, as reproducible-build checkers do.
+
+A sample of a run's source and program records (source, trace, functionalize, decompose,
+serialize: the records the cache serves to later runs) is checked in fresh worker processes, one
+per model (docs/architecture.md §5, "Audit"):
+
+- source: the model is built again from the config (`--config`) and its eager digest
+  (parameters, buffers, structure) must be the recorded one while the files of its manifest are
+  unchanged; a different model from the same files depends on something no tracker sees.
+
+- stored: the record's blob is read (hash verified), its program loaded and fingerprinted; it
+  must be the record's fingerprint. A record pointing at another valid program fails here.
+- rebuilt: the stage runs again on the record's own inputs (its parent record's program and its
+  recorded options; trace from the config's model, when `--config` names it) and the new
+  program's fingerprint must be the record's. A key that does not determine its program (a
+  dependency the key misses) fails here.
+
+The sample is chosen by hashing each record ID with the seed, so the same fraction and seed pick
+the same records on any machine. This process imports no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any, Mapping, Sequence
+
+from pt2flow.flows import pipeline
+from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.engine.orchestrator.supervisor import Budget, Worker, WorkerLost
+from pt2flow.flows.engine.orchestrator.runner import default_memory_gb
+from pt2flow.storage.errors import RecordNotFound, StorageError
+from pt2flow.storage.lineage import decode
+
+
+
+def audited_stages() -> tuple[str, ...]:
+    """The record kinds audit checks: the source, and every stage that declares how it is rebuilt
+    (Stage.rebuild: the program stages and the archive, the records later runs are served)."""
+    return (pipeline.SOURCE_NAME, *(s.name for s in pipeline.stages() if s.rebuild))
+
+AUDIT_TIMEOUT_S = 900.0  # one record: loading, and the stage run again
+
+
+def sampled(record_id: str, fraction: float, seed: int) -> bool:
+    """Whether the record is in the sample: a uniform draw from its ID and the seed."""
+    if fraction >= 1.0:
+        return True
+    draw = int(hashlib.sha256(f"{seed}:{record_id}".encode()).hexdigest()[:15], 16) / 16**15
+    return draw < fraction
+
+
+def _records(index: Any, run_id: str) -> list[dict[str, Any]]:
+    import pyarrow.compute as pc
+
+    audited = audited_stages()
+    condition = (pc.field("run_id") == run_id) & (pc.field("status") == "ok") & pc.field("stage").isin(list(audited))
+    rows = [decode(row) for row in index.scan(None, filter=condition).to_pylist()]
+    order = {stage: i for i, stage in enumerate(audited)}
+    return sorted(rows, key=lambda r: (r["model"], order[r["stage"]]))
+
+
+def _parent(index: Any, record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ok record the program stage consumed: its first parent key's newest ok record."""
+    import pyarrow.compute as pc
+
+    keys = list(record.get("parent_keys") or [])
+    if not keys:
+        return None
+    rows = index.scan(None, filter=(pc.field("key") == keys[0]) & (pc.field("status") == "ok")).to_pylist()
+    rows = [r for r in rows if r.get("sha256")]
+    return decode(max(rows, key=lambda r: r.get("ended_at") or 0)) if rows else None
+
+
+def _source_weights(index: Any, record: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    source = _parent(index, record)
+    return ((source or {}).get("details") or {}).get("weights")
+
+
+class Auditor:
+    """One fresh worker per model (what one model's stages import must not help another's)."""
+
+    def __init__(self, store: Any, models: Mapping[str, ResolvedModel], python: str | None = None) -> None:
+        self.store = store
+        self.python = python
+        self.models = models
+        self.worker: Worker | None = None
+        self.current: str | None = None
+        self.memory_bytes = int(default_memory_gb() * 2**30)
+
+    def _worker_for(self, model: str) -> Worker:
+        if self.worker is None or self.current != model:
+            self.close()
+            self.worker = Worker(threads=None, python=self.python)
+            self.current = model
+        return self.worker
+
+    def check(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "record_id": record["record_id"], "model": record["model"], "stage": record["stage"], "key": record["key"],
+            "sha256": record["sha256"], "fingerprint": record["fingerprint"], "cached": bool(record.get("cached")),
+            "stored": None, "rebuilt": None, "status": "ok", "problem": None,
+        }
+        index = self.store.index
+        entry_stage = pipeline.entry().name  # the stage made from the model itself, not from a parent program
+        try:
+            data = self.store.get_blob(record["sha256"], record.get("size"))
+            parent_record = None if record["stage"] == entry_stage else _parent(index, record)
+            parent = self.store.get_blob(parent_record["sha256"], parent_record.get("size")) if parent_record else None
+        except StorageError as exc:
+            return {**entry, "status": "failed", "problem": f"storage: {exc}"}
+        model = self.models.get(record["model"])
+        weights = None
+        if record["stage"] == pipeline.SOURCE_NAME:
+            weights = (record.get("details") or {}).get("weights")
+        elif record["stage"] == entry_stage and model is not None:
+            weights = _source_weights(index, record)
+        budget = Budget(deadline=time.monotonic() + AUDIT_TIMEOUT_S, deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
+                        memory_bytes=self.memory_bytes)
+        message = ("audit", record["stage"], data, record.get("options") or {}, parent, model, self.store.url, weights)
+        try:
+            status, payload = self._worker_for(record["model"]).call(message, budget)
+        except WorkerLost as lost:
+            self.close()
+            return {**entry, "status": "failed", "problem": f"{lost.error_class}: {lost.message}"}
+        if status != "ok":
+            self.close()
+            return {**entry, "status": "failed", "problem": f"{payload['error_class']}: {payload['error']}"}
+        if record["stage"] == pipeline.SOURCE_NAME:
+            return _judge_source(entry, record, payload["rebuilt"], payload.get("problem"), model, self._versions())
+        entry.update(stored=payload["stored"], rebuilt=payload["rebuilt"])
+        problems = []
+        if payload["stored"] != record["fingerprint"]:
+            problems.append("the stored blob holds another program than the record says")
+        if payload["rebuilt"] is not None and payload["rebuilt"] != record["fingerprint"]:
+            problems.append(f"{record['stage']} run again on the recorded inputs gives another program")
+        if payload["rebuilt"] is None:
+            entry["note"] = (f"not rebuilt: pass --config with the model to run {record['stage']} again" if record["stage"] == entry_stage
+                             else "not rebuilt: no parent program")
+        if problems:
+            entry.update(status="failed", problem="; ".join(problems))
+        return entry
+
+    def _versions(self) -> Mapping[str, str] | None:
+        """The workers' installed versions (None: this interpreter's), for a manifest's check."""
+        if self.python is None:
+            return None
+        from pt2flow.flows.engine.environment.interpreter import describe
+
+        return describe(self.python).distributions
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+            self.current = None
+
+
+def _judge_source(entry: dict[str, Any], record: Mapping[str, Any], rebuilt: str | None, problem: str | None,
+                  model: ResolvedModel | None, versions: Mapping[str, str] | None) -> dict[str, Any]:
+    """A source record against the model built again now: the same eager model (parameters,
+    buffers, structure), unless a file of its manifest changed (a re-run would rebuild it then,
+    so the cache is honest). A different model from unchanged files is what no tracker saw."""
+    from pt2flow.stages.deps import changed_entries
+
+    details = record.get("details") or {}
+    deps = (details.get("manifest") or {}).get("deps") or {}
+    recorded = deps.get("eager")
+    entry.update(stored=recorded, rebuilt=rebuilt)
+    if model is None:
+        entry["note"] = "not rebuilt: pass --config with the model to build it again"
+        return entry
+    changed = changed_entries(deps, model.search_path, versions=versions, stats=details.get("stats"), taken_ns=details.get("stats_at"))
+    if recorded is None and details.get("deps_problem"):  # it did not build when recorded (its trace failed for it)
+        entry["note"] = f"the model did not build when recorded ({details['deps_problem'][:200]})" + (
+            f" and does not now ({problem[:200]})" if problem else " but builds now")
+        return entry
+    if recorded is None:
+        entry["note"] = "not compared: the record has no eager digest (made by an older pt2flow)"
+        return entry
+    if changed:
+        entry["note"] = f"its files changed since (a re-run rebuilds it): {'; '.join(changed[:5])}"
+    elif rebuilt is None:
+        entry.update(status="failed", problem=f"the model no longer builds while every file it was recorded with is unchanged: {problem}")
+    elif rebuilt != recorded:
+        entry.update(status="failed", problem=(
+            "the eager model built now differs from the recorded one (parameters, buffers or structure) while every file "
+            "it was recorded with is unchanged: its construction depends on something pt2flow cannot see (an environment "
+            "variable, a subprocess, the network); declare it with depends_on, or run with --verify-sources"))
+    return entry
+
+
+def audit(store: Any, run_id: str, *, fraction: float = 1.0, seed: int = 0, models: Sequence[ResolvedModel] = (),
+          python: str | None = None) -> dict[str, Any]:
+    """The audit document of a run: every sampled record with its stored and rebuilt fingerprints."""
+    records = _records(store.index, run_id)
+    if not records:
+        raise RecordNotFound(f"run {run_id!r} has no ok source or program records to audit")
+    chosen = [r for r in records if sampled(r["record_id"], fraction, seed)]
+    auditor = Auditor(store, {m.name: m for m in models}, python)
+    try:
+        checked = [auditor.check(record) for record in chosen]
+    finally:
+        auditor.close()
+    failed = [c for c in checked if c["status"] != "ok"]
+    return {
+        "run_id": run_id,
+        "store": store.url,
+        "sample": {"fraction": fraction, "seed": seed, "records": len(records), "checked": len(checked)},
+        "summary": {"ok": len(checked) - len(failed), "failed": len(failed), "rebuilt": sum(1 for c in checked if c["rebuilt"] is not None)},
+        "records": checked,
+    }

@@ -1,0 +1,93 @@
+"""A fleet's plan and the parts of a run that need neither torch nor Prefect: the run context
+from a config, every model's plan, the models the index settles (their records appended in one
+index file), and the run document. `pt2flow run` settles a fleet with nothing to build here,
+without starting Prefect (docs/architecture.md, "Caching").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from pt2flow.flows.engine.common import stores
+from pt2flow.flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
+from pt2flow.flows.engine.common.context import RunContext, new_run_id
+from pt2flow.flows.engine.common.documents import ModelResult, RunDocument, RunSummary
+from pt2flow.flows.engine.orchestrator.planner import Plan, plan_model
+from pt2flow.flows.engine.orchestrator.runner import run_model
+from pt2flow.storage.records import IndexRecord
+
+# Compact the index at the end of a run once it holds this many files.
+AUTO_COMPACT_FILES = 256
+
+
+class NeedsFlow(RuntimeError):
+    """A fleet was to be settled from the index, but some model has work to do."""
+
+
+def fleet_context(
+    config_path: str, store: str | None, only: list[str] | None, stages: list[str] | None, force: bool, run_id: str | None, retry_failed: bool = False,
+    python: str | None = None, verify_sources: bool = False,
+) -> tuple[Any, RunContext]:
+    """The config with the run's overrides, and the run's context. Makes the workers' interpreter
+    (`python`, else the config's, else this one) the active one: keys are planned with its versions."""
+    from pt2flow.flows.engine.environment import interpreter
+
+    pipeline = apply_overrides(load_config(config_path), only=only or (), stages=stages)
+    store_url = resolve_store_url(store or pipeline.store)
+    if not stores.storage_options(store_url) and pipeline.storage_options:
+        stores.set_storage_options(store_url, pipeline.storage_options)
+    chosen = interpreter.activate(python or pipeline.python)
+    return pipeline, RunContext(
+        run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force, retry_failed=retry_failed,
+        python=None if chosen.local else chosen.python, verify_sources=verify_sources,
+    )
+
+
+def plan_fleet(models: Sequence[ResolvedModel], ctx: RunContext, *, stop_at_work: bool = False) -> dict[str, Plan]:
+    """Every model's plan (stop_at_work: raise NeedsFlow at the first model with work)."""
+    plans = {}
+    with stores.open_store(ctx.store_url).index.snapshot():  # one listing of the index for the whole plan
+        for m in models:
+            plans[m.name] = plan_model(m, ctx)
+            if stop_at_work and not plans[m.name].fully_cached:
+                raise NeedsFlow(f"model {m.name} has stages to build")
+    return plans
+
+
+def settle_from_index(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext) -> dict[str, ModelResult]:
+    """Results of the models whose plan the index settles; their records in one index file."""
+    records: list[IndexRecord] = []
+    results = {m.name: run_model(m, ctx, plans[m.name], records=records) for m in models if plans[m.name].fully_cached}
+    if records:
+        stores.open_store(ctx.store_url).index.append(records)
+    return results
+
+
+def resolve_workers(workers: int | None, models_with_work: int) -> int:
+    from pt2flow.flows.engine.orchestrator.supervisor import default_workers
+
+    return max(1, workers) if workers else default_workers(max(1, models_with_work))
+
+
+def run_document(ctx: RunContext, results: list[ModelResult], started: float, workers: int) -> RunDocument:
+    """The run document (docs/architecture.md §4); compacts the index once it has many files."""
+    from pt2flow.flows.engine.lineage.events import flush
+
+    flush(ctx.run_id)  # the run's OpenLineage events sent, or dropped with one warning (bounded wait)
+    store = stores.open_store(ctx.store_url)
+    if len(store.index.files()) >= AUTO_COMPACT_FILES:
+        store.index.compact()
+    ok = sum(1 for r in results if r.status == "ok")
+    summary = RunSummary(ok=ok, failed=len(results) - ok, seconds=round(time.perf_counter() - started, 3))
+    return RunDocument(run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers, python=ctx.python)
+
+
+def settle_fleet(pipeline: Any, ctx: RunContext) -> dict[str, Any]:
+    """The run document (as its JSON dict) of a fleet the index settles entirely; NeedsFlow at
+    the first model with work."""
+    started = time.perf_counter()
+    models = list(pipeline.models)
+    plans = plan_fleet(models, ctx, stop_at_work=True)
+    results = settle_from_index(models, plans, ctx)
+    return run_document(ctx, [results[m.name] for m in models], started, 0).model_dump(mode="json")

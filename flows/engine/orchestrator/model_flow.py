@@ -1,0 +1,46 @@
+"""The Prefect tasks of a model's stages: one per stage, named after it, so the UI shows which
+stage of which model failed. The fleet flow's model task (flows/fleet.py) runs them; their bodies
+are flows/engine/orchestrator/runner.py's, which run in this process and send the torch work to a supervised
+worker process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from pt2flow.flows import pipeline
+from pt2flow.flows.engine.common.context import TransientStageError
+from pt2flow.flows.engine.orchestrator.runner import run_stage
+
+# A stage task is retried, by Prefect, only after a transient storage error (the store's own
+# RetryPolicy gave up: an outage longer than its backoff). The retry looks the stage up in the
+# index and the store again, so what the failed attempt already published is reused, not redone.
+STAGE_RETRIES = 2
+STAGE_RETRY_DELAY_SECONDS = 1.0
+
+
+def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    return isinstance(state.data, TransientStageError)
+
+
+class StageTasks(dict):
+    """One Prefect task per stage, named after it, made when a run first needs it (a stage
+    registered after this module was imported gets one too)."""
+
+    def __missing__(self, name: str) -> Any:
+        pipeline.get(name)  # an unknown stage is a KeyError here, as before
+        self[name] = made = task(
+            name=name,
+            cache_policy=NO_CACHE,
+            persist_result=False,
+            retries=STAGE_RETRIES,
+            retry_delay_seconds=STAGE_RETRY_DELAY_SECONDS,
+            retry_condition_fn=_retry_transient,
+        )(run_stage)
+        return made
+
+
+STAGE_TASKS = StageTasks()

@@ -1,0 +1,226 @@
+"""Running a model's stages: the orchestrator's side, without Prefect.
+
+`run_model` walks the configured stages; each stage's body (`run_stage`) computes its key, looks
+it up (the planner's hit first), and otherwise sends the work to the model's worker process
+(flows/engine/orchestrator/supervisor.py). A worker that crashes, runs past its time or over its memory fails only
+this model's current stage, recorded as `crash`, `timeout` or `out_of_memory` with the tail of its
+stderr. flows/engine/orchestrator/model_flow.py wraps each stage in a Prefect task; a model the planner
+settled from the index runs here directly, with no Prefect import at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.engine.orchestrator.bookkeeping import StageRun
+from pt2flow.flows.engine.worker.compute import Produced, StageRequest
+from pt2flow.flows.engine.common.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
+from pt2flow.flows.engine.common.documents import ModelResult, StageView, ValidationSummary
+from pt2flow.flows.engine.lineage.events import StageLineage
+from pt2flow.flows.engine.orchestrator.planner import Plan, plan_model, source_key
+from pt2flow.flows.engine.orchestrator.supervisor import Budget, Lease, WorkerLost, WorkerPool
+from pt2flow.flows.engine.orchestrator.stage_keys import gather, parent_keys, stage_key
+from pt2flow.flows import pipeline
+from pt2flow.flows.pipeline import get as get_stage, document_slots
+from pt2flow.storage.records import IndexRecord
+from pt2flow.stages.vocabulary import ErrorClass
+
+StageCall = Callable[[str, ResolvedModel, RunContext, Mapping[str, Outcome]], Outcome]
+
+
+@dataclass
+class ModelRun:
+    """What the stage tasks of one model share in this thread: its plan, its worker lease and
+    its time budget."""
+
+    plan: Plan
+    lease: Lease | None
+    limits: Limits
+    started: float
+    records: list[IndexRecord] | None = None  # collect index records here instead of appending each
+
+    def budget(self, stage: str) -> Budget:
+        deadlines = []
+        if self.limits.timeout_s is not None:
+            deadlines.append((self.started + self.limits.timeout_s, f"the model ran past its time limit of {self.limits.timeout_s:g} s (limits.timeout_s)"))
+        stage_limit = self.limits.stage_budget(stage)
+        if stage_limit is not None:
+            deadlines.append((time.monotonic() + stage_limit, f"{stage} ran past its time limit of {stage_limit:g} s (limits.stage_timeout_s.{stage})"))
+        deadline, reason = min(deadlines) if deadlines else (None, "")
+        memory_gb = self.limits.memory_gb if self.limits.memory_gb is not None else default_memory_gb()
+        memory = int(memory_gb * 2**30)
+        return Budget(deadline=deadline, deadline_reason=reason, memory_bytes=memory)
+
+
+@functools.cache
+def default_memory_gb() -> float:
+    """A worker tree may use 90% of the machine's memory unless `limits.memory_gb` says otherwise:
+    pt2flow stops it (out_of_memory) before the kernel's OOM killer picks a victim. (The
+    machine's total: asked once per process, not before every stage.)"""
+    import psutil
+
+    return 0.9 * psutil.virtual_memory().total / 2**30
+
+
+_current = threading.local()
+
+
+def _model_run() -> ModelRun:
+    run = getattr(_current, "run", None)
+    if run is None:
+        raise RuntimeError("stage tasks run inside run_model")
+    return run
+
+
+def _retries_left() -> bool:
+    """Whether the Prefect task running this stage will be retried after a transient error."""
+    if "prefect" not in sys.modules:  # a direct call: nobody retries
+        return False
+    from prefect.context import TaskRunContext
+
+    context = TaskRunContext.get()
+    return context is not None and context.task_run.run_count <= context.task.retries
+
+
+def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping[str, Outcome]) -> Outcome:
+    """Key, cache lookup, then the worker: the body of every stage task. Every failure, the
+    orchestrator's own storage errors included, ends as a recorded StageFailed."""
+    from pt2flow.storage import StorageError
+    from pt2flow.storage.retry import is_transient
+
+    model_run = _model_run()
+    spec = get_stage(stage)
+    lineage = StageLineage(ctx, model, stage, inputs)  # OpenLineage START / COMPLETE / FAIL (off unless configured)
+    lineage.start()
+    try:
+        key = (model_run.plan.source_key or "") if stage == "source" else stage_key(spec, model, inputs)
+        run = StageRun(stage, model, ctx, key, parent_keys(spec, inputs), records=model_run.records)
+        try:
+            outcome = _attempt(run, model_run, inputs, spec.compute)
+        except StorageError as exc:
+            if is_transient(exc) and _retries_left():
+                raise TransientStageError(str(exc)) from exc  # not recorded: the retry records the outcome
+            raise run.fail(ErrorClass.STORAGE, str(exc)) from None
+    except StageFailed as failed:
+        lineage.end(failed.outcome)
+        raise
+    except BaseException:
+        lineage.end(None, aborted=True)
+        raise
+    lineage.end(outcome)
+    return outcome
+
+
+def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], compute: str) -> Outcome:
+    stage = run.stage
+    if run.key:
+        hit = run.cached(model_run.plan.hit(stage, run.key))
+        if hit is not None:
+            return hit
+    if model_run.lease is None:
+        raise run.fail(ErrorClass.INTERNAL, f"pt2flow bug: {stage} of a model planned as fully cached has work to do")
+    try:
+        worker = model_run.lease.get()
+        request = StageRequest(stage, compute, run.model, run.ctx, dict(inputs), run.key)
+        status, payload = worker.call(("stage", request), model_run.budget(stage))
+    except WorkerLost as lost:
+        details = {"stderr_tail": lost.stderr_tail, "returncode": lost.returncode}
+        message = f"{lost.message} during {stage}" if lost.error_class == ErrorClass.CRASH else f"{stage}: {lost.message}"
+        raise run.fail(lost.error_class, message, details=details) from None
+    if isinstance(payload, Produced):
+        if stage == "source":  # the manifest the worker read is the one the key must cover
+            run.key = source_key(payload.details["manifest"])
+        return run.published(payload)
+    if payload.transient and _retries_left():
+        raise TransientStageError(payload.error)  # not recorded: the retry records the outcome
+    details = dict(payload.details)
+    tail = worker.stderr_tail()
+    if tail.strip():
+        details["stderr_tail"] = tail
+    raise run.fail(payload.error_class, payload.error, details=details, report=payload.report)
+
+
+def run_model(
+    model: ResolvedModel,
+    ctx: RunContext,
+    plan: Plan | None = None,
+    pool: WorkerPool | None = None,
+    *,
+    tasks: Mapping[str, StageCall] | None = None,
+    records: list[IndexRecord] | None = None,
+) -> ModelResult:
+    """Run the configured stages for one model; never raises for a model's own failure.
+
+    pool: where stage work goes (None: the plan must settle every stage from the index);
+    tasks: stage name -> callable wrapping run_stage (Prefect tasks); None calls it directly;
+    records: collect the index records here (the caller appends them at once) instead of
+    appending one file per stage.
+    """
+    logger = run_logger()
+    plan = plan or plan_model(model, ctx)
+    if pool is None:
+        logger.info("%s: settled from the index", model.name)
+    lease = None if pool is None else Lease(pool)
+    call: Callable[[str], StageCall] = (lambda s: run_stage) if tasks is None else (lambda s: tasks[s])
+    result = ModelResult(name=model.name)
+    outcomes: dict[str, Outcome] = {}
+    current = "source"
+    _current.run = ModelRun(plan, lease, model.limits, time.monotonic(), records)
+    try:
+        outcomes["source"] = call("source")("source", model, ctx, {})
+        result.source = outcomes["source"].artifact
+        slots = {stage: slot for slot, stage in document_slots().items()}
+        for stage in ctx.stages:
+            current = stage
+            logger.info("%s: %s", model.name, stage)
+            outcomes[stage] = call(stage)(stage, model, ctx, gather(get_stage(stage), outcomes))
+            result.stages[stage] = StageView.of(outcomes[stage])
+            if stage in slots:
+                result.artifacts.put(slots[stage], outcomes[stage].artifact)
+    except StageFailed as failure:
+        outcomes[current] = failure.outcome
+        if current != "source":
+            result.stages[current] = StageView.of(failure.outcome)
+        result.fail(current, failure.outcome)
+        logger.warning("%s failed at %s (%s): %s", model.name, current, result.error_class, result.error)
+    finally:
+        _current.run = None
+        if lease is not None:
+            if lease.worker is not None:
+                result.worker = f"{socket.gethostname()}:{lease.worker.pid}"
+            lease.release()
+    add_trace_and_validation(result, outcomes)
+    return result
+
+
+def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome]) -> None:
+    """The trace strategy (where the ladder gave up dynamic shapes, say so where the user looks,
+    docs/architecture.md §4) and the validation summary of a model's outcomes."""
+    trace = outcomes.get(pipeline.entry().name)
+    strategy = trace.details.get("strategy") if trace is not None and trace.ok else None
+    result.trace_strategy = strategy
+    result.static_fallback = strategy == "static"
+    validate = outcomes.get(pipeline.publisher_name("report") or "")
+    validation = validate.details.get("validation") if validate is not None else None
+    if validation:
+        result.validation = ValidationSummary(**{k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples")})
+
+
+def run_logger() -> Any:
+    """The Prefect run logger inside a flow or task run, else the plain `pt2flow` logger."""
+    if "prefect" in sys.modules:
+        try:
+            from prefect import get_run_logger
+
+            return get_run_logger()
+        except Exception:
+            pass
+    return logging.getLogger("pt2flow")

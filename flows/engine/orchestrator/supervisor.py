@@ -1,0 +1,430 @@
+"""Supervised worker processes: every stage of every model runs in one, never in the orchestrator.
+
+Why not a library: concurrent.futures' ProcessPoolExecutor (and Prefect's ProcessPoolTaskRunner,
+built on it) and loky fail every in-flight future when one worker dies (BrokenProcessPool /
+TerminatedWorkerError), so one segfault would fail healthy models; Dask's nanny restarts a dead
+worker, but has no per-task deadline, does not stop a task's compiler subprocesses, measures
+only the worker's own memory and reports neither the signal nor the stage. The supervisor here
+is small: a subprocess per worker in its own process group, a pipe, a deadline, psutil for the
+memory of the whole process tree (docs/architecture.md, "Isolation").
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+import psutil
+
+POLL_SECONDS = 0.05
+# a worker stopped by a signal that stops runs (SIGTERM from a scheduler or systemd, which signal
+# every process; SIGINT) is an interrupt once the orchestrator's own handler has set the pool's
+# flag: this long it is given to do so before the death counts as a crash
+STOP_SIGNAL_GRACE_S = 3.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+MEMORY_SAMPLE_SECONDS = 0.2
+STARTUP_TIMEOUT = 300.0
+STDERR_TAIL_BYTES = 16000  # a faulthandler dump of a deep torch stack runs to ~10 kB
+
+
+class Interrupted(BaseException):
+    """The run was interrupted (Ctrl-C, SIGTERM): the model threads stop waiting on their workers
+    at once, and nothing is recorded for the stage they were in (a BaseException, as
+    KeyboardInterrupt is, so that no handler of stage failures records it)."""
+
+
+class WorkerLost(Exception):
+    """The worker stopped before it answered: `error_class` says why (crash, timeout, out_of_memory)."""
+
+    def __init__(self, error_class: str, message: str, stderr_tail: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+        self.stderr_tail = stderr_tail
+        self.returncode = returncode
+
+
+def stopped_by_signal(returncode: int | None) -> bool:
+    """Whether a worker ended because it was told to stop (SIGTERM, SIGINT): killed by one, or
+    exited 128 + its number (worker.py's handler, after stopping its compilers)."""
+    return returncode is not None and (-returncode in STOP_SIGNALS or returncode - 128 in STOP_SIGNALS)
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "is gone"
+    if returncode - 128 in STOP_SIGNALS:
+        return f"was stopped by {signal.Signals(returncode - 128).name} (exit code {returncode}), sent by something other than this run"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = " (the kernel's OOM killer sends SIGKILL when memory runs out)" if -returncode == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {returncode}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one call may use: an absolute deadline (time.monotonic) and a memory ceiling."""
+
+    deadline: float | None = None
+    deadline_reason: str = ""
+    memory_bytes: int | None = None
+
+
+class Worker:
+    """One worker process, started at once (it imports torch while the orchestrator does other
+    work) and used by one model at a time."""
+
+    def __init__(self, threads: int | None, env: dict[str, str] | None = None, stopping: Callable[[], bool] = lambda: False,
+                 python: str | None = None) -> None:
+        """`python`: the interpreter to start (default: this one); another environment's must
+        have pt2flow installed (flows/engine/environment/interpreter.py checks that before a run)."""
+        self.stopping = stopping  # the pool's 'stop now' flag, polled while waiting
+        parent_sock, child_sock = socket.socketpair()
+        self.log = tempfile.TemporaryFile(prefix="pt2flow-worker-")
+        child_env = {**os.environ, **(env or {}), "PT2FLOW_WORKER": "1"}
+        if threads:
+            child_env["PT2FLOW_WORKER_THREADS"] = str(threads)
+        self.process = subprocess.Popen(
+            [python or sys.executable, "-m", "pt2flow.flows.engine.worker.process", str(child_sock.fileno()), str(os.getpid())],
+            pass_fds=[child_sock.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            env=child_env,
+            start_new_session=True,  # its own process group: killing it stops its compilers too
+        )
+        child_sock.close()
+        self.conn = Connection(parent_sock.detach())
+        self.pid = self.process.pid
+        self.ready = False
+        self._offset = 0
+
+    # -- calls -------------------------------------------------------------------------------
+    def call(self, message: tuple[Any, ...], budget: Budget = Budget()) -> Any:
+        """Send `message`, wait for the answer within `budget`; WorkerLost if the worker dies,
+        runs out of time or memory (it is then killed, with its whole process tree)."""
+        self._offset = self._log_size()
+        if not self.ready:
+            self._wait(budget, startup=True)
+            self.ready = True
+        try:
+            self.conn.send(message)
+        except OSError:
+            raise self._lost("crash", "before the stage started") from None
+        return self._wait(budget)
+
+    def _wait(self, budget: Budget, startup: bool = False) -> Any:
+        next_sample = 0.0
+        startup_deadline = time.monotonic() + STARTUP_TIMEOUT if startup else None
+        while True:
+            self._raise_if_interrupted()  # before looking at the process: the interrupt killed it
+            try:
+                if self.conn.poll(POLL_SECONDS):
+                    return self.conn.recv()
+            except (EOFError, OSError):
+                raise self._lost("crash", "") from None
+            if self.process.poll() is not None:
+                raise self._lost("crash", "")
+            now = time.monotonic()
+            if budget.deadline is not None and now > budget.deadline:
+                self.kill(dump_stacks=True)
+                raise self._lost("timeout", budget.deadline_reason)
+            if startup_deadline is not None and now > startup_deadline:
+                self.kill()
+                raise self._lost("crash", f"did not start within {STARTUP_TIMEOUT:.0f} s")
+            if budget.memory_bytes is not None and now >= next_sample:
+                next_sample = now + MEMORY_SAMPLE_SECONDS
+                used = self.memory_bytes()
+                if used > budget.memory_bytes:
+                    self.kill(dump_stacks=True)
+                    raise self._lost(
+                        "out_of_memory", f"its processes used {used / 2**30:.2f} GiB, over the limit of {budget.memory_bytes / 2**30:.2f} GiB"
+                    )
+
+    def _lost(self, error_class: str, reason: str) -> WorkerLost:
+        """Why the worker is gone, as the exception to raise; raises Interrupted instead when the
+        run is being interrupted (the interrupt killed it, or the signal that stops the run
+        reached it too: Ctrl-C or a scheduler's SIGTERM to every process), which records nothing."""
+        self._raise_if_interrupted()
+        try:
+            returncode = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            returncode = self.process.returncode
+        self._raise_if_interrupted()
+        if stopped_by_signal(returncode):
+            grace = time.monotonic() + STOP_SIGNAL_GRACE_S
+            while time.monotonic() < grace:
+                self._raise_if_interrupted()
+                time.sleep(POLL_SECONDS)
+        if error_class == "crash":
+            message = f"the worker process (pid {self.pid}) {describe_exit(returncode)}" + (f" {reason}" if reason else "")
+        else:
+            message = f"{reason}; its worker process (pid {self.pid}) and everything it started were stopped"
+        return WorkerLost(error_class, message, self.stderr_tail(), returncode)
+
+    def _raise_if_interrupted(self) -> None:
+        if self.stopping():
+            raise Interrupted(f"the run was interrupted; worker process {self.pid} stopped")
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def memory_bytes(self) -> int:
+        """Resident memory of the worker and every process under it (compilers included)."""
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        total = 0
+        for proc in procs:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _log_size(self) -> int:
+        try:
+            return os.fstat(self.log.fileno()).st_size
+        except OSError:
+            return 0
+
+    def stderr_tail(self, limit: int = STDERR_TAIL_BYTES) -> str:
+        """What the worker wrote to stdout/stderr since the current call began (the end of it)."""
+        end = self._log_size()
+        start = max(self._offset, end - limit)
+        try:
+            data = os.pread(self.log.fileno(), end - start, start)
+        except OSError:
+            return ""
+        return data.decode("utf-8", "replace")
+
+    def kill(self, dump_stacks: bool = False) -> None:
+        """Stop the worker and every process it started, at once (dump_stacks: first have it
+        print where each of its threads is, for the stderr tail)."""
+        if dump_stacks and self.alive:
+            try:
+                os.kill(self.pid, signal.SIGUSR1)
+                time.sleep(0.3)
+            except ProcessLookupError:
+                pass
+        try:
+            descendants = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for proc in descendants:  # a compiler that left the group
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill_group_now(self) -> None:
+        """SIGKILL the worker's process group, taking no lock and waiting for nothing (safe in a
+        signal handler); kill() or close() reaps it later."""
+        if self.process.returncode is None:  # not yet reaped: its pid still names its group
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self.alive:
+            try:
+                self.conn.send(("stop",))
+                self.process.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        self.conn.close()
+        self.log.close()
+
+
+class WorkerPool:
+    """`size` workers, reused across models (torch is imported once per worker); a worker that
+    died or was stopped is replaced by a fresh one for the next model."""
+
+    def __init__(self, size: int, threads: int | None = None, env: dict[str, str] | None = None, python: str | None = None) -> None:
+        self.size = max(1, size)
+        self.python = python or sys.executable
+        self.threads = threads
+        self.env = dict(env or {})
+        self._idle: "queue.Queue[Worker]" = queue.Queue()
+        self._all: list[Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.stopping = False  # set by interrupt(): a plain attribute, so a signal handler may set it
+        for _ in range(self.size):
+            self._idle.put(self._spawn())
+
+    def _spawn(self) -> Worker:
+        # a pool shut down under a call in flight (the CLI stopping the workers of an interrupted
+        # run) interrupts that call too: the stage did not fail, it was stopped
+        worker = Worker(self.threads, self.env, stopping=lambda: self.stopping or self._closed, python=self.python)
+        with self._lock:
+            self._all.append(worker)
+        return worker
+
+    def acquire(self) -> Worker:
+        while True:
+            if self.stopping:
+                raise Interrupted("the run was interrupted before this model got a worker")
+            try:
+                worker = self._idle.get(timeout=POLL_SECONDS)
+                break
+            except queue.Empty:
+                continue
+        if not worker.alive:
+            self._retire(worker)
+            worker = self._spawn()
+        return worker
+
+    def release(self, worker: Worker) -> None:
+        if self._closed or self.stopping:
+            return
+        if worker.alive:
+            self._idle.put(worker)
+        else:  # replaced now, so the next model finds a worker already importing torch
+            self._retire(worker)
+            self._idle.put(self._spawn())
+
+    def _retire(self, worker: Worker) -> None:
+        worker.close()
+        with self._lock:
+            if worker in self._all:
+                self._all.remove(worker)
+
+    @property
+    def usable(self) -> bool:
+        return not (self._closed or self.stopping)
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.pid for w in self._all]
+
+    def interrupt(self) -> None:
+        """Stop now, from a signal handler or an unwinding main thread: set the flag that every
+        wait on a worker polls and kill every worker's process group. Takes no lock (the
+        interrupted thread may hold one) and waits for nothing; shutdown() reaps them later."""
+        self.stopping = True
+        for worker in list(self._all):  # a copy made in one step under the GIL
+            worker.kill_group_now()
+
+    def shutdown(self) -> None:
+        """Stop every worker (and its compilers) now; in-flight calls end with WorkerLost."""
+        self._closed = True
+        with self._lock:
+            workers = list(self._all)
+            self._all.clear()
+        for worker in workers:
+            worker.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the process's pool: the orchestrator's (local runner) or a Dask worker's (one worker each)
+
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
+
+
+def default_workers(models: int) -> int:
+    """Worker processes for `models` models when --workers is not given: one per core, at most
+    one per model, and at most one per 3 GiB of available memory (a torch worker's working set)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    memory = psutil.virtual_memory().available // (3 * 2**30)
+    return max(1, min(models, cores, memory))
+
+
+def worker_threads(size: int) -> int:
+    """torch threads per worker: the cores shared out, at least one each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, size))
+
+
+def start_pool(size: int, python: str | None = None) -> WorkerPool:
+    """Start this process's pool of `size` workers under `python` (default: this interpreter),
+    replacing a smaller one or one of another interpreter."""
+    global _pool
+    python = python or sys.executable
+    with _pool_lock:
+        if _pool is not None and _pool.size >= size and _pool.usable and _pool.python == python:
+            return _pool
+        if _pool is not None:
+            _pool.shutdown()
+        env = {"TORCHINDUCTOR_COMPILE_THREADS": "1"} if size > 1 else {}  # N compiles side by side
+        _pool = WorkerPool(size, threads=worker_threads(size), env=env, python=python)
+        return _pool
+
+
+def shared_pool(size: int = 1, python: str | None = None) -> WorkerPool:
+    with _pool_lock:
+        existing = _pool
+    if existing is not None and existing.usable and existing.python == (python or sys.executable):
+        return existing
+    return start_pool(size, python)
+
+
+def interrupt_pool() -> None:
+    """The run was interrupted: stop this process's workers now, without taking a lock (safe in
+    a signal handler, and in a main thread that unwinds while model threads wait on workers)."""
+    pool = _pool
+    if pool is not None:
+        pool.interrupt()
+
+
+def stop_pool() -> None:
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown()
+
+
+atexit.register(stop_pool)
+
+
+@dataclass
+class Lease:
+    """The worker a model's stages run on, acquired at its first stage with work and released
+    (or replaced, if it died) when the model is done."""
+
+    pool: WorkerPool
+    worker: Worker | None = None
+
+    def get(self) -> Worker:
+        if self.worker is None:
+            self.worker = self.pool.acquire()
+            self.worker.call(("new_model",))
+        return self.worker
+
+    def release(self) -> None:
+        if self.worker is not None:
+            self.pool.release(self.worker)
+            self.worker = None
+

@@ -1,6 +1,0 @@
-"""The version of the orchestrator <-> worker protocol (flows/engine/compute.py's messages and the
-worker's control messages). An orchestrator starts workers under another interpreter (`run
---python`) only when that interpreter's pt2flow speaks the same protocol: bump this whenever a
-message changes shape. Imports nothing, so an interpreter can be asked for it without torch."""
-
-WORKER_PROTOCOL = 1

@@ -1,0 +1,277 @@
+"""Prefect's environment and the API server a run talks to (shared, or a private one).
+
+Import this before prefect: it sets quiet, offline defaults without overriding what the user set:
+no telemetry; Prefect's console logging only at CRITICAL (pt2flow reports failures itself) while
+INFO still reaches the Prefect API and UI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+PREFECT_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "CRITICAL",
+    "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+    "PREFECT_UI_ENABLED": "false",
+}
+
+
+def prepare_environment() -> None:
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+prepare_environment()
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefect API server
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return response.status == 200
+    except Exception:
+        return False
+
+
+def server_log_path() -> Path:
+    path = prefect_home()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return path / "pt2flow-server.log"
+    except OSError:
+        return Path(tempfile.gettempdir()) / "pt2flow-server.log"
+
+
+SERVER_MODE_ENV = "PT2FLOW_PREFECT_SERVER"  # shared (default) | private
+SERVER_IDLE_ENV = "PT2FLOW_PREFECT_SERVER_IDLE_S"
+DEFAULT_SERVER_IDLE_S = 900.0
+# what a shared server's environment keeps of the starting run's (no storage options, no credentials)
+_SERVER_ENV_KEEP = ("PATH", "HOME", "LANG", "TMPDIR", "TZ", "DO_NOT_TRACK", "SSL_CERT_FILE", "VIRTUAL_ENV")
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or str(Path.home() / ".prefect"))
+
+
+@contextlib.contextmanager
+def prefect_api(timeout: float = 90.0, while_starting: Callable[[], Any] | None = None) -> Iterator[str]:
+    """Use PREFECT_API_URL when set; otherwise the shared local Prefect server of PREFECT_HOME
+    (flows/engine/services/prefect_server.py: started by the first run, reused by the next ones, gone
+    after PT2FLOW_PREFECT_SERVER_IDLE_S seconds without a run), or with PT2FLOW_PREFECT_SERVER=private
+    a server of this run's own, stopped when it ends.
+
+    One server serves every worker process (they inherit PREFECT_API_URL), instead of each
+    starting its own on the same SQLite file. Its output goes to a log file under PREFECT_HOME,
+    so SQLite "database is locked" retries never reach the user's terminal.
+    """
+    existing = os.environ.get("PREFECT_API_URL")
+    if existing:
+        yield existing
+        return
+    process = None
+    lease: Path | None = None
+    if os.environ.get(SERVER_MODE_ENV, "shared") == "private":
+        process, api_url = _start_server(timeout, while_starting)
+    else:
+        api_url, lease = _shared_server(timeout, while_starting)
+    os.environ["PREFECT_API_URL"] = api_url
+    # Worker processes inherit the URL; none of them may start an ephemeral server of its own
+    # (an orphaned one would outlive the run and keep its stdout pipe open).
+    saved_ephemeral = os.environ.get("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE")
+    os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
+    try:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            yield api_url
+    finally:
+        _drain_prefect()
+        os.environ.pop("PREFECT_API_URL", None)
+        if saved_ephemeral is None:
+            os.environ.pop("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", None)
+        else:
+            os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = saved_ephemeral
+        if process is not None:
+            _stop(process)
+        if lease is not None:
+            lease.unlink(missing_ok=True)
+
+
+def _shared_server(timeout: float, while_starting: Callable[[], Any] | None) -> tuple[str, Path]:
+    """The URL of PREFECT_HOME's shared server (started now if none answers) and this run's
+    lease on it. Under a lock: concurrent runs start one server between them."""
+    import fcntl
+    from importlib import metadata
+
+    from pt2flow.flows.engine.services.prefect_server import LEASES, STATE, environment
+
+    home = prefect_home()
+    home.mkdir(parents=True, exist_ok=True)
+    leases = home / LEASES
+    leases.mkdir(exist_ok=True)
+    lease = leases / str(os.getpid())
+    lease.touch()  # before anything: a server starting now must not find itself idle
+    wanted = {"environment": environment(), "prefect": metadata.version("prefect")}
+    with open(home / "pt2flow-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = _read_state(home / STATE)
+        if state and all(state.get(k) == v for k, v in wanted.items()) and _healthy(state["url"]):
+            if while_starting is not None:
+                while_starting()
+            return str(state["url"]), lease
+        log_path = server_log_path()
+        for _attempt in range(3):
+            port = _free_port()
+            api_url = f"http://127.0.0.1:{port}/api"
+            _spawn_shared(port, home, log_path)
+            if while_starting is not None:  # useful work while the server boots on another core
+                while_starting()
+                while_starting = None
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and not _healthy(api_url):
+                time.sleep(0.1)
+            state = _read_state(home / STATE)
+            if state and state.get("url") == api_url and _healthy(api_url):
+                return api_url, lease
+    lease.unlink(missing_ok=True)
+    raise RuntimeError(f"the Prefect server did not start; see {log_path}")
+
+
+def stop_shared_server(home: str | os.PathLike[str] | None = None) -> bool:
+    """SIGTERM the shared Prefect server of `home` (default: PREFECT_HOME), if one runs; True if
+    one was signalled. It stops as after an idle period (flows/engine/services/prefect_server.py)."""
+    import signal
+
+    from pt2flow.flows.engine.services.prefect_server import STATE
+
+    state = _read_state(Path(home) / STATE if home is not None else prefect_home() / STATE)
+    try:
+        os.kill(int(state["pid"]), signal.SIGTERM)  # type: ignore[index]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _spawn_shared(port: int, home: Path, log_path: Path) -> None:
+    """Start the shared server (it detaches at once; this waits only for its first process)."""
+    env = {k: v for k, v in os.environ.items() if k in _SERVER_ENV_KEEP or k.startswith(("PREFECT_", "LC_", "XDG_"))}
+    env.pop("PREFECT_API_URL", None)
+    env.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1", "PREFECT_HOME": str(home)})
+    idle = os.environ.get(SERVER_IDLE_ENV) or str(DEFAULT_SERVER_IDLE_S)
+    with open(log_path, "ab") as log:
+        subprocess.run(
+            [sys.executable, "-m", "pt2flow.flows.engine.services.prefect_server", str(port), str(home), idle],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, timeout=60, check=False,
+        )
+
+
+def _start_server(timeout: float, while_starting: Callable[[], Any] | None) -> tuple[subprocess.Popen[bytes], str]:
+    """A private Prefect server answering on a free port, and its API URL: three tries, each
+    given `timeout` seconds to become healthy; RuntimeError after that."""
+    log_path = server_log_path()
+    for _attempt in range(3):
+        port = _free_port()
+        api_url = f"http://127.0.0.1:{port}/api"
+        process = _spawn_server(port, log_path)
+        if while_starting is not None:  # useful work while the server boots on another core
+            while_starting()
+            while_starting = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and process.poll() is None and not _healthy(api_url):
+            time.sleep(0.1)
+        if process.poll() is None and _healthy(api_url):
+            return process, api_url
+        _stop(process)
+    raise RuntimeError(f"the Prefect server did not start; see {log_path}")
+
+
+def _spawn_server(port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """Prefect's API server (uvicorn, no UI) on `port`, its output appended to `log_path`."""
+    env = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    log = open(log_path, "ab")
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    log.close()
+    return process
+
+
+def _die_with_parent() -> None:
+    """In the server's child process: SIGTERM it when pt2flow dies (even by SIGKILL), so no
+    private server outlives its run. Linux only; elsewhere the server is stopped on exit."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _drain_prefect(timeout: float = 15.0) -> None:
+    """Send Prefect's buffered logs and events before the server goes away (else they retry for a minute)."""
+    try:
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=timeout)
+    except Exception:
+        pass
+    try:
+        from prefect.events.worker import EventsWorker
+
+        EventsWorker.drain_all(timeout=timeout)
+    except Exception:
+        pass
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

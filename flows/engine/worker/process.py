@@ -1,0 +1,118 @@
+"""A worker process: `python -m pt2flow.flows.engine.worker.process FD PARENT` runs stages sent over the connection on
+file descriptor FD until told to stop or its parent goes away. Never imports Prefect.
+
+It leads its own process group (the supervisor starts it in a new session), so killing the
+group also stops the compiler subprocesses inductor starts. When the supervisor dies, the
+watchdog thread stops the whole group; SIGTERM stops the rest of it and exits 143 (the
+supervisor tells that stop from a crash, flows/engine/orchestrator/supervisor.py).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+
+def _stop_group(*_args: object) -> None:
+    """Kill this worker's process group (itself and its compilers), now."""
+    try:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    finally:
+        os._exit(1)
+
+
+def _stopped(signum: int, _frame: object) -> None:
+    """SIGTERM (a scheduler or systemd stopping every process of a job): kill the
+    rest of this worker's process group (its compilers), then exit 128 + signum, so that the
+    supervisor tells a stop from a crash (a SIGKILL of the whole group would read as the OOM
+    killer's)."""
+    try:
+        import psutil
+
+        me, group = os.getpid(), os.getpgid(0)
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid != me and os.getpgid(proc.pid) == group:
+                    proc.kill()
+            except (psutil.Error, OSError):
+                pass
+    finally:
+        os._exit(128 + signum)
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            _stop_group()
+
+
+def _set_threads() -> None:
+    threads = os.environ.get("PT2FLOW_WORKER_THREADS")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def main(fd: int, parent: int) -> int:
+    # a segfault prints the Python stack to stderr; SIGUSR1 (sent before a worker is stopped for
+    # time or memory) prints where every thread is: both end up in the failed model's stderr tail
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGTERM, _stopped)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when a worker stops
+    threading.Thread(target=_watch_parent, args=(parent,), name="pt2flow-watchdog", daemon=True).start()
+    conn = Connection(fd)
+    # before anything of a model is imported: the start-up sys.path the dependency manifest
+    # resolves against, and the watch on file reads (stages/reads.py: import-time reads too)
+    from pt2flow.stages.distributions import pin_import_path
+    from pt2flow.stages.reads import install as watch_reads
+
+    pin_import_path()
+    watch_reads()
+    import pt2flow.stages.trace  # noqa: F401  (torch and the stages: once per worker, before the first model)
+
+    from pt2flow.flows.engine.worker import compute
+    from pt2flow.storage.faults import crash_point
+
+    _set_threads()
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return 0
+        kind = message[0]
+        if kind == "stop":
+            return 0
+        if kind == "stage":  # one stage of one model (a compute.StageRequest)
+            status, payload = compute.run_stage(message[1])
+            sys.stdout.flush()
+            sys.stderr.flush()
+            conn.send((status, payload))
+        elif kind == "compat":  # check-compat: one artifact (flows/engine/maintenance/compat.py)
+            crash_point("before_compat_check")
+            conn.send(compute.check_artifact(*message[1:]))
+        elif kind == "audit":  # pt2flow audit: one program record rebuilt (flows/engine/maintenance/audit.py)
+            from pt2flow.flows.engine.worker.rebuild import rebuild
+
+            conn.send(rebuild(*message[1:]))
+        elif kind == "preflight":  # pt2flow validate: one model's modules and forward() (flows/engine/orchestrator/preflight.py)
+            from pt2flow.flows.engine.worker.model_check import inspect_model
+
+            conn.send(inspect_model(*message[1:]))
+        elif kind == "new_model":
+            compute.forget_programs()
+            conn.send(("ok", None))
+        elif kind == "eval":  # tests and benchmarks: what this worker sees (pid, env)
+            conn.send(("ok", {"pid": os.getpid(), "threads": os.environ.get("PT2FLOW_WORKER_THREADS")}))
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

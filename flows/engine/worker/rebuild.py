@@ -1,0 +1,85 @@
+"""The worker's side of `pt2flow audit` (flows/engine/maintenance/audit.py): one program record checked.
+
+For a source record: the eager digest of the model built again now (the caller compares it with
+the recorded one). For a program record, two fingerprints of the record's program, compared by
+the caller with the one the record holds:
+`stored`, of the program in the record's blob as it loads now, and `rebuilt`, of the stage run
+again on its recorded inputs by its declaration's rebuild function (Stage.rebuild: the parent
+program from the store and the recorded options; for the stage that starts from the source, the
+model from the config). Imports torch; runs only in a worker process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from pt2flow.flows import pipeline
+from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.engine.common import stores
+from pt2flow.flows.engine.worker.compute import classify, model_builder
+from pt2flow.flows.engine.common.inputs import model_inputs
+
+
+def _program(data: bytes) -> Any:
+    from pt2flow.stages.serialize import load_archive
+
+    return load_archive(data, import_pytree_modules=True)[0]
+
+
+@dataclass
+class RebuildCall:
+    """What a stage's rebuild function (Stage.rebuild) gets: the record's options, its parent's
+    program as stored (None for the stage that starts from the source), and the model as the
+    config resolves it (None without --config), with the weights its source recorded."""
+
+    options: Mapping[str, Any]
+    parent: Any
+    model: ResolvedModel | None
+    store_url: str
+    weights: Mapping[str, Any] | None
+
+    def eager(self) -> Any:
+        assert self.model is not None
+        return model_builder(self.model, stores.open_store(self.store_url), self.weights)()
+
+    def example_inputs(self) -> Any:
+        assert self.model is not None
+        return model_inputs(self.model)
+
+
+def _rebuild_source(model: ResolvedModel, store_url: str, weights: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The model built again as the source stage builds it: {"rebuilt": its eager digest (None:
+    it did not build), "problem": why it did not}."""
+    from pt2flow.flows.engine.worker.compute import build_recorded
+
+    built = build_recorded(model, stores.open_store(store_url), weights)
+    return {"rebuilt": built.deps.get("eager"), "problem": built.problem}
+
+
+def rebuild(
+    stage: str,
+    stored: bytes,
+    options: Mapping[str, Any],
+    parent: bytes | None,
+    model: ResolvedModel | None,
+    store_url: str,
+    weights: Mapping[str, Any] | None,
+) -> tuple[str, dict[str, Any]]:
+    """("ok", {"stored": fingerprint, "rebuilt": fingerprint or None}) or ("failed", failure)."""
+    from pt2flow.stages.program import fingerprint
+    from pt2flow.stages.source import import_factory
+
+    try:
+        if stage == pipeline.SOURCE_NAME:
+            found = _rebuild_source(model, store_url, weights) if model is not None else {"rebuilt": None, "problem": None}
+            return "ok", {"stored": None, **found}
+        if model is not None:  # the pytree types the program uses, as the run had them
+            import_factory(model.factory, model.search_path)
+        found: dict[str, Any] = {"stored": fingerprint(_program(stored)), "rebuilt": None}
+        again = RebuildCall(options, _program(parent) if parent is not None else None, model, store_url, weights)
+        found["rebuilt"] = pipeline.resolve(str(pipeline.get(stage).rebuild))(again)
+        return "ok", found
+    except Exception as exc:  # noqa: BLE001 - reported as the record's failure to rebuild
+        failure = classify(stage, exc)
+        return "failed", {"error_class": str(failure.error_class), "error": failure.error}
