@@ -228,3 +228,19 @@ class SeqEncoder(nn.Module):
 
 def seq_encoder() -> nn.Module:
     return SeqEncoder()
+
+
+class Spectrum(nn.Module):
+    """The magnitude spectrum of a projected signal: torch.fft.rfft, which OpenVINO's PyTorch
+    frontend has no conversion rule for (aten._fft_r2c)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(self.proj(x)).abs()
+
+
+def spectrum() -> nn.Module:
+    return Spectrum()

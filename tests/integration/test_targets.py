@@ -162,3 +162,33 @@ def test_a_target_failure_reproduces_in_a_fresh_process(refused: dict[str, Any],
     assert made.returncode == 0, made.stderr
     ran = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert ran.returncode != 0 and raised in ran.stderr, ran.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def openvino_refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A model OpenVINO's frontend refuses (an FFT) beside one it takes, through the openvino target alone."""
+    folder = tmp_path_factory.mktemp("openvino-refused")
+    models = [
+        {"name": "spectrum", "factory": "tests.models:spectrum", "inputs": {"x": {"shape": [2, 16]}}},
+        {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}},
+         "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}}},
+    ]
+    config = write_config(folder / "openvino.yaml", models, stages=["trace", "functionalize", "openvino", "validate"],
+                          defaults={"validate": {"samples": 3}})
+    store = str(folder / "store")
+    return {"run": run_cli(["run", str(config), "--store", store, "--json"]), "store": store}
+
+
+def test_openvino_refuses_an_op_it_cannot_convert_naming_it(openvino_refused: dict[str, Any], tmp_path: Path) -> None:
+    result = openvino_refused["run"]
+    assert result.returncode == 1, result.stderr[-3000:]
+    models = _models(result)
+    assert (models["spectrum"]["failed_stage"], models["spectrum"]["error_class"]) == ("openvino", "lowering")
+    assert "aten._fft_r2c.default" in models["spectrum"]["error"]
+    assert models["mlp"]["status"] == "ok" and models["mlp"]["validation"]["passed"]  # the other model is not held back
+    folder = tmp_path / "repro"
+    made = run_cli(["repro", "spectrum", "-o", str(folder), "--store", openvino_refused["store"]])
+    assert made.returncode == 0, made.stderr
+    ran = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env={**os.environ, "CI": "true"})
+    assert ran.returncode != 0 and "aten._fft_r2c.default" in ran.stderr, ran.stderr[-3000:]

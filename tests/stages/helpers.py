@@ -81,3 +81,18 @@ def runner_errors_at(case: Any, runner: Callable[[list[torch.Tensor]], list[torc
     assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in expected]
     assert [t.dtype for t in got] == [t.dtype for t in expected]
     return [float((g.double() - e.double()).abs().max()) if e.numel() else 0.0 for g, e in zip(got, expected)]
+
+
+def run_repro(script: str, program: torch.export.ExportedProgram, workdir: Any) -> Any:
+    """Save `program` beside `script` and run the script in a fresh Python process (the repo on
+    its path, for modules the script imports); returns the CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    torch.export.save(program, str(Path(workdir) / "program.pt2"))
+    (Path(workdir) / "repro.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "repro.py"], cwd=str(workdir), env=env, capture_output=True, text=True, timeout=600)
