@@ -23,6 +23,8 @@ DASK_CONNECT_TIMEOUT_ENV = "PT2FLOW_DASK_CONNECT_TIMEOUT_S"
 DEFAULT_DASK_CONNECT_TIMEOUT_S = 10.0
 
 if TYPE_CHECKING:
+    from prefect.states import State
+
     from pt2flow.flows.config.models import Pipeline
     from pt2flow.flows.engine.common.documents import RunDocument
     from pt2flow.flows.engine.orchestrator.fleet_plan import RunParameters
@@ -233,13 +235,13 @@ def execute(prepared: PreparedRun, *, progress: Progress | None = None) -> dict[
         run_id = str(parameters.run_id)
         shown = progress(store, run_id, [m.name for m in config.models], config.stages) if progress else contextlib.nullcontext()
         with shown, loaded_config(run_id, config):
-            state = fleet_flow(**parameters.flow_parameters(), return_state=True)
-        document = state.result(raise_on_failure=False)
-    if isinstance(document, OSError) and parameters.runner == "dask":  # the cluster went away after check_cluster
-        raise UsageError(f"the Dask cluster ({parameters.dask_address or 'a LocalCluster'}) could not be used: {document}")
-    if not isinstance(document, dict):
-        raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
-    return with_failure_groups(document, store)
+            state: State[Any] = fleet_flow(**parameters.flow_parameters(), return_state=True)  # type: ignore[assignment]  # sync flow: a State, not an Awaitable
+        result = state.result(raise_on_failure=False)
+    if isinstance(result, OSError) and parameters.runner == "dask":  # the cluster went away after check_cluster
+        raise UsageError(f"the Dask cluster ({parameters.dask_address or 'a LocalCluster'}) could not be used: {result}")
+    if not isinstance(result, dict):
+        raise RuntimeError(f"the fleet flow ended without a result: {result!r}")
+    return with_failure_groups(result, store)
 
 
 def with_failure_groups(document: dict[str, Any], store: ArtifactStore) -> dict[str, Any]:
