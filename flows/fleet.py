@@ -10,8 +10,9 @@ torch.export is not thread-safe: torch only ever runs in the worker processes.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
@@ -20,12 +21,13 @@ from prefect.states import Completed, Failed
 from pt2flow.flows.engine.common import stores
 from pt2flow.flows.engine.services import prefect_runtime  # noqa: F401  (Prefect's quiet, offline defaults)
 from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.config.models import Pipeline
 from pt2flow.flows.config.limits import DEFAULT_NO_WORKER_TIMEOUT_S
 from pt2flow.flows.engine.common.context import RunContext
 from pt2flow.flows.engine.common.documents import ModelResult, RunDocument, RunSummary
 from pt2flow.stages.vocabulary import ErrorClass
 from pt2flow.storage import StorageError
-from pt2flow.flows.engine.orchestrator.fleet_plan import fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
+from pt2flow.flows.engine.orchestrator.fleet_plan import RunParameters, fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
 from pt2flow.flows.engine.orchestrator.model_flow import STAGE_TASKS
 from pt2flow.flows.engine.orchestrator.planner import Plan
 from pt2flow.flows.engine.orchestrator.runner import run_logger, run_model
@@ -234,13 +236,13 @@ def _publish_artifacts(document: RunDocument, store_obj: Any, comparison: str | 
 
 
 def run_fleet(
-    pipeline: Any, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None,
+    config: Pipeline, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None,
     no_worker_timeout_s: float | None = None,
 ) -> RunDocument:
     """The run document of docs/architecture.md §4. Models the planner settles from the index need
     no worker and no Prefect task run; the rest go to the runner's supervised worker processes."""
     started = time.perf_counter()
-    models = list(pipeline.models)
+    models = list(config.models)
     plans = plan_fleet(models, ctx)
     results = settle_from_index(models, plans, ctx)
     to_run = [m for m in models if m.name not in results]
@@ -248,7 +250,7 @@ def run_fleet(
     if to_run:
         used = resolve_workers(workers, len(to_run))
         run_logger().info("%d model(s) to build on %d worker process(es) (%s runner)", len(to_run), used, runner)
-        no_worker = no_worker_timeout_s if no_worker_timeout_s is not None else pipeline.dask.no_worker_timeout_s
+        no_worker = no_worker_timeout_s if no_worker_timeout_s is not None else config.dask.no_worker_timeout_s
         for m, r in zip(to_run, _run_models(to_run, plans, ctx, runner, used, dask_address, no_worker)):
             results[m.name] = r
     document = run_document(ctx, [results[m.name] for m in models], started, used)
@@ -278,13 +280,33 @@ def retain(store_obj: Any, retention: Any, run_id: str) -> dict[str, Any] | None
     return result
 
 
-def unwritable_store(pipeline: Any, ctx: RunContext, message: str) -> RunDocument:
+def unwritable_store(config: Pipeline, ctx: RunContext, message: str) -> RunDocument:
     """The run document of a run whose store cannot be written (its lease could not be put):
     every model failed with class storage and the store's own words."""
     error = f"the store cannot be written, so nothing ran: {message}"
     run_logger().error("%s", error)
-    results = [ModelResult(name=m.name, status="failed", error_class=ErrorClass.STORAGE, error=error) for m in pipeline.models]
+    results = [ModelResult(name=m.name, status="failed", error_class=ErrorClass.STORAGE, error=error) for m in config.models]
     return RunDocument(run_id=ctx.run_id, store=ctx.store_url, summary=RunSummary(ok=0, failed=len(results), seconds=0.0), models=results, workers=0)
+
+
+# the configs callers in this process loaded for a run (by run_id), so that the flow does not read
+# the file again; a flow parameter it cannot be: Prefect records parameters, and its
+# storage_options may hold credentials
+_LOADED: dict[str, Pipeline] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def loaded_config(run_id: str, config: Pipeline) -> Iterator[None]:
+    """While inside, fleet_flow(run_id=run_id, ...) called in this process uses `config` (already
+    loaded with the run's overrides) instead of reading config_path again."""
+    with _LOADED_LOCK:
+        _LOADED[run_id] = config
+    try:
+        yield
+    finally:
+        with _LOADED_LOCK:
+            _LOADED.pop(run_id, None)
 
 
 @flow(name="pt2flow-fleet", validate_parameters=False, persist_result=False)
@@ -312,21 +334,28 @@ def fleet_flow(
     whose eager digest or files changed gets a new source key, so it is re-exported)."""
     from pt2flow.storage.leases import RunLease
 
-    pipeline, ctx = fleet_context(config_path, store, only, stages, force, run_id, retry_failed, python, verify_sources)
+    parameters = RunParameters(
+        config_path=config_path, store=store, only=tuple(only) if only is not None else None, stages=tuple(stages) if stages is not None else None,
+        force=force, runner=runner, workers=workers, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, run_id=run_id,
+        retry_failed=retry_failed, apply_retention=apply_retention, python=python, verify_sources=verify_sources,
+    )
+    with _LOADED_LOCK:
+        loaded = _LOADED.get(run_id) if run_id else None
+    config, ctx = fleet_context(parameters, loaded)
     try:
         with contextlib.ExitStack() as lease:
             try:
                 lease.enter_context(RunLease(stores.open_store(ctx.store_url), ctx.run_id))
             except StorageError as exc:  # the store cannot be written: nothing can run, every model says why
-                document = unwritable_store(pipeline, ctx, str(exc))
+                document = unwritable_store(config, ctx, str(exc))
             else:
-                document = run_fleet(pipeline, ctx, runner, workers, dask_address, no_worker_timeout_s)
+                document = run_fleet(config, ctx, runner, workers, dask_address, no_worker_timeout_s)
     finally:
         from pt2flow.flows.engine.orchestrator.supervisor import stop_pool
 
         stop_pool()  # a served deployment runs many fleets in one process: free the workers
-    if apply_retention and pipeline.retention is not None:
-        retain(stores.open_store(ctx.store_url), pipeline.retention, ctx.run_id)
+    if apply_retention and config.retention is not None:
+        retain(stores.open_store(ctx.store_url), config.retention, ctx.run_id)
     ok, total = document.summary.ok, len(document.models)
     if ok != total:
         return Failed(message=f"{total - ok} of {total} models failed", data=document.model_dump(mode="json"))

@@ -22,7 +22,7 @@ def aot_compile(ep: ExportedProgram, options: AotCompileOptions) -> StageResult:
     """Output: the package's bytes (a .pt2 zip holding the compiled shared library and weights)."""
     from torch._inductor import aoti_compile_and_package
 
-    if require_device(options.device, "compile").type != "cpu":
+    if require_device(options.device, ErrorClass.COMPILE).type != "cpu":
         from torch.export.passes import move_to_device_pass
 
         ep = move_to_device_pass(ep, options.device)
@@ -56,5 +56,5 @@ def load_package(data: bytes, workdir: str, device: str = "cpu") -> Any:
 def load_runner(data: bytes, workdir: str, device: str = "cpu") -> Any:
     """The package loaded for `device`, called with CPU tensors like the eager model and returning
     CPU tensors (stages/devices.py). StageError(ErrorClass.RUNTIME) when `device` is not usable here."""
-    require_device(device, "runtime")
+    require_device(device, ErrorClass.RUNTIME)
     return on_device(load_package(data, workdir, device), device)

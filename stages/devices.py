@@ -45,7 +45,7 @@ def missing_device(device: str) -> str | None:
     return None
 
 
-def require_device(device: str, error_class: str) -> torch.device:
+def require_device(device: str, error_class: ErrorClass) -> torch.device:
     """The parsed device, or StageError(error_class) saying why it cannot be used here."""
     why = missing_device(device)
     if why is not None:

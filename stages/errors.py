@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from pt2flow.stages.vocabulary import ERROR_CLASSES  # noqa: F401  (re-exported)
+from pt2flow.stages.vocabulary import ERROR_CLASSES, ErrorClass  # noqa: F401  (ERROR_CLASSES re-exported)
 
 
 
 class StageError(Exception):
     """A stage failed for a reason the user can act on.
 
-    `error_class` is one of ERROR_CLASSES. `attempts` lists what was tried (the trace fallback
+    `error_class` is an ErrorClass (its value, one of ERROR_CLASSES, is accepted too). `attempts` lists what was tried (the trace fallback
     ladder); `report` is a diagnostic text worth keeping (a draft_export report, a validation
     report) and `details` any structured data for the index record.
     """
 
     def __init__(
         self,
-        error_class: str,
+        error_class: ErrorClass,
         message: str,
         *,
         attempts: tuple[dict[str, Any], ...] = (),
@@ -28,7 +28,7 @@ class StageError(Exception):
         if error_class not in ERROR_CLASSES:
             raise ValueError(f"unknown error class {error_class!r}")
         super().__init__(message)
-        self.error_class = error_class
+        self.error_class = ErrorClass(error_class)
         self.message = message
         self.attempts = attempts
         self.report = report

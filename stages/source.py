@@ -64,7 +64,7 @@ def load_state_dict(data: bytes, filename: str) -> dict[str, torch.Tensor]:
     """
     lowered = filename.lower()
     if lowered.endswith(".safetensors"):
-        return _read_safetensors(data, filename, "weights")
+        return _read_safetensors(data, filename, ErrorClass.WEIGHTS)
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
@@ -80,7 +80,7 @@ def load_state_dict(data: bytes, filename: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def _read_safetensors(data: bytes, filename: str, error_class: str) -> dict[str, torch.Tensor]:
+def _read_safetensors(data: bytes, filename: str, error_class: ErrorClass) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file by name; StageError(error_class) when it is unreadable."""
     try:
         from safetensors.torch import load as load_safetensors
@@ -212,7 +212,7 @@ def load_example_inputs(data: bytes, filename: str) -> tuple[tuple[Any, ...], di
     torch.save file read with torch.load(weights_only=True) holding (args, kwargs) or a dict of
     arguments by name (containers, scalars and strings allowed; never arbitrary objects)."""
     if filename.lower().endswith(".safetensors"):
-        return (), _read_safetensors(data, filename, "config")
+        return (), _read_safetensors(data, filename, ErrorClass.CONFIG)
     try:
         loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:

@@ -101,7 +101,7 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
     raise _failure(model, bound, dynamic, options, attempts)
 
 
-def _attempt_record(strategy: str, strict: bool, dynamic: Any, error_class: str | None, error: str | None, origin: dict[str, Any] | None = None) -> dict[str, Any]:
+def _attempt_record(strategy: str, strict: bool, dynamic: Any, error_class: ErrorClass | None, error: str | None, origin: dict[str, Any] | None = None) -> dict[str, Any]:
     """One rung of the ladder as metadata records it; a failed one with where it failed (the
     frame in the model's own code, classify.failure_origin) when there is one."""
     record = {"strategy": strategy, "strict": strict, "dynamic_shapes": _describe_dynamic(dynamic), "error_class": error_class, "error": error}

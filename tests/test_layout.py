@@ -16,6 +16,21 @@ def test_import_contracts_hold() -> None:
     assert "8 kept, 0 broken" in proc.stdout
 
 
+def test_the_python_api_type_checks(tmp_path) -> None:
+    """mypy on flows/api (pyproject's [tool.mypy]): the API's signatures hold what they promise.
+    The editable install maps pt2flow.flows to flows/ through an import hook mypy cannot follow,
+    so the packages are given to it as a pt2flow/ folder of links on MYPYPATH."""
+    package = tmp_path / "pt2flow"
+    package.mkdir()
+    for top in ("flows", "stages", "storage"):
+        (package / top).symlink_to(ROOT / top, target_is_directory=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "-p", "pt2flow.flows.api"], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "MYPYPATH": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_query_commands_import_neither_torch_nor_prefect() -> None:
     # every command's module (run's and serve's too: they import torch and Prefect only when they run)
     code = (
@@ -56,6 +71,7 @@ def test_the_wheel_installs_only_pt2flow_with_every_package_and_the_report_templ
     }
     assert expected and expected <= names, sorted(expected - names)
     assert "pt2flow/flows/report/templates/report.html.j2" in names
+    assert {"pt2flow/flows/py.typed", "pt2flow/stages/py.typed", "pt2flow/storage/py.typed"} <= names  # PEP 561: typed for users
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"pt2flow"}
     assert pathlib.Path(wheel).stat().st_size < 2_000_000
 

@@ -97,10 +97,10 @@ def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[st
     issues += [lines.issue(f.path, f.message) for f in found.problems if not reported(format_path(f.path))]
     if issues or checked.pipeline is None:
         raise ConfigError(str(config), sorted(issues, key=lambda issue: issue.line or 0))
-    pipeline = checked.pipeline
+    valid = checked.pipeline
     notes: list[ConfigIssue] = [lines.issue(f.path, f.message) for f in found.notes]
     return {
-        "config": str(config), "valid": True, "models": [m.name for m in pipeline.models], "stages": list(pipeline.stages),
+        "config": str(config), "valid": True, "models": [m.name for m in valid.models], "stages": list(valid.stages),
         "imported": found.imported, "notes": [{"path": n.path, "line": n.line, "message": n.message} for n in notes],
     }
 
@@ -116,13 +116,13 @@ def audit(store: Store, run: str | None = None, *, sample: float = 1.0, seed: in
 
     if not 0.0 < sample <= 1.0:
         raise UsageError(f"--sample must be a fraction in (0, 1], not {sample:g}")
-    pipeline = load_config(config) if config else None
+    loaded = load_config(config) if config else None
     python = None
-    if pipeline is not None and pipeline.python:  # the config's workers' interpreter rebuilds its models
+    if loaded is not None and loaded.python:  # the config's workers' interpreter rebuilds its models
         from pt2flow.flows.api.running import check_python
 
-        python = check_python(pipeline.python)
-    models = pipeline.models if pipeline is not None else ()
+        python = check_python(loaded.python)
+    models = loaded.models if loaded is not None else ()
     return audit_run(store.artifacts, store.run_id(run), fraction=sample, seed=seed, models=models, python=python)
 
 

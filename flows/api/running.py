@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
 from pt2flow.flows.options import UsageError, merge_options
@@ -21,23 +22,36 @@ RUNNERS = ("local", "process", "dask")
 DASK_CONNECT_TIMEOUT_ENV = "PT2FLOW_DASK_CONNECT_TIMEOUT_S"
 DEFAULT_DASK_CONNECT_TIMEOUT_S = 10.0
 
-# progress(store, run_id, model names, stages) -> a context manager shown while the fleet runs
-Progress = Callable[[Any, str, list[str], Sequence[str]], ContextManager[Any]]
-
-
 if TYPE_CHECKING:
+    from prefect.states import State
+
+    from pt2flow.flows.config.models import Pipeline
+    from pt2flow.flows.engine.common.documents import RunDocument
+    from pt2flow.flows.engine.orchestrator.fleet_plan import RunParameters
     from pt2flow.storage import ArtifactStore
+
+# progress(store, run_id, model names, stages) -> a context manager shown while the fleet runs
+Progress = Callable[["ArtifactStore", str, list[str], Sequence[str]], ContextManager[Any]]
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run checked and ready to start (prepare_run): its parameters (the fleet flow's, built
+    once), the config loaded once with the run's overrides, and the store opened."""
+
+    parameters: RunParameters
+    config: Pipeline
+    store: ArtifactStore
 
 
 def load_for_run(config: str, *, only: Sequence[str] = (), stages: Sequence[str] | None = None, workers: int | None = None,
-                 runner: str = "local", dask_address: str | None = None, no_worker_timeout_s: float | None = None) -> Any:
+                 runner: str = "local", dask_address: str | None = None, no_worker_timeout_s: float | None = None) -> Pipeline:
     """The config with `only`/`stages` applied; raises ConfigError or UsageError."""
     from pt2flow.flows.config import apply_overrides, load_config
 
     if runner not in RUNNERS:
         raise UsageError(f"runner must be one of {', '.join(RUNNERS)}, not {runner!r}")
-    pipeline = load_config(config)
-    pipeline = apply_overrides(pipeline, only=tuple(only or ()), stages=list(stages) if stages else None)
+    loaded = apply_overrides(load_config(config), only=tuple(only or ()), stages=list(stages) if stages else None)
     if workers is not None and workers < 1:
         raise UsageError("--workers must be at least 1")
     if dask_address and runner != "dask":
@@ -46,7 +60,7 @@ def load_for_run(config: str, *, only: Sequence[str] = (), stages: Sequence[str]
         raise UsageError("--no-worker-timeout needs --runner dask")
     if no_worker_timeout_s is not None and not no_worker_timeout_s > 0:
         raise UsageError("--no-worker-timeout must be more than 0 seconds")
-    return pipeline
+    return loaded
 
 
 def dask_connect_timeout() -> float:
@@ -115,19 +129,58 @@ def refuse_credentials(store_url: str) -> None:
         raise UsageError(CREDENTIALS_IN_URL)
 
 
-def open_checked_store(store_url: str, pipeline: Any, storage_options: Mapping[str, Any] | None) -> ArtifactStore:
+def open_checked_store(store_url: str, config: Pipeline, storage_options: Mapping[str, Any] | None) -> ArtifactStore:
     """Set the run's storage options (the config's, then `storage_options` over them) in this
     process' environment and open the store; UsageError if it is unreachable."""
     from pt2flow.flows.engine.common import stores
     from pt2flow.storage.urls import redact_url
 
-    stores.set_storage_options(store_url, merge_options(dict(pipeline.storage_options), dict(storage_options or {})))
+    stores.set_storage_options(store_url, merge_options(dict(config.storage_options), dict(storage_options or {})))
     try:
         store = stores.open_store(store_url)
         store.index.files()  # fail fast on an unreachable store
     except Exception as exc:
         raise UsageError(f"store {redact_url(store_url)}: {exc}") from exc
     return store
+
+
+def prepare_run(
+    config: str | os.PathLike[str],
+    *,
+    store: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    only: Sequence[str] = (),
+    stages: Sequence[str] | None = None,
+    workers: int | None = None,
+    runner: str = "local",
+    dask_address: str | None = None,
+    no_worker_timeout_s: float | None = None,
+    force: bool = False,
+    verify_sources: bool = False,
+    retry_failed: bool = False,
+    python: str | None = None,
+) -> PreparedRun:
+    """Every check `run` makes before anything runs (the config, the arguments, the store URL,
+    the workers' interpreter, the Dask scheduler, the store), then the run's parameters: the one
+    place they are built (`pt2flow run` and `api.run`). Raises ConfigError or UsageError."""
+    from pt2flow.flows.config import resolve_store_url
+    from pt2flow.flows.engine.common.context import new_run_id
+    from pt2flow.flows.engine.orchestrator.fleet_plan import RunParameters
+
+    loaded = load_for_run(
+        str(config), only=only, stages=stages, workers=workers, runner=runner, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s
+    )
+    store_url = resolve_store_url(store or loaded.store)
+    refuse_credentials(store_url)
+    chosen_python = check_python(python or loaded.python, runner)
+    check_cluster(runner, dask_address)
+    opened = open_checked_store(store_url, loaded, storage_options)
+    parameters = RunParameters(
+        config_path=os.path.abspath(config), store=store_url, only=tuple(only) or None, stages=tuple(loaded.stages), force=force,
+        runner=runner, workers=workers, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, run_id=new_run_id(),
+        retry_failed=retry_failed, python=chosen_python, verify_sources=verify_sources,
+    )
+    return PreparedRun(parameters, loaded, opened)
 
 
 def run(
@@ -146,59 +199,52 @@ def run(
     retry_failed: bool = False,
     python: str | None = None,
     progress: Progress | None = None,
-) -> Any:
+) -> RunDocument:
     """Run a config as `pt2flow run` does; returns the typed run document (RunDocument).
 
     `python`: the interpreter (or virtualenv folder) the workers run in, instead of the config's
     `python:` or this one (`run --python`). Raises ConfigError (a bad config) or UsageError (bad
     arguments, an unreachable store, an interpreter without pt2flow) before anything runs; a
     model that fails is in the document, not an exception."""
-    from pt2flow.flows.config import resolve_store_url
-    from pt2flow.flows.engine.common.context import new_run_id
     from pt2flow.flows.engine.common.documents import RunDocument
 
-    pipeline = load_for_run(
-        str(config), only=only, stages=stages, workers=workers, runner=runner, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s
+    prepared = prepare_run(
+        config, store=store, storage_options=storage_options, only=only, stages=stages, workers=workers, runner=runner,
+        dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, force=force, verify_sources=verify_sources,
+        retry_failed=retry_failed, python=python,
     )
-    store_url = resolve_store_url(store or pipeline.store)
-    refuse_credentials(store_url)
-    python = check_python(python or pipeline.python, runner)
-    check_cluster(runner, dask_address)
-    opened = open_checked_store(store_url, pipeline, storage_options)
-    parameters = dict(
-        config_path=os.path.abspath(config), store=store_url, only=list(only) or None, stages=list(pipeline.stages), force=force,
-        runner=runner, workers=workers, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, run_id=new_run_id(),
-        retry_failed=retry_failed, python=python, verify_sources=verify_sources,
-    )
-    return RunDocument.model_validate(execute(parameters, opened, pipeline, progress=progress))
+    return RunDocument.model_validate(execute(prepared, progress=progress))
 
 
-def execute(parameters: dict[str, Any], store: Any, pipeline: Any, *, progress: Progress | None = None) -> dict[str, Any]:
-    """Run the fleet flow with `parameters` (fleet_flow's); the run document as JSON-ready dict."""
+def execute(prepared: PreparedRun, *, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the fleet flow with the run's parameters (fleet_flow's) on its loaded config; the run
+    document as JSON-ready dict."""
     from pt2flow.flows.engine.services import prefect_runtime
 
-    if not parameters["force"] and not parameters.get("verify_sources") and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
-        document = nothing_to_build(parameters)
+    parameters, config, store = prepared.parameters, prepared.config, prepared.store
+    if not parameters.force and not parameters.verify_sources and not os.environ.get("PT2FLOW_ALWAYS_PREFECT"):
+        document = nothing_to_build(parameters, config)
         if document is not None:
             return with_failure_groups(document, store)
     starting = None
-    if parameters["runner"] != "dask":  # the workers import torch while the Prefect server starts
-        starting = lambda: start_workers(parameters["workers"], len(pipeline.models), parameters.get("python"))  # noqa: E731
+    if parameters.runner != "dask":  # the workers import torch while the Prefect server starts
+        starting = lambda: start_workers(parameters.workers, len(config.models), parameters.python)  # noqa: E731
     with prefect_runtime.prefect_api(while_starting=starting):
-        from pt2flow.flows.fleet import fleet_flow
+        from pt2flow.flows.fleet import fleet_flow, loaded_config
 
-        shown = progress(store, parameters["run_id"], [m.name for m in pipeline.models], pipeline.stages) if progress else contextlib.nullcontext()
-        with shown:
-            state = fleet_flow(**parameters, return_state=True)
-        document = state.result(raise_on_failure=False)
-    if isinstance(document, OSError) and parameters["runner"] == "dask":  # the cluster went away after check_cluster
-        raise UsageError(f"the Dask cluster ({parameters.get('dask_address') or 'a LocalCluster'}) could not be used: {document}")
-    if not isinstance(document, dict):
-        raise RuntimeError(f"the fleet flow ended without a result: {document!r}")
-    return with_failure_groups(document, store)
+        run_id = str(parameters.run_id)
+        shown = progress(store, run_id, [m.name for m in config.models], config.stages) if progress else contextlib.nullcontext()
+        with shown, loaded_config(run_id, config):
+            state: State[Any] = fleet_flow(**parameters.flow_parameters(), return_state=True)  # type: ignore[assignment]  # sync flow: a State, not an Awaitable
+        result = state.result(raise_on_failure=False)
+    if isinstance(result, OSError) and parameters.runner == "dask":  # the cluster went away after check_cluster
+        raise UsageError(f"the Dask cluster ({parameters.dask_address or 'a LocalCluster'}) could not be used: {result}")
+    if not isinstance(result, dict):
+        raise RuntimeError(f"the fleet flow ended without a result: {result!r}")
+    return with_failure_groups(result, store)
 
 
-def with_failure_groups(document: dict[str, Any], store: Any) -> dict[str, Any]:
+def with_failure_groups(document: dict[str, Any], store: ArtifactStore) -> dict[str, Any]:
     """The run document with its failures grouped by root cause against the run `report` pairs
     it with (`failure_groups`, flows/report/failures.py). Best effort: the run is done, and a
     grouping problem only leaves the groups out."""
@@ -236,7 +282,7 @@ def check_python(python: str | None, runner: str = "local") -> str | None:
     return describe(python).python
 
 
-def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
+def nothing_to_build(parameters: RunParameters, config: Pipeline) -> dict[str, Any] | None:
     """When every model is already built (each stage's key has an ok record whose blob verifies),
     settle the run from the index without starting Prefect: the cached records are written under
     this run's id, as a flow would. None when there is work to do."""
@@ -244,15 +290,12 @@ def nothing_to_build(parameters: dict[str, Any]) -> dict[str, Any] | None:
     from pt2flow.flows.engine.orchestrator.fleet_plan import NeedsFlow, fleet_context, settle_fleet
     from pt2flow.storage.leases import RunLease
 
-    pipeline, ctx = fleet_context(
-        parameters["config_path"], parameters["store"], parameters["only"], parameters["stages"], False, parameters["run_id"], parameters["retry_failed"],
-        parameters.get("python"),
-    )
+    loaded, ctx = fleet_context(parameters, config)
     from pt2flow.storage import StorageError
 
     try:
         with RunLease(stores.open_store(ctx.store_url), ctx.run_id):  # it reads the index and records hits
-            return settle_fleet(pipeline, ctx)
+            return settle_fleet(loaded, ctx)
     except NeedsFlow:
         return None
     except StorageError:  # the store cannot be written (its lease could not be put): the flow reports it per model

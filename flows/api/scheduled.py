@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.states import Completed, Failed
+from prefect.states import Completed, Failed, State
 
 
 @flow(name="pt2flow-upgrade-check", validate_parameters=False, persist_result=False)
@@ -24,7 +24,7 @@ def upgrade_check_flow(
     baseline_python: str | None = None,
     attribute: bool = False,
     workers: int | None = None,
-) -> Any:
+) -> State[Any]:
     """`pt2flow upgrade-check` of the config against the candidate `python`, the baseline being
     the newest run that covered the fleet; the report lands in `report_dir`."""
     from prefect.artifacts import create_markdown_artifact

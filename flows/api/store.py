@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 from pt2flow.flows import pipeline
+from pt2flow.flows.api.documents import BuiltFromWeights, Lineage, Record, RecordDiff, RunEntry, VerifyReport
 from pt2flow.flows.options import UsageError, merge_options
 
 
@@ -54,6 +55,9 @@ def locate_store(store: str | None = None, *, config: str | os.PathLike[str] | N
     return StoreLocation(resolve_store_url(url), merge_options(options, dict(storage_options or {})), origin)
 
 if TYPE_CHECKING:
+    import pyarrow.compute as pc
+
+    from pt2flow.storage import ArtifactStore
     from pt2flow.storage.retrieve import ArtifactKinds
 
 
@@ -67,7 +71,7 @@ def parse_time(text: str, what: str) -> datetime:
 
 
 def record_filter(*, model: str | None = None, stage: str | None = None, status: str | None = None, torch: str | None = None,
-                  archive_version: str | None = None, run: str | None = None, since: str | None = None, until: str | None = None) -> Any:
+                  archive_version: str | None = None, run: str | None = None, since: str | None = None, until: str | None = None) -> pc.Expression | None:
     """The pyarrow filter of `ls`'s filters (all must hold); None without any. `run` is a full run
     ID (Store.run_id resolves a prefix); `torch` without a local part (`2.13.0`) matches every
     local build of that version (`2.13.0+cpu`, `2.13.0+cu126`), with one (`2.13.0+cpu`) only it."""
@@ -95,7 +99,7 @@ def histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]
     return {"added": added, "removed": removed, "changed": changed, "counts": {"added": len(added), "removed": len(removed), "changed": len(changed)}}
 
 
-def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> RecordDiff:
     """What differs between two decoded records (the fields `pt2flow diff` compares)."""
     def pair(key: str) -> dict[str, Any]:
         return {"a": a.get(key), "b": b.get(key), "same": a.get(key) == b.get(key)}
@@ -120,7 +124,7 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def report_of(store: Any, record: Mapping[str, Any]) -> Any:
+def report_of(store: ArtifactStore, record: Mapping[str, Any]) -> dict[str, Any] | None:
     """A validate record's stored report (verified by digest), or None."""
     import json
 
@@ -143,7 +147,7 @@ class Store:
         self.url = self.artifacts.url
 
     @classmethod
-    def of(cls, artifacts: Any) -> "Store":
+    def of(cls, artifacts: ArtifactStore) -> Store:
         """A Store around an open pt2flow.storage.ArtifactStore."""
         store = cls.__new__(cls)
         store.artifacts, store.url = artifacts, artifacts.url
@@ -152,7 +156,7 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
 
-    def ls(self, *, limit: int | None = 100, columns: tuple[str, ...] | None = None, **filters: Any) -> list[dict[str, Any]]:
+    def ls(self, *, limit: int | None = 100, columns: tuple[str, ...] | None = None, **filters: str | None) -> list[Record]:
         """Records, newest first, filtered like `pt2flow ls` (model, stage, status, torch,
         archive_version, run: an ID or unique prefix, since, until); `limit` None or 0 for all."""
         from pt2flow.storage.lineage import decode
@@ -161,59 +165,59 @@ class Store:
         table = table.sort_by([("ended_at", "descending")])
         if limit:
             table = table.slice(0, limit)
-        return [decode(r) for r in table.to_pylist()]
+        return [cast(Record, decode(r)) for r in table.to_pylist()]
 
-    def count(self, **filters: Any) -> int:
+    def count(self, **filters: str | None) -> int:
         return int(self.artifacts.index.scan(["record_id"], filter=self.filter(**filters)).num_rows)
 
-    def filter(self, *, run: str | None = None, **filters: Any) -> Any:
+    def filter(self, *, run: str | None = None, **filters: str | None) -> pc.Expression | None:
         """record_filter of `ls`'s filters, `run` resolved from a prefix: RecordNotFound for a run
         the index does not hold, AmbiguousId for a prefix of several (never an empty answer)."""
         return record_filter(run=self.run_id(run) if run else None, **filters)
 
-    def show(self, id: str) -> dict[str, Any]:
+    def show(self, id: str) -> Record:
         """The newest record of artifact `id` (sha256 or unique prefix), with the runs that
         recorded it and, for validate, its report."""
         from pt2flow.storage.lineage import decode, records_for_id
 
         records = records_for_id(self.artifacts.index, id)
-        record = decode(records[0])
+        record = cast(Record, decode(records[0]))
         record["recorded_in_runs"] = sorted({r["run_id"] for r in records if r.get("run_id")})
         report = report_of(self.artifacts, records[0])
         if report is not None:
             record["report"] = report
         return record
 
-    def lineage(self, id: str, *, descendants: bool = False) -> dict[str, Any]:
+    def lineage(self, id: str, *, descendants: bool = False) -> Lineage:
         """{id, ancestors (source first), record, descendants}: where `id` came from."""
         from pt2flow.storage import lineage
 
         record = lineage.resolve(self.artifacts.index, id)
         chain = lineage.ancestors(self.artifacts.index, record, pipeline.lineage_order())
         below = lineage.descendants(self.artifacts.index, record, pipeline.lineage_order()) if descendants else []
-        return {"id": record["sha256"], "ancestors": [lineage.decode(r) for r in chain[:-1]], "record": lineage.decode(record),
-                "descendants": [lineage.decode(r) for r in below]}
+        return cast(Lineage, {"id": record["sha256"], "ancestors": [lineage.decode(r) for r in chain[:-1]], "record": lineage.decode(record),
+                              "descendants": [lineage.decode(r) for r in below]})
 
-    def built_from_weights(self, digest: str) -> dict[str, Any]:
+    def built_from_weights(self, digest: str) -> BuiltFromWeights:
         """{weights, sources, descendants}: everything built from a checkpoint."""
         from pt2flow.storage import lineage
 
         result = lineage.by_weights(self.artifacts.index, digest, pipeline.lineage_order())
-        return {"weights": result["weights"], "sources": [lineage.decode(r) for r in result["sources"]],
-                "descendants": [lineage.decode(r) for r in result["descendants"]]}
+        return cast(BuiltFromWeights, {"weights": result["weights"], "sources": [lineage.decode(r) for r in result["sources"]],
+                                       "descendants": [lineage.decode(r) for r in result["descendants"]]})
 
-    def diff(self, id_a: str, id_b: str) -> dict[str, Any]:
+    def diff(self, id_a: str, id_b: str) -> RecordDiff:
         from pt2flow.storage import lineage
 
         a = lineage.decode(lineage.resolve(self.artifacts.index, id_a))
         b = lineage.decode(lineage.resolve(self.artifacts.index, id_b))
         return diff_records(a, b)
 
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self) -> list[RunEntry]:
         """Every run in the index, oldest first (run_id, started_at, ended_at, records)."""
         from pt2flow.flows.report.runs import list_runs
 
-        return list_runs(self.artifacts.index)
+        return cast("list[RunEntry]", list_runs(self.artifacts.index))
 
     def run_id(self, prefix: str | None = None) -> str:
         """The run a full ID or unique prefix names; without one, the newest run."""
@@ -246,7 +250,7 @@ class Store:
 
         return failures_of(self.artifacts, run, against)
 
-    def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None) -> dict[str, Any]:
+    def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None) -> Record:
         """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with `path`."""
         from pt2flow.storage.retrieve import ArtifactRequestError, copy_out, find_by_id, find_for_model
 
@@ -260,11 +264,11 @@ class Store:
                 record = find_by_id(self.artifacts.index, id, artifact, kinds=kinds)
             else:
                 record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds=kinds)
-            return copy_out(self.artifacts, record, output, kinds=kinds)
+            return cast(Record, copy_out(self.artifacts, record, output, kinds=kinds))
         except ArtifactRequestError as exc:
             raise UsageError(str(exc)) from None
 
-    def verify(self) -> dict[str, Any]:
+    def verify(self) -> VerifyReport:
         """Re-hash every blob: {checked, missing, corrupt}, as `pt2flow verify --json`."""
         from pt2flow.flows.api.upkeep import verify_store
 

@@ -21,10 +21,15 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pt2flow.flows.options import UsageError
 from pt2flow.stages.distributions import normalize_name
+
+if TYPE_CHECKING:
+    from pt2flow.flows.api.running import Progress
+    from pt2flow.flows.engine.environment.interpreter import Interpreter
+    from pt2flow.flows.report.upgrade import UpgradeReport
 
 
 def upgrade_check(
@@ -42,9 +47,9 @@ def upgrade_check(
     workers: int | None = None,
     repro_dir: str | os.PathLike[str] | None = None,
     latency_growth: float | None = None,
-    progress: Any = None,
+    progress: Progress | None = None,
     retime: bool = True,
-) -> Any:
+) -> UpgradeReport:
     """The UpgradeReport (flows/report/upgrade.py) of `config`'s fleet under the interpreter
     `python` (an executable or virtualenv folder with pt2flow installed), or under the baseline
     environment with `requirements` pip-installed over it (`--with transformers==5.24.0`: an
@@ -62,8 +67,8 @@ def upgrade_check(
     from pt2flow.flows.report.upgrade import (LATENCY_GROWTH, REGRESSING, Side, UpgradeReport, model_verdicts, summarize,
                                               ordered, timing_only, version_changes)
 
-    pipeline = load_for_run(str(config), only=only, stages=stages, workers=workers)
-    store_url = resolve_store_url(store or pipeline.store)
+    loaded = load_for_run(str(config), only=only, stages=stages, workers=workers)
+    store_url = resolve_store_url(store or loaded.store)
     refuse_credentials(store_url)
     if (python is None) == (not requirements):
         raise UsageError("give the candidate as --python PATH or as --with REQUIREMENT (one of them)")
@@ -72,9 +77,10 @@ def upgrade_check(
         from pt2flow.flows.engine.environment.overlay import candidate_environment
 
         python = candidate_environment(base, requirements, os.path.join(interpreter.cache_dir(), "candidates"))
+    assert python is not None  # given, or made from the requirements (checked above)
     candidate = interpreter.describe(python)
-    opened = open_checked_store(store_url, pipeline, storage_options)
-    names = [m.name for m in pipeline.models]
+    opened = open_checked_store(store_url, loaded, storage_options)
+    names = [m.name for m in loaded.models]
     baseline_run, baseline_why = _baseline_run(opened, baseline, names, base)
 
     try:
@@ -131,7 +137,7 @@ _REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?"
 _EXTRA_MARKER = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
 
 
-def requirement_closure(root: str, python: Any) -> set[str]:
+def requirement_closure(root: str, python: Interpreter) -> set[str]:
     """The installed distributions `root` requires in the environment `python` (an
     interpreter.Interpreter), transitively, from each one's Requires-Dist: for torch, the
     CUDA/runtime wheels its build brings. A requirement behind an `extra ==` marker counts only

@@ -6,15 +6,20 @@ drop the records of runs it does not keep and free the blobs only they named). U
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+from pt2flow.flows.api.documents import CorruptBlob, MissingBlob, VerifyReport
 
 from pt2flow.storage.leases import live_leases
 from pt2flow.storage.retention import RetentionRule, apply_retention, blobs_of
 
+if TYPE_CHECKING:
+    from pt2flow.storage import ArtifactStore
+
 DEFAULT_GRACE_SECONDS = 3600
 
 
-def referenced(store: Any) -> dict[str, dict[str, Any]]:
+def referenced(store: ArtifactStore) -> dict[str, dict[str, Any]]:
     """digest -> {"size": recorded size, "records": [...]} for every blob a record points to: its
     artifact, the source's weights, validate's stored inputs and outputs (details.io), a
     failure's report (storage.retention.blobs_of)."""
@@ -30,11 +35,12 @@ def referenced(store: Any) -> dict[str, dict[str, Any]]:
     return refs
 
 
-def verify_store(store: Any) -> dict[str, Any]:
+def verify_store(store: ArtifactStore) -> VerifyReport:
     """Re-hash every blob in the store and every blob the index references."""
     refs = referenced(store)
     present = {b.digest: b for b in store.list_blobs()}
-    missing, corrupt = [], []
+    missing: list[MissingBlob] = []
+    corrupt: list[CorruptBlob] = []
     for digest in sorted(set(refs) | set(present)):
         ref = refs.get(digest, {"size": None, "records": []})
         if digest not in present:
@@ -46,7 +52,7 @@ def verify_store(store: Any) -> dict[str, Any]:
     return {"checked": len(set(refs) | set(present)), "missing": missing, "corrupt": corrupt}
 
 
-def collect_garbage(store: Any, *, dry_run: bool, grace_seconds: float, keep_runs: int | None = None,
+def collect_garbage(store: ArtifactStore, *, dry_run: bool, grace_seconds: float, keep_runs: int | None = None,
                     keep_days: float | None = None, exclude_runs: Iterable[str] = ()) -> dict[str, Any]:
     """Delete blobs no record references and older than the grace period (a running export may
     have published a blob whose record is not written yet). With keep_runs and/or keep_days,

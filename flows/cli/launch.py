@@ -5,13 +5,17 @@ Python API uses too. torch and Prefect are never imported here."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from pt2flow.flows.api.running import refuse_credentials  # noqa: F401  (run and serve check the URL alike)
 from pt2flow.flows.cli.support import Args, config_store_options
 from pt2flow.flows.options import parse_storage_options
+
+if TYPE_CHECKING:
+    from pt2flow.flows.config.models import Pipeline
+    from pt2flow.storage import ArtifactStore
 
 CONFIG_HELP = {"CONFIG": "pipeline config (YAML, schema version 1)"}
 
@@ -61,7 +65,7 @@ def runner_of(args: Args) -> str:
     return args.runner or "local"
 
 
-def load_for_run(args: Args) -> Any:
+def load_for_run(args: Args) -> Pipeline:
     """The config with --only/--stages applied; raises ConfigError or UsageError."""
     from pt2flow.flows.api.running import load_for_run as load
 
@@ -72,8 +76,8 @@ def load_for_run(args: Args) -> Any:
     )
 
 
-def open_checked_store(store_url: str, pipeline: Any, args: Args) -> Any:
+def open_checked_store(store_url: str, config: Pipeline, args: Args) -> ArtifactStore:
     """The store of a run, with the config's storage options and --storage-option over them."""
     from pt2flow.flows.api.running import open_checked_store as open_checked
 
-    return open_checked(store_url, pipeline, parse_storage_options(args.storage_option or []))
+    return open_checked(store_url, config, parse_storage_options(args.storage_option or []))

@@ -9,14 +9,18 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Sequence
 
 import click
 
 from pt2flow.flows.api.running import execute
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, note_interrupt
-from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
+from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, runner_of, stage_list
 from pt2flow.flows.cli.support import Args, command, json_option, rich_console
+from pt2flow.flows.options import parse_storage_options
+
+if TYPE_CHECKING:
+    from pt2flow.storage import ArtifactStore
 
 
 @command(
@@ -60,42 +64,23 @@ def interrupt(signum: int, frame: Any) -> None:
 
 
 def run_fleet(args: Args) -> int:
-    from pt2flow.flows.config import resolve_store_url
+    from pt2flow.flows.api.running import prepare_run
 
-    pipeline = load_for_run(args)
-    store_url = resolve_store_url(args.store or pipeline.store)
-    refuse_credentials(store_url)
-    from pt2flow.flows.api.running import check_cluster, check_python
-
-    python = check_python(args.python or pipeline.python, runner_of(args))
-    check_cluster(runner_of(args), args.dask_address)
-    store = open_checked_store(store_url, pipeline, args)
+    prepared = prepare_run(
+        args.config, store=args.store, storage_options=parse_storage_options(args.storage_option or []), only=args.only or (),
+        stages=stage_list(args), workers=args.workers, runner=runner_of(args), dask_address=args.dask_address,
+        no_worker_timeout_s=args.no_worker_timeout, force=args.force, verify_sources=args.verify_sources, retry_failed=args.retry_failed,
+        python=args.python,
+    )
     if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
-    from pt2flow.flows.engine.common.context import new_run_id
-
-    parameters = dict(
-        config_path=os.path.abspath(args.config),
-        store=store_url,
-        only=list(args.only or []) or None,
-        stages=list(pipeline.stages),
-        force=args.force,
-        runner=runner_of(args),
-        workers=args.workers,
-        dask_address=args.dask_address,
-        no_worker_timeout_s=args.no_worker_timeout,
-        run_id=new_run_id(),
-        retry_failed=args.retry_failed,
-        python=python,
-        verify_sources=args.verify_sources,
-    )
     if args.json:
         with stdout_to_stderr() as real_stdout:
-            document = command_wall_time(execute(parameters, store, pipeline))
+            document = command_wall_time(execute(prepared))
             real_stdout.write(json.dumps(document, default=str) + "\n")
             real_stdout.flush()
     else:
-        document = command_wall_time(execute(parameters, store, pipeline, progress=terminal_progress if sys.stderr.isatty() or args.progress else None))
+        document = command_wall_time(execute(prepared, progress=terminal_progress if sys.stderr.isatty() or args.progress else None))
         from pt2flow.flows.cli.summary import render_run
 
         render_run(document, rich_console(), config=args.config, store=args.store)
@@ -138,7 +123,7 @@ def stdout_to_stderr() -> Iterator[Any]:
         os.close(saved)
 
 
-def terminal_progress(store: Any, run_id: str, models: list[str], stages: Any) -> Any:
+def terminal_progress(store: ArtifactStore, run_id: str, models: list[str], stages: Sequence[str]) -> ContextManager[Any]:
     """The live progress bar of a fleet run, on stderr."""
     from rich.console import Console
 

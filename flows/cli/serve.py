@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +16,9 @@ from pt2flow.flows.cli.errors import EXIT_OK
 from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
 from pt2flow.flows.options import UsageError
 from pt2flow.flows.cli.support import Args, command
+
+if TYPE_CHECKING:
+    from pt2flow.flows.config.models import Pipeline
 
 SERVER_HINT = (
     "start one with `prefect server start` (SQLite by default; PostgreSQL via "
@@ -61,18 +64,18 @@ def serve_command(args: Args) -> int:
     from pt2flow.flows.config import resolve_store_url
     from pt2flow.storage.urls import redact_url
 
-    pipeline = load_for_run(args)
+    config = load_for_run(args)
     if not args.upgrade_python and (args.baseline_python or args.attribute or args.report_dir):
         raise UsageError("--baseline-python, --attribute and --report-dir go with --upgrade-check")
     schedule, when = schedule_of(args)
-    store_url = resolve_store_url(args.store or pipeline.store)
+    store_url = resolve_store_url(args.store or config.store)
     refuse_credentials(store_url)
     if store_url.startswith("memory://"):
         raise UsageError("a memory:// store lives in one process; scheduled runs need a store that outlives them")
     api_url = require_server()
     # Storage options (credentials included) travel only in this process' environment, which
     # the flow-run subprocesses inherit; never in the deployment's parameters.
-    open_checked_store(store_url, pipeline, args)
+    open_checked_store(store_url, config, args)
 
     name = args.name or os.path.splitext(os.path.basename(args.config))[0]
     if args.upgrade_python:
@@ -82,7 +85,7 @@ def serve_command(args: Args) -> int:
     else:
         from pt2flow.flows.fleet import fleet_flow as served
 
-        parameters = deployment_parameters(args, pipeline, store_url)
+        parameters = deployment_parameters(args, config, store_url)
     serve_forever(served, name, schedule, parameters, f"{when}, on the Prefect server at {redact_url(api_url)}")
     print(f"pt2flow serve: stopped; the schedule of {served.name}/{name} is paused until the next serve", file=sys.stderr)
     return EXIT_OK
@@ -162,7 +165,7 @@ def prefect_api_url() -> str | None:
         return None
 
 
-def deployment_parameters(args: Args, pipeline: Any, store_url: str) -> dict[str, Any]:
+def deployment_parameters(args: Args, config: Pipeline, store_url: str) -> dict[str, Any]:
     """JSON-only parameters; no run_id, so that every scheduled run gets a new one."""
     parameters: dict[str, Any] = {
         "config_path": os.path.abspath(args.config),
@@ -175,7 +178,7 @@ def deployment_parameters(args: Args, pipeline: Any, store_url: str) -> dict[str
     if args.only:
         parameters["only"] = list(args.only)
     if args.stages:  # only when asked: otherwise each run follows the config's own list
-        parameters["stages"] = list(pipeline.stages)
+        parameters["stages"] = list(config.stages)
     if args.dask_address:
         parameters["dask_address"] = args.dask_address
     if args.no_worker_timeout is not None:

@@ -14,12 +14,13 @@ from typing import Callable
 
 import pytest
 
+from pt2flow.flows.engine.common.messages import Describe
 from pt2flow.flows.engine.orchestrator.supervisor import Budget, Interrupted, Worker, WorkerLost
 
 
 def _ready_worker(stopping: Callable[[], bool]) -> Worker:
     worker = Worker(threads=1, stopping=stopping)
-    assert worker.call(("eval",))[1]["pid"] == worker.pid  # started and answering
+    assert worker.call(Describe())[1]["pid"] == worker.pid  # started and answering
     return worker
 
 

@@ -54,11 +54,11 @@ class Outcome(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
     blob_stat: str | None = None
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
     error: str | None = None
 
     @classmethod
-    def failure(cls, key: str, error_class: str, message: str, *, seconds: float, details: Mapping[str, Any] | None = None) -> Outcome:
+    def failure(cls, key: str, error_class: ErrorClass, message: str, *, seconds: float, details: Mapping[str, Any] | None = None) -> Outcome:
         return cls(status="failed", seconds=round(seconds, 6), key=key, details=dict(details or {}), error_class=error_class, error=message)
 
     @property
@@ -77,7 +77,7 @@ class StageView(Document):
     seconds: float | None
     artifact: str | None
     warnings: list[str] | None = None
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
     error: str | None = None
     report: str | None = None
 
@@ -127,7 +127,7 @@ class ModelResult(Document):
     name: str
     status: str = "ok"
     failed_stage: str | None = None
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
     error: str | None = None
     stages: dict[str, StageView] = Field(default_factory=dict)
     artifacts: Artifacts = Field(default_factory=Artifacts)

@@ -90,7 +90,7 @@ def declared_problems(model: ResolvedModel) -> list[tuple[tuple[Any, ...], str]]
     return problems
 
 
-def read_model_file(path: str, search_path: str, error_class: str, what: str) -> tuple[bytes, str]:
+def read_model_file(path: str, search_path: str, error_class: ErrorClass, what: str) -> tuple[bytes, str]:
     """(bytes, resolved URL) of a file a config names (weights, inputs file), with the store's
     storage options for a URL; a missing file is a StageError of `error_class`."""
     from pt2flow.stages.errors import StageError
@@ -104,7 +104,7 @@ def read_model_file(path: str, search_path: str, error_class: str, what: str) ->
 
 
 def read_inputs_file(model: ResolvedModel) -> tuple[bytes, str]:
-    return read_model_file(str(model.inputs_file), model.search_path, "config", "inputs_file")
+    return read_model_file(str(model.inputs_file), model.search_path, ErrorClass.CONFIG, "inputs_file")
 
 
 def tree_json(tree: Any) -> Any:

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from pt2flow.flows.config import ResolvedModel
+from pt2flow.stages.vocabulary import ErrorClass
 
 
 def read_weights(model: ResolvedModel) -> tuple[bytes, str]:
     from pt2flow.flows.engine.common.inputs import read_model_file
 
-    return read_model_file(str(model.weights), model.search_path, "weights", "weights file")
+    return read_model_file(str(model.weights), model.search_path, ErrorClass.WEIGHTS, "weights file")
 
 
 def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[dict[str, Any], str | None]:

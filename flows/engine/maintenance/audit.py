@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
+from pt2flow.flows.engine.common.messages import RebuildRecord
 from pt2flow.flows.engine.orchestrator.supervisor import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.orchestrator.runner import default_memory_gb
 from pt2flow.storage.errors import RecordNotFound, StorageError
@@ -117,7 +118,7 @@ class Auditor:
             weights = _source_weights(index, record)
         budget = Budget(deadline=time.monotonic() + AUDIT_TIMEOUT_S, deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
                         memory_bytes=self.memory_bytes)
-        message = ("audit", record["stage"], data, record.get("options") or {}, parent, model, self.store.url, weights)
+        message = RebuildRecord(record["stage"], data, record.get("options") or {}, parent, model, self.store.url, weights)
         try:
             status, payload = self._worker_for(record["model"]).call(message, budget)
         except WorkerLost as lost:

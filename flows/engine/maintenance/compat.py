@@ -18,6 +18,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from pt2flow.flows import pipeline
+from pt2flow.flows.engine.common.messages import CheckArtifact
 from pt2flow.flows.engine.orchestrator.supervisor import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.orchestrator.runner import default_memory_gb
 from pt2flow.storage.errors import InvalidId, RecordNotFound, StorageError
@@ -59,7 +60,7 @@ class Checker:
         budget = Budget(deadline=time.monotonic() + self.timeout_s, deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s",
                         memory_bytes=self.memory_bytes)
         try:
-            status, payload = self.worker.call(("compat", kind, data, io, atol, rtol, device, stage, modules), budget)
+            status, payload = self.worker.call(CheckArtifact(kind, data, io, atol, rtol, device, stage, modules), budget)
         except WorkerLost as lost:
             self.close()
             return {**_UNCHECKED, "error_class": lost.error_class, "error": f"{lost.message} while checking the {kind}",

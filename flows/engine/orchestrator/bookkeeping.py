@@ -19,6 +19,7 @@ from pt2flow.flows.engine.common.keys import Environment
 from pt2flow.flows.engine.orchestrator.records import stage_record
 from pt2flow.storage import StorageError
 from pt2flow.storage.records import IndexRecord
+from pt2flow.stages.vocabulary import ErrorClass
 
 if TYPE_CHECKING:
     from pt2flow.flows.engine.worker.compute import Produced
@@ -83,7 +84,7 @@ class StageRun:
         self.record(outcome)
         return outcome
 
-    def fail(self, error_class: str, message: str, *, details: Mapping[str, Any] | None = None, report: bytes | None = None) -> StageFailed:
+    def fail(self, error_class: ErrorClass, message: str, *, details: Mapping[str, Any] | None = None, report: bytes | None = None) -> StageFailed:
         outcome = Outcome.failure(self.key, error_class, message, seconds=self.seconds(), details=details)
         if report is not None:
             try:

@@ -6,11 +6,14 @@ without starting Prefect (docs/architecture.md, "Caching").
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pt2flow.flows.engine.common import stores
 from pt2flow.flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
+from pt2flow.flows.config.models import Pipeline
 from pt2flow.flows.engine.common.context import RunContext, new_run_id
 from pt2flow.flows.engine.common.documents import ModelResult, RunDocument, RunSummary
 from pt2flow.flows.engine.orchestrator.planner import Plan, plan_model
@@ -25,22 +28,53 @@ class NeedsFlow(RuntimeError):
     """A fleet was to be settled from the index, but some model has work to do."""
 
 
-def fleet_context(
-    config_path: str, store: str | None, only: list[str] | None, stages: list[str] | None, force: bool, run_id: str | None, retry_failed: bool = False,
-    python: str | None = None, verify_sources: bool = False,
-) -> tuple[Any, RunContext]:
-    """The config with the run's overrides, and the run's context. Makes the workers' interpreter
-    (`python`, else the config's, else this one) the active one: keys are planned with its versions."""
+@dataclass(frozen=True)
+class RunParameters:
+    """What one run is asked to do: the fleet flow's parameters (flows/fleet.py fleet_flow), built
+    once by whoever starts the run (api/running.py) and passed down. JSON-ready by design: a
+    Prefect flow run records its parameters, and a deployment (serve, prefect.yaml) gives them as
+    JSON; the loaded config never travels here (its storage_options may hold credentials)."""
+
+    config_path: str
+    store: str | None = None
+    only: tuple[str, ...] | None = None
+    stages: tuple[str, ...] | None = None
+    force: bool = False
+    runner: str = "local"
+    workers: int | None = None
+    dask_address: str | None = None
+    no_worker_timeout_s: float | None = None
+    run_id: str | None = None
+    retry_failed: bool = False
+    apply_retention: bool = False
+    python: str | None = None
+    verify_sources: bool = False
+
+    def flow_parameters(self) -> dict[str, Any]:
+        """As fleet_flow's keyword arguments (lists where it takes lists)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["only"] = list(self.only) if self.only is not None else None
+        values["stages"] = list(self.stages) if self.stages is not None else None
+        return values
+
+
+def fleet_context(parameters: RunParameters, config: Pipeline | None = None) -> tuple[Pipeline, RunContext]:
+    """The config with the run's overrides, and the run's context. `config`: the config its caller
+    already loaded with those overrides (read once per run), else it is read from
+    `parameters.config_path`. Makes the workers' interpreter (`python`, else the config's, else
+    this one) the active one: keys are planned with its versions."""
     from pt2flow.flows.engine.environment import interpreter
 
-    pipeline = apply_overrides(load_config(config_path), only=only or (), stages=stages)
-    store_url = resolve_store_url(store or pipeline.store)
-    if not stores.storage_options(store_url) and pipeline.storage_options:
-        stores.set_storage_options(store_url, pipeline.storage_options)
-    chosen = interpreter.activate(python or pipeline.python)
-    return pipeline, RunContext(
-        run_id=run_id or new_run_id(), store_url=store_url, stages=tuple(pipeline.stages), force=force, retry_failed=retry_failed,
-        python=None if chosen.local else chosen.python, verify_sources=verify_sources,
+    if config is None:
+        config = apply_overrides(load_config(parameters.config_path), only=parameters.only or (),
+                                 stages=list(parameters.stages) if parameters.stages is not None else None)
+    store_url = resolve_store_url(parameters.store or config.store)
+    if not stores.storage_options(store_url) and config.storage_options:
+        stores.set_storage_options(store_url, config.storage_options)
+    chosen = interpreter.activate(parameters.python or config.python)
+    return config, RunContext(
+        run_id=parameters.run_id or new_run_id(), store_url=store_url, stages=tuple(config.stages), force=parameters.force,
+        retry_failed=parameters.retry_failed, python=None if chosen.local else chosen.python, verify_sources=parameters.verify_sources,
     )
 
 
@@ -83,11 +117,11 @@ def run_document(ctx: RunContext, results: list[ModelResult], started: float, wo
     return RunDocument(run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers, python=ctx.python)
 
 
-def settle_fleet(pipeline: Any, ctx: RunContext) -> dict[str, Any]:
+def settle_fleet(config: Pipeline, ctx: RunContext) -> dict[str, Any]:
     """The run document (as its JSON dict) of a fleet the index settles entirely; NeedsFlow at
     the first model with work."""
     started = time.perf_counter()
-    models = list(pipeline.models)
+    models = list(config.models)
     plans = plan_fleet(models, ctx, stop_at_work=True)
     results = settle_from_index(models, plans, ctx)
     return run_document(ctx, [results[m.name] for m in models], started, 0).model_dump(mode="json")

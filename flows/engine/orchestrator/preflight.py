@@ -31,6 +31,7 @@ from typing import Callable, Container, Mapping, Sequence
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common.inputs import declared_problems, resolve_model_url
+from pt2flow.flows.engine.common.messages import InspectModel
 from pt2flow.flows.engine.orchestrator.supervisor import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.orchestrator.runner import default_memory_gb
 from pt2flow.flows.engine.worker.model_check import KeyPath
@@ -112,7 +113,7 @@ def _check_code(found: Preflight, models: Mapping[int, ResolvedModel]) -> None:
             budget = Budget(deadline=time.monotonic() + seconds, memory_bytes=int(memory * 2**30),
                             deadline_reason=f"importing and building it took over {seconds:g} s")
             try:
-                status, payload = worker.call(("preflight", model), budget)
+                status, payload = worker.call(InspectModel(model), budget)
             except WorkerLost as lost:
                 worker.close()
                 worker = None

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.orchestrator.bookkeeping import StageRun
-from pt2flow.flows.engine.worker.compute import Produced, StageRequest
+from pt2flow.flows.engine.common.messages import Produced, StageRequest
 from pt2flow.flows.engine.common.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
 from pt2flow.flows.engine.common.documents import ModelResult, StageView, ValidationSummary
 from pt2flow.flows.engine.lineage.events import StageLineage
@@ -130,7 +130,7 @@ def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], 
     try:
         worker = model_run.lease.get()
         request = StageRequest(stage, compute, run.model, run.ctx, dict(inputs), run.key)
-        status, payload = worker.call(("stage", request), model_run.budget(stage))
+        status, payload = worker.call(request, model_run.budget(stage))
     except WorkerLost as lost:
         details = {"stderr_tail": lost.stderr_tail, "returncode": lost.returncode}
         message = f"{lost.message} during {stage}" if lost.error_class == ErrorClass.CRASH else f"{stage}: {lost.message}"

@@ -27,6 +27,9 @@ from typing import Any, Callable
 
 import psutil
 
+from pt2flow.flows.engine.common.messages import NewModel, ReplyT, Request, Stop
+from pt2flow.stages.vocabulary import ErrorClass
+
 POLL_SECONDS = 0.05
 # a worker stopped by a signal that stops runs (SIGTERM from a scheduler or systemd, which signal
 # every process; SIGINT) is an interrupt once the orchestrator's own handler has set the pool's
@@ -47,7 +50,7 @@ class Interrupted(BaseException):
 class WorkerLost(Exception):
     """The worker stopped before it answered: `error_class` says why (crash, timeout, out_of_memory)."""
 
-    def __init__(self, error_class: str, message: str, stderr_tail: str, returncode: int | None = None) -> None:
+    def __init__(self, error_class: ErrorClass, message: str, stderr_tail: str, returncode: int | None = None) -> None:
         super().__init__(message)
         self.error_class = error_class
         self.message = message
@@ -115,7 +118,7 @@ class Worker:
         self._offset = 0
 
     # -- calls -------------------------------------------------------------------------------
-    def call(self, message: tuple[Any, ...], budget: Budget = Budget()) -> Any:
+    def call(self, message: Request[ReplyT], budget: Budget = Budget()) -> ReplyT:
         """Send `message`, wait for the answer within `budget`; WorkerLost if the worker dies,
         runs out of time or memory (it is then killed, with its whole process tree)."""
         self._offset = self._log_size()
@@ -125,7 +128,7 @@ class Worker:
         try:
             self.conn.send(message)
         except OSError:
-            raise self._lost("crash", "before the stage started") from None
+            raise self._lost(ErrorClass.CRASH, "before the stage started") from None
         return self._wait(budget)
 
     def _wait(self, budget: Budget, startup: bool = False) -> Any:
@@ -137,16 +140,16 @@ class Worker:
                 if self.conn.poll(POLL_SECONDS):
                     return self.conn.recv()
             except (EOFError, OSError):
-                raise self._lost("crash", "") from None
+                raise self._lost(ErrorClass.CRASH, "") from None
             if self.process.poll() is not None:
-                raise self._lost("crash", "")
+                raise self._lost(ErrorClass.CRASH, "")
             now = time.monotonic()
             if budget.deadline is not None and now > budget.deadline:
                 self.kill(dump_stacks=True)
-                raise self._lost("timeout", budget.deadline_reason)
+                raise self._lost(ErrorClass.TIMEOUT, budget.deadline_reason)
             if startup_deadline is not None and now > startup_deadline:
                 self.kill()
-                raise self._lost("crash", f"did not start within {STARTUP_TIMEOUT:.0f} s")
+                raise self._lost(ErrorClass.CRASH, f"did not start within {STARTUP_TIMEOUT:.0f} s")
             if budget.memory_bytes is not None and now >= next_sample:
                 next_sample = now + MEMORY_SAMPLE_SECONDS
                 used = self.memory_bytes()
@@ -156,7 +159,7 @@ class Worker:
                         "out_of_memory", f"its processes used {used / 2**30:.2f} GiB, over the limit of {budget.memory_bytes / 2**30:.2f} GiB"
                     )
 
-    def _lost(self, error_class: str, reason: str) -> WorkerLost:
+    def _lost(self, error_class: ErrorClass, reason: str) -> WorkerLost:
         """Why the worker is gone, as the exception to raise; raises Interrupted instead when the
         run is being interrupted (the interrupt killed it, or the signal that stops the run
         reached it too: Ctrl-C or a scheduler's SIGTERM to every process), which records nothing."""
@@ -257,7 +260,7 @@ class Worker:
     def close(self) -> None:
         if self.alive:
             try:
-                self.conn.send(("stop",))
+                self.conn.send(Stop())
                 self.process.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 pass
@@ -420,7 +423,7 @@ class Lease:
     def get(self) -> Worker:
         if self.worker is None:
             self.worker = self.pool.acquire()
-            self.worker.call(("new_model",))
+            self.worker.call(NewModel())
         return self.worker
 
     def release(self) -> None:

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from pt2flow.stages.vocabulary import ErrorClass
+
 STARTED_TOPIC = "pt2flow-model-started"
 LIMIT_GRACE_S = 60.0  # the worker's own stop and record (a stack dump, a kill, an index write) first
 NO_WORKER_SETTING = "dask.no_worker_timeout_s, run --no-worker-timeout"
@@ -41,7 +43,7 @@ def announce_start(run_id: str, model: str) -> None:
 class GaveUp:
     """A model the orchestrator stopped waiting for: always `timeout`, with the reason."""
 
-    error_class: str
+    error_class: ErrorClass
     message: str
 
 
@@ -97,7 +99,7 @@ class ClusterWatch:
             if name in self.started and limit is not None and now > self.started[name][0] + limit + LIMIT_GRACE_S:
                 worker = self.started[name][1]
                 gave_up[name] = GaveUp(
-                    "timeout",
+                    ErrorClass.TIMEOUT,
                     f"the model ran past its time limit of {limit:g} s (limits.timeout_s) on Dask worker {worker}, which did not "
                     f"stop it within {LIMIT_GRACE_S:g} s more; the orchestrator stopped waiting for it",
                 )
@@ -109,4 +111,4 @@ class ClusterWatch:
             where = f"it was running on Dask worker {self.started[name][1]}, which is gone"
         else:
             where = "it was never started on a worker"
-        return GaveUp("timeout", f"{cluster} had no worker for {self.no_worker_timeout_s:g} s ({NO_WORKER_SETTING}); {where}")
+        return GaveUp(ErrorClass.TIMEOUT, f"{cluster} had no worker for {self.no_worker_timeout_s:g} s ({NO_WORKER_SETTING}); {where}")

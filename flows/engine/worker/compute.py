@@ -25,6 +25,7 @@ from pt2flow.flows.engine.worker.artifacts import load_artifact, vouch
 from pt2flow.flows.engine.common.context import Outcome, RunContext
 from pt2flow.flows.engine.common.inputs import checkpoint_folder, declared_paths, declared_problems, model_inputs
 from pt2flow.flows.engine.common.keys import canonical_json
+from pt2flow.flows.engine.common.messages import CheckArtifact, Failure, Produced, StageRequest
 from pt2flow.flows.engine.common.source_manifest import read_weights, source_manifest
 from pt2flow.flows.engine.common.keys import request_key
 from pt2flow.flows.engine.common.stage_options import OptionsT, stage_options
@@ -32,44 +33,6 @@ from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import FunctionalizeOptions
 from pt2flow.stages.vocabulary import ErrorClass
-
-
-@dataclass(frozen=True)
-class StageRequest:
-    """What the orchestrator sends a worker to run one stage."""
-
-    stage: str
-    compute: str  # "module:function" (Stage.compute)
-    model: ResolvedModel
-    ctx: RunContext
-    inputs: dict[str, Outcome]
-    key: str
-
-
-@dataclass(frozen=True)
-class Produced:
-    """What a stage published: its blob (digest, size, uri, the stat signature it was verified
-    with), its fingerprint (a program's; else the blob's digest), details and warnings."""
-
-    artifact: str
-    size: int
-    uri: str
-    blob_stat: str | None = None
-    fingerprint: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a stage failed: its class and message, details for the record, a report blob's
-    bytes, and whether it is a transient storage error worth a retry."""
-
-    error_class: ErrorClass
-    error: str
-    details: dict[str, Any] = field(default_factory=dict)
-    report: bytes | None = None
-    transient: bool = False
 
 
 # programs this worker built or loaded recently (saves a reload from the store for the next stage)
@@ -393,8 +356,7 @@ def _registered_elsewhere(stage: str) -> bool:
         return False
 
 
-def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None,
-                   modules: list[str] | None = None) -> tuple[str, Any]:
+def check_artifact(request: CheckArtifact) -> tuple[str, dict[str, Any]]:
     """check-compat's check of one artifact (stages/compat.py) on the stored samples `io`:
     ("ok", result with `checked_with`, this torch's version) or ("failed", failure). stage: the
     candidate stage that made it; one validate does not load itself is loaded by its loader.
@@ -404,13 +366,14 @@ def check_artifact(kind: str, data: bytes, io: bytes | None, atol: float, rtol: 
     from pt2flow.stages.compat import check_artifact as check
     from pt2flow.stages.validation_io import unpack
 
+    kind, data, io, stage = request.kind, request.data, request.io, request.stage
     flat, lacking = None, None
     if stage is not None and pipeline.get(stage).publishes not in LOADED_BY_VALIDATE:
         flat = pipeline.resolve(str(pipeline.get(stage).candidate))
         lacking = missing_libraries(stage)
     try:
-        result = check(kind, data, unpack(io) if io is not None else None, atol, rtol, device, flat=flat, target=stage, modules=modules,
-                       lacking=lacking)
+        result = check(kind, data, unpack(io) if io is not None else None, request.atol, request.rtol, request.device, flat=flat, target=stage,
+                       modules=request.modules, lacking=lacking)
     except Exception as exc:
         failure = classify("check-compat", exc)
         return "failed", {"error_class": str(failure.error_class), "error": failure.error}

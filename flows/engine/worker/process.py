@@ -78,6 +78,7 @@ def main(fd: int, parent: int) -> int:
     watch_reads()
     import pt2flow.stages.trace  # noqa: F401  (torch and the stages: once per worker, before the first model)
 
+    from pt2flow.flows.engine.common import messages
     from pt2flow.flows.engine.worker import compute
     from pt2flow.storage.faults import crash_point
 
@@ -88,31 +89,32 @@ def main(fd: int, parent: int) -> int:
             message = conn.recv()
         except (EOFError, OSError):
             return 0
-        kind = message[0]
-        if kind == "stop":
-            return 0
-        if kind == "stage":  # one stage of one model (a compute.StageRequest)
-            status, payload = compute.run_stage(message[1])
-            sys.stdout.flush()
-            sys.stderr.flush()
-            conn.send((status, payload))
-        elif kind == "compat":  # check-compat: one artifact (flows/engine/maintenance/compat.py)
-            crash_point("before_compat_check")
-            conn.send(compute.check_artifact(*message[1:]))
-        elif kind == "audit":  # pt2flow audit: one program record rebuilt (flows/engine/maintenance/audit.py)
-            from pt2flow.flows.engine.worker.rebuild import rebuild
+        match message:
+            case messages.Stop():
+                return 0
+            case messages.StageRequest():  # one stage of one model
+                reply: object = compute.run_stage(message)
+                sys.stdout.flush()
+                sys.stderr.flush()
+            case messages.CheckArtifact():  # check-compat: one artifact (flows/engine/maintenance/compat.py)
+                crash_point("before_compat_check")
+                reply = compute.check_artifact(message)
+            case messages.RebuildRecord():  # pt2flow audit: one program record rebuilt (flows/engine/maintenance/audit.py)
+                from pt2flow.flows.engine.worker.rebuild import rebuild
 
-            conn.send(rebuild(*message[1:]))
-        elif kind == "preflight":  # pt2flow validate: one model's modules and forward() (flows/engine/orchestrator/preflight.py)
-            from pt2flow.flows.engine.worker.model_check import inspect_model
+                reply = rebuild(message)
+            case messages.InspectModel():  # pt2flow validate: one model's modules and forward() (flows/engine/orchestrator/preflight.py)
+                from pt2flow.flows.engine.worker.model_check import inspect_model
 
-            conn.send(inspect_model(*message[1:]))
-        elif kind == "new_model":
-            compute.forget_programs()
-            conn.send(("ok", None))
-        elif kind == "eval":  # tests and benchmarks: what this worker sees (pid, env)
-            conn.send(("ok", {"pid": os.getpid(), "threads": os.environ.get("PT2FLOW_WORKER_THREADS")}))
-
+                reply = inspect_model(message.model)
+            case messages.NewModel():
+                compute.forget_programs()
+                reply = ("ok", None)
+            case messages.Describe():  # tests and benchmarks: what this worker sees (pid, env)
+                reply = ("ok", {"pid": os.getpid(), "threads": os.environ.get("PT2FLOW_WORKER_THREADS")})
+            case _:  # an orchestrator of another protocol: say so rather than hang it
+                reply = ("failed", {"error_class": "internal", "error": f"unknown worker message {type(message).__name__}"})
+        conn.send(reply)
 
 if __name__ == "__main__":
     sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common import stores
+from pt2flow.flows.engine.common.messages import RebuildRecord
 from pt2flow.flows.engine.worker.compute import classify, model_builder
 from pt2flow.flows.engine.common.inputs import model_inputs
 
@@ -57,19 +58,14 @@ def _rebuild_source(model: ResolvedModel, store_url: str, weights: Mapping[str, 
     return {"rebuilt": built.deps.get("eager"), "problem": built.problem}
 
 
-def rebuild(
-    stage: str,
-    stored: bytes,
-    options: Mapping[str, Any],
-    parent: bytes | None,
-    model: ResolvedModel | None,
-    store_url: str,
-    weights: Mapping[str, Any] | None,
-) -> tuple[str, dict[str, Any]]:
+def rebuild(request: RebuildRecord) -> tuple[str, dict[str, Any]]:
     """("ok", {"stored": fingerprint, "rebuilt": fingerprint or None}) or ("failed", failure)."""
     from pt2flow.stages.program import fingerprint
     from pt2flow.stages.source import import_factory
 
+    stage, stored, parent, model, store_url, weights = (
+        request.stage, request.stored, request.parent, request.model, request.store_url, request.weights
+    )
     try:
         if stage == pipeline.SOURCE_NAME:
             found = _rebuild_source(model, store_url, weights) if model is not None else {"rebuilt": None, "problem": None}
@@ -77,7 +73,7 @@ def rebuild(
         if model is not None:  # the pytree types the program uses, as the run had them
             import_factory(model.factory, model.search_path)
         found: dict[str, Any] = {"stored": fingerprint(_program(stored)), "rebuilt": None}
-        again = RebuildCall(options, _program(parent) if parent is not None else None, model, store_url, weights)
+        again = RebuildCall(request.options, _program(parent) if parent is not None else None, model, store_url, weights)
         found["rebuilt"] = pipeline.resolve(str(pipeline.get(stage).rebuild))(again)
         return "ok", found
     except Exception as exc:  # noqa: BLE001 - reported as the record's failure to rebuild
