@@ -10,9 +10,8 @@ torch.export is not thread-safe: torch only ever runs in the worker processes.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
@@ -27,7 +26,7 @@ from pt2flow.flows.engine.common.context import RunContext
 from pt2flow.flows.engine.common.documents import ModelResult, RunDocument, RunSummary
 from pt2flow.stages.vocabulary import ErrorClass
 from pt2flow.storage import StorageError
-from pt2flow.flows.engine.orchestrator.fleet_plan import RunParameters, fleet_context, plan_fleet, resolve_workers, run_document, settle_from_index
+from pt2flow.flows.engine.orchestrator.fleet_plan import RunParameters, fleet_context, loaded_for, plan_fleet, resolve_workers, run_document, settle_from_index
 from pt2flow.flows.engine.orchestrator.model_flow import STAGE_TASKS
 from pt2flow.flows.engine.orchestrator.planner import Plan
 from pt2flow.flows.engine.orchestrator.runner import run_logger, run_model
@@ -289,26 +288,6 @@ def unwritable_store(config: Pipeline, ctx: RunContext, message: str) -> RunDocu
     return RunDocument(run_id=ctx.run_id, store=ctx.store_url, summary=RunSummary(ok=0, failed=len(results), seconds=0.0), models=results, workers=0)
 
 
-# the configs callers in this process loaded for a run (by run_id), so that the flow does not read
-# the file again; a flow parameter it cannot be: Prefect records parameters, and its
-# storage_options may hold credentials
-_LOADED: dict[str, Pipeline] = {}
-_LOADED_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def loaded_config(run_id: str, config: Pipeline) -> Iterator[None]:
-    """While inside, fleet_flow(run_id=run_id, ...) called in this process uses `config` (already
-    loaded with the run's overrides) instead of reading config_path again."""
-    with _LOADED_LOCK:
-        _LOADED[run_id] = config
-    try:
-        yield
-    finally:
-        with _LOADED_LOCK:
-            _LOADED.pop(run_id, None)
-
-
 @flow(name="pt2flow-fleet", validate_parameters=False, persist_result=False)
 def fleet_flow(
     config_path: str,
@@ -339,8 +318,7 @@ def fleet_flow(
         force=force, runner=runner, workers=workers, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, run_id=run_id,
         retry_failed=retry_failed, apply_retention=apply_retention, python=python, verify_sources=verify_sources,
     )
-    with _LOADED_LOCK:
-        loaded = _LOADED.get(run_id) if run_id else None
+    loaded = loaded_for(run_id) if run_id else None
     config, ctx = fleet_context(parameters, loaded)
     try:
         with contextlib.ExitStack() as lease:

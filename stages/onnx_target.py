@@ -28,6 +28,7 @@ from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import OnnxOptions
 from pt2flow.stages.targets import FlatRunner, innermost_reason, ops_named_in, refuse_training
+from pt2flow.stages.targets import refuse_state as refuse_stateful
 from pt2flow.stages.vocabulary import ErrorClass
 
 MODEL_FILE = "model.onnx"
@@ -75,18 +76,8 @@ def export_onnx(
 
 
 def refuse_state(ep: ExportedProgram) -> None:
-    """StageError(lowering) for a program that updates buffers (running statistics, a counter, a
-    cache): an ONNX model has no state, so ONNX Runtime would compute every call from the initial
-    buffers and silently disagree with the model after its first call."""
-    mutated = sorted(ep.graph_signature.buffers_to_mutate.values())
-    if mutated:
-        shown = ", ".join(mutated[:5]) + (f" (+{len(mutated) - 5} more)" if len(mutated) > 5 else "")
-        raise StageError(
-            ErrorClass.LOWERING,
-            f"ONNX models are stateless, and this program updates buffers on every call ({shown}): ONNX Runtime would "
-            "start each call from their initial values; deploy it to a target that keeps state (executorch, aot_compile)",
-            details={"buffers": mutated},
-        )
+    """StageError(lowering) for a program that updates buffers: an ONNX model has no state."""
+    refuse_stateful(ep, "ONNX models are stateless", "ONNX Runtime would start each call from their initial values (executorch and aot_compile keep state)")
 
 
 def lowering_error(exc: BaseException) -> StageError:

@@ -39,6 +39,21 @@ def refuse_training(ep: ExportedProgram, target: str) -> None:
         )
 
 
+def refuse_state(ep: ExportedProgram, stateless: str, consequence: str) -> None:
+    """StageError(lowering) for a program that updates buffers (running statistics, a counter, a
+    cache) going to a target whose model has no state: it would compute every call from the
+    initial buffers and silently disagree with the model after its first call. stateless: the
+    sentence saying so of the target; consequence: what its runtime would do instead."""
+    mutated = sorted(ep.graph_signature.buffers_to_mutate.values())
+    if mutated:
+        shown = ", ".join(mutated[:5]) + (f" (+{len(mutated) - 5} more)" if len(mutated) > 5 else "")
+        raise StageError(
+            ErrorClass.LOWERING,
+            f"{stateless}, and this program updates buffers on every call ({shown}): {consequence}; deploy it to a target that keeps state",
+            details={"buffers": mutated},
+        )
+
+
 def flat_tensor_inputs(args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The user's tensor leaves of a call, in torch's flattening order: what a runner takes."""
     return [leaf for leaf in pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(leaf, torch.Tensor)]

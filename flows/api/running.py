@@ -230,7 +230,8 @@ def execute(prepared: PreparedRun, *, progress: Progress | None = None) -> dict[
     if parameters.runner != "dask":  # the workers import torch while the Prefect server starts
         starting = lambda: start_workers(parameters.workers, len(config.models), parameters.python)  # noqa: E731
     with prefect_runtime.prefect_api(while_starting=starting):
-        from pt2flow.flows.fleet import fleet_flow, loaded_config
+        from pt2flow.flows.engine.orchestrator.fleet_plan import loaded_config
+        from pt2flow.flows.fleet import fleet_flow
 
         run_id = str(parameters.run_id)
         shown = progress(store, run_id, [m.name for m in config.models], config.stages) if progress else contextlib.nullcontext()

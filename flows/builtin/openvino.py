@@ -178,19 +178,10 @@ def input_shapes(program: Any) -> list[Any]:
 
 
 def _refuse_state(program: Any) -> None:
-    from pt2flow.stages.errors import StageError
-    from pt2flow.stages.vocabulary import ErrorClass
+    from pt2flow.stages.targets import refuse_state
 
-    mutated = sorted(program.graph_signature.buffers_to_mutate.values())
-    if mutated:
-        shown = ", ".join(mutated[:5]) + (f" (+{len(mutated) - 5} more)" if len(mutated) > 5 else "")
-        raise StageError(
-            ErrorClass.LOWERING,
-            f"an OpenVINO model is stateless, and this program updates buffers on every call ({shown}): the "
-            "converted model would drop the updates and start each call from their initial values; deploy it "
-            "to a target that keeps state",
-            details={"buffers": mutated},
-        )
+    refuse_state(program, "an OpenVINO model is stateless",
+                 "the converted model would drop the updates and start each call from their initial values")
 
 
 # the frontend's report of what it could not convert (src/frontends/common_translators/src/unconverted_ops_report.cpp)

@@ -6,10 +6,12 @@ without starting Prefect (docs/architecture.md, "Caching").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from pt2flow.flows.engine.common import stores
 from pt2flow.flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url
@@ -56,6 +58,33 @@ class RunParameters:
         values["only"] = list(self.only) if self.only is not None else None
         values["stages"] = list(self.stages) if self.stages is not None else None
         return values
+
+
+# The configs callers in this process loaded for a run (by run ID), so that the fleet flow does not
+# read the file again. Not a flow parameter: Prefect records parameters, and storage_options may
+# hold credentials. Kept here, not in flows/fleet.py: Prefect and Dask may pickle the flow and
+# task functions by value, with the module globals they reference, and a lock does not pickle.
+_LOADED: dict[str, Pipeline] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def loaded_config(run_id: str, config: Pipeline) -> Iterator[None]:
+    """While inside, fleet_flow(run_id=run_id, ...) called in this process uses `config` (already
+    loaded with the run's overrides) instead of reading config_path again."""
+    with _LOADED_LOCK:
+        _LOADED[run_id] = config
+    try:
+        yield
+    finally:
+        with _LOADED_LOCK:
+            _LOADED.pop(run_id, None)
+
+
+def loaded_for(run_id: str) -> Pipeline | None:
+    """The config loaded for `run_id` in this process (loaded_config), else None."""
+    with _LOADED_LOCK:
+        return _LOADED.get(run_id)
 
 
 def fleet_context(parameters: RunParameters, config: Pipeline | None = None) -> tuple[Pipeline, RunContext]:
