@@ -163,28 +163,46 @@ def test_a_perturbed_weight_beyond_the_noise_floor_fails_auto_but_not_a_fixed_at
     assert passes(AUTO.model_copy(update={"atol": 1e-4, "rtol": 1e-4})) is auto_passes
 
 
-def _deep_bert() -> nn.Module:
-    """BERT with 8 layers of width 256 (tiny random config, as tests/hf_models.py's)."""
-    from transformers import BertConfig, BertModel
+class DeepResidual(nn.Module):
+    """A residual MLP without normalization, 32 blocks of width 512: the residual stream grows to
+    tens, so a near-zero output element carries float32 rounding of the large terms it sums."""
 
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=100, hidden_size=256, num_hidden_layers=8, num_attention_heads=4, intermediate_size=1024, max_position_embeddings=64)
-    return BertModel(config).eval()
+    def __init__(self, width: int = 512, depth: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(nn.functional.gelu(x))
+        return x
 
 
-def test_a_deeper_transformer_that_the_default_atol_refuses_passes_auto_untouched() -> None:
-    inputs = ModelInputs({"input_ids": InputSpec((2, 8), dtype="int64", low=0, high=100),
-                          "attention_mask": InputSpec((2, 8), dtype="int64", value=1)})
-    build = builder(_deep_bert)
-    tr, dec = decomposed(build, inputs)
-    archive = _archive(dec.output)
+def test_a_deep_model_that_needs_a_loosened_fixed_tolerance_passes_auto_untouched() -> None:
+    """Its ONNX model (ONNX Runtime's own GEMMs) is as far from eager as eager is from float64,
+    but that is ~3e-5 on elements near zero: the default atol=1e-5 refuses it, 1e-4 would be
+    needed; auto accepts it at under 2x eager's own error. (The transformers models of
+    tests/hf_models.py, 8 layers wide 256 included, end in a LayerNorm and pass either way.)"""
+    from pt2flow.stages.functionalize import functionalize
+    from pt2flow.stages.onnx_target import export_onnx, load_onnx
+    from pt2flow.stages.options import FunctionalizeOptions
+    from pt2flow.stages.target_options import OnnxOptions
+    from tests.stages.helpers import traced
+
+    build = builder(DeepResidual)
+    inputs = ModelInputs({"x": InputSpec((4, 512))}, {"x": {0: "batch"}}, {"batch": (1, 16)})
+    tr = traced(build, inputs)
+    program = functionalize(tr.output, FunctionalizeOptions()).output
+    targets = {"onnx": TargetArtifact(export_onnx(program, OnnxOptions()).output, load_onnx)}
     with pytest.raises(StageError) as info:
-        validate(build, inputs, tr.metadata["dims"], ValidateOptions(), archive=archive)
-    assert info.value.error_class == "numeric_mismatch" and "atol=1e-05" in info.value.message
-    report = validate(build, inputs, tr.metadata["dims"], AUTO, archive=archive).output
+        validate(build, inputs, tr.metadata["dims"], ValidateOptions(), targets=targets)
+    assert info.value.error_class == "numeric_mismatch" and "atol=1e-05, rtol=0.0001" in info.value.message
+    assert validate(build, inputs, tr.metadata["dims"], ValidateOptions(atol=1e-4), targets=targets).output["passed"] is True
+    report = validate(build, inputs, tr.metadata["dims"], AUTO, targets=targets).output
     assert report["passed"] is True and report["tolerance"]["applied"] == "auto"
-    assert report["max_abs_err"] > 1e-5  # what the fixed tolerance refused
-    assert report["max_noise_ratio"] <= 10
+    assert report["max_abs_err"] > 1e-5  # what the default fixed tolerance refused
+    assert report["max_noise_ratio"] <= 5
+    rows = _noise_rows(report, "onnx")
+    assert all(r["eager_err"] > 1e-6 for r in rows if r["eager_err"])  # eager's own error is of the same order
 
 
 # --- models that cannot run in float64 -----------------------------------------------------------
