@@ -358,3 +358,14 @@ def test_the_options_refuse_an_unknown_tolerance_and_a_multiple_below_one(tmp_pa
         ValidateOptions(tolerance="loose")
     with pytest.raises(ValidationError):
         ValidateOptions(tolerance="auto", noise_multiple=0.5)
+    import yaml
+
+    from pt2flow.flows.config.issues import ConfigError
+
+    config = {"version": 1, "models": [{"name": "m", "factory": "tests.models:plain", "inputs": {"input": {"shape": [2, 8]}},
+                                        "stages": {"validate": {"tolerance": "loose"}}}]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    (issue,) = info.value.issues
+    assert issue.path == "models[0].stages.validate.tolerance" and "'fixed' or 'auto'" in issue.message
