@@ -25,7 +25,7 @@ from pt2flow.stages.source import build_model, import_factory, training_step
 from pt2flow.stages.targets import TargetArtifact
 from pt2flow.stages.validate import FLOOR_ULPS, NoiseReference, compare, validate
 from tests import models
-from tests.stages.helpers import builder, decomposed, mlp_inputs, regressor_inputs, static_inputs
+from tests.stages.helpers import builder, decomposed, regressor_inputs, static_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTO = ValidateOptions(tolerance="auto")
