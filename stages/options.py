@@ -77,10 +77,18 @@ class AotCompileOptions(_Options):
 
 
 class ValidateOptions(_Options):
-    """Tolerances (allclose: |a-b| <= atol + rtol*|b|), sample count and seed, optional latency benchmark."""
+    """Tolerances, sample count and seed, optional latency benchmark.
+
+    tolerance: fixed judges every candidate with allclose (|a-b| <= atol + rtol*|b|) against eager;
+    auto judges each floating output leaf against a float64 copy of the eager model, within
+    noise_multiple times eager's own error against it (docs/architecture.md §6). atol/rtol still
+    judge integer leaves, the eager model against itself, and a model that cannot run in float64.
+    """
 
     atol: float = Field(default=1.0e-5, ge=0)
     rtol: float = Field(default=1.0e-4, ge=0)
+    tolerance: Literal["fixed", "auto"] = "fixed"
+    noise_multiple: float = Field(default=10.0, ge=1)
     samples: int = Field(default=3, ge=1, le=1000)
     seed: int = 0
     benchmark: bool = False

@@ -6,6 +6,10 @@ stages/targets.py), each run on the same samples. Inputs: the example inputs, ev
 max, then random sizes in range: `samples` in all, from a fixed seed. Every output leaf is
 compared (structure, shape, dtype, allclose). A second eager copy tells a nondeterministic model
 from a bad export. Training mode compares the loss and every parameter gradient.
+
+tolerance: auto: a float64 copy of the eager model runs on the same samples; each floating leaf
+of a candidate must be within `noise_multiple` times eager's own error against it (or a floor of
+FLOOR_ULPS units in the last place of the leaf's largest value, where eager happens to be exact).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import random
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import torch
@@ -88,14 +92,110 @@ class Comparison:
     max_abs_err: float
     max_rel_err: float
     failures: list[str]
+    noise: dict[str, dict[str, Any]] = field(default_factory=dict)  # tolerance: auto, per leaf (LeafNoise.as_report)
 
 
-def compare(candidate: Any, reference: Any, atol: float, rtol: float) -> Comparison:
+# tolerance: auto. The floor where eager float32 happens to be exact (integer-valued outputs, a
+# mask, a copy): a candidate computing in the leaf's dtype may still be a few units in the last
+# place off, e.g. a product rounded once where eager rounded it twice (docs/architecture.md §6).
+FLOOR_ULPS = 8.0
+
+
+@dataclass(frozen=True)
+class NoiseReference:
+    """What tolerance: auto judges floating leaves against: the float64 copy's outputs (the same
+    tree as eager's), the multiple of eager's own error a candidate may have, the floor in ulps."""
+
+    exact: Any
+    multiple: float
+    floor_ulps: float = FLOOR_ULPS
+
+
+@dataclass(frozen=True)
+class LeafNoise:
+    """One floating leaf under tolerance: auto: max |x - float64 reference| of the candidate and
+    of eager, the leaf's largest |reference|, and the bound: max(multiple x eager's error, floor)."""
+
+    err: float
+    eager_err: float
+    scale: float
+    multiple: float
+    floor: float
+    dtype: str
+
+    @property
+    def allowed(self) -> float:
+        return max(self.multiple * self.eager_err, self.floor)
+
+    @property
+    def ok(self) -> bool:
+        return self.err <= self.allowed
+
+    @property
+    def ratio(self) -> float | None:
+        """The candidate's error over eager's; None where eager is exact and the candidate is not."""
+        if self.eager_err > 0:
+            return self.err / self.eager_err
+        return 0.0 if self.err == 0 else None
+
+    def as_report(self) -> dict[str, Any]:
+        """err / eager_err: max absolute errors against float64; rel_err / eager_rel_err: the same
+        over the leaf's largest |reference|; ratio: err / eager_err; allowed: the bound on err."""
+        scale = self.scale if self.scale > 0 else 1.0
+        return {
+            "err": self.err, "eager_err": self.eager_err, "ratio": self.ratio,
+            "rel_err": self.err / scale, "eager_rel_err": self.eager_err / scale,
+            "allowed": self.allowed, "ok": self.ok,
+        }
+
+    def describe(self) -> str:
+        if self.ratio is None:
+            return (f"error vs float64 {self.err:.3g} where eager {self.dtype} is exact "
+                    f"(allowed: the floor, {self.floor:.3g})")
+        return (f"error vs float64 {self.err:.3g} is {self.ratio:.3g}x eager {self.dtype}'s {self.eager_err:.3g} "
+                f"(allowed {self.multiple:g}x, floor {self.floor:.3g})")
+
+
+def _max_abs_diff(a64: torch.Tensor, b64: torch.Tensor) -> float:
+    """max |a-b|, where equal values (infinities included) and NaN against NaN count as 0; inf
+    where one side is NaN and the other not."""
+    diff = (a64 - b64).abs()
+    same = (a64 == b64) | (a64.isnan() & b64.isnan())
+    diff = torch.where(same, torch.zeros_like(diff), diff)
+    err = float(diff.max())
+    return float("inf") if err != err else err
+
+
+def leaf_noise(candidate: torch.Tensor, eager: torch.Tensor, exact: Any, multiple: float, floor_ulps: float) -> LeafNoise | None:
+    """The noise comparison of one floating leaf (shapes and dtypes already match eager's); None
+    where it cannot judge it (no float64 counterpart, or eager itself is not finite against it:
+    the fixed tolerance then judges that leaf)."""
+    if not (eager.is_floating_point() and isinstance(exact, torch.Tensor) and exact.is_floating_point()):
+        return None
+    if tuple(exact.shape) != tuple(eager.shape) or eager.numel() == 0:
+        return None
+    r = exact.detach().cpu().to(torch.float64)
+    eager_err = _max_abs_diff(eager.detach().cpu().to(torch.float64), r)
+    if eager_err == float("inf"):
+        return None
+    err = _max_abs_diff(candidate.detach().cpu().to(torch.float64), r)
+    finite = r[r.isfinite()].abs()
+    scale = float(finite.max()) if finite.numel() else 0.0
+    info = torch.finfo(eager.dtype)
+    floor = floor_ulps * info.eps * max(scale, info.tiny)
+    return LeafNoise(err, eager_err, scale, multiple, floor, str(eager.dtype).removeprefix("torch."))
+
+
+def compare(candidate: Any, reference: Any, atol: float, rtol: float, noise: NoiseReference | None = None) -> Comparison:
     """Structure, shape, dtype, then allclose, for every output leaf. Collects every failure.
 
     max_rel_err is max |a-b| / max(|b|, atol), so that near-zero references do not explode it.
+    noise (tolerance: auto): a floating leaf is judged against the float64 reference instead of
+    by allclose (leaf_noise); max_abs_err and max_rel_err stay the errors against `reference`.
     """
     cand, ref = _leaves_by_path(candidate), _leaves_by_path(reference)
+    exact = _leaves_by_path(noise.exact) if noise is not None else {}
+    table: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     if set(cand) != set(ref):
         missing, extra = sorted(set(ref) - set(cand)), sorted(set(cand) - set(ref))
@@ -127,9 +227,14 @@ def compare(candidate: Any, reference: Any, atol: float, rtol: float) -> Compari
         if abs_err != abs_err:  # NaN where the reference has none
             abs_err = rel_err = float("inf")
         worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
-        if not torch.allclose(a64, b64, atol=atol, rtol=rtol, equal_nan=True):
+        judged = leaf_noise(a, b, exact.get(path), noise.multiple, noise.floor_ulps) if noise is not None else None
+        if judged is not None:
+            table[path] = judged.as_report()
+            if not judged.ok:
+                failures.append(f"{path}: {judged.describe()}")
+        elif not torch.allclose(a64, b64, atol=atol, rtol=rtol, equal_nan=True):
             failures.append(f"{path}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g}")
-    return Comparison(not failures, worst_abs, worst_rel, failures)
+    return Comparison(not failures, worst_abs, worst_rel, failures, table)
 
 
 @dataclass
@@ -142,19 +247,28 @@ class Observed:
     buffers: dict[str, torch.Tensor]
 
 
-def compare_observed(candidate: Observed, reference: Observed, atol: float, rtol: float, *, buffers: bool = True) -> Comparison:
-    """Outputs (paths as compare() names them), then user inputs and buffers after the call."""
-    parts = [(compare(candidate.output, reference.output, atol, rtol), "")]
+def compare_observed(
+    candidate: Observed, reference: Observed, atol: float, rtol: float, *, buffers: bool = True,
+    exact: Observed | None = None, multiple: float = 0.0,
+) -> Comparison:
+    """Outputs (paths as compare() names them), then user inputs and buffers after the call.
+    exact (tolerance: auto): the float64 copy's observation, floating leaves judged against it."""
+
+    def noise(tree: Any) -> NoiseReference | None:
+        return NoiseReference(tree, multiple) if exact is not None else None
+
+    parts = [(compare(candidate.output, reference.output, atol, rtol, noise(exact and exact.output)), "")]
     if reference.inputs:
-        parts.append((compare(candidate.inputs, reference.inputs, atol, rtol), "input "))
+        parts.append((compare(candidate.inputs, reference.inputs, atol, rtol, noise(exact and exact.inputs)), "input "))
     if buffers and reference.buffers:
-        parts.append((compare(candidate.buffers, reference.buffers, atol, rtol), "buffer "))
+        parts.append((compare(candidate.buffers, reference.buffers, atol, rtol, noise(exact and exact.buffers)), "buffer "))
     failures = [prefix + f for result, prefix in parts for f in result.failures]
     return Comparison(
         not failures,
         max(r.max_abs_err for r, _ in parts),
         max(r.max_rel_err for r, _ in parts),
         failures,
+        {prefix + path: leaf for result, prefix in parts for path, leaf in result.noise.items()},
     )
 
 
@@ -235,6 +349,68 @@ class _Findings:
     mismatches: list[str] = field(default_factory=list)
     nondeterministic: list[str] = field(default_factory=list)
     io: list[IOSample] = field(default_factory=list)  # each sample's inputs and eager outputs
+    # every comparison, judged once the tolerance is settled (auto can fall back on a later sample):
+    # (candidate, sample label, its report entry, the fixed comparison, the noise comparison or None)
+    judged: list[tuple[str, str, dict[str, Any], Comparison, Comparison | None]] = field(default_factory=list)
+
+
+@dataclass
+class _Noise:
+    """tolerance: auto over the samples: the float64 copy of the eager model (None once it cannot
+    be used: fallback says why), the multiple, and the time its calls took."""
+
+    model: torch.nn.Module | None
+    multiple: float
+    fallback: str | None = None
+    seconds: float = 0.0
+
+    @classmethod
+    def start(cls, reference: torch.nn.Module, multiple: float) -> "_Noise":
+        """A float64 copy of `reference` before any call (a stateful model's copy keeps in step)."""
+        state = [*reference.parameters(), *reference.buffers()]
+        if state and not any(t.is_floating_point() for t in state):
+            return cls(None, multiple, "the model holds no floating-point parameter or buffer: a float64 copy would compute the same")
+        try:
+            return cls(copy.deepcopy(reference).double(), multiple)
+        except Exception as exc:
+            return cls(None, multiple, f"no float64 copy of the model: {short_message(exc)}")
+
+    def observe(self, sample: Sample, bound: BoundInputs, training: bool, buffer_names: list[str]) -> Observed | None:
+        """The float64 copy on `bound` with its floating tensors in float64; None (and the copy
+        dropped, fallback set) where it raises or returns a floating leaf narrower than float64."""
+        if self.model is None:
+            return None
+        widened = replace(bound, args=_widen(bound.args), kwargs=_widen(bound.kwargs))
+        floating_state = any(t.is_floating_point() for t in [*self.model.parameters(), *self.model.buffers()])
+        if not floating_state and not any(t.is_floating_point() for _, t, _ in bound.tensor_leaves()):
+            return self._give_up("nothing in the model or its inputs is floating point")
+        start = time.perf_counter()
+        try:
+            observed = _observe_eager(self.model, widened, training, buffer_names)
+        except Exception as exc:
+            return self._give_up(f"the float64 copy of the model raised on sample {sample.label}: {short_message(exc)}")
+        finally:
+            self.seconds += time.perf_counter() - start
+        for path, leaf in _leaves_by_path(observed.output).items():
+            if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.dtype != torch.float64:
+                return self._give_up(f"the float64 copy returns {str(leaf.dtype).removeprefix('torch.')} for output {path}: the model sets its own dtype")
+        return observed
+
+    def _give_up(self, why: str) -> None:
+        self.model, self.fallback = None, why
+        return None
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "mode": "auto", "applied": "fixed" if self.fallback else "auto",
+            "noise_multiple": self.multiple, "floor_ulps": FLOOR_ULPS,
+            "fallback": self.fallback, "reference_ms": self.seconds * 1000.0,
+        }
+
+
+def _widen(tree: Any) -> Any:
+    """Floating tensors in float64 (fresh copies), everything else as it is."""
+    return pytree.tree_map(lambda x: x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree)
 
 
 def validate(
@@ -262,6 +438,7 @@ def validate(
     with tempfile.TemporaryDirectory(prefix="pt2flow-validate-") as workdir, quiet_torch() as sink:
         reference = build_reference()
         twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
+        noise = _Noise.start(reference, options.noise_multiple) if options.tolerance == "auto" else None
         candidates, buffer_names, archived = _load_candidates(archive, package, workdir, device, targets)
         report: dict[str, Any] = {
             "passed": False,
@@ -269,6 +446,7 @@ def validate(
             "training": training, "device": device,
             "atol": options.atol,
             "rtol": options.rtol,
+            "tolerance": noise.report() if noise is not None else {"mode": "fixed", "applied": "fixed"},
             "samples": len(plan),
             "plan": [{"label": s.label, "sizes": s.sizes} for s in plan],
             "candidates": {name: {"max_abs_err": 0.0, "max_rel_err": 0.0, "samples": []} for name in candidates},
@@ -278,8 +456,9 @@ def validate(
             bound = bind_inputs(reference, model_inputs, seed=options.seed + i, dim_sizes=sample.sizes)
             if i == 0:  # before any number: do the artifacts take these inputs at all?
                 _check_signature(archived, candidates.get("compiled"), bound, dims, report)
-            _check_sample(sample, bound, reference, twin, candidates, archived, buffer_names, training, options, report, findings)
+            _check_sample(sample, bound, reference, twin, noise, candidates, archived, buffer_names, training, options, report, findings)
 
+        _judge(findings, report, auto=noise is not None and noise.model is not None)
         report["max_abs_err"] = max((c["max_abs_err"] for c in report["candidates"].values()), default=0.0)
         report["max_rel_err"] = max((c["max_rel_err"] for c in report["candidates"].values()), default=0.0)
         report["nondeterministic"] = bool(findings.nondeterministic)
@@ -288,6 +467,10 @@ def validate(
             bound = bind_inputs(reference, model_inputs, seed=options.seed)
             report["latency_ms"] = _latency(reference, candidates, bound, training, options.benchmark_runs)
         report["warnings"] = list(sink.items)
+        if noise is not None:
+            report["tolerance"] = noise.report()
+            if noise.fallback:
+                report["warnings"].append(f"tolerance: auto fell back to atol={options.atol:g}, rtol={options.rtol:g}: {noise.fallback}")
 
     _raise_findings(findings, report, options)
     io, skipped = _stored_io(findings, training)
@@ -352,6 +535,7 @@ def _check_sample(
     bound: BoundInputs,
     reference: torch.nn.Module,
     twin: torch.nn.Module,
+    noise: _Noise | None,
     candidates: Mapping[str, Callable[..., Any]],
     archived: Any,
     buffer_names: list[str],
@@ -360,12 +544,14 @@ def _check_sample(
     report: dict[str, Any],
     findings: _Findings,
 ) -> None:
-    """One sample: eager against its twin, then every candidate against eager, into the report."""
+    """One sample: eager against its twin, then every candidate against eager (and, with
+    tolerance: auto, against the float64 copy), into the report; judged later (_judge)."""
     try:
         expected = _observe_eager(reference, bound, training, buffer_names)
         again = _observe_eager(twin, bound, training, buffer_names)
     except Exception as exc:
         raise StageError(ErrorClass.RUNTIME, f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
+    exact = noise.observe(sample, bound, training, buffer_names) if noise is not None else None
     findings.io.append(IOSample(sample.label, bound.args, dict(bound.kwargs), pytree.tree_leaves(expected.output)))
     if archived is not None and not training and sample.label == "example":
         problems = signature.output_mismatches(archived, expected.output)
@@ -386,20 +572,41 @@ def _check_sample(
             continue
         if isinstance(fn, FlatCandidate):  # a target returns flat tensors: put them in eager's structure
             got.output = restructure(got.output, expected.output)
-        result = compare_observed(got, expected, options.atol, options.rtol, buffers=isinstance(fn, torch.nn.Module))
-        entry["samples"].append(
-            {
-                "label": sample.label,
-                "sizes": sample.sizes,
-                "ok": result.ok,
-                "max_abs_err": result.max_abs_err,
-                "max_rel_err": result.max_rel_err,
-                "failures": result.failures,
-            }
-        )
+        buffers = isinstance(fn, torch.nn.Module)
+        result = compare_observed(got, expected, options.atol, options.rtol, buffers=buffers)
+        noisy = None
+        if exact is not None:
+            noisy = compare_observed(got, expected, options.atol, options.rtol, buffers=buffers, exact=exact, multiple=options.noise_multiple)
+        done = {
+            "label": sample.label,
+            "sizes": sample.sizes,
+            "ok": result.ok,
+            "max_abs_err": result.max_abs_err,
+            "max_rel_err": result.max_rel_err,
+            "failures": result.failures,
+        }
+        entry["samples"].append(done)
         entry["max_abs_err"] = max(entry["max_abs_err"], result.max_abs_err)
         entry["max_rel_err"] = max(entry["max_rel_err"], result.max_rel_err)
-        findings.mismatches.extend(f"{name} on {sample.label}: {f}" for f in result.failures)
+        findings.judged.append((name, sample.label, done, result, noisy))
+
+
+def _judge(findings: _Findings, report: dict[str, Any], *, auto: bool) -> None:
+    """Each comparison's verdict into its sample's entry and the mismatches: the noise comparison
+    where tolerance: auto held to the end, else the fixed one. With auto, each sample's entry gets
+    its leaves' noise table, each candidate its worst ratio (error vs float64 over eager's)."""
+    for name, label, done, fixed, noisy in findings.judged:
+        result = noisy if auto and noisy is not None else fixed
+        done["ok"], done["failures"] = result.ok, result.failures
+        findings.mismatches.extend(f"{name} on {label}: {f}" for f in result.failures)
+        if auto and noisy is not None:
+            done["noise"] = noisy.noise
+            entry = report["candidates"][name]
+            ratios = [leaf["ratio"] for leaf in noisy.noise.values() if leaf["ratio"] is not None]  # None: eager exact, the floor judged it
+            entry["max_noise_ratio"] = max([entry.get("max_noise_ratio", 0.0), *ratios])
+    if auto:
+        ratios = [c["max_noise_ratio"] for c in report["candidates"].values() if "max_noise_ratio" in c]
+        report["max_noise_ratio"] = max(ratios, default=0.0)
 
 
 def _latency(
@@ -431,8 +638,8 @@ def _raise_findings(findings: _Findings, report: dict[str, Any], options: Valida
     if mismatches:
         shown = " | ".join(mismatches[:5])
         more = f" (+{len(mismatches) - 5} more)" if len(mismatches) > 5 else ""
-        raise StageError(
-            ErrorClass.NUMERIC_MISMATCH,
-            f"outputs differ beyond atol={options.atol:g}, rtol={options.rtol:g}: {shown}{more}",
-            details=report,
-        )
+        if report["tolerance"]["applied"] == "auto":
+            bound = f"{options.noise_multiple:g}x eager's own error against a float64 reference (tolerance: auto)"
+        else:
+            bound = f"atol={options.atol:g}, rtol={options.rtol:g}"
+        raise StageError(ErrorClass.NUMERIC_MISMATCH, f"outputs differ beyond {bound}: {shown}{more}", details=report)

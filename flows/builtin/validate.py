@@ -87,4 +87,12 @@ def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
     candidates = [inputs[name].artifact for name in pipeline.candidates() if name in inputs]
     libraries = [lib for name in pipeline.candidates() if name in inputs for lib in pipeline.get(name).libraries]
     env = {**environment_part(device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}
-    return derivation_key(stage.name, [inputs["source"].key, *candidates], options_json(model, stage.name), env)
+    return derivation_key(stage.name, [inputs["source"].key, *candidates], _keyed_options(options_json(model, stage.name)), env)
+
+
+def _keyed_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options that change the verdict: with the fixed tolerance, noise_multiple does not, and
+    leaving both out keeps the key of a config written before tolerance: auto existed."""
+    if options.get("tolerance", "fixed") == "fixed":
+        return {k: v for k, v in options.items() if k not in ("tolerance", "noise_multiple")}
+    return options

@@ -111,10 +111,18 @@ class Artifacts(Document):
 
 
 class ValidationSummary(Document):
+    """tolerance and max_noise_ratio only where the model's validate ran with tolerance: auto:
+    the tolerance applied (auto, or fixed after a fallback) and the worst ratio of a candidate's
+    error against the float64 reference to eager's own (docs/architecture.md §6)."""
+
+    optional: ClassVar[frozenset[str]] = frozenset({"tolerance", "max_noise_ratio"})
+
     passed: bool | None
     max_abs_err: float | int | None
     max_rel_err: float | int | None
     samples: int | None
+    tolerance: str | None = None
+    max_noise_ratio: float | int | None = None
 
 
 class ModelResult(Document):

@@ -211,7 +211,7 @@ def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome
     validate = outcomes.get(pipeline.publisher_name("report") or "")
     validation = validate.details.get("validation") if validate is not None else None
     if validation:
-        result.validation = ValidationSummary(**{k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples")})
+        result.validation = ValidationSummary(**{k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples", *ValidationSummary.optional) if k in validation})
 
 
 def run_logger() -> Any:

@@ -292,7 +292,18 @@ def validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
             for name, c in (report.get("candidates") or {}).items()
         },
         **({"latency_ms": report["latency_ms"]} if "latency_ms" in report else {}),
+        **_noise_summary(report),
     }
+
+
+def _noise_summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """tolerance: auto's part of the summary (nothing with the fixed tolerance): the tolerance
+    applied (auto, or fixed where the model could not run in float64) and the worst ratio of a
+    candidate's error against float64 to eager's."""
+    tolerance = report.get("tolerance") or {}
+    if tolerance.get("mode") != "auto":
+        return {}
+    return {"tolerance": tolerance.get("applied"), "max_noise_ratio": report.get("max_noise_ratio")}
 
 
 # ---------------------------------------------------------------------------------------------
