@@ -78,6 +78,9 @@ def interpreter_folders() -> tuple[str, ...]:
         folders.add(site.getusersitepackages())
     except AttributeError:  # a virtualenv's old site module
         pass
+    # every site-packages on the path: an environment layered on another (a .pth naming the base
+    # environment's site-packages) imports, and reads metadata, from both
+    folders.update(p for p in sys.path if os.path.basename(os.path.normpath(p)) in ("site-packages", "dist-packages"))
     own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pt2flow's installed folders
     folders.update({os.path.join(own, "stages"), os.path.join(own, "storage"), os.path.join(own, "flows")})
     return tuple(sorted({_real(f) for f in folders if f} | {os.path.abspath(f) for f in folders if f}))

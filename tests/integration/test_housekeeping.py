@@ -63,9 +63,9 @@ def test_make_clean_stops_the_server_a_run_outside_make_started(tmp_path: Path) 
     home = tmp_path / "home"  # the user's home: Prefect's default PREFECT_HOME is ~/.prefect
     home.mkdir()
     clone = tmp_path / "clone"  # what `make clean` sees in a checkout (it deletes .venv and the stores there)
-    (clone / "flows" / "engine").mkdir(parents=True)
+    (clone / "flows" / "engine" / "services").mkdir(parents=True)
     shutil.copy(ROOT / "Makefile", clone / "Makefile")
-    shutil.copy(ROOT / "flows" / "engine" / "prefect_server.py", clone / "flows" / "engine" / "prefect_server.py")
+    shutil.copy(ROOT / "flows" / "engine" / "services" / "prefect_server.py", clone / "flows" / "engine" / "services" / "prefect_server.py")
     (clone / "pt2-store-failures" / "index").mkdir(parents=True)
     config = write_config(tmp_path / "fleet.yaml", [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}}],
                           stages=["trace"], store=str(tmp_path / "store"))

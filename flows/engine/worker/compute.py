@@ -249,6 +249,7 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
 
     from pt2flow.stages.errors import StageError
 
+    pipeline.stages()  # the registry reads installed distributions' entry points: not while the model's reads are recorded
     missing = declared_problems(model)
     if missing:  # what the config declares the model is made of must be there
         raise StageError(ErrorClass.CONFIG, "; ".join(f"{'.'.join(map(str, path))}: {message}" for path, message in missing))
