@@ -129,6 +129,7 @@ def call_validate(
     the torch-load spies see every load): the worker's compute (flows.engine.worker.compute.run_stage)
     and the orchestrator's bookkeeping (StageRun records it). Returns the outcome, failed or not."""
     from pt2flow.flows.config.load import parse_config
+    from pt2flow.flows import pipeline
     from pt2flow.flows.engine.worker import compute
     from pt2flow.flows.engine.orchestrator.bookkeeping import StageRun
     from pt2flow.flows.engine.common.context import Outcome, RunContext
@@ -142,7 +143,7 @@ def call_validate(
     ctx = RunContext(run_id="security-test", store_url=store_url, stages=tuple(STAGES))
     given = {"source": source or {"key": "security-source-key"}, "trace": {}, "serialize": archive, "aot_compile": package}
     inputs = {name: Outcome.model_validate(c) for name, c in given.items() if c is not None}
-    request = compute.StageRequest("validate", "pt2flow.flows.engine.worker.compute:validate", model, ctx, inputs, "security-validate-key")
+    request = compute.StageRequest("validate", pipeline.get("validate").compute, model, ctx, inputs, "security-validate-key")
     status, payload = compute.run_stage(request)
     run = StageRun("validate", model, ctx, "security-validate-key", [c["key"] for c in (archive, package) if c])
     if isinstance(payload, compute.Produced):

@@ -157,7 +157,7 @@ class StageCall:
 
     def _provider(self, name: str) -> str:
         item = next(i for i in pipeline.inputs_of(pipeline.get(self.stage)) if i.name == name)
-        return next(s for s in item.stages if s in self.ctx.stages or s == "source")
+        return next((s for s in item.stages if s in self.ctx.stages or s == pipeline.SOURCE_NAME), item.stages[0])
 
 
 def model_builder(model: ResolvedModel, store: Any, weights: Mapping[str, Any] | None) -> Callable[[], Any]:
