@@ -54,7 +54,7 @@ def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> Any:
 
     announce_start(ctx.run_id, model.name)  # on a Dask worker: the orchestrator's clock of this model starts
     result = run_model(model, ctx, plan, shared_pool(python=ctx.python), tasks=STAGE_TASKS)
-    if result.status != "ok":
+    if result.status == "failed":
         return Failed(message=f"{model.name}: {result.error_class} at {result.failed_stage}", data=result)
     return Completed(data=result)
 
@@ -173,14 +173,14 @@ def fleet_markdown(document: RunDocument, comparison: str | None = None, groups:
     lines = [
         f"# pt2flow run `{document.run_id}`",
         "",
-        f"**{summary.ok} ok**, **{summary.failed} failed**, {cached} fully cached, {summary.seconds:.1f} s; store `{document.store}`",
+        f"**{summary.ok} ok**, " + (f"**{summary.partial} partial**, " if summary.partial else "") + f"**{summary.failed} failed**, {cached} fully cached, {summary.seconds:.1f} s; store `{document.store}`",
         "",
     ]
     if groups:
         from pt2flow.flows.report.failure_views import groups_markdown
 
         lines += groups_markdown(groups, title=f"## Failure groups ({sum(1 for g in groups if g['status'] != 'gone')} by root cause)")
-    failed = [m for m in document.models if m.status != "ok"]
+    failed = [m for m in document.models if m.status == "failed"]
     if failed:
         lines += ["## Failed models", "", "| model | stage | error class | error |", "|---|---|---|---|"]
         for m in failed:

@@ -14,6 +14,7 @@ portable kernels; with portable_fallback false they fail the stage with `lowerin
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -28,7 +29,7 @@ from pt2flow.stages.vocabulary import ErrorClass
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import ExecutorchOptions
-from pt2flow.stages.targets import FlatRunner, innermost_reason, ops_named_in, refuse_training
+from pt2flow.stages.targets import FlatRunner, innermost_reason, native_stderr, ops_named_in, refuse_training, with_runtime_log
 
 
 def _xnnpack() -> Any:
@@ -176,9 +177,21 @@ class PteRunner:
         self.module = _load_for_executorch_from_buffer(data)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        outputs = self.module.forward(tuple(t.detach().cpu().contiguous() for t in inputs))
+        flat = tuple(t.detach().cpu().contiguous() for t in inputs)
+        try:
+            outputs = self.module.forward(flat)
+        except RuntimeError as exc:  # "error: 0x10": the reason is in the runtime's log, so call again to hear it
+            with native_stderr() as lines:
+                with contextlib.suppress(RuntimeError):
+                    self.module.forward(flat)
+            raise with_runtime_log(exc, lines, _runtime_says) from exc
         # the runtime's output tensors live in its planned memory, which the next call overwrites
         return [out.clone() if isinstance(out, torch.Tensor) else torch.tensor(out) for out in outputs]
+
+
+def _runtime_says(line: str) -> bool:
+    """A line of the runtime's log about the failed call, not its start-up chatter (cpuinfo)."""
+    return not line.lstrip().startswith("[cpuinfo")
 
 
 def load_pte(data: bytes) -> FlatRunner:

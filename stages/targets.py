@@ -9,7 +9,11 @@ containers. stages/validate.py puts the eager output's structure back (FlatCandi
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import re
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -105,6 +109,37 @@ def innermost_reason(exc: BaseException, limit: int = 300) -> str:
     text = (str(last).strip().splitlines() or [""])[0]
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return f"{type(last).__name__}: {text}" if text else type(last).__name__
+
+
+@contextlib.contextmanager
+def native_stderr() -> Iterator[list[str]]:
+    """Capture what native code writes to file descriptor 2 inside the block (a runtime's own log,
+    which Python's sys.stderr never sees); the list holds its lines once the block ends."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(line for line in sink.read().decode(errors="replace").splitlines() if line.strip())
+
+
+class RuntimeDiagnosed(RuntimeError):
+    """A runtime's failure with the runtime's own log lines (what it said on stderr) added to the
+    message: `error: 0x10` alone does not say that an input outgrew its planned memory."""
+
+
+def with_runtime_log(exc: BaseException, lines: Sequence[str], keep: Callable[[str], bool]) -> BaseException:
+    """exc, or a RuntimeDiagnosed whose message adds the log lines `keep` selects (at most five)."""
+    said = [line.strip() for line in lines if keep(line)][:5]
+    if not said:
+        return exc
+    return RuntimeDiagnosed(f"{exc} (runtime log: {' | '.join(said)})")
 
 
 class FlatCandidate:

@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import torch
 import torch.utils._pytree as pytree
@@ -345,8 +345,9 @@ class _Findings:
     """What went wrong over the samples, one line each: a candidate that raised, an output that
     differs from eager, eager disagreeing with its twin."""
 
-    raised: list[str] = field(default_factory=list)
-    mismatches: list[str] = field(default_factory=list)
+    raised: list[tuple[str, str]] = field(default_factory=list)  # (candidate, what it raised)
+    mismatches: list[tuple[str, str]] = field(default_factory=list)  # (candidate, how it differs)
+    unloadable: dict[str, str] = field(default_factory=dict)  # candidate -> why its artifact does not load
     nondeterministic: list[str] = field(default_factory=list)
     io: list[IOSample] = field(default_factory=list)  # each sample's inputs and eager outputs
     # every comparison, judged once the tolerance is settled (auto can fall back on a later sample):
@@ -424,11 +425,18 @@ def validate(
     training: bool = False,
     device: str = "cpu",
     targets: Mapping[str, TargetArtifact] | None = None,
+    required: Collection[str] | None = None,
+    kinds: Mapping[str, str] | None = None,
 ) -> StageResult:
-    """Output: the validation report (a dict). Raises StageError(numeric_mismatch | nondeterministic |
-    runtime) when the candidates disagree with eager, with the report attached as `details`.
+    """Output: the validation report (a dict), with a verdict per candidate
+    (`candidates[name]["verdict"]`: passed, error_class, error). Raises StageError(serialization |
+    runtime | numeric_mismatch | nondeterministic), the report attached as `details`, when a
+    required candidate failed (or eager disagrees with itself); an optional one that failed is a
+    warning and its verdict.
     device: where the package was compiled for; it runs there on copies of the CPU inputs.
-    targets: deployment-target artifacts by candidate name ("onnx", "executorch"), inference only."""
+    targets: deployment-target artifacts by candidate name ("onnx", "executorch"), inference only.
+    required: the candidates that must pass ("archive", "compiled", a target's name); None: all.
+    kinds: candidate name -> the artifact kind the caller calls it, recorded as its `artifact`."""
     targets = dict(targets or {})
     if archive is None and package is None and not targets:
         raise StageError(ErrorClass.CONFIG, "validate needs serialize, aot_compile or a target to have produced a candidate")
@@ -439,7 +447,10 @@ def validate(
         reference = build_reference()
         twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
         noise = _Noise.start(reference, options.noise_multiple) if options.tolerance == "auto" else None
-        candidates, buffer_names, archived = _load_candidates(archive, package, workdir, device, targets)
+        findings = _Findings()
+        candidates, buffer_names, archived = _load_candidates(archive, package, workdir, device, targets, findings)
+        names = [*candidates, *findings.unloadable]
+        must = set(names) if required is None else set(required) & set(names)
         report: dict[str, Any] = {
             "passed": False,
             "nondeterministic": False,
@@ -449,9 +460,9 @@ def validate(
             "tolerance": noise.report() if noise is not None else {"mode": "fixed", "applied": "fixed"},
             "samples": len(plan),
             "plan": [{"label": s.label, "sizes": s.sizes} for s in plan],
-            "candidates": {name: {"max_abs_err": 0.0, "max_rel_err": 0.0, "samples": []} for name in candidates},
+            "candidates": {name: {"artifact": (kinds or {}).get(name, name), "max_abs_err": 0.0, "max_rel_err": 0.0, "samples": []} for name in names},
+            "required": sorted(must),
         }
-        findings = _Findings()
         for i, sample in enumerate(plan):
             bound = bind_inputs(reference, model_inputs, seed=options.seed + i, dim_sizes=sample.sizes)
             if i == 0:  # before any number: do the artifacts take these inputs at all?
@@ -462,17 +473,22 @@ def validate(
         report["max_abs_err"] = max((c["max_abs_err"] for c in report["candidates"].values()), default=0.0)
         report["max_rel_err"] = max((c["max_rel_err"] for c in report["candidates"].values()), default=0.0)
         report["nondeterministic"] = bool(findings.nondeterministic)
-        report["passed"] = not (findings.raised or findings.mismatches or findings.nondeterministic)
-        if options.benchmark and report["passed"]:
+        failed = _verdicts(findings, report)
+        report["passed"] = not (failed or findings.nondeterministic)
+        if options.benchmark and not (findings.nondeterministic or failed & must):
             bound = bind_inputs(reference, model_inputs, seed=options.seed)
-            report["latency_ms"] = _latency(reference, candidates, bound, training, options.benchmark_runs)
+            passing = {name: fn for name, fn in candidates.items() if name not in failed}
+            report["latency_ms"] = _latency(reference, passing, bound, training, options.benchmark_runs)
         report["warnings"] = list(sink.items)
+        for name in sorted(failed - must):
+            verdict = report["candidates"][name]["verdict"]
+            report["warnings"].append(f"{name} (not required) failed validation, {verdict['error_class']}: {verdict['error']}")
         if noise is not None:
             report["tolerance"] = noise.report()
             if noise.fallback:
                 report["warnings"].append(f"tolerance: auto fell back to atol={options.atol:g}, rtol={options.rtol:g}: {noise.fallback}")
 
-    _raise_findings(findings, report, options)
+    _raise_findings(findings, report, options, must)
     io, skipped = _stored_io(findings, training)
     if skipped:
         report["io_skipped"] = skipped
@@ -507,26 +523,32 @@ def _check_signature(archived: Any, compiled: Any, bound: BoundInputs, dims: Map
 
 
 def _load_candidates(
-    archive: bytes | None, package: bytes | None, workdir: str, device: str, targets: Mapping[str, TargetArtifact]
+    archive: bytes | None, package: bytes | None, workdir: str, device: str, targets: Mapping[str, TargetArtifact], findings: _Findings,
 ) -> tuple[dict[str, Callable[..., Any]], list[str], Any]:
-    """The candidates by name ("archive", "compiled", then each target's), the buffers the program
-    mutates, and the archive's ExportedProgram (None without an archive)."""
+    """The candidates that load, by name ("archive", "compiled", then each target's), the buffers
+    the program mutates, and the archive's ExportedProgram (None without a loadable archive); why
+    each other one does not load into findings.unloadable."""
     candidates: dict[str, Callable[..., Any]] = {}
     buffer_names: list[str] = []
     archived = None
-    try:
-        if archive is not None:
+    loaders: list[tuple[str, Callable[[], Callable[..., Any]]]] = []
+    if archive is not None:
+        def load_archived() -> Callable[..., Any]:
+            nonlocal archived, buffer_names
             archived = load_archive(archive)[0]
             buffer_names = sorted(program.mutated_buffers_in_signature(archived))
-            candidates["archive"] = archived.module()
-        if package is not None:
-            candidates["compiled"] = load_runner(package, workdir, device)
-        for name, target in targets.items():
-            candidates[name] = FlatCandidate(target.load(target.data))
-    except StageError:
-        raise
-    except Exception as exc:
-        raise StageError(ErrorClass.SERIALIZATION, f"a candidate artifact does not load: {short_message(exc)}") from exc
+            return archived.module()
+
+        loaders.append(("archive", load_archived))
+    if package is not None:
+        loaders.append(("compiled", lambda: load_runner(package, workdir, device)))
+    for name, target in targets.items():
+        loaders.append((name, lambda target=target: FlatCandidate(target.load(target.data))))
+    for name, load in loaders:
+        try:
+            candidates[name] = load()
+        except Exception as exc:
+            findings.unloadable[name] = f"{name} does not load: {exc.message if isinstance(exc, StageError) else short_message(exc)}"
     return candidates, buffer_names, archived
 
 
@@ -566,8 +588,8 @@ def _check_sample(
         try:
             got = _observe_candidate(fn, bound, training, buffer_names)
         except Exception as exc:
-            text = f"{name} raised on sample {sample.label} {sample.sizes}: {short_message(exc, 500)}"
-            findings.raised.append(text)
+            text = f"{name} raised on sample {sample.label} {sample.sizes}: {short_message(exc, 800)}"
+            findings.raised.append((name, text))
             entry["samples"].append({"label": sample.label, "sizes": sample.sizes, "ok": False, "error": text})
             continue
         if isinstance(fn, FlatCandidate):  # a target returns flat tensors: put them in eager's structure
@@ -598,7 +620,7 @@ def _judge(findings: _Findings, report: dict[str, Any], *, auto: bool) -> None:
     for name, label, done, fixed, noisy in findings.judged:
         result = noisy if auto and noisy is not None else fixed
         done["ok"], done["failures"] = result.ok, result.failures
-        findings.mismatches.extend(f"{name} on {label}: {f}" for f in result.failures)
+        findings.mismatches.extend((name, f"{name} on {label}: {f}") for f in result.failures)
         if auto and noisy is not None:
             done["noise"] = noisy.noise
             entry = report["candidates"][name]
@@ -623,8 +645,35 @@ def _latency(
     return latency
 
 
-def _raise_findings(findings: _Findings, report: dict[str, Any], options: ValidateOptions) -> None:
-    """The StageError for the findings, the report attached; nothing when there are none."""
+def _verdicts(findings: _Findings, report: dict[str, Any]) -> set[str]:
+    """Each candidate's own verdict into its report entry (passed; else the class and message of
+    what went wrong first: its artifact did not load, it raised, its outputs differ); returns the
+    names of those that failed."""
+    failed = set()
+    for name, entry in report["candidates"].items():
+        raised = [text for who, text in findings.raised if who == name]
+        differs = [text for who, text in findings.mismatches if who == name]
+        if name in findings.unloadable:
+            verdict = {"passed": False, "error_class": ErrorClass.SERIALIZATION.value, "error": findings.unloadable[name]}
+        elif raised:
+            verdict = {"passed": False, "error_class": ErrorClass.RUNTIME.value, "error": " | ".join(raised[:2])}
+        elif differs:
+            more = f" (+{len(differs) - 3} more)" if len(differs) > 3 else ""
+            verdict = {"passed": False, "error_class": ErrorClass.NUMERIC_MISMATCH.value, "error": " | ".join(differs[:3]) + more}
+        else:
+            verdict = {"passed": True, "error_class": None, "error": None}
+        entry["verdict"] = verdict
+        if not verdict["passed"]:
+            failed.add(name)
+    return failed
+
+
+def _raise_findings(findings: _Findings, report: dict[str, Any], options: ValidateOptions, required: Collection[str]) -> None:
+    """The StageError for the findings about required candidates (and eager disagreeing with
+    itself), the report attached; nothing when there are none."""
+    unloadable = [text for name, text in findings.unloadable.items() if name in required]
+    raised = [text for name, text in findings.raised if name in required]
+    mismatches = [text for name, text in findings.mismatches if name in required]
     if findings.nondeterministic:
         raise StageError(
             ErrorClass.NONDETERMINISTIC,
@@ -632,9 +681,10 @@ def _raise_findings(findings: _Findings, report: dict[str, Any], options: Valida
             + " | ".join(findings.nondeterministic[:3]),
             details=report,
         )
-    if findings.raised:
-        raise StageError(ErrorClass.RUNTIME, " | ".join(findings.raised[:3]), details=report)
-    mismatches = findings.mismatches
+    if unloadable:
+        raise StageError(ErrorClass.SERIALIZATION, " | ".join(unloadable[:3]), details=report)
+    if raised:
+        raise StageError(ErrorClass.RUNTIME, " | ".join(raised[:3]), details=report)
     if mismatches:
         shown = " | ".join(mismatches[:5])
         more = f" (+{len(mismatches) - 5} more)" if len(mismatches) > 5 else ""

@@ -27,6 +27,7 @@ class ArtifactKinds:
 
     stages: Mapping[str, str]
     zipped: frozenset[str] = field(default_factory=frozenset)
+    judge: str | None = None  # the stage whose record holds each artifact's own verdict (`validation.verdicts`)
 
     def of(self, stage: str) -> str | None:
         """The artifact kind a stage's record holds, if any."""
@@ -51,6 +52,7 @@ def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None, *, ki
         raise ArtifactRequestError(f"ID {prefix!r} is the {record['stage']} record of {record['model']}, which has no artifact to get ({', '.join(kinds.stages)})")
     if kind is not None and kind != have:
         raise ArtifactRequestError(f"ID {prefix!r} is the {have} artifact of {record['model']}, not its {kind} artifact")
+    refuse_failed_verdict(index, record, have, kinds)
     return record
 
 
@@ -65,7 +67,32 @@ def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | No
     if not rows:
         where = f" in run {run_id}" if run_id else ""
         raise RecordNotFound(f"the index holds no ok {kind} artifact of model {model!r}{where}")
-    return newest_first(rows)[0]
+    record = newest_first(rows)[0]
+    refuse_failed_verdict(index, record, kind, kinds)
+    return record
+
+
+class FailedVerdict(RecordNotFound):
+    """The artifact was built, but its own validation in the run that recorded it failed: no
+    record vouches for it as a deliverable (exit 1, as for a missing one)."""
+
+
+def refuse_failed_verdict(index: MetadataIndex, record: Mapping[str, Any], kind: str, kinds: ArtifactKinds) -> None:
+    """FailedVerdict when the judging stage's record of the same model and run says this artifact
+    failed its validation (with that verdict's class and message); nothing when it passed or was
+    not judged (no judging stage ran, or its report predates verdicts)."""
+    if kinds.judge is None:
+        return
+    condition = (pc.field("model") == record["model"]) & (pc.field("stage") == kinds.judge) & (pc.field("run_id") == record["run_id"])
+    for judged in newest_first(index.scan(None, filter=condition).to_pylist()):
+        verdict = ((decode(judged).get("validation") or {}).get("verdicts") or {}).get(kind)
+        if verdict is not None and not verdict.get("passed"):
+            raise FailedVerdict(
+                f"the {kind} artifact of {record['model']} ({str(record['sha256'])[:12]}) failed validation in run {record['run_id']}, "
+                f"{verdict.get('error_class')}: {verdict.get('error')}; `get` hands out only artifacts that validated"
+            )
+        if verdict is not None:
+            return
 
 
 def check_destination(destination: str) -> str:
@@ -109,4 +136,4 @@ def copy_out(store: Any, record: Mapping[str, Any], destination: str, *, kinds: 
     return result
 
 
-__all__ = ["ArtifactKinds", "ArtifactRequestError", "IntegrityError", "check_destination", "copy_out", "find_by_id", "find_for_model"]
+__all__ = ["ArtifactKinds", "ArtifactRequestError", "FailedVerdict", "IntegrityError", "check_destination", "copy_out", "find_by_id", "find_for_model"]

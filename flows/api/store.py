@@ -280,4 +280,7 @@ def artifact_kinds() -> ArtifactKinds:
     which of them are zip archives."""
     from pt2flow.storage.retrieve import ArtifactKinds
 
-    return ArtifactKinds(pipeline.artifact_kinds(), frozenset(s.name for s in pipeline.stages() if s.publishes in ("archive", "package", "program")))
+    return ArtifactKinds(
+        pipeline.artifact_kinds(), frozenset(s.name for s in pipeline.stages() if s.publishes in ("archive", "package", "program")),
+        judge=pipeline.publisher_name("report"),
+    )

@@ -43,6 +43,8 @@ def compute(call: StageCall) -> Produced:
         training=model.training,
         device=own["package"].details.get("device", "cpu") if own["package"] else "cpu",  # where the package was compiled for
         targets=_targets(call),
+        required=required_candidates(model),
+        kinds={name: kind for kind, name in candidate_names().items()},
     )
     report = json.dumps(result.output, indent=1, default=str).encode()
     details: dict[str, Any] = {"validation": validation_summary(result.output)}
@@ -69,6 +71,24 @@ def _targets(call: StageCall) -> dict[str, Any]:
     return found
 
 
+def candidate_names() -> dict[str, str]:
+    """Artifact kind (what `get --artifact` and `require:` name) -> its name among validate's
+    candidates: the archive and the package under the names the report has always used, any
+    other candidate under its stage's name."""
+    from pt2flow.flows import pipeline
+
+    named = {"archive": "archive", "package": "compiled"}
+    return {stage.artifact: named.get(stage.publishes, stage.name) for stage in map(pipeline.get, pipeline.candidates()) if stage.artifact}
+
+
+def required_candidates(model: Any) -> list[str] | None:
+    """The candidates a model's `require:` names (None: every candidate it has must pass)."""
+    if getattr(model, "require", None) is None:
+        return None
+    names = candidate_names()
+    return sorted(names[kind] for kind in model.require if kind in names)
+
+
 def device(model: Any) -> str:
     """Where the package it checks runs: the package's device (the CPU without a package stage)."""
     from pt2flow.flows import pipeline
@@ -87,7 +107,10 @@ def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
     candidates = [inputs[name].artifact for name in pipeline.candidates() if name in inputs]
     libraries = [lib for name in pipeline.candidates() if name in inputs for lib in pipeline.get(name).libraries]
     env = {**environment_part(device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}
-    return derivation_key(stage.name, [inputs["source"].key, *candidates], _keyed_options(options_json(model, stage.name)), env)
+    options = _keyed_options(options_json(model, stage.name))
+    if (required := required_candidates(model)) is not None:  # it decides the stage's status; absent, the key is as before require existed
+        options = {**options, "require": required}
+    return derivation_key(stage.name, [inputs["source"].key, *candidates], options, env)
 
 
 def _keyed_options(options: dict[str, Any]) -> dict[str, Any]:

@@ -41,9 +41,12 @@ def _fmt_err(value: Any) -> str:
 
 def _cells(model: Mapping[str, Any], used: list[str]) -> dict[str, Any]:
     """A model's row, by column."""
-    status = Text("ok", style="green") if model["status"] == "ok" else Text(
-        f"{model['error_class']} @ {model['failed_stage'] or 'setup'}", style="red"
-    )
+    if model["status"] == "ok":
+        status = Text("ok", style="green")
+    elif model["status"] == "partial":
+        status = Text("partial: " + ", ".join(f"{kind} ✗" for kind in failed_artifacts(model)), style="yellow")
+    else:
+        status = Text(f"{model['error_class']} @ {model['failed_stage'] or 'setup'}", style="red")
     if model.get("static_fallback"):
         status.append(" static!", style="yellow")
     validation = model.get("validation") or {}
@@ -51,12 +54,35 @@ def _cells(model: Mapping[str, Any], used: list[str]) -> dict[str, Any]:
         "model": model["name"],
         "status": status,
         "stages": Text(" ").join(_stage_cell(model["stages"], [s]) for s in used),
-        "validation": "-" if not validation else ("passed" if validation.get("passed") else "FAILED"),
+        "validation": "-" if not validation else ("passed" if validation.get("passed") else ("partial" if model["status"] == "partial" else "FAILED")),
         "max abs err": _fmt_err(validation.get("max_abs_err")),
         "max rel err": _fmt_err(validation.get("max_rel_err")),
         "serialized": (model["artifacts"].get("serialized") or "-")[:12],
         "seconds": f"{sum((s.get('seconds') or 0.0) for s in model['stages'].values()):.1f}",
     }
+
+
+def failed_artifacts(model: Mapping[str, Any]) -> list[str]:
+    """The artifact kinds whose own verdict failed."""
+    verdicts = (model.get("validation") or {}).get("verdicts") or {}
+    return [kind for kind, verdict in verdicts.items() if not verdict.get("passed")]
+
+
+def verdict_matrix(document: Mapping[str, Any]) -> Table | None:
+    """Model x artifact: each artifact's own verdict (✓ passed, ✗ failed, · not built); None when
+    no model has verdicts."""
+    kinds = [kind for kind in pipeline.document_slots() if any(kind in ((m.get("validation") or {}).get("verdicts") or {}) for m in document["models"])]
+    if not kinds:
+        return None
+    table = Table(title="validation per artifact (✓ passed, ✗ failed, · not built)", title_justify="left")
+    table.add_column("model", style="bold", no_wrap=True)
+    for kind in kinds:
+        table.add_column(kind, justify="center", no_wrap=True)
+    for model in document["models"]:
+        verdicts = (model.get("validation") or {}).get("verdicts") or {}
+        cells = [Text("·", style="dim") if kind not in verdicts else (Text("✓", style="green") if verdicts[kind].get("passed") else Text("✗", style="red")) for kind in kinds]
+        table.add_row(model["name"], *cells)
+    return table
 
 
 def _table(document: Mapping[str, Any], used: list[str], dropped: tuple[str, ...]) -> Table:
@@ -109,8 +135,13 @@ def render_run(document: Mapping[str, Any], console: Console, *, config: str | N
     table = fitted_table(document, console)
     console.print(table)
     summary = document["summary"]
+    matrix = verdict_matrix(document)
+    if matrix is not None and (summary.get("partial") or len(matrix.columns) > 3):
+        console.print(matrix)  # beside the archive and the package: the targets, or a partial model
     console.print(
-        f"[green]{summary['ok']} ok[/green], [red]{summary['failed']} failed[/red] in {summary['seconds']:.1f} s "
+        f"[green]{summary['ok']} ok[/green], "
+        + (f"[yellow]{summary['partial']} partial[/yellow], " if summary.get("partial") else "")
+        + f"[red]{summary['failed']} failed[/red] in {summary['seconds']:.1f} s "
         f"({LEGEND}) — store {document['store']}"
         + (f", {document['workers']} worker process{'es' if document['workers'] != 1 else ''}" if document.get("workers") else "")
         + (f" under {document['python']}" if document.get("python") else "")
@@ -127,7 +158,13 @@ def render_run(document: Mapping[str, Any], console: Console, *, config: str | N
 
         render_run_groups(document["failure_groups"], console, failures_command(document, config, store))
     for model in document["models"]:
-        if model["status"] != "ok":
+        for kind in failed_artifacts(model) if model["status"] == "partial" else ():
+            verdict = model["validation"]["verdicts"][kind]
+            head = Text(f"✗ {model['name']} {kind}", style="yellow")
+            head.append(f" [{verdict.get('error_class')}] (not required: the model is partial; `get` refuses this artifact):")
+            console.print(head)
+            console.print(Text("    " + str(verdict.get("error")).replace("\n", "\n    ")))
+        if model["status"] == "failed":
             failed = model["stages"].get(model["failed_stage"] or "") or {}
             head = Text(f"{'⊗' if failed.get('cached') else '✗'} {model['name']}", style="red")
             head.append(f" [{model['error_class']}] at {model['failed_stage'] or 'setup'}")

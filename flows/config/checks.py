@@ -108,6 +108,21 @@ def check_model(
 _INPUT_KEYS = frozenset({"inputs", "inputs_factory", "inputs_file"})
 
 
+def require_problems(require: Sequence[str] | None, stages: Sequence[str] | None) -> list[tuple[str, tuple[Any, ...]]]:
+    """What is wrong with a `require:` list, each with its path below the key: a name that is no
+    validated artifact kind, or (given the config's stage list) one whose stage does not run."""
+    if require is None:
+        return []
+    kinds = pipeline.document_slots()  # the artifacts validate judges: kind -> stage
+    problems: list[tuple[str, tuple[Any, ...]]] = []
+    for i, kind in enumerate(require):
+        if kind not in kinds:
+            problems.append((f"unknown artifact kind {kind!r}: require names the artifacts that must validate, of {list(kinds)}", (i,)))
+        elif stages is not None and kinds[kind] not in stages:
+            problems.append((f"{kind} is required, but its stage {kinds[kind]} is not in `stages`", (i,)))
+    return problems
+
+
 def partial_model(model: ModelConfig, inputs: dict[str, Any] | None, search_path: str, limits: Limits) -> ResolvedModel:
     """A model resolved as far as needs no check to pass (no stage options, no dynamic shapes):
     what `pt2flow validate` checks files and code with when the config has problems too."""

@@ -105,8 +105,16 @@ def _model(defs: dict[str, Any], stage_options: dict[str, Any], limits: dict[str
             "dims": {"type": "object", "additionalProperties": _definition(DimConfig, defs, "dim"), "description": "dim name -> {min, max}"},
             "stages": stage_options,
             "limits": limits,
+            "require": _require(),
         },
     }
+
+
+def _require() -> dict[str, Any]:
+    kinds = list(pipeline.document_slots())
+    return {"type": ["array", "null"], "items": {"enum": kinds}, "uniqueItems": True,
+            "description": "the artifacts that must validate for the model to be ok (default: every one built); "
+                           "another that fails makes the model `partial`"}
 
 
 def _retention(defs: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +131,7 @@ def config_json_schema() -> dict[str, Any]:
     limits = _definition(LimitsConfig, defs, "limits")
     defaults = {
         "type": "object",
-        "properties": {**stage_options["properties"], "limits": limits},
+        "properties": {**stage_options["properties"], "limits": limits, "require": _require()},
         "additionalProperties": False,
         "description": "options of every model, per stage; a model's `stages` overrides them",
     }

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from pydantic import ValidationError
 
-from pt2flow.flows.config.checks import check_model, check_stage_list, missing_extras, partial_model
+from pt2flow.flows.config.checks import check_model, check_stage_list, missing_extras, partial_model, require_problems
 from pt2flow.flows.config.inputs import parse_inputs
 from pt2flow.flows.config.issues import ConfigError, ConfigIssue, YamlLines, pydantic_issues
 from pt2flow.flows.config.limits import resolve_limits
@@ -182,16 +182,23 @@ def _semantic_checks(config: PipelineConfig, salvaged: _Salvage, parsed_inputs: 
             issues.append(lines.issue(("stages",), problem))
     defaults = config.defaults.model_dump(by_alias=True)
     default_limits = defaults.pop("limits")
+    default_require = defaults.pop("require")
+    for problem, at in require_problems(default_require, None if "stages" in salvaged.top else config.stages):
+        issues.append(lines.issue(("defaults", "require", *at), problem))
     defaults_valid = "defaults" not in salvaged.top and _check_defaults(defaults, lines, issues)
     if duplicates:
         issues.extend(_duplicate_names(data, lines))
     resolved = []
+    stage_list = None if "stages" in salvaged.top else config.stages
     for model, i in zip(config.models, salvaged.positions):
+        for problem, at in require_problems(model.require, stage_list):
+            issues.append(lines.issue(("models", i, "require", *at), problem))
         # with broken defaults, per-model option errors would only repeat the defaults' errors
         r = check_model(i, model, parsed_inputs.get(i), defaults, folder, lines, issues, check_options=defaults_valid,
                         dropped=salvaged.dropped.get(i, frozenset()))
         if r is not None:
-            resolved.append(replace(r, limits=resolve_limits(default_limits, model.limits)))
+            require = model.require if model.require is not None else default_require
+            resolved.append(replace(r, limits=resolve_limits(default_limits, model.limits), require=tuple(require) if require is not None else None))
     return resolved, storage_options
 
 

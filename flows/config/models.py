@@ -37,6 +37,7 @@ class StageDefaults(_Strict):
     them: the stages come from flows/pipeline, so a registered stage gets its section too)."""
 
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    require: list[str] | None = None  # the artifact kinds that must validate (None: every one built)
 
 
 class ModelConfig(_Strict):
@@ -59,6 +60,9 @@ class ModelConfig(_Strict):
     dims: dict[str, DimConfig] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
     limits: LimitsConfig | None = None
+    # the artifact kinds (`get --artifact` names) that must validate for the model to be ok; the
+    # others failing make it `partial`. None: the defaults' (every artifact built)
+    require: list[str] | None = None
 
 
 class PipelineConfig(_Strict):
@@ -105,6 +109,7 @@ class ResolvedModel:
     limits: Limits = field(default_factory=Limits)
     checkpoint: str | None = None  # as the config names it (resolved against search_path when used)
     depends_on: tuple[str, ...] = ()  # as the config names them
+    require: tuple[str, ...] | None = None  # artifact kinds that must validate; None: every one built
 
     @property
     def training(self) -> bool:

@@ -182,8 +182,11 @@ def _state(stages: Stages | None) -> ModelState | None:
     ran = [s for s in stage_columns() if s in stages and s != "source"]
     message = (first or {}).get("error_message")
     strategy = (stages.get(pipeline.entry().name) or {}).get("strategy")
+    judged = stages.get(_kind("report")) or {}
+    verdicts = {kind: bool(v.get("passed")) for kind, v in ((decoded(judged.get("validation")) or {}).get("verdicts") or {}).items()}
+    bad = [kind for kind, passed in verdicts.items() if not passed]
     return ModelState(
-        status="failed" if failed else "ok",
+        status="failed" if failed else ("partial" if bad else "ok"),
         failed_stage=failed[0] if failed else None,
         error_class=first.get("error_class") if first else None,
         error=(message[:300] + " …") if message and len(message) > 300 else message,
@@ -192,6 +195,8 @@ def _state(stages: Stages | None) -> ModelState | None:
         # the trace ladder gave up the dynamic dims: the program takes only the example's shapes
         trace_strategy=strategy,
         static_fallback=strategy == "static",
+        verdicts=verdicts,
+        failed_artifacts=bad,
     )
 
 
@@ -263,8 +268,9 @@ def _run_summary(run_id: str, per_model: Mapping[str, Stages], rows: Sequence[Ma
         torch_versions=sorted({r["torch_version"] for r in rows if r.get("torch_version")}),
         models=len(per_model),
         ok=sum(1 for s in states if s and s.status == "ok"),
-        failed=sum(1 for s in states if s and s.status != "ok"),
+        failed=sum(1 for s in states if s and s.status == "failed"),
         records=len(rows),
+        partial=sum(1 for s in states if s and s.status == "partial"),
     )
 
 

@@ -53,7 +53,8 @@ class CompileSeconds(Numbers):
 
 
 class ModelState(Fact):
-    """A model's outcome in one run: ok, or failed at its first failed stage with the error class."""
+    """A model's outcome in one run: ok, partial (validate failed an artifact the model does not
+    require: `failed_artifacts`), or failed at its first failed stage with the error class."""
 
     status: str
     failed_stage: str | None
@@ -63,6 +64,8 @@ class ModelState(Fact):
     cached: bool
     trace_strategy: str | None
     static_fallback: bool
+    verdicts: dict[str, bool] = {}  # artifact kind -> its own validation verdict passed (none: not judged)
+    failed_artifacts: list[str] = []
 
 
 class StatusChange(Fact):
@@ -130,6 +133,7 @@ class RunInfo(Fact):
     ok: int
     failed: int
     records: int
+    partial: int = 0
 
 
 class Runs(Fact):

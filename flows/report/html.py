@@ -9,6 +9,7 @@ import re
 from html import escape
 from typing import Any, Mapping, Sequence
 
+from pt2flow.flows import pipeline
 from pt2flow.flows.report.compare import REPORT_VERSION
 from pt2flow.flows.report.plot import Row, bar_chart
 from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_GROWTH, flagged_fields, regressions, row_order
@@ -22,7 +23,7 @@ from pt2flow.flows.report.text import (
 PLOT_MODELS = 40  # bars per plot; a fleet shows the models that changed most
 
 _HEADINGS = (
-    "model", "status", "changes", "nodes", "ops after decompose", "signature", "range constraints",
+    "model", "status", "artifacts", "changes", "nodes", "ops after decompose", "signature", "range constraints",
     "archive", "package", "compile time", "max abs err", "latency",
 )
 # (field, its regression rule, caption, value format)
@@ -125,9 +126,10 @@ def _model_row(entry: Mapping[str, Any], marks: set[str]) -> dict[str, Any]:
         "model": entry["model"],
         "css": "regressed" if marks else ("changed" if entry["changes"] else ""),
         "status": status_text(entry),
-        "status_css": "bad" if "status" in marks else ("failed" if after.get("status") == "failed" else "ok"),
+        "status_css": "bad" if "status" in marks else ("failed" if after.get("status") in ("failed", "partial") else "ok"),
         "status_title": after.get("error") or "",
         "cells": [
+            _cell(verdicts_text(after), bad=bool(after.get("failed_artifacts"))),
             _cell(", ".join(entry["changes"]) or "-"),
             _cell(arrow(graph["node_count"], str), num=True),
             _cell(ops_text(entry)),
@@ -140,6 +142,13 @@ def _model_row(entry: Mapping[str, Any], marks: set[str]) -> dict[str, Any]:
             _cell(latency_text(entry)),
         ],
     }
+
+
+def verdicts_text(state: Mapping[str, Any]) -> str:
+    """Each artifact's own validation verdict in the later run: `serialized ✓ onnx ✓ pte ✗`."""
+    verdicts = state.get("verdicts") or {}
+    order = [*pipeline.document_slots(), *sorted(verdicts)]  # the pipeline's order; a kind it lacks (another pt2flow's) last
+    return " ".join(f"{kind} {'✓' if verdicts[kind] else '✗'}" for kind in dict.fromkeys(order) if kind in verdicts) or "-"
 
 
 def _plot_rows(comparison: Mapping[str, Any], field: str, rule: str, found: Sequence[Mapping[str, Any]], limit: int) -> tuple[list[Row], str]:

@@ -62,6 +62,8 @@ def _side(state: Mapping[str, Any] | None) -> str:
     if state["status"] == "ok":
         text = "ok (cached)" if state.get("cached") else "ok"
         return text + (" static!" if state.get("static_fallback") else "")
+    if state["status"] == "partial":
+        return f"partial ({', '.join(f'{kind} ✗' for kind in state.get('failed_artifacts') or [])})"
     return f"failed at {state['failed_stage']} ({state['error_class']})"
 
 

@@ -110,12 +110,22 @@ class Artifacts(Document):
         return getattr(self, slot, None)
 
 
+class Verdict(Document):
+    """One artifact's own verdict: passed, or the class and message of its failure."""
+
+    passed: bool
+    error_class: ErrorClass | None = None
+    error: str | None = None
+
+
 class ValidationSummary(Document):
     """tolerance and max_noise_ratio only where the model's validate ran with tolerance: auto:
     the tolerance applied (auto, or fixed after a fallback) and the worst ratio of a candidate's
-    error against the float64 reference to eager's own (docs/architecture.md §6)."""
+    error against the float64 reference to eager's own (docs/architecture.md §6). verdicts: each
+    artifact's own verdict by artifact kind (absent in a report written before verdicts existed);
+    `passed` is true when every one passed."""
 
-    optional: ClassVar[frozenset[str]] = frozenset({"tolerance", "max_noise_ratio"})
+    optional: ClassVar[frozenset[str]] = frozenset({"tolerance", "max_noise_ratio", "verdicts"})
 
     passed: bool | None
     max_abs_err: float | int | None
@@ -123,10 +133,15 @@ class ValidationSummary(Document):
     samples: int | None
     tolerance: str | None = None
     max_noise_ratio: float | int | None = None
+    verdicts: dict[str, Verdict] | None = None
+
+    def failed_artifacts(self) -> list[str]:
+        return [kind for kind, verdict in (self.verdicts or {}).items() if not verdict.passed]
 
 
 class ModelResult(Document):
-    """One model of the run document. `source` is there once the source stage succeeded,
+    """One model of the run document. status: ok, failed, or partial (validate passed every
+    artifact the model requires and failed another: `validation.verdicts` says which). `source` is there once the source stage succeeded,
     `stderr_tail` when a failed worker printed something; a result the model flow never
     reported (a crash of the flow itself) has no trace facts."""
 
@@ -160,9 +175,12 @@ class ModelResult(Document):
 
 
 class RunSummary(Document):
+    """Models by status (partial: added compatibly, after the contract's keys)."""
+
     ok: int
     failed: int
     seconds: float
+    partial: int = 0
 
 
 class RunDocument(Document):

@@ -141,8 +141,8 @@ def run_document(ctx: RunContext, results: list[ModelResult], started: float, wo
     store = stores.open_store(ctx.store_url)
     if len(store.index.files()) >= AUTO_COMPACT_FILES:
         store.index.compact()
-    ok = sum(1 for r in results if r.status == "ok")
-    summary = RunSummary(ok=ok, failed=len(results) - ok, seconds=round(time.perf_counter() - started, 3))
+    ok, partial = (sum(1 for r in results if r.status == status) for status in ("ok", "partial"))
+    summary = RunSummary(ok=ok, failed=len(results) - ok - partial, seconds=round(time.perf_counter() - started, 3), partial=partial)
     return RunDocument(run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers, python=ctx.python)
 
 

@@ -212,6 +212,8 @@ def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome
     validation = validate.details.get("validation") if validate is not None else None
     if validation:
         result.validation = ValidationSummary(**{k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples", *ValidationSummary.optional) if k in validation})
+        if result.status == "ok" and result.validation.failed_artifacts():  # only artifacts the model does not require failed
+            result.status = "partial"
 
 
 def run_logger() -> Any:

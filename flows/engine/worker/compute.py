@@ -292,6 +292,10 @@ def validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
             name: {"max_abs_err": c.get("max_abs_err"), "max_rel_err": c.get("max_rel_err")}
             for name, c in (report.get("candidates") or {}).items()
         },
+        # each artifact's own verdict, by artifact kind (a report written before verdicts has none)
+        "verdicts": {
+            c.get("artifact", name): c["verdict"] for name, c in (report.get("candidates") or {}).items() if "verdict" in c
+        },
         **({"latency_ms": report["latency_ms"]} if "latency_ms" in report else {}),
         **_noise_summary(report),
     }
