@@ -111,6 +111,15 @@ class ResolvedModel:
     depends_on: tuple[str, ...] = ()  # as the config names them
     require: tuple[str, ...] | None = None  # artifact kinds that must validate; None: every one built
 
+    def tolerates_failure(self, stage: str) -> bool:
+        """Whether the model goes on when `stage` fails: the stage builds an artifact validate
+        judges, and the model's `require:` (given) leaves that artifact out. The model is then
+        `partial` (docs/architecture.md §6)."""
+        if self.require is None:
+            return False
+        kind = pipeline.get(stage).artifact
+        return kind is not None and kind in pipeline.document_slots() and kind not in self.require
+
     @property
     def training(self) -> bool:
         from pt2flow.stages.options import FunctionalizeOptions

@@ -178,12 +178,15 @@ def _state(stages: Stages | None) -> ModelState | None:
     if stages is None:
         return None
     failed = [s for s in stage_columns() if s in stages and stages[s].get("status") != "ok"]
+    judged = stages.get(_kind("report")) or {}
+    verdicts = {kind: bool(v.get("passed")) for kind, v in ((decoded(judged.get("validation")) or {}).get("verdicts") or {}).items()}
+    if failed and judged.get("status") == "ok":  # validate ran after them: the model did without those stages (`require:`)
+        verdicts.update({pipeline.get(s).artifact or s: False for s in failed if s in pipeline.names()})
+        failed = []
     first = stages[failed[0]] if failed else None
     ran = [s for s in stage_columns() if s in stages and s != "source"]
     message = (first or {}).get("error_message")
     strategy = (stages.get(pipeline.entry().name) or {}).get("strategy")
-    judged = stages.get(_kind("report")) or {}
-    verdicts = {kind: bool(v.get("passed")) for kind, v in ((decoded(judged.get("validation")) or {}).get("verdicts") or {}).items()}
     bad = [kind for kind, passed in verdicts.items() if not passed]
     return ModelState(
         status="failed" if failed else ("partial" if bad else "ok"),
