@@ -67,7 +67,8 @@ def recommendation_sentence(recommendation: Mapping[str, Any], labels: Sequence[
         return "no artifact was timed"
     points = recommendation.get("points") or {}
     speedups = [c["speedup_vs_eager"] for c in points.values() if c and c["artifact"] == chosen and c.get("speedup_vs_eager")]
-    spread = f" ({_x(min(speedups))}-{_x(max(speedups))} eager)" if len(speedups) > 1 else (f" ({_x(speedups[0])} eager)" if speedups else "")
+    low, high = (_x(min(speedups)), _x(max(speedups))) if speedups else ("", "")
+    spread = "" if not speedups else f" ({low} eager)" if low == high else f" ({low}-{high} eager)"
     others = sorted({f"{c['artifact']} at {label}" for label, c in points.items() if c and c["artifact"] != chosen})
     tail = f"; {', '.join(others)}" if others else ""
     return f"recommended: {chosen}, fastest at {recommendation.get('wins', 0)} of {len(labels)} sizes{spread}{tail}"
