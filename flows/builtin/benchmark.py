@@ -34,7 +34,11 @@ def compute(call: StageCall) -> Produced:
     from pt2flow.flows import pipeline
     from pt2flow.flows.builtin.validate import device, target_artifacts
     from pt2flow.stages.benchmark import benchmark
+    from pt2flow.stages.errors import StageError
+    from pt2flow.stages.vocabulary import ErrorClass
 
+    if call.model.training:
+        raise StageError(ErrorClass.CONFIG, "benchmark times inference, and this model is in training mode (functionalize.mode: training): leave benchmark out of its stages")
     passed = validated(json.loads(call.blob("validate")))
     own = {kind: pipeline.publisher_name(kind) for kind in LOADED_BY_VALIDATE}
     blobs = {kind: call.artifact(name, kind) if name in call.inputs and _slot(name) in passed else None for kind, name in own.items()}
