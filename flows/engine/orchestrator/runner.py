@@ -23,13 +23,14 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.orchestrator.bookkeeping import StageRun
 from pt2flow.flows.engine.common.messages import Produced, StageRequest
 from pt2flow.flows.engine.common.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
-from pt2flow.flows.engine.common.documents import ModelResult, StageView, ValidationSummary, Verdict
+from pt2flow.flows.engine.common.documents import BenchmarkSummary, ModelResult, StageView, ValidationSummary, Verdict
 from pt2flow.flows.engine.lineage.events import StageLineage
 from pt2flow.flows.engine.orchestrator.planner import Plan, plan_model, source_key
 from pt2flow.flows.engine.orchestrator.supervisor import Budget, Lease, WorkerLost, WorkerPool
 from pt2flow.flows.engine.orchestrator.stage_keys import blocked, gather, parent_keys, stage_key
 from pt2flow.flows import pipeline
 from pt2flow.flows.pipeline import get as get_stage, document_slots
+from pt2flow.flows.pipeline.stage import TIMINGS
 from pt2flow.storage.records import IndexRecord
 from pt2flow.stages.vocabulary import ErrorClass
 
@@ -234,6 +235,9 @@ def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome
         result.validation.verdicts = {**(result.validation.verdicts or {}), kind: Verdict(passed=False, error_class=outcome.error_class, error=f"{stage} failed: {outcome.error}")}
     if result.status == "ok" and result.validation is not None and result.validation.failed_artifacts():  # only artifacts the model does not require failed
         result.status = "partial"
+    timed = outcomes.get(pipeline.publisher_name(TIMINGS) or "")
+    if timed is not None and timed.ok and timed.details.get(TIMINGS):
+        result.timings = BenchmarkSummary(**timed.details[TIMINGS])
 
 
 def run_logger() -> Any:
