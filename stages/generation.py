@@ -15,7 +15,8 @@ call, so no cache plumbing is written here; every logit and every cache update c
 programs. An encoder-decoder's encoder is not a component in transformers' decomposition: it runs
 eagerly, and `prefill` / `decode` are the decoder's first and later steps.
 
-Imports torch and transformers only (layers: stages/ never import flows/ or storage/).
+Imports torch, transformers and, for the artifact kinds, pt2flow's own stages (serialize,
+executorch_target, aot_compile) and their runtimes (layers: stages/ never import flows/ or storage/).
 """
 
 from __future__ import annotations
@@ -154,18 +155,21 @@ def dynamic_shapes(name: str, inputs: Mapping[str, Any], generate: GenerateSpec)
     and head size stay fixed. Every dim is `Dim.AUTO`, so torch.export names and relates them."""
     query_varies = name == PREFILL or generate.multi_token_decode
     cache_varies = generate.cache == "dynamic"
+    # a static cache bounds the query axis (ExecuTorch plans memory for the largest input, so it
+    # refuses an unbounded dim); a dynamic cache leaves it open
+    query = Dim.AUTO if cache_varies else Dim.AUTO(max=generate.max_cache_len)
 
     def spec(key: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             axes: dict[int, Any] = {}
             if key in ("input_ids", "position_ids", "cache_position", "decoder_input_ids", "inputs_embeds"):
                 if query_varies:
-                    axes[value.dim() - 1 if key != "inputs_embeds" else 1] = Dim.AUTO
+                    axes[value.dim() - 1 if key != "inputs_embeds" else 1] = query
             elif key in ("attention_mask", "decoder_attention_mask") and value.dim() == 2 and cache_varies:
                 axes[1] = Dim.AUTO  # padding mask over prompt + generated tokens
             elif key in ("attention_mask", "decoder_attention_mask") and value.dim() == 4:
                 if query_varies:
-                    axes[2] = Dim.AUTO
+                    axes[2] = query
                 if cache_varies:
                     axes[3] = Dim.AUTO
             return axes or None
@@ -186,11 +190,19 @@ def dynamic_shapes(name: str, inputs: Mapping[str, Any], generate: GenerateSpec)
 def _cache_shapes(cache: Any, varies: bool) -> list[Any]:
     """One spec per tensor of the cache as DynamoExporter flattens it (`[batch, heads, length, head]`):
     the length axis when the cache grows."""
+    register_cache_pytrees()
+    leaves, _ = torch.utils._pytree.tree_flatten(cache)
+    return [{2: Dim.AUTO} if varies and leaf.dim() == 4 else None for leaf in leaves]
+
+
+def register_cache_pytrees() -> None:
+    """Register every transformers Cache class as a pytree node, as DynamoExporter does before an
+    export (`transformers.exporters.exporter_dynamo.register_cache_pytrees_for_model`): a process
+    must do it before it loads a component's archive, AOTInductor package or call specs, whose
+    tree specs name the cache classes (`transformers.cache_utils:StaticCache`). Idempotent."""
     from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
 
     register_cache_pytrees_for_model(torch.nn.Module())
-    leaves, _ = torch.utils._pytree.tree_flatten(cache)
-    return [{2: Dim.AUTO} if varies and leaf.dim() == 4 else None for leaf in leaves]
 
 
 def _like_registered(value: Any, leaf_specs: list[Any]) -> Any:
@@ -293,6 +305,133 @@ def eager_step(component: Component) -> StepFn:
     def step(**kwargs: Any) -> Any:
         with torch.no_grad():
             return component.module(**{name: kwargs.get(name) for name in names if name in kwargs})
+
+    return step
+
+
+# ── Artifacts of a component: archive, .pte, AOTInductor package ─────────────
+#
+# Each kind's step function takes generate()'s forward kwargs, like program_step. A runtime that
+# knows no Python containers (ExecuTorch) is fed the tensor leaves of the kwargs flattened by the
+# program's in_spec, and its flat outputs are put back into the output structure by the out_spec
+# (the cache a decode step returns is a transformers Cache again): CallSpecs carries both specs
+# beside such an artifact. torch.export.load and aoti_load_package read the specs from the
+# artifact itself, once the cache classes are registered (register_cache_pytrees).
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpecs:
+    """How a component's program is called, for a runtime that takes and returns flat tensors:
+    `in_spec`/`out_spec` its call spec, `out_constants` the user outputs the program holds as
+    constants (by leaf index; the runtime returns only the tensor ones)."""
+
+    in_spec: Any
+    out_spec: Any
+    out_constants: dict[int, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, program: ExportedProgram) -> "CallSpecs":
+        users = [spec for spec in program.graph_signature.output_specs if spec.kind.name == "USER_OUTPUT"]
+        constants = {index: spec.arg.value for index, spec in enumerate(users) if type(spec.arg).__name__ == "ConstantArgument"}
+        return cls(program.call_spec.in_spec, program.call_spec.out_spec, constants)
+
+    @property
+    def kwargs(self) -> list[str]:
+        """The kwarg names the program takes, in its order."""
+        return list(self.in_spec.child(1).context)
+
+    def flatten(self, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+        """The program's user tensor inputs from generate()'s kwargs (the others are its constants)."""
+        import torch.fx._pytree as fx_pytree
+
+        leaves = fx_pytree.tree_flatten_spec(((), {name: kwargs.get(name) for name in self.kwargs}), self.in_spec)
+        return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+    def unflatten(self, outputs: list[Any]) -> Any:
+        """The model's output from a runtime's flat outputs. ExecuTorch returns the inputs a program
+        updates in place first (a static cache's layers), the user outputs last: the last ones are taken."""
+        wanted = self.out_spec.num_leaves - len(self.out_constants)
+        if len(outputs) < wanted:
+            raise RuntimeError(f"the runtime returned {len(outputs)} outputs; the program's out_spec has {wanted} tensors")
+        tensors = iter(outputs[len(outputs) - wanted :])
+        leaves = [self.out_constants[i] if i in self.out_constants else next(tensors) for i in range(self.out_spec.num_leaves)]
+        return torch.utils._pytree.tree_unflatten(leaves, self.out_spec)
+
+    def to_json(self) -> dict[str, Any]:
+        """For a manifest beside the artifact (treespec_dumps; the cache classes by their import path)."""
+        dumps = torch.utils._pytree.treespec_dumps
+        return {"in_spec": dumps(self.in_spec), "out_spec": dumps(self.out_spec),
+                "out_constants": {str(i): v for i, v in self.out_constants.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CallSpecs":
+        register_cache_pytrees()
+        loads = torch.utils._pytree.treespec_loads
+        return cls(loads(data["in_spec"]), loads(data["out_spec"]), {int(i): v for i, v in data.get("out_constants", {}).items()})
+
+
+def flat_step(runner: Callable[[list[torch.Tensor]], list[Any]], specs: CallSpecs) -> StepFn:
+    """A step function of a runner taking and returning flat tensors (stages.targets.FlatRunner)."""
+
+    def step(**kwargs: Any) -> Any:
+        with torch.no_grad():
+            return specs.unflatten(list(runner(specs.flatten(kwargs))))
+
+    return step
+
+
+def archive_bytes(program: ExportedProgram) -> bytes:
+    """The component's program as pt2flow's serialize stage writes it (torch.export.save, round trip checked)."""
+    from pt2flow.stages.serialize import serialize
+
+    return serialize(program, {}).output
+
+
+def archive_step(data: bytes) -> StepFn:
+    """A step function of a component's `.pt2` archive, loaded by torch.export.load (cache classes registered first)."""
+    from pt2flow.stages.serialize import load_archive
+
+    register_cache_pytrees()
+    program, _ = load_archive(data)
+    return program_step(program)
+
+
+def pte_bytes(program: ExportedProgram, partitioners: tuple[str, ...] = ()) -> bytes:
+    """The component lowered by pt2flow's executorch stage: `()` the portable kernels only, `("xnnpack",)`.
+    Every dynamic dim needs a maximum (a static cache bounds the prompt axis by `max_cache_len`)."""
+    from pt2flow.stages.executorch_target import lower_executorch
+    from pt2flow.stages.target_options import ExecutorchOptions
+
+    return lower_executorch(program, ExecutorchOptions(partitioners=partitioners, portable_fallback=True)).output
+
+
+def pte_step(data: bytes, specs: CallSpecs) -> StepFn:
+    """A step function of a component's `.pte` on the ExecuTorch runtime's Python bindings."""
+    from pt2flow.stages.executorch_target import load_pte
+
+    return flat_step(load_pte(data), specs)
+
+
+def aoti_bytes(program: ExportedProgram) -> bytes:
+    """The component compiled by pt2flow's aot_compile stage (an AOTInductor package, CPU)."""
+    from pt2flow.stages.aot_compile import aot_compile
+    from pt2flow.stages.options import AotCompileOptions
+
+    return aot_compile(program, AotCompileOptions()).output
+
+
+def aoti_step(data: bytes, workdir: str) -> StepFn:
+    """A step function of a component's AOTInductor package, loaded under `workdir` (which must
+    outlive it); the package flattens and unflattens by its own call spec."""
+    from pt2flow.stages.aot_compile import load_package
+
+    register_cache_pytrees()
+    runner = load_package(data, workdir)
+    names = list(torch.utils._pytree.treespec_loads(runner.loader.get_call_spec()[0]).child(1).context)
+
+    def step(**kwargs: Any) -> Any:
+        with torch.no_grad():
+            return runner(**{name: kwargs.get(name) for name in names})
 
     return step
 
