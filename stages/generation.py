@@ -309,13 +309,13 @@ def eager_step(component: Component) -> StepFn:
     return step
 
 
-# ── Artifacts of a component: archive, .pte, AOTInductor package ─────────────
+# ── Artifacts of a component: archive, .pte, ONNX, AOTInductor package ───────
 #
 # Each kind's step function takes generate()'s forward kwargs, like program_step. A runtime that
-# knows no Python containers (ExecuTorch) is fed the tensor leaves of the kwargs flattened by the
+# knows no Python containers (ExecuTorch, ONNX Runtime) is fed the tensor leaves of the kwargs flattened by the
 # program's in_spec, and its flat outputs are put back into the output structure by the out_spec
 # (the cache a decode step returns is a transformers Cache again): CallSpecs carries both specs
-# beside such an artifact. torch.export.load and aoti_load_package read the specs from the
+# beside such an artifact (a .pte, an ONNX model). torch.export.load and aoti_load_package read the specs from the
 # artifact itself, once the cache classes are registered (register_cache_pytrees).
 
 
@@ -410,6 +410,22 @@ def pte_step(data: bytes, specs: CallSpecs) -> StepFn:
     from pt2flow.stages.executorch_target import load_pte
 
     return flat_step(load_pte(data), specs)
+
+
+def onnx_bytes(program: ExportedProgram) -> bytes:
+    """The component converted by pt2flow's onnx stage (torch.onnx.export(program, dynamo=True));
+    the cache's tensors are the model's inputs and outputs, a static cache's updates included."""
+    from pt2flow.stages.onnx_target import export_onnx
+    from pt2flow.stages.target_options import OnnxOptions
+
+    return export_onnx(program, OnnxOptions()).output
+
+
+def onnx_step(data: bytes, specs: CallSpecs) -> StepFn:
+    """A step function of a component's ONNX model on ONNX Runtime (CPU)."""
+    from pt2flow.stages.onnx_target import load_onnx
+
+    return flat_step(load_onnx(data), specs)
 
 
 def aoti_bytes(program: ExportedProgram) -> bytes:

@@ -1,7 +1,7 @@
 """Every artifact kind of a generative model's components generates eager's tokens
 (stages/generation.py): the `.pt2` archive (torch.export.save / load, in this process and in a fresh
-one), the `.pte` on the ExecuTorch runtime (portable kernels), the AOTInductor package (marked
-`compile`). A tiny random Llama with a static cache, 32 new tokens at prompts of 2 and 16."""
+one), the `.pte` on the ExecuTorch runtime (portable kernels), the ONNX model on ONNX Runtime, the
+AOTInductor package (marked `compile`). A tiny random Llama with a static cache, 32 new tokens at prompts of 2 and 16."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from pt2flow.stages import generation as G
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.vocabulary import ErrorClass
 
 transformers = pytest.importorskip("transformers")
 
@@ -94,6 +96,26 @@ def test_ptes_on_the_executorch_runtime_generate_eagers_tokens(llama: Case, ptes
     assert specs["decode"].kwargs == ["input_ids", "attention_mask", "position_ids", "past_key_values"]
     steps = {name: G.pte_step(data, specs[name]) for name, data in ptes.items()}
     _assert_generates_eagers_tokens(llama, steps, atol=1e-4)
+
+
+def test_onnx_models_on_onnx_runtime_generate_eagers_tokens(llama: Case) -> None:
+    steps = {name: G.onnx_step(G.onnx_bytes(p), G.CallSpecs.of(p)) for name, p in llama.programs.items()}
+    _assert_generates_eagers_tokens(llama, steps, atol=1e-4)
+
+
+def test_a_dynamic_cache_goes_to_onnx_but_not_to_executorch() -> None:
+    torch.set_num_threads(1)
+    model = _llama()
+    spec = G.GenerateSpec(prompt_len=8, max_new_tokens=NEW_TOKENS, cache="dynamic")
+    programs = {name: e.program for name, e in G.export_components(G.components(model, spec)).items()}
+    eager = {length: G.eager_generation(model, spec, _prompt(model, length)) for length in PROMPT_LENGTHS}
+    case = Case(model, spec, programs, eager)
+    steps = {name: G.onnx_step(G.onnx_bytes(p), G.CallSpecs.of(p)) for name, p in programs.items()}
+    _assert_generates_eagers_tokens(case, steps, atol=1e-4)
+    # ExecuTorch plans memory for the largest input: a cache that grows without a maximum is refused, named
+    with pytest.raises(StageError, match=r"unbounded: input 'past_key_values_0' dim 2") as refused:
+        G.pte_bytes(programs["decode"])
+    assert refused.value.error_class is ErrorClass.DYNAMIC_SHAPE
 
 
 FRESH_PROCESS = textwrap.dedent('''
