@@ -3,6 +3,11 @@ the export time of each component (prefill, decode), and decode tokens/s of eage
 the exported programs (`ExportedProgram.module()`) driven through the same generate() loop.
 
     .venv/bin/python bench/generation.py [--models llama,qwen2,phi3,gemma,t5] [--tokens 64] [--json FILE]
+        [--artifacts archive,pte,onnx,aoti]
+
+With --artifacts, each component is also built into each artifact kind by pt2flow's own stage
+(serialize, executorch with the portable kernels, onnx, aot_compile): build seconds per component,
+whether the artifact generates eager's tokens, and its decode tokens/s.
 
 Decode tokens/s: one warm-up generation, then the best of 3 timed ones; the time of a generation
 with 1 new token (the prefill alone, and generate()'s set-up) is subtracted from one with N, so
@@ -70,7 +75,48 @@ def decode_rate(model: torch.nn.Module, spec: G.GenerateSpec, prompt: torch.Tens
     return (spec.max_new_tokens - 1) / max(whole - prefill, 1e-9)
 
 
-def measure(name: str, cache: str, tokens: int) -> dict[str, Any]:
+def artifact_steps(kind: str, program: torch.export.ExportedProgram, workdir: str) -> tuple[float, G.StepFn]:
+    """One component built into an artifact kind (pt2flow's own stage) and its step function: (build seconds, step)."""
+    start = time.perf_counter()
+    if kind == "archive":
+        data = G.archive_bytes(program)
+        return time.perf_counter() - start, G.archive_step(data)
+    if kind == "pte":
+        data = G.pte_bytes(program)
+        return time.perf_counter() - start, G.pte_step(data, G.CallSpecs.of(program))
+    if kind == "onnx":
+        data = G.onnx_bytes(program)
+        return time.perf_counter() - start, G.onnx_step(data, G.CallSpecs.of(program))
+    if kind == "aoti":
+        data = G.aoti_bytes(program)
+        return time.perf_counter() - start, G.aoti_step(data, workdir)
+    raise ValueError(f"unknown artifact kind {kind!r} (archive, pte, onnx, aoti)")
+
+
+def measure_artifacts(model: torch.nn.Module, spec: G.GenerateSpec, prompt: torch.Tensor, eager: G.Generation,
+                      exported: dict[str, G.ExportedComponent], kinds: list[str]) -> dict[str, Any]:
+    """Per artifact kind: build seconds per component, same tokens as eager, decode tokens/s."""
+    import tempfile
+
+    row: dict[str, Any] = {}
+    for kind in kinds:
+        with tempfile.TemporaryDirectory(prefix=f"pt2flow-bench-{kind}-") as tmp:
+            try:
+                steps = {}
+                for name, e in exported.items():
+                    Path(tmp, name).mkdir()
+                    seconds, steps[name] = artifact_steps(kind, e.program, str(Path(tmp, name)))
+                    row[f"{kind}_{name}_s"] = round(seconds, 2)
+                got = G.greedy_tokens(model, steps, prompt, spec)
+            except Exception as exc:  # noqa: BLE001 - a kind that refuses the components is a result
+                row[f"{kind}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+                continue
+            row[f"{kind}_same_tokens"] = got.tokens == eager.tokens
+            row[f"{kind}_tok_s"] = round(decode_rate(model, spec, prompt, steps), 1)
+    return row
+
+
+def measure(name: str, cache: str, tokens: int, kinds: list[str] = []) -> dict[str, Any]:
     torch.manual_seed(0)
     model = builders()[name]().eval()
     model.generation_config.eos_token_id = None
@@ -95,6 +141,7 @@ def measure(name: str, cache: str, tokens: int) -> dict[str, Any]:
     row["same_tokens"] = G.compare_generation(eager.tokens, eager.logits, got.tokens, got.logits).ok
     row["eager_tok_s"] = round(decode_rate(model, spec, prompt, None), 1)
     row["program_tok_s"] = round(decode_rate(model, spec, prompt, steps), 1)
+    row.update(measure_artifacts(model, spec, prompt, eager, exported, kinds))
     return row
 
 
@@ -103,12 +150,15 @@ def main() -> None:
     parser.add_argument("--models", default="llama,qwen2,phi3,gemma,t5")
     parser.add_argument("--caches", default="dynamic,static")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--artifacts", default="", help="comma-separated: archive,pte,onnx,aoti (pt2flow's stages; pte needs a static cache)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    rows = [measure(name, cache, args.tokens) for name in args.models.split(",") for cache in args.caches.split(",")]
+    kinds = [kind for kind in args.artifacts.split(",") if kind]
+    rows = [measure(name, cache, args.tokens, kinds) for name in args.models.split(",") for cache in args.caches.split(",")]
     columns = ["model", "cache", "decompose_s", "export_prefill_s", "export_decode_s", "same_tokens", "eager_tok_s", "program_tok_s", "error"]
+    columns += [f"{kind}_{suffix}" for kind in kinds for suffix in ("prefill_s", "decode_s", "same_tokens", "tok_s", "error")]
     print(" | ".join(columns))
     for row in rows:
         print(" | ".join(str(row.get(column, "")) for column in columns))

@@ -446,8 +446,12 @@ def aoti_step(data: bytes, workdir: str) -> StepFn:
     names = list(torch.utils._pytree.treespec_loads(runner.loader.get_call_spec()[0]).child(1).context)
 
     def step(**kwargs: Any) -> Any:
+        # compiled code indexes its inputs by the strides they were traced with (contiguous), and
+        # the prefill package returns a dynamic cache's tensors non-contiguous: the decode package
+        # read them wrongly (tokens diverged from the second one) until they were made contiguous
+        contiguous = torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.contiguous, {name: kwargs.get(name) for name in names})
         with torch.no_grad():
-            return runner(**{name: kwargs.get(name) for name in names})
+            return runner(**contiguous)
 
     return step
 

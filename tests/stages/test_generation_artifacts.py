@@ -172,3 +172,18 @@ def test_aoti_packages_generate_eagers_tokens(llama: Case, tmp_path: Path) -> No
         workdir.mkdir()
         steps[name] = G.aoti_step(G.aoti_bytes(program), str(workdir))
     _assert_generates_eagers_tokens(llama, steps, atol=1e-4)
+
+
+@pytest.mark.compile
+def test_aoti_packages_with_a_dynamic_cache_generate_eagers_tokens(tmp_path: Path) -> None:
+    """The prefill package returns the cache's tensors non-contiguous; aoti_step makes them contiguous."""
+    torch.set_num_threads(1)
+    model = _llama()
+    spec = G.GenerateSpec(prompt_len=8, max_new_tokens=NEW_TOKENS, cache="dynamic")
+    programs = {name: e.program for name, e in G.export_components(G.components(model, spec)).items()}
+    eager = {length: G.eager_generation(model, spec, _prompt(model, length)) for length in PROMPT_LENGTHS}
+    steps = {}
+    for name, program in programs.items():
+        (tmp_path / name).mkdir()
+        steps[name] = G.aoti_step(G.aoti_bytes(program), str(tmp_path / name))
+    _assert_generates_eagers_tokens(Case(model, spec, programs, eager), steps, atol=1e-4)
