@@ -83,7 +83,9 @@ def refuse_failed_verdict(index: MetadataIndex, record: Mapping[str, Any], kind:
     not judged (no judging stage ran, or its report predates verdicts)."""
     if kinds.judge is None:
         return
-    condition = (pc.field("model") == record["model"]) & (pc.field("stage") == kinds.judge) & (pc.field("run_id") == record["run_id"])
+    # a generative model's component (`M/decode`) is judged by its model's validate
+    judged_model = str(record["model"]).split("/", 1)[0]
+    condition = (pc.field("model") == judged_model) & (pc.field("stage") == kinds.judge) & (pc.field("run_id") == record["run_id"])
     for judged in newest_first(index.scan(None, filter=condition).to_pylist()):
         verdict = ((decode(judged).get("validation") or {}).get("verdicts") or {}).get(kind)
         if verdict is not None and not verdict.get("passed"):

@@ -250,8 +250,10 @@ class Store:
 
         return failures_of(self.artifacts, run, against)
 
-    def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None) -> Record:
-        """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with `path`."""
+    def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None,
+            component: str | None = None) -> Record:
+        """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with
+        `path`. `component`: of a generative model, that component's artifact (model `M/component`)."""
         from pt2flow.storage.retrieve import ArtifactRequestError, copy_out, find_by_id, find_for_model
 
         kinds = artifact_kinds()
@@ -259,6 +261,10 @@ class Store:
             raise UsageError("give an artifact ID or a model (one of them)")
         if run and not model:
             raise UsageError("a run goes with a model")
+        if component and not model:
+            raise UsageError("a component goes with a model")
+        if component:
+            model = f"{model}/{component}"
         try:
             if id:
                 record = find_by_id(self.artifacts.index, id, artifact, kinds=kinds)

@@ -30,6 +30,7 @@ _KIND_HELP = ", ".join(f"{kind} ({pipeline.get(stage).description or stage})" fo
 @click.option("--model", metavar="NAME", help="the newest ok artifact of this model")
 @click.option("--run", metavar="RUN", help="with --model: from this run (ID or unique prefix)")
 @click.option("--artifact", type=click.Choice(ARTIFACT_KINDS), help=f"which artifact of the model (default serialized): {_KIND_HELP}")
+@click.option("--component", metavar="NAME", help="with --model, of a generative model (generate:): that component's artifact (prefill, decode)")
 @click.option("-o", "--output", "output", metavar="PATH", required=True, help="file to write (replaced atomically)")
 @store_options
 @json_option("print the artifact's record (with `path`) as JSON")
@@ -40,7 +41,9 @@ def get_command(args: Args) -> int:
         raise CommandUsageError("give an artifact ID or --model NAME (one of them)")
     if args.run and not args.model:
         raise CommandUsageError("--run goes with --model")
-    result = Store.of(open_store(args)).get(args.output, args.id, model=args.model, run=args.run, artifact=args.artifact)
+    if args.component and not args.model:
+        raise CommandUsageError("--component goes with --model")
+    result = Store.of(open_store(args)).get(args.output, args.id, model=args.model, run=args.run, artifact=args.artifact, component=args.component)
     if args.json:
         dump(result)
     else:

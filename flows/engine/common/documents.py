@@ -139,13 +139,21 @@ class ValidationSummary(Document):
         return [kind for kind, verdict in (self.verdicts or {}).items() if not verdict.passed]
 
 
+class ComponentResult(Document):
+    """One component of a generative model (`prefill`, `decode`): its stages and artifacts, as a
+    model's are (its records are the model `M/component`'s)."""
+
+    stages: dict[str, StageView] = Field(default_factory=dict)
+    artifacts: Artifacts = Field(default_factory=Artifacts)
+
+
 class ModelResult(Document):
     """One model of the run document. status: ok, failed, or partial (validate passed every
     artifact the model requires and failed another: `validation.verdicts` says which). `source` is there once the source stage succeeded,
     `stderr_tail` when a failed worker printed something; a result the model flow never
     reported (a crash of the flow itself) has no trace facts."""
 
-    optional: ClassVar[frozenset[str]] = frozenset({"source", "stderr_tail", "trace_strategy", "static_fallback"})
+    optional: ClassVar[frozenset[str]] = frozenset({"source", "stderr_tail", "trace_strategy", "static_fallback", "components"})
 
     name: str
     status: str = "ok"
@@ -160,6 +168,7 @@ class ModelResult(Document):
     stderr_tail: str | None = None
     trace_strategy: str | None = None
     static_fallback: bool | None = None
+    components: dict[str, ComponentResult] | None = None  # a generative model's, by component
 
     @classmethod
     def crashed(cls, name: str, message: str) -> ModelResult:
