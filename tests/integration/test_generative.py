@@ -104,3 +104,20 @@ def _report(fleet: dict[str, Any], digest: str) -> dict[str, Any]:
     proc = run_cli(["get", digest, "--store", fleet["store"], "-o", str(out)])
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
+
+
+def test_a_component_that_fails_names_itself(tmp_path: Path) -> None:
+    """A dynamic cache has no maximum on its length: ExecuTorch refuses the prefill component, and
+    the model fails with the class and the component's name (`prefill: dynamic_shape: ...`)."""
+    shutil.copy(ROOT / "configs" / "generative_models.py", tmp_path / "generative_models.py")
+    config = write_config(tmp_path / "dynamic.yaml", [
+        {"name": "tiny-llama-dynamic", "factory": "generative_models:tiny_llama",
+         "generate": {"prompt_lens": [2], "max_new_tokens": 4, "cache": "dynamic"}},
+    ], store=str(tmp_path / "store"), stages=["trace", "executorch", "validate"], defaults={"executorch": {"partitioners": []}})
+    proc = run_cli(["run", str(config), "--json"], env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (model,) = json.loads(proc.stdout)["models"]
+    assert model["status"] == "failed" and model["failed_stage"] == "executorch" and model["error_class"] == "dynamic_shape", model
+    assert model["error"].startswith("prefill: dynamic_shape: "), model["error"]
+    assert model["components"]["prefill"]["stages"]["executorch"]["status"] == "failed"
+    assert "decode" not in model["components"]
