@@ -66,10 +66,21 @@ def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | No
     rows = [r for r in index.scan(None, filter=condition).to_pylist() if r.get("sha256")]
     if not rows:
         where = f" in run {run_id}" if run_id else ""
+        components = _components_of(index, model, kinds.stages[kind])
+        if components:  # a generative model: its artifacts are its components'
+            raise RecordNotFound(f"{model!r} is a generative model whose {kind} artifacts are its components' "
+                                 f"({', '.join(components)}): give --component NAME")
         raise RecordNotFound(f"the index holds no ok {kind} artifact of model {model!r}{where}")
     record = newest_first(rows)[0]
     refuse_failed_verdict(index, record, kind, kinds)
     return record
+
+
+def _components_of(index: MetadataIndex, model: str, stage: str) -> list[str]:
+    """The components (`M/prefill` -> prefill) of a generative model that have `stage` records."""
+    condition = pc.starts_with(pc.field("model"), f"{model}/") & (pc.field("stage") == stage)
+    names = {str(r["model"]).split("/", 1)[1] for r in index.scan(["model"], filter=condition).to_pylist()}
+    return sorted(names)
 
 
 class FailedVerdict(RecordNotFound):

@@ -97,6 +97,16 @@ def test_get_hands_out_one_components_artifact(fleet: dict[str, Any]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["sha256"] == cold["components"]["decode"]["artifacts"]["pte"]
     assert out.stat().st_size > 0
+    whole = run_cli(["get", "--store", fleet["store"], "--model", "tiny-llama", "-o", str(fleet["folder"] / "whole.pt2")])
+    assert whole.returncode == 1 and "give --component" in whole.stderr and "decode, prefill" in whole.stderr, whole.stderr
+
+
+def test_lineage_shows_a_component_under_its_model(fleet: dict[str, Any]) -> None:
+    cold = _model(fleet["cold"])
+    proc = run_cli(["lineage", cold["components"]["decode"]["artifacts"]["pte"], "--store", fleet["store"], "--json"])
+    assert proc.returncode == 0, proc.stderr
+    ancestors = [(r["model"], r["stage"]) for r in json.loads(proc.stdout)["ancestors"]]
+    assert ancestors[0] == ("tiny-llama", "source") and ("tiny-llama/decode", "trace") in ancestors
 
 
 def _report(fleet: dict[str, Any], digest: str) -> dict[str, Any]:
