@@ -75,7 +75,8 @@ def _compute_generation(call: StageCall) -> Produced:
 
     def call_specs(component: str) -> Any:  # how a flat runtime calls it: the traced program's call spec
         if component not in specs:
-            specs[component] = G.CallSpecs.of(_load_program(call.store, call.inputs[f"{component}/trace"], call.model))
+            traced = call.inputs[f"{component}/{pipeline.entry().name}"]
+            specs[component] = G.CallSpecs.of(_load_program(call.store, traced, call.model))
         return specs[component]
 
     def blob(component: str, stage: str, what: str, zipped: bool | None) -> bytes:
