@@ -340,12 +340,14 @@ class CallSpecs:
         """The kwarg names the program takes, in its order."""
         return list(self.in_spec.child(1).context)
 
-    def flatten(self, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
-        """The program's user tensor inputs from generate()'s kwargs (the others are its constants)."""
+    def flatten(self, kwargs: Mapping[str, Any], *, keep_none: bool = False) -> list[Any]:
+        """The program's user tensor inputs from generate()'s kwargs (the others are its constants).
+        `keep_none`: a None leaf stays in its place (ExecuTorch keeps a None input in the method's
+        signature, as Qwen2's prefill mask `{"full_attention": None}`; ONNX drops it)."""
         import torch.fx._pytree as fx_pytree
 
         leaves = fx_pytree.tree_flatten_spec(((), {name: kwargs.get(name) for name in self.kwargs}), self.in_spec)
-        return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) or (keep_none and leaf is None)]
 
     def unflatten(self, outputs: list[Any]) -> Any:
         """The model's output from a runtime's flat outputs. ExecuTorch returns the inputs a program
@@ -370,12 +372,12 @@ class CallSpecs:
         return cls(loads(data["in_spec"]), loads(data["out_spec"]), {int(i): v for i, v in data.get("out_constants", {}).items()})
 
 
-def flat_step(runner: Callable[[list[torch.Tensor]], list[Any]], specs: CallSpecs) -> StepFn:
+def flat_step(runner: Callable[[list[torch.Tensor]], list[Any]], specs: CallSpecs, *, keep_none: bool = False) -> StepFn:
     """A step function of a runner taking and returning flat tensors (stages.targets.FlatRunner)."""
 
     def step(**kwargs: Any) -> Any:
         with torch.no_grad():
-            return specs.unflatten(list(runner(specs.flatten(kwargs))))
+            return specs.unflatten(list(runner(specs.flatten(kwargs, keep_none=keep_none))))
 
     return step
 
@@ -409,7 +411,7 @@ def pte_step(data: bytes, specs: CallSpecs) -> StepFn:
     """A step function of a component's `.pte` on the ExecuTorch runtime's Python bindings."""
     from pt2flow.stages.executorch_target import load_pte
 
-    return flat_step(load_pte(data), specs)
+    return flat_step(load_pte(data), specs, keep_none=True)
 
 
 def onnx_bytes(program: ExportedProgram) -> bytes:
