@@ -254,7 +254,7 @@ class Store:
             component: str | None = None) -> Record:
         """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with
         `path`. `component`: of a generative model, that component's artifact (model `M/component`)."""
-        from pt2flow.storage.retrieve import ArtifactRequestError, copy_out, find_by_id, find_for_model
+        from pt2flow.storage.retrieve import ArtifactRequestError, GenerativeModel, component_set, copy_out, find_by_id, find_for_model
 
         kinds = artifact_kinds()
         if bool(id) == bool(model):
@@ -269,7 +269,16 @@ class Store:
             if id:
                 record = find_by_id(self.artifacts.index, id, artifact, kinds=kinds)
             else:
-                record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds=kinds)
+                try:
+                    record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds=kinds)
+                except GenerativeModel as generative:  # every component into the folder `output`, with a manifest
+                    from pt2flow.flows.config.models import COMPONENTS
+
+                    kind = artifact or "serialized"
+                    return cast(Record, component_set(
+                        self.artifacts, generative.model, generative.components, kind, output, self.run_id(run) if run else None,
+                        kinds=kinds, suffix=pipeline.get(kinds.stages[kind]).suffix or "", entry=pipeline.entry().name, source=pipeline.SOURCE_NAME, order=COMPONENTS,
+                    ))
             return cast(Record, copy_out(self.artifacts, record, output, kinds=kinds))
         except ArtifactRequestError as exc:
             raise UsageError(str(exc)) from None

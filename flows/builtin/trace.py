@@ -40,7 +40,7 @@ def trace_component(component: Any) -> Any:
     from pt2flow.stages import program as described
     from pt2flow.stages.classify import classify_trace_error, short_message
     from pt2flow.stages.errors import StageError
-    from pt2flow.stages.generation import export_component
+    from pt2flow.stages.generation import CallSpecs, export_component
     from pt2flow.stages.result import StageResult
 
     start = time.perf_counter()
@@ -53,6 +53,7 @@ def trace_component(component: Any) -> Any:
     metadata = {
         **described.describe(program), "strategy": "component", "component": component.name,
         "export_seconds": round(time.perf_counter() - start, 3),
+        "call_specs": CallSpecs.of(program).to_json(),  # how a flat runtime calls it (get's manifest)
     }
     return StageResult(output=program, metadata=metadata)
 

@@ -8,8 +8,11 @@ greedy tokens at prompts of 2 and 16 with each artifact kind's components and re
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +100,44 @@ def test_get_hands_out_one_components_artifact(fleet: dict[str, Any]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["sha256"] == cold["components"]["decode"]["artifacts"]["pte"]
     assert out.stat().st_size > 0
-    whole = run_cli(["get", "--store", fleet["store"], "--model", "tiny-llama", "-o", str(fleet["folder"] / "whole.pt2")])
-    assert whole.returncode == 1 and "give --component" in whole.stderr and "decode, prefill" in whole.stderr, whole.stderr
+
+
+def test_get_writes_every_component_with_a_manifest_that_generates_eagers_tokens(fleet: dict[str, Any]) -> None:
+    """`get --model M --artifact pte -o DIR`: both .pte files and manifest.json; a fresh process
+    that reads only those (and the model's factory, for eager generate() and generate()'s loop)
+    generates eager's tokens on the ExecuTorch runtime."""
+    cold = _model(fleet["cold"])
+    folder = Path(fleet["folder"]) / "set"
+    proc = run_cli(["get", "--store", fleet["store"], "--model", "tiny-llama", "--artifact", "pte", "-o", str(folder), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["order"] == list(COMPONENTS) and manifest["generate"]["max_new_tokens"] == NEW_TOKENS
+    for component in COMPONENTS:
+        entry = manifest["components"][component]
+        assert entry["sha256"] == cold["components"][component]["artifacts"]["pte"] and entry["call_specs"]
+        assert (folder / entry["file"]).stat().st_size == entry["size"]
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(fleet["folder"])!r})
+        from generative_models import tiny_llama
+        from pt2flow.stages import generation as G
+        folder = {str(folder)!r}
+        manifest = json.load(open(folder + "/manifest.json"))
+        steps = {{name: G.pte_step(open(folder + "/" + part["file"], "rb").read(), G.CallSpecs.from_json(part["call_specs"]))
+                 for name, part in manifest["components"].items()}}
+        g = manifest["generate"]
+        spec = G.GenerateSpec(prompt_len=8, max_new_tokens=g["max_new_tokens"], cache=g["cache"], max_cache_len=g["max_cache_len"])
+        model = tiny_llama()
+        out = {{}}
+        for length in g["prompt_lens"]:
+            prompt = G.example_prompt(model, length, seed=length)
+            out[length] = [G.eager_generation(model, spec, prompt).tokens, G.greedy_tokens(model, steps, prompt, spec).tokens]
+        print(json.dumps(out))
+    """)
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    for length, (eager, got) in json.loads(ran.stdout.strip().splitlines()[-1]).items():
+        assert got == eager and len(got) == NEW_TOKENS, length
 
 
 def test_lineage_shows_a_component_under_its_model(fleet: dict[str, Any]) -> None:
