@@ -82,6 +82,10 @@ def rebuild(call: RebuildCall) -> str | None:
 
     if call.model is None:
         return None
+    if call.model.component:  # a generative model's component, exported as the run exported it
+        from pt2flow.flows.engine.worker.compute import model_component
+
+        return stored_program(trace_component(model_component(call.model, call.eager)).output).fingerprint
     return stored_program(trace(call.eager(), call.example_inputs(), TraceOptions(**call.options)).output).fingerprint
 
 
