@@ -167,6 +167,6 @@ def test_a_component_that_fails_names_itself(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr[-3000:]
     (model,) = json.loads(proc.stdout)["models"]
     assert model["status"] == "failed" and model["failed_stage"] == "executorch" and model["error_class"] == "dynamic_shape", model
-    assert model["error"].startswith("prefill: dynamic_shape: "), model["error"]
+    assert model["error"].startswith("prefill: dynamic_shape: ") and model["error"].endswith("bounds the prompt and cache axes by max_cache_len)"), model["error"]
     assert model["components"]["prefill"]["stages"]["executorch"]["status"] == "failed"
     assert "decode" not in model["components"]

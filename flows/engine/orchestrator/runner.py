@@ -196,6 +196,8 @@ def run_model(
     except ComponentFailed as failed:
         result.fail(failed.stage, failed.outcome)
         result.error = f"{failed.component}: {result.error_class}: {failed.outcome.error}"
+        if result.error_class == ErrorClass.DYNAMIC_SHAPE and model.generate is not None and model.generate.cache == "dynamic":
+            result.error += " (generate: cache: static bounds the prompt and cache axes by max_cache_len)"
         logger.warning("%s failed at %s/%s: %s", model.name, failed.component, failed.stage, result.error)
     except StageFailed as failure:
         outcomes[current] = failure.outcome
