@@ -24,7 +24,7 @@ from pt2flow.stages.devices import missing_device
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.serialize import import_archive_modules, import_pytree_modules, load_archive
-from pt2flow.stages.validate import compare
+from pt2flow.stages.comparison import compare
 from pt2flow.stages.targets import flat_tensor_inputs
 from pt2flow.stages.validation_io import IOSample
 from pt2flow.stages.vocabulary import ErrorClass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 
 class _Options(BaseModel):
@@ -93,3 +93,32 @@ class ValidateOptions(_Options):
     seed: int = 0
     benchmark: bool = False
     benchmark_runs: int = Field(default=20, ge=1, le=10000)
+
+
+class BenchmarkOptions(_Options):
+    """How the benchmark stage times every validated artifact (stages/benchmark.py).
+
+    sizes: dim name -> the sizes to time it at (every combination of the dims named; a dim not
+    named stays at its example size); empty: every dynamic dim at its min, at its example size and
+    at its max. warmup: untimed calls first at each size. Timed calls: at least min_runs, at most
+    max_runs and max_seconds per artifact and size, ending once the median of all calls moves by
+    less than stable_fraction over the last `window` calls. threads: torch's intra-op threads while
+    timing (unset: every core this process may use).
+    """
+
+    sizes: dict[str, tuple[Annotated[int, Field(ge=0)], ...]] = Field(default_factory=dict)
+    warmup: int = Field(default=3, ge=0, le=1000)
+    min_runs: int = Field(default=5, ge=1, le=100000)
+    max_runs: int = Field(default=50, ge=1, le=100000)
+    window: int = Field(default=5, ge=1, le=1000)
+    stable_fraction: float = Field(default=0.02, gt=0, lt=1)
+    max_seconds: float = Field(default=10.0, gt=0)
+    threads: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _runs_in_order(self) -> "BenchmarkOptions":
+        if self.min_runs > self.max_runs:
+            raise ValueError(f"min_runs ({self.min_runs}) is more than max_runs ({self.max_runs})")
+        if any(not values for values in self.sizes.values()):
+            raise ValueError("each dim under sizes needs at least one size")
+        return self

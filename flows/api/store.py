@@ -125,10 +125,12 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> RecordDiff:
 
 
 def report_of(store: ArtifactStore, record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A validate record's stored report (verified by digest), or None."""
+    """A validate or benchmark record's stored report (verified by digest), or None."""
     import json
 
-    if record.get("stage") != pipeline.publisher_name("report") or not record.get("sha256"):
+    from pt2flow.flows.pipeline.stage import TIMINGS
+
+    if record.get("stage") not in {pipeline.publisher_name("report"), pipeline.publisher_name(TIMINGS)} - {None} or not record.get("sha256"):
         return None
     try:
         return json.loads(store.get_blob(record["sha256"], record.get("size")))

@@ -44,7 +44,7 @@ def compute(call: StageCall) -> Produced:
         package=package,
         training=model.training,
         device=own["package"].details.get("device", "cpu") if own["package"] else "cpu",  # where the package was compiled for
-        targets=_targets(call),
+        targets=target_artifacts(call),
         required=required_candidates(model),
         kinds={name: kind for kind, name in candidate_names().items()},
     )
@@ -120,7 +120,7 @@ def _compute_generation(call: StageCall) -> Produced:
     return call.publish(report, details={"validation": validation_summary(output)}, warnings=output["warnings"])
 
 
-def _targets(call: StageCall) -> dict[str, Any]:
+def target_artifacts(call: StageCall) -> dict[str, Any]:
     """The other candidates this model has (the targets; a plugin's), each its bytes and its
     stage's loader (Stage.candidate: bytes -> a runner of flat tensor lists)."""
     from pt2flow.flows import pipeline

@@ -123,7 +123,7 @@ def ls_command(args: Args) -> int:
 
 @command(
     "show",
-    help="Show the newest record of artifact ID (a sha256 or a unique prefix of 8+ characters): every field, the op histogram and, for validate, the report.",
+    help="Show the newest record of artifact ID (a sha256 or a unique prefix of 8+ characters): every field, the op histogram and, for validate, the report (for benchmark, its table).",
 )
 @click.argument("id", metavar="ID")
 @store_options
@@ -156,7 +156,18 @@ def show_command(args: Args) -> int:
         for op, count in sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])):
             ops.add_row(op, str(count))
         console.print(ops)
-    if report is not None:
+    if report is not None and "recommendation" in report:  # a benchmark's report: its table
+        from pt2flow.flows.report.benchmark import recommendation_sentence, table
+
+        header, rows = table(report)
+        timings = Table(title=f"benchmark on {report['machine'].get('cpu', '?')}, {report['machine'].get('threads')} threads (* fastest at that size)", title_justify="left")
+        for column in header:
+            timings.add_column(column, justify="left" if column == "artifact" else "right")
+        for row in rows:
+            timings.add_row(*row)
+        console.print(timings)
+        console.print(recommendation_sentence(report["recommendation"], [p["label"] for p in report["points"]]))
+    elif report is not None:
         console.print("validation report:")
         console.print_json(json.dumps(report, default=str))
     return EXIT_OK

@@ -169,6 +169,12 @@ def render_run(document: Mapping[str, Any], console: Console, *, config: str | N
             f"so the program accepts only the example's sizes ({', '.join(static)}); "
             "set trace: {fallback: {static: false}} to fail instead[/yellow]"
         )
+    benchmarked = [m for m in document["models"] if m.get("timings")]
+    if benchmarked:
+        from pt2flow.flows.report.benchmark import summary_line
+
+        for model in benchmarked:
+            console.print(Text(f"⏱ {model['name']}: {summary_line(model['timings'])}"))
     if document.get("failure_groups"):
         from pt2flow.flows.report.failure_views import render_run_groups
 

@@ -143,6 +143,15 @@ class ResolvedModel:
 
         return replace(self, name=f"{self.name}/{component}", component=component, parent=self.name)
 
+    def tolerates_failure(self, stage: str) -> bool:
+        """Whether the model goes on when `stage` fails: the stage builds an artifact validate
+        judges, and the model's `require:` (given) leaves that artifact out. The model is then
+        `partial` (docs/architecture.md §6)."""
+        if self.require is None:
+            return False
+        kind = pipeline.get(stage).artifact
+        return kind is not None and kind in pipeline.document_slots() and kind not in self.require
+
     @property
     def training(self) -> bool:
         from pt2flow.stages.options import FunctionalizeOptions

@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict
 # an archive, the mutated buffers of a package); every other candidate runs through its stage's
 # loader (Stage.candidate)
 LOADED_BY_VALIDATE = ("archive", "package")
+# what a benchmark stage publishes (Stage.publishes): its report; its record's details hold the
+# report's summary under the same key (the run document, the summary and the views read it there)
+TIMINGS = "timings"
 
 
 class NoOptions(BaseModel):
@@ -81,8 +84,8 @@ class Stage:
       records of the stages that have one (a program stage's; the archive's);
     device: "module:function" (model) -> the device its artifact is made for, the records'
       `device` column (None: the CPU, not recorded);
-    checks_candidates: it compares every candidate stage's artifact with eager (validate): every
-      candidate registered is an optional input of it.
+    checks_candidates: it uses every candidate stage's artifact (validate compares them with
+      eager, benchmark times them): every candidate registered is an optional input of it.
     """
 
     name: str

@@ -28,6 +28,7 @@ from pt2flow.flows.report.drift import (
     TorchChange,
     ValidationFacts,
 )
+from pt2flow.flows.pipeline.stage import TIMINGS
 from pt2flow.flows.report.failures import run_groups
 from pt2flow.flows.report.rules import regressions
 from pt2flow.flows.report.runs import NotEnoughRuns, RunSelection, given, iso, report_pair
@@ -178,12 +179,15 @@ def _state(stages: Stages | None) -> ModelState | None:
     if stages is None:
         return None
     failed = [s for s in stage_columns() if s in stages and stages[s].get("status") != "ok"]
+    judged = stages.get(_kind("report")) or {}
+    verdicts = {kind: bool(v.get("passed")) for kind, v in ((decoded(judged.get("validation")) or {}).get("verdicts") or {}).items()}
+    if failed and judged.get("status") == "ok":  # validate ran after them: the model did without those stages (`require:`)
+        verdicts.update({pipeline.get(s).artifact or s: False for s in failed if s in pipeline.names()})
+        failed = []
     first = stages[failed[0]] if failed else None
     ran = [s for s in stage_columns() if s in stages and s != "source"]
     message = (first or {}).get("error_message")
     strategy = (stages.get(pipeline.entry().name) or {}).get("strategy")
-    judged = stages.get(_kind("report")) or {}
-    verdicts = {kind: bool(v.get("passed")) for kind, v in ((decoded(judged.get("validation")) or {}).get("verdicts") or {}).items()}
     bad = [kind for kind, passed in verdicts.items() if not passed]
     return ModelState(
         status="failed" if failed else ("partial" if bad else "ok"),
@@ -248,6 +252,21 @@ def _validation(stages: Stages) -> dict[str, Any]:
         "latency_ms": summary.get("latency_ms") or {},
         "cached": bool(record.get("cached")),
     }
+
+
+def _timings(stages: Stages) -> dict[str, Any] | None:
+    """The benchmark stage's summary of a model in one run (its record's details), or None."""
+    record = _ok(stages, _kind(TIMINGS))
+    return (decoded(record.get("details")) or {}).get(TIMINGS) if record is not None else None
+
+
+def _latency_facts(timed_a: Mapping[str, Any] | None, timed_b: Mapping[str, Any] | None) -> dict[str, Numbers] | None:
+    """The benchmark's p50 of each artifact at each size ("onnx batch=8"), before and after."""
+    def flat(timed: Mapping[str, Any] | None) -> dict[str, float]:
+        return {f"{name} {label}": v for name, per in ((timed or {}).get("p50_ms") or {}).items() for label, v in per.items() if v is not None}
+
+    lat_a, lat_b = flat(timed_a), flat(timed_b)
+    return {k: Numbers.of(lat_a.get(k), lat_b.get(k)) for k in sorted(set(lat_a) | set(lat_b))} or None
 
 
 def _torch_of(stages: Stages | None) -> str | None:
@@ -319,6 +338,8 @@ def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Sta
     a, b = a or {}, b or {}
     static_a, static_b = bool(state_a and state_a.static_fallback), bool(state_b and state_b.static_fallback)
     validation, latency = _validation_facts(_validation(a), _validation(b))
+    if _timings(a) or _timings(b):  # the benchmark's p50s replace validate's medians
+        latency = _latency_facts(_timings(a), _timings(b))
     entry = ModelDrift(
         model=name,
         presence=presence,
@@ -332,6 +353,7 @@ def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Sta
         validation=validation,
         latency_ms=latency,
         changes=[],
+        timings=_timings(b),
     )
     entry.changes = _changes(entry)
     return entry

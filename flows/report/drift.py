@@ -122,6 +122,8 @@ class ModelDrift(Fact):
     validation: ValidationFacts
     latency_ms: dict[str, Numbers] | None
     changes: list[str]
+    # added compatibly: the after run's benchmark summary (the benchmark stage's, when it ran)
+    timings: dict[str, Any] | None = None
 
 
 class RunInfo(Fact):

@@ -89,12 +89,23 @@ def to_html(comparison: Mapping[str, Any], *, plot_models: int = PLOT_MODELS) ->
         headings=_HEADINGS,
         rows=[_model_row(entry, flagged.get(entry["model"], set())) for entry in ordered],
         plots=plots,
+        benchmarks=_benchmarks(ordered),
         detailed=[m for m in ordered if m["presence"] == "both" and m["changes"]],
         only=[{"label": label, "models": comparison["only_in_" + side]} for side, label in (("a", "before"), ("b", "after")) if comparison["only_in_" + side]],
         version=comparison.get("report_version", REPORT_VERSION),
         validation_growth=f"{VALIDATION_GROWTH:g}",
         cost_growth_pct=f"{(COST_GROWTH - 1) * 100:.0f}",
     ))
+
+
+def _benchmarks(models: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per model the after run benchmarked: its recommendation and its latency-vs-size plot."""
+    from markupsafe import Markup
+
+    from pt2flow.flows.report.benchmark import plot, summary_line
+
+    return [{"model": m["model"], "line": summary_line(m["timings"]), "plot": Markup(plot(m["timings"], f"{m['model']}: p50 latency by size"))}
+            for m in models if m.get("timings")]
 
 
 def _run(run: Mapping[str, Any], label: str) -> dict[str, Any]:

@@ -640,6 +640,7 @@ def test_the_drift_report_is_its_typed_model(store: ArtifactStore) -> None:
     assert list(comparison["models"][0]) == [
         "model", "presence", "status", "torch_version", "source", "static_fallback", "keys_changed", "graph",
         "archive_size", "package_size", "compile_seconds", "validation", "latency_ms", "changes",
+        "timings",  # added compatibly (issue 33): the after run's benchmark summary
     ]
     assert list(comparison["regressions"][0]) == ["model", "rule", "a", "b", "ratio", "message"]
     text = json.dumps(comparison)

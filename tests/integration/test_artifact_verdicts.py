@@ -40,6 +40,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = write_config(folder / "fleet.yaml", [
         _model("resnet-optional-pte", require=["serialized", "onnx"]),
         _model("resnet"),  # require: the default, every artifact built
+        # a stage that fails outright (lowering: argmax on no partitioner, no fallback) without failing the model
+        {"name": "strict-pte-optional", "factory": "tests.models:dict_out", "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
+         "stages": {"executorch": {"portable_fallback": False}}, "require": ["serialized", "onnx"]},
     ], store=store, stages=STAGES, defaults={"executorch": {"partitioners": ["xnnpack"]}})
     cold = run_cli(["run", str(config), "--json"])
     warm = run_cli(["run", str(config), "--json"])
@@ -55,7 +58,7 @@ def test_an_optional_artifact_failing_makes_the_model_partial(fleet: dict[str, A
     cold = fleet["cold"]
     assert cold.returncode == 1, cold.stderr[-3000:]  # the model that requires the .pte failed
     doc = json.loads(cold.stdout)
-    assert doc["summary"]["ok"] == 0 and doc["summary"]["partial"] == 1 and doc["summary"]["failed"] == 1
+    assert doc["summary"]["ok"] == 0 and doc["summary"]["partial"] == 2 and doc["summary"]["failed"] == 1
     model = _models(cold)["resnet-optional-pte"]
     assert model["status"] == "partial" and model["failed_stage"] is None and model["error_class"] is None
     verdicts = model["validation"]["verdicts"]
@@ -77,6 +80,18 @@ def test_a_required_artifact_failing_fails_the_model_with_the_runtime_line(fleet
     assert {kind: v["passed"] for kind, v in verdicts.items()} == {"serialized": True, "onnx": True, "pte": False}
 
 
+def test_a_stage_failing_that_the_model_does_not_require_makes_it_partial(fleet: dict[str, Any]) -> None:
+    model = _models(fleet["cold"])["strict-pte-optional"]
+    assert model["status"] == "partial" and model["failed_stage"] is None
+    executorch = model["stages"]["executorch"]
+    assert executorch["status"] == "failed" and executorch["error_class"] == "lowering" and "argmax" in executorch["error"]
+    assert model["stages"]["validate"]["status"] == "ok"  # validate went on with the archive and the ONNX model
+    verdicts = model["validation"]["verdicts"]
+    assert verdicts["serialized"]["passed"] and verdicts["onnx"]["passed"]
+    assert not verdicts["pte"]["passed"] and verdicts["pte"]["error_class"] == "lowering" and verdicts["pte"]["error"].startswith("executorch failed:")
+    assert "pte" not in model["artifacts"] or model["artifacts"]["pte"] is None
+
+
 def test_the_warm_run_gives_the_same_verdicts_from_the_cache(fleet: dict[str, Any]) -> None:
     warm, cold = fleet["warm"], fleet["cold"]
     assert warm.returncode == 1, warm.stderr[-3000:]
@@ -92,7 +107,7 @@ def test_the_summary_shows_the_model_by_artifact_matrix(fleet: dict[str, Any]) -
     text = fleet["text"]
     assert text.returncode == 1, text.stderr[-3000:]
     out = text.stdout
-    assert "partial: pte ✗" in out and "0 ok, 1 partial, 1 failed" in out, out
+    assert "partial: pte ✗" in out and "0 ok, 2 partial, 1 failed" in out, out
     matrix = out[out.index("validation per artifact"):]
     rows = {line.split()[1]: line for line in matrix.splitlines() if line.startswith("│ resnet")}
     assert rows and all(line.count("✓") == 2 and line.count("✗") == 1 for line in rows.values()), matrix
@@ -166,5 +181,7 @@ def test_the_drift_report_shows_each_artifacts_verdict(fleet: dict[str, Any], tm
     assert after["status"] == "partial" and after["failed_artifacts"] == ["pte"]
     assert after["verdicts"] == {"serialized": True, "onnx": True, "pte": False}
     assert models["resnet"]["status"]["b"]["status"] == "failed"
+    strict = models["strict-pte-optional"]["status"]["b"]
+    assert strict["status"] == "partial" and strict["failed_artifacts"] == ["pte"], strict
     html = page.read_text()
     assert "partial (pte ✗)" in html and "serialized ✓ onnx ✓ pte ✗" in html

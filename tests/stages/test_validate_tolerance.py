@@ -23,7 +23,8 @@ from pt2flow.stages.options import ValidateOptions
 from pt2flow.stages.serialize import serialize
 from pt2flow.stages.source import build_model, import_factory, training_step
 from pt2flow.stages.targets import TargetArtifact
-from pt2flow.stages.validate import FLOOR_ULPS, NoiseReference, compare, validate
+from pt2flow.stages.comparison import FLOOR_ULPS, NoiseReference, compare
+from pt2flow.stages.validate import validate
 from tests import models
 from tests.stages.helpers import builder, decomposed, regressor_inputs, static_inputs
 

@@ -147,13 +147,26 @@ class ComponentResult(Document):
     artifacts: Artifacts = Field(default_factory=Artifacts)
 
 
+class BenchmarkSummary(Document):
+    """The benchmark stage's summary (stages/benchmark.summary): the recommended artifact (fastest
+    at the most sizes), the sizes timed (labels such as "batch=1 seq=2"), the fastest artifact and
+    its speedup over eager at each, and every artifact's p50 in ms at each (None: it failed there)."""
+
+    recommended: str | None
+    points: list[str]
+    best: dict[str, str | None]
+    speedup_vs_eager: dict[str, float | None]
+    p50_ms: dict[str, dict[str, float | None]]
+    threads: int | None = None
+
+
 class ModelResult(Document):
     """One model of the run document. status: ok, failed, or partial (validate passed every
     artifact the model requires and failed another: `validation.verdicts` says which). `source` is there once the source stage succeeded,
     `stderr_tail` when a failed worker printed something; a result the model flow never
     reported (a crash of the flow itself) has no trace facts."""
 
-    optional: ClassVar[frozenset[str]] = frozenset({"source", "stderr_tail", "trace_strategy", "static_fallback", "components"})
+    optional: ClassVar[frozenset[str]] = frozenset({"source", "stderr_tail", "trace_strategy", "static_fallback", "timings", "components"})
 
     name: str
     status: str = "ok"
@@ -168,6 +181,7 @@ class ModelResult(Document):
     stderr_tail: str | None = None
     trace_strategy: str | None = None
     static_fallback: bool | None = None
+    timings: BenchmarkSummary | None = None  # the benchmark stage's summary, when it ran
     components: dict[str, ComponentResult] | None = None  # a generative model's, by component
 
     @classmethod

@@ -20,7 +20,7 @@ from pt2flow.flows.engine.common import stores
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common.context import Outcome, RunContext
 from pt2flow.flows import pipeline
-from pt2flow.flows.engine.orchestrator.stage_keys import gather, stage_key
+from pt2flow.flows.engine.orchestrator.stage_keys import blocked, gather, stage_key
 from pt2flow.flows.engine.common.keys import derivation_key, request_key
 from pt2flow.flows.engine.common.source_manifest import read_weights, source_manifest
 from pt2flow.stages.vocabulary import DETERMINISTIC_FAILURES
@@ -161,13 +161,17 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
             return plan
         for stage in ctx.stages:
             spec = pipeline.get(stage)
+            if blocked(spec, outcomes):  # what it needs failed, and the model went on without it
+                continue
             key = stage_key(spec, model, gather(spec, outcomes))
             row = find_cached(store, key, failures=failures)
             if row is None:
                 plan.first_miss = stage
                 return plan
             plan.hits[stage] = (key, row)
-            if row["status"] != "ok":  # a known failure: the model ends here, as it did before
+            if row["status"] != "ok":  # a known failure: the model ends here, as it did before, unless it may do without the stage
+                if model.tolerates_failure(stage):
+                    continue
                 break
             outcomes[stage] = _facts(key, row)
     except Exception as exc:  # weights missing, an unreadable index: the model flow meets it again and reports it

@@ -23,13 +23,14 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.orchestrator.bookkeeping import StageRun
 from pt2flow.flows.engine.common.messages import Produced, StageRequest
 from pt2flow.flows.engine.common.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
-from pt2flow.flows.engine.common.documents import ModelResult, StageView, ValidationSummary
+from pt2flow.flows.engine.common.documents import BenchmarkSummary, ModelResult, StageView, ValidationSummary, Verdict
 from pt2flow.flows.engine.lineage.events import StageLineage
 from pt2flow.flows.engine.orchestrator.planner import Plan, chain_stages, plan_model, plan_slot, source_key
 from pt2flow.flows.engine.orchestrator.supervisor import Budget, Lease, WorkerLost, WorkerPool
-from pt2flow.flows.engine.orchestrator.stage_keys import gather, parent_keys, stage_key
+from pt2flow.flows.engine.orchestrator.stage_keys import blocked, gather, parent_keys, stage_key
 from pt2flow.flows import pipeline
 from pt2flow.flows.pipeline import get as get_stage, document_slots
+from pt2flow.flows.pipeline.stage import TIMINGS
 from pt2flow.storage.records import IndexRecord
 from pt2flow.stages.vocabulary import ErrorClass
 
@@ -172,6 +173,7 @@ def run_model(
     call: Callable[[str], StageCall] = (lambda s: run_stage) if tasks is None else (lambda s: tasks[s])
     result = ModelResult(name=model.name)
     outcomes: dict[str, Outcome] = {}
+    tolerated: dict[str, Outcome] = {}  # failed stages the model does not require (ResolvedModel.tolerates_failure)
     current = "source"
     _current.run = ModelRun(plan, lease, model.limits, time.monotonic(), records)
     try:
@@ -188,8 +190,19 @@ def run_model(
                 result.stages[validating] = StageView.of(outcomes[validating])
         for stage in ctx.stages if model.generate is None else ():
             current = stage
+            if blocked(get_stage(stage), outcomes):  # a stage it needs failed, and the model went on without it
+                logger.info("%s: %s skipped: what it needs was not built", model.name, stage)
+                continue
             logger.info("%s: %s", model.name, stage)
-            outcomes[stage] = call(stage)(stage, model, ctx, gather(get_stage(stage), outcomes))
+            try:
+                outcomes[stage] = call(stage)(stage, model, ctx, gather(get_stage(stage), outcomes))
+            except StageFailed as failure:
+                if not model.tolerates_failure(stage):
+                    raise
+                tolerated[stage] = failure.outcome
+                result.stages[stage] = StageView.of(failure.outcome)
+                logger.warning("%s: %s failed (%s), not required: going on: %s", model.name, stage, failure.outcome.error_class, failure.outcome.error)
+                continue
             result.stages[stage] = StageView.of(outcomes[stage])
             if stage in slots:
                 result.artifacts.put(slots[stage], outcomes[stage].artifact)
@@ -211,7 +224,7 @@ def run_model(
             if lease.worker is not None:
                 result.worker = f"{socket.gethostname()}:{lease.worker.pid}"
             lease.release()
-    add_trace_and_validation(result, outcomes)
+    add_trace_and_validation(result, outcomes, tolerated)
     return result
 
 
@@ -255,9 +268,11 @@ def _run_components(model: ResolvedModel, ctx: RunContext, call: Callable[[str],
     return after[0] if after else None
 
 
-def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome]) -> None:
+def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome], tolerated: Mapping[str, Outcome] | None = None) -> None:
     """The trace strategy (where the ladder gave up dynamic shapes, say so where the user looks,
-    docs/architecture.md §4) and the validation summary of a model's outcomes."""
+    docs/architecture.md §4) and the validation summary of a model's outcomes, with a failed
+    verdict for each artifact whose stage failed without failing the model (`tolerated`); such
+    a failure, or a failed verdict, makes an ok model `partial`."""
     trace = outcomes.get(pipeline.entry().name)
     strategy = trace.details.get("strategy") if trace is not None and trace.ok else None
     result.trace_strategy = strategy
@@ -266,8 +281,17 @@ def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome
     validation = validate.details.get("validation") if validate is not None else None
     if validation:
         result.validation = ValidationSummary(**{k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples", *ValidationSummary.optional) if k in validation})
-        if result.status == "ok" and result.validation.failed_artifacts():  # only artifacts the model does not require failed
-            result.status = "partial"
+    for stage, outcome in (tolerated or {}).items():
+        kind = get_stage(stage).artifact or stage
+        if result.validation is None:
+            result.validation = ValidationSummary(passed=False, max_abs_err=None, max_rel_err=None, samples=None)
+        result.validation.passed = False
+        result.validation.verdicts = {**(result.validation.verdicts or {}), kind: Verdict(passed=False, error_class=outcome.error_class, error=f"{stage} failed: {outcome.error}")}
+    if result.status == "ok" and result.validation is not None and result.validation.failed_artifacts():  # only artifacts the model does not require failed
+        result.status = "partial"
+    timed = outcomes.get(pipeline.publisher_name(TIMINGS) or "")
+    if timed is not None and timed.ok and timed.details.get(TIMINGS):
+        result.timings = BenchmarkSummary(**timed.details[TIMINGS])
 
 
 def run_logger() -> Any:

@@ -41,6 +41,12 @@ def gather(stage: Stage, outcomes: Mapping[str, Outcome]) -> dict[str, Outcome]:
     return gathered
 
 
+def blocked(stage: Stage, outcomes: Mapping[str, Outcome]) -> bool:
+    """Whether an input `stage` cannot do without has none of its stages among `outcomes` (one
+    failed and the model went on: Resolvedmodel.tolerates_failure); the stage is then skipped."""
+    return any(not item.optional and not any(s in outcomes for s in item.stages) for item in pipeline.inputs_of(stage))
+
+
 def parent_keys(stage: Stage, inputs: Mapping[str, Outcome]) -> list[str]:
     return list(dict.fromkeys(key for item in pipeline.inputs_of(stage) if item.name in inputs and (key := inputs[item.name].key)))
 

@@ -1,0 +1,132 @@
+"""benchmark (opt-in): every artifact validate passed, and eager, timed at each size on this machine
+(stages/benchmark.py); the report (JSON) is its artifact, a summary (the recommendation, each
+artifact's p50 at each size) is in its record's details under `timings`.
+
+Its key covers the machine as well as the validated artifacts: the CPU (architecture, model name,
+feature flags), the cores the workers may use and the torch threads, so a store shared by
+different machines never serves one the timings of another. Benchmarks of several models
+of one run take turns (a lock file per machine): timings of models that share the cores are noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE, TIMINGS, Input, Stage
+from pt2flow.stages.options import BenchmarkOptions
+
+if TYPE_CHECKING:
+    from pt2flow.flows.engine.worker.compute import Produced, StageCall
+
+STAGE = Stage(
+    "benchmark", 1, compute=f"{__name__}:compute", inputs=(Input.of("source"), Input.of("trace"), Input.of("validate")),
+    options=BenchmarkOptions, publishes=TIMINGS, artifact="benchmark", suffix=".json", key=f"{__name__}:key",
+    checks_candidates=True, accepts_training=False, position=110,
+    description="latency of every validated artifact at each size, and the fastest (JSON)",
+)
+
+
+def compute(call: StageCall) -> Produced:
+    from pt2flow.flows import pipeline
+    from pt2flow.flows.builtin.validate import device, target_artifacts
+    from pt2flow.stages.benchmark import benchmark
+    from pt2flow.stages.errors import StageError
+    from pt2flow.stages.vocabulary import ErrorClass
+
+    if call.model.training:
+        raise StageError(ErrorClass.CONFIG, "benchmark times inference, and this model is in training mode (functionalize.mode: training): leave benchmark out of its stages")
+    passed = validated(json.loads(call.blob("validate")))
+    own = {kind: pipeline.publisher_name(kind) for kind in LOADED_BY_VALIDATE}
+    blobs = {kind: call.artifact(name, kind) if name in call.inputs and _slot(name) in passed else None for kind, name in own.items()}
+    targets = {name: t for name, t in target_artifacts(call).items() if name in passed}
+    with _one_at_a_time():
+        result = benchmark(
+            call.eager(), call.example_inputs(), call.inputs["trace"].details.get("dims", {}), call.options(BenchmarkOptions),
+            archive=blobs["archive"], package=blobs["package"], device=device(call.model), targets=targets, machine=machine(),
+        )
+    return call.publish(json.dumps(result.output, indent=1).encode(), details={TIMINGS: result.metadata["summary"]}, warnings=result.warnings)
+
+
+def _slot(stage: str) -> str:
+    """The name validate's report gives a stage's candidate (flows/builtin/validate.py candidate_names)."""
+    from pt2flow.flows import pipeline
+    from pt2flow.flows.builtin.validate import candidate_names
+
+    return candidate_names().get(str(pipeline.get(stage).artifact), stage)
+
+
+def validated(report: Mapping[str, Any]) -> set[str]:
+    """The candidates of validate's report whose verdict passed: a candidate's own verdict where
+    the report has one, else the report's."""
+    found = set()
+    for name, entry in (report.get("candidates") or {}).items():
+        verdict = entry.get("verdict") if isinstance(entry, Mapping) else None
+        if (verdict.get("passed") if isinstance(verdict, Mapping) else report.get("passed")) is True:
+            found.add(name)
+    return found
+
+
+def machine() -> dict[str, Any]:
+    """The kind of machine timings depend on (not which one: no host name): architecture, CPU
+    model and feature flags, and the cores this process may use. Torch-free, a few file reads."""
+    from pt2flow.flows.engine.environment.toolchain import toolchain_facts
+
+    facts = toolchain_facts("cpu")
+    return {"arch": facts["machine"], "cpu": _cpu_model(), "cpu_flags": facts["cpu_flags"], "cores": _cores()}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                name, _, value = line.partition(":")
+                if name.strip() in ("model name", "Model", "Hardware"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
+    """Validate's key (which covers every candidate artifact and the source), the artifacts, the
+    options, the candidates' libraries, and the machine (`machine`)."""
+    from pt2flow.flows import pipeline
+    from pt2flow.flows.builtin.validate import device
+    from pt2flow.flows.engine.common.keys import derivation_key
+    from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
+
+    present = [name for name in pipeline.candidates() if name in inputs]
+    libraries = [lib for name in present for lib in pipeline.get(name).libraries]
+    env = {**environment_part(device(model), libraries), "machine": json.dumps(machine(), sort_keys=True)}
+    parents = [inputs["validate"].key, *(inputs[name].artifact for name in present)]
+    return derivation_key(stage.name, parents, options_json(model, stage.name), env)
+
+
+@contextlib.contextmanager
+def _one_at_a_time() -> Iterator[None]:
+    """An exclusive lock on this machine's benchmark lock file (fcntl; none where it is missing)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    from pt2flow.flows.engine.environment.interpreter import cache_dir
+
+    os.makedirs(cache_dir(), exist_ok=True)
+    with open(os.path.join(cache_dir(), "benchmark.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

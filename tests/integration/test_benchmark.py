@@ -1,0 +1,101 @@
+"""The benchmark stage end to end through `pt2flow run`: a small targets fleet (the demo's mlp and
+tiny-encoder, each to the archive, the AOTInductor package, ONNX, ExecuTorch and OpenVINO) with
+`benchmark` after validate, cold then warm: every validated artifact and eager timed at each dim's
+min, example and max (or the configured sizes), a recommendation that is the fastest at each size,
+cached on the warm run, shown by `pt2flow show`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.integration
+
+STAGES = "trace,functionalize,decompose,serialize,aot_compile,onnx,executorch,openvino,validate,benchmark"
+FEW_RUNS = {"warmup": 1, "min_runs": 3, "max_runs": 8, "window": 2, "max_seconds": 2.0}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("benchmark")
+    config = yaml.safe_load((ROOT / "configs" / "targets.yaml").read_text())
+    models = {m["name"]: m for m in config["models"]}
+    encoder = dict(models["tiny-encoder"])
+    encoder["stages"] = {**encoder.get("stages", {}), "benchmark": {"sizes": {"batch": [1, 4]}}}
+    config["models"] = [models["mlp"], encoder]
+    config["defaults"]["benchmark"] = FEW_RUNS
+    (folder / "targets.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    shutil.copy(ROOT / "configs" / "demo_models.py", folder / "demo_models.py")
+    store = str(folder / "store")
+    args = ["run", str(folder / "targets.yaml"), "--store", store, "--stages", STAGES, "--json"]
+    cold = run_cli(args)
+    warm = run_cli(args)
+    return {"cold": cold, "warm": warm, "store": store}
+
+
+def _models(result: Any) -> dict[str, dict[str, Any]]:
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {m["name"]: m for m in json.loads(result.stdout)["models"]}
+
+
+def _report(store: str, model: dict[str, Any]) -> dict[str, Any]:
+    shown = run_cli(["show", model["stages"]["benchmark"]["artifact"], "--store", store, "--json"])
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)["report"]
+
+
+def test_every_validated_artifact_is_timed_at_each_size(fleet: dict[str, Any]) -> None:
+    models = _models(fleet["cold"])
+    mlp = _report(fleet["store"], models["mlp"])
+    # batch 1..32, example 4: the dim's min, example size and max, in order
+    assert [p["sizes"] for p in mlp["points"]] == [{"batch": 1}, {"batch": 4}, {"batch": 32}]
+    assert set(mlp["artifacts"]) == {"eager", "archive", "compiled", "onnx", "executorch", "openvino"}
+    for name, artifact in mlp["artifacts"].items():
+        assert artifact["error"] is None and artifact["load_ms"] > 0 and artifact["size_bytes"] > 0, name
+        for point in mlp["points"]:
+            timing = artifact["points"][point["label"]]
+            assert 3 <= timing["runs"] <= 8, (name, timing)
+            assert 0 < timing["p50_ms"] <= timing["p90_ms"], (name, timing)
+            assert timing["throughput"] == pytest.approx(point["sizes"]["batch"] / (timing["p50_ms"] / 1000)), name
+    # the configured sizes: batch 1 and 4, seq at its example size (12)
+    encoder = _report(fleet["store"], models["tiny-encoder"])
+    assert [p["sizes"] for p in encoder["points"]] == [{"batch": 1, "seq": 12}, {"batch": 4, "seq": 12}]
+    assert encoder["machine"]["threads"] >= 1 and encoder["machine"]["cpu"]
+
+
+def test_the_recommendation_is_the_fastest_artifact_at_each_size(fleet: dict[str, Any]) -> None:
+    for name, model in _models(fleet["cold"]).items():
+        report = _report(fleet["store"], model)
+        for point in report["points"]:
+            label = point["label"]
+            p50 = {a: e["points"][label]["p50_ms"] for a, e in report["artifacts"].items() if a != "eager"}
+            fastest = min(p50, key=p50.__getitem__)
+            chosen = report["recommendation"]["points"][label]
+            assert chosen["artifact"] == fastest, (name, label, p50)
+            eager = report["artifacts"]["eager"]["points"][label]["p50_ms"]
+            assert chosen["speedup_vs_eager"] == pytest.approx(eager / p50[fastest]), name
+        summary = model["timings"]  # the run document's summary
+        assert summary["recommended"] in summary["best"].values()
+        assert summary["p50_ms"]["onnx"] == {label: e["p50_ms"] for label, e in report["artifacts"]["onnx"]["points"].items()}
+
+
+def test_the_warm_run_serves_the_benchmark_from_the_cache(fleet: dict[str, Any]) -> None:
+    cold, warm = _models(fleet["cold"]), _models(fleet["warm"])
+    for name, model in warm.items():
+        assert model["stages"]["benchmark"]["cached"] is True, name
+        assert model["stages"]["benchmark"]["artifact"] == cold[name]["stages"]["benchmark"]["artifact"], name
+        assert model["timings"] == cold[name]["timings"], name
+
+
+def test_show_prints_the_benchmark_table(fleet: dict[str, Any]) -> None:
+    model = _models(fleet["cold"])["mlp"]
+    shown = run_cli(["show", model["stages"]["benchmark"]["artifact"], "--store", fleet["store"]])
+    assert shown.returncode == 0, shown.stderr
+    assert "batch=32" in shown.stdout and "recommended" in shown.stdout and "onnx" in shown.stdout

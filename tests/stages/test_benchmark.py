@@ -1,0 +1,151 @@
+"""The benchmark stage's parts without a run: the stabilisation window, percentiles, the sizes
+timed, the recommendation, peak memory, which candidates of validate's report are timed, and a
+key that covers the machine."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+from pt2flow.stages.benchmark import Measured, PeakMemory, Point, Timing, percentile, plan_points, recommend, time_calls
+from pt2flow.stages.binding import bind_inputs
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.example_inputs import InputSpec, ModelInputs
+from pt2flow.stages.options import BenchmarkOptions
+
+
+class FakeClock:
+    """perf_counter for time_calls: each call of the timed function takes the next duration (s)."""
+
+    def __init__(self, durations: Iterator[float]) -> None:
+        self.now, self.durations, self.calls = 0.0, durations, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self) -> None:
+        self.calls += 1
+        self.now += next(self.durations)
+
+
+def test_timing_stops_once_the_median_is_stable() -> None:
+    clock = FakeClock(iter([0.010] * 1000))
+    options = BenchmarkOptions(warmup=2, min_runs=5, max_runs=50, window=3, stable_fraction=0.02)
+    timing = time_calls(clock.work, options, clock)
+    assert timing.stable and len(timing.times_ms) == 5  # stable as soon as min_runs allow
+    assert clock.calls == 2 + 5 and timing.p50 == pytest.approx(10.0)
+
+
+def test_timing_goes_on_while_the_median_moves_and_stops_at_max_runs() -> None:
+    growing = (0.001 * 1.5 ** i for i in range(1000))  # every call slower: the median never settles
+    clock = FakeClock(growing)
+    timing = time_calls(clock.work, BenchmarkOptions(warmup=0, min_runs=3, max_runs=12, window=2, max_seconds=1e9), clock)
+    assert not timing.stable and len(timing.times_ms) == 12
+
+
+def test_timing_stops_at_max_seconds() -> None:
+    clock = FakeClock(0.3 * (i + 1) for i in range(1000))  # every call slower: never stable
+    timing = time_calls(clock.work, BenchmarkOptions(warmup=0, min_runs=1, max_runs=100, window=2, max_seconds=2.0), clock)
+    assert len(timing.times_ms) == 4 and not timing.stable  # 0.3 + 0.6 + 0.9 < 2 s <= + 1.2
+
+
+def test_percentiles_interpolate_like_numpy() -> None:
+    values = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert percentile(values, 50) == 3.0 and percentile(values, 90) == pytest.approx(4.6) and percentile([7.0], 90) == 7.0
+    assert Timing((1.0, 2.0, 3.0, 100.0), True).p90 > Timing((1.0, 2.0, 3.0, 100.0), True).p50
+
+
+class TwoDims(torch.nn.Module):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.float().sum(-1)
+
+
+def _inputs() -> ModelInputs:
+    return ModelInputs({"ids": InputSpec(shape=(2, 12), dtype="int64", low=0, high=10)}, {"ids": {0: "batch", 1: "seq"}},
+                       {"batch": (1, 8), "seq": (2, 64)})
+
+
+def test_the_default_sizes_are_each_dims_min_example_and_max() -> None:
+    inputs = _inputs()
+    example = bind_inputs(TwoDims(), inputs)
+    points = plan_points({}, inputs, example, BenchmarkOptions())
+    assert [p.sizes for p in points] == [{"batch": 1, "seq": 2}, {"batch": 2, "seq": 12}, {"batch": 8, "seq": 64}]
+    assert [p.label for p in points] == ["batch=1 seq=2", "batch=2 seq=12", "batch=8 seq=64"] and [p.batch for p in points] == [1, 2, 8]
+    # the program's own range (trace's dims) narrows the configured one
+    narrowed = plan_points({"batch": {"min": 1, "max": 4}}, inputs, example, BenchmarkOptions())
+    assert narrowed[-1].sizes == {"batch": 4, "seq": 64}
+
+
+def test_configured_sizes_are_every_combination_and_are_checked() -> None:
+    inputs = _inputs()
+    example = bind_inputs(TwoDims(), inputs)
+    points = plan_points({}, inputs, example, BenchmarkOptions(sizes={"batch": [8, 1], "seq": [16, 32]}))
+    assert [p.sizes for p in points] == [{"batch": 1, "seq": 16}, {"batch": 1, "seq": 32}, {"batch": 8, "seq": 16}, {"batch": 8, "seq": 32}]
+    with pytest.raises(StageError, match=r"height: not a dynamic dim.*batch=9: outside the program.s range 1..8") as raised:
+        plan_points({}, inputs, example, BenchmarkOptions(sizes={"batch": [9], "height": [3]}))
+    assert raised.value.error_class.value == "config"
+
+
+def _measured(name: str, p50s: dict[str, float]) -> Measured:
+    return Measured(name, 1, timings={label: Timing((p50,), True) for label, p50 in p50s.items()})
+
+
+def test_the_recommendation_is_the_fastest_artifact_at_each_size_never_eager() -> None:
+    points = [Point("batch=1", {"batch": 1}, 1), Point("batch=8", {"batch": 8}, 8)]
+    measured = [
+        _measured("eager", {"batch=1": 0.1, "batch=8": 4.0}),  # fastest at batch 1, but the baseline
+        _measured("archive", {"batch=1": 0.5, "batch=8": 3.0}),
+        _measured("onnx", {"batch=1": 0.2, "batch=8": 2.0}),
+        _measured("executorch", {"batch=1": 0.3}),  # failed at batch 8
+    ]
+    chosen = recommend(measured, points)
+    assert chosen["artifact"] == "onnx" and chosen["wins"] == 2
+    assert chosen["points"]["batch=1"] == {"artifact": "onnx", "p50_ms": 0.2, "speedup_vs_eager": pytest.approx(0.5)}
+    assert chosen["points"]["batch=8"]["speedup_vs_eager"] == pytest.approx(2.0)
+    assert recommend([_measured("eager", {"batch=1": 1.0})], points[:1])["artifact"] is None
+
+
+def test_peak_memory_sees_a_native_allocation() -> None:
+    with PeakMemory() as memory:
+        block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, outside Python's allocator
+        del block
+    if memory.peak_mb is None:
+        pytest.skip("no /proc/self/clear_refs here")
+    assert 60 <= memory.peak_mb < 200
+
+
+def test_only_the_candidates_validate_passed_are_timed() -> None:
+    from pt2flow.flows.builtin.benchmark import validated
+
+    old_style: dict[str, Any] = {"passed": True, "candidates": {"archive": {}, "onnx": {}}}
+    assert validated(old_style) == {"archive", "onnx"}
+    assert validated({**old_style, "passed": False}) == set()
+    verdicts = {"passed": True, "candidates": {"archive": {"verdict": {"passed": True}}, "executorch": {"verdict": {"passed": False, "error_class": "runtime"}}}}
+    assert validated(verdicts) == {"archive"}
+
+
+def test_the_key_covers_the_machine_and_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pt2flow.flows import pipeline
+    from pt2flow.flows.builtin import benchmark as declared
+    from pt2flow.flows.config.load import parse_config
+    from pt2flow.flows.engine.common.documents import Outcome
+    from pt2flow.flows.engine.orchestrator.stage_keys import stage_key
+    from tests.conftest import ROOT
+
+    def key(options: str = "") -> str:
+        text = f"version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {{x: {{shape: [3, 8]}}}}\n{options}"
+        model = parse_config(text, source="k.yaml", base_dir=str(ROOT)).models[0]
+        inputs = {"source": Outcome(key="s" * 64), "validate": Outcome(key="v" * 64), "serialize": Outcome(artifact="a" * 64)}
+        return stage_key(pipeline.get("benchmark"), model, inputs)
+
+    here = key()
+    assert key() == here  # stable on one machine
+    assert key("    stages: {benchmark: {sizes: {batch: [1]}}}\n") != here
+    machine = declared.machine()
+    assert machine["cores"] >= 1 and "host" not in machine
+    monkeypatch.setattr(declared, "machine", lambda: {**machine, "cores": machine["cores"] + 1})
+    assert key() != here
+    monkeypatch.setattr(declared, "machine", lambda: {**machine, "cpu": "another CPU"})
+    assert key() != here
