@@ -66,4 +66,4 @@ lint: install
 clean:
 	-@python3 -I flows/engine/services/prefect_server.py stop .prefect
 	-@python3 -I flows/engine/services/prefect_server.py stop --if-idle $(HOME)/.prefect
-	rm -rf $(VENV) .prefect $(STORE) pt2-store-failures .pytest_cache
+	rm -rf $(VENV) .prefect $(STORE) pt2-store-failures pt2-store-generative .pytest_cache

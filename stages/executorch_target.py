@@ -177,7 +177,7 @@ class PteRunner:
         self.module = _load_for_executorch_from_buffer(data)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        flat = tuple(t.detach().cpu().contiguous() for t in inputs)
+        flat = tuple(t.detach().cpu().contiguous() if isinstance(t, torch.Tensor) else t for t in inputs)  # a None input stays None
         try:
             outputs = self.module.forward(flat)
         except RuntimeError as exc:  # "error: 0x10": the reason is in the runtime's log, so call again to hear it

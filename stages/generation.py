@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -340,12 +340,14 @@ class CallSpecs:
         """The kwarg names the program takes, in its order."""
         return list(self.in_spec.child(1).context)
 
-    def flatten(self, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
-        """The program's user tensor inputs from generate()'s kwargs (the others are its constants)."""
+    def flatten(self, kwargs: Mapping[str, Any], *, keep_none: bool = False) -> list[Any]:
+        """The program's user tensor inputs from generate()'s kwargs (the others are its constants).
+        `keep_none`: a None leaf stays in its place (ExecuTorch keeps a None input in the method's
+        signature, as Qwen2's prefill mask `{"full_attention": None}`; ONNX drops it)."""
         import torch.fx._pytree as fx_pytree
 
         leaves = fx_pytree.tree_flatten_spec(((), {name: kwargs.get(name) for name in self.kwargs}), self.in_spec)
-        return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) or (keep_none and leaf is None)]
 
     def unflatten(self, outputs: list[Any]) -> Any:
         """The model's output from a runtime's flat outputs. ExecuTorch returns the inputs a program
@@ -370,12 +372,12 @@ class CallSpecs:
         return cls(loads(data["in_spec"]), loads(data["out_spec"]), {int(i): v for i, v in data.get("out_constants", {}).items()})
 
 
-def flat_step(runner: Callable[[list[torch.Tensor]], list[Any]], specs: CallSpecs) -> StepFn:
+def flat_step(runner: Callable[[list[torch.Tensor]], list[Any]], specs: CallSpecs, *, keep_none: bool = False) -> StepFn:
     """A step function of a runner taking and returning flat tensors (stages.targets.FlatRunner)."""
 
     def step(**kwargs: Any) -> Any:
         with torch.no_grad():
-            return specs.unflatten(list(runner(specs.flatten(kwargs))))
+            return specs.unflatten(list(runner(specs.flatten(kwargs, keep_none=keep_none))))
 
     return step
 
@@ -409,7 +411,7 @@ def pte_step(data: bytes, specs: CallSpecs) -> StepFn:
     """A step function of a component's `.pte` on the ExecuTorch runtime's Python bindings."""
     from pt2flow.stages.executorch_target import load_pte
 
-    return flat_step(load_pte(data), specs)
+    return flat_step(load_pte(data), specs, keep_none=True)
 
 
 def onnx_bytes(program: ExportedProgram) -> bytes:
@@ -540,3 +542,82 @@ def compare_generation(
     ]
     return GenerationComparison(first, errors)
 
+
+
+# ── Validation by generation ─────────────────────────────────────────────────
+
+
+def validate_generation(
+    model: torch.nn.Module,
+    spec: GenerateSpec,
+    prompt_lens: list[int] | tuple[int, ...],
+    loaders: Mapping[str, Callable[[], Mapping[str, StepFn]]],
+    *,
+    required: Collection[str] | None = None,
+    kinds: Mapping[str, str] | None = None,
+) -> Any:
+    """Every candidate (its loader gives the step functions of its components: archive_step,
+    pte_step, onnx_step, aoti_step) generates greedily from the same prompts as eager
+    `generate()`, one prompt of each length in `prompt_lens` (example_prompt, seeded by its
+    length); the token ids must be identical. Each candidate gets its own verdict:
+    `serialization` (it does not load), `runtime` (a step raised), `numeric_mismatch` (tokens
+    diverge: the first position and prompt named); the report has, per candidate and prompt, the
+    first diverging position, the tokens and the logits' max error per step. Raises a StageError
+    (the report attached) when a required candidate (None: every one) failed; else a StageResult."""
+    from pt2flow.stages.classify import short_message
+    from pt2flow.stages.errors import StageError
+    from pt2flow.stages.result import StageResult
+    from pt2flow.stages.vocabulary import ErrorClass
+
+    if not loaders:
+        raise StageError(ErrorClass.CONFIG, "validate needs serialize, aot_compile or a target to have produced the components' artifacts")
+    model = model.eval()
+    prompts = {length: example_prompt(model, length, seed=length) for length in prompt_lens}
+    with _quiet():
+        eager = {length: eager_generation(model, spec, prompt) for length, prompt in prompts.items()}
+    must = set(loaders) if required is None else set(required) & set(loaders)
+    report: dict[str, Any] = {
+        "passed": False, "nondeterministic": False, "generation": True, "samples": len(prompts),
+        "generate": dataclasses.asdict(spec) | {"prompt_lens": list(prompt_lens)},
+        "eager": {str(length): g.tokens for length, g in eager.items()},
+        "candidates": {}, "required": sorted(must), "warnings": [],
+    }
+    failed = set()
+    for name, load in loaders.items():
+        entry: dict[str, Any] = {"artifact": (kinds or {}).get(name, name), "max_abs_err": 0.0, "max_rel_err": None, "prompts": {}}
+        report["candidates"][name] = entry
+        verdict: dict[str, Any] = {"passed": True, "error_class": None, "error": None}
+        try:
+            steps = load()
+        except Exception as exc:  # noqa: BLE001 - a candidate that does not load fails on its own
+            verdict = {"passed": False, "error_class": ErrorClass.SERIALIZATION.value, "error": f"{name}: does not load: {short_message(exc, 500)}"}
+            steps = None
+        for length, prompt in prompts.items() if steps is not None else ():
+            try:
+                with _quiet():
+                    got = greedy_tokens(model, steps, prompt, spec)
+            except Exception as exc:  # noqa: BLE001
+                verdict = {"passed": False, "error_class": ErrorClass.RUNTIME.value, "error": f"{name}: generation failed (prompt {length}): {short_message(exc, 500)}"}
+                break
+            comparison = compare_generation(eager[length].tokens, eager[length].logits, got.tokens, got.logits)
+            entry["prompts"][str(length)] = {"first_divergence": comparison.first_divergence, "max_error": comparison.max_error, "tokens": got.tokens}
+            entry["max_abs_err"] = max([entry["max_abs_err"], *comparison.max_error])
+            if not comparison.ok and verdict["passed"]:
+                verdict = {"passed": False, "error_class": ErrorClass.NUMERIC_MISMATCH.value,
+                           "error": f"{entry['artifact']}: generated tokens diverge from eager at position {comparison.first_divergence} (prompt {length})"}
+        entry["verdict"] = verdict
+        if not verdict["passed"]:
+            failed.add(name)
+    report["max_abs_err"] = max((c["max_abs_err"] for c in report["candidates"].values()), default=0.0)
+    report["max_rel_err"] = None
+    report["passed"] = not failed
+    for name in sorted(failed - must):
+        verdict = report["candidates"][name]["verdict"]
+        report["warnings"].append(f"{name} (not required) failed validation, {verdict['error_class']}: {verdict['error']}")
+    blocking = [report["candidates"][name]["verdict"] for name in sorted(failed & must)]
+    if blocking:
+        order = [ErrorClass.SERIALIZATION.value, ErrorClass.RUNTIME.value, ErrorClass.NUMERIC_MISMATCH.value]
+        worst = min(blocking, key=lambda v: order.index(v["error_class"]))
+        raise StageError(ErrorClass(worst["error_class"]), " | ".join(v["error"] for v in blocking[:3]), details=report)
+    metadata = {"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": None}
+    return StageResult(output=report, metadata=metadata, warnings=tuple(report["warnings"]))

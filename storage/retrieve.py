@@ -66,10 +66,62 @@ def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | No
     rows = [r for r in index.scan(None, filter=condition).to_pylist() if r.get("sha256")]
     if not rows:
         where = f" in run {run_id}" if run_id else ""
+        components = _components_of(index, model, kinds.stages[kind])
+        if components:  # a generative model: its artifacts are its components'
+            raise GenerativeModel(model, components, f"{model!r} is a generative model whose {kind} artifacts are its components' "
+                                  f"({', '.join(components)}): give --component NAME, or a folder to write them all into")
         raise RecordNotFound(f"the index holds no ok {kind} artifact of model {model!r}{where}")
     record = newest_first(rows)[0]
     refuse_failed_verdict(index, record, kind, kinds)
     return record
+
+
+class GenerativeModel(RecordNotFound):
+    """A model whose artifacts are its components' (`M/prefill`, `M/decode`): `components` names them."""
+
+    def __init__(self, model: str, components: list[str], message: str) -> None:
+        super().__init__(message)
+        self.model, self.components = model, components
+
+
+def component_set(store: Any, model: str, components: list[str], kind: str, folder: str, run_id: str | None, *,
+                  kinds: ArtifactKinds, suffix: str, entry: str, source: str, order: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every component's `kind` artifact of a generative model written into `folder` (created) as
+    `<component><suffix>`, verified as `get` verifies one, with `manifest.json`: the model, the
+    artifact kind, the call order, its `generate:` (from the source record) and per component its
+    file, sha256, size, run and call specs (the traced program's in/out tree specs, JSON, from
+    the entry stage's record of the same run: how a flat runtime is called). Returns the manifest
+    with `path`."""
+    import json
+
+    target = os.path.abspath(folder)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise ArtifactRequestError(f"{folder} is a file: a generative model's components go into a folder")
+    os.makedirs(target, exist_ok=True)
+    named = [c for c in order if c in components] + [c for c in components if c not in order]
+    entries: dict[str, Any] = {}
+    for component in named:
+        record = find_for_model(store.index, f"{model}/{component}", kind, run_id, kinds=kinds)
+        copy_out(store, record, os.path.join(target, component + suffix), kinds=kinds)
+        condition = (pc.field("model") == f"{model}/{component}") & (pc.field("stage") == entry) & (pc.field("status") == "ok") & (pc.field("run_id") == record["run_id"])
+        traced = newest_first(store.index.scan(None, filter=condition).to_pylist())
+        specs = (decode(traced[0]).get("details") or {}).get("call_specs") if traced else None
+        entries[component] = {"file": component + suffix, "sha256": record["sha256"], "size": record["size"], "run_id": record["run_id"],
+                              "call_specs": specs}
+    condition = (pc.field("model") == model) & (pc.field("stage") == source) & (pc.field("status") == "ok")
+    sources = newest_first(store.index.scan(None, filter=condition).to_pylist())
+    generate = ((decode(sources[0]).get("details") or {}).get("manifest") or {}).get("generate") if sources else None
+    manifest = {"model": model, "artifact": kind, "order": named, "generate": generate, "components": entries}
+    with open(os.path.join(target, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    return {**manifest, "path": target}
+
+
+def _components_of(index: MetadataIndex, model: str, stage: str) -> list[str]:
+    """The components (`M/prefill` -> prefill) of a generative model that have `stage` records."""
+    condition = pc.starts_with(pc.field("model"), f"{model}/") & (pc.field("stage") == stage)
+    names = {str(r["model"]).split("/", 1)[1] for r in index.scan(["model"], filter=condition).to_pylist()}
+    return sorted(names)
 
 
 class FailedVerdict(RecordNotFound):
@@ -83,7 +135,9 @@ def refuse_failed_verdict(index: MetadataIndex, record: Mapping[str, Any], kind:
     not judged (no judging stage ran, or its report predates verdicts)."""
     if kinds.judge is None:
         return
-    condition = (pc.field("model") == record["model"]) & (pc.field("stage") == kinds.judge) & (pc.field("run_id") == record["run_id"])
+    # a generative model's component (`M/decode`) is judged by its model's validate
+    judged_model = str(record["model"]).split("/", 1)[0]
+    condition = (pc.field("model") == judged_model) & (pc.field("stage") == kinds.judge) & (pc.field("run_id") == record["run_id"])
     for judged in newest_first(index.scan(None, filter=condition).to_pylist()):
         verdict = ((decode(judged).get("validation") or {}).get("verdicts") or {}).get(kind)
         if verdict is not None and not verdict.get("passed"):

@@ -252,20 +252,35 @@ class Store:
 
         return failures_of(self.artifacts, run, against)
 
-    def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None) -> Record:
-        """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with `path`."""
-        from pt2flow.storage.retrieve import ArtifactRequestError, copy_out, find_by_id, find_for_model
+    def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None,
+            component: str | None = None) -> Record:
+        """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with
+        `path`. `component`: of a generative model, that component's artifact (model `M/component`)."""
+        from pt2flow.storage.retrieve import ArtifactRequestError, GenerativeModel, component_set, copy_out, find_by_id, find_for_model
 
         kinds = artifact_kinds()
         if bool(id) == bool(model):
             raise UsageError("give an artifact ID or a model (one of them)")
         if run and not model:
             raise UsageError("a run goes with a model")
+        if component and not model:
+            raise UsageError("a component goes with a model")
+        if component:
+            model = f"{model}/{component}"
         try:
             if id:
                 record = find_by_id(self.artifacts.index, id, artifact, kinds=kinds)
             else:
-                record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds=kinds)
+                try:
+                    record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds=kinds)
+                except GenerativeModel as generative:  # every component into the folder `output`, with a manifest
+                    from pt2flow.flows.config.models import COMPONENTS
+
+                    kind = artifact or "serialized"
+                    return cast(Record, component_set(
+                        self.artifacts, generative.model, generative.components, kind, output, self.run_id(run) if run else None,
+                        kinds=kinds, suffix=pipeline.get(kinds.stages[kind]).suffix or "", entry=pipeline.entry().name, source=pipeline.SOURCE_NAME, order=COMPONENTS,
+                    ))
             return cast(Record, copy_out(self.artifacts, record, output, kinds=kinds))
         except ArtifactRequestError as exc:
             raise UsageError(str(exc)) from None

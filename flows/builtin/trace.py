@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from pt2flow.flows.config.models import CAPTURE_PROMPT_LEN
 from pt2flow.flows.pipeline.stage import Input, Stage
 from pt2flow.stages.options import FunctionalizeOptions, TraceOptions
 
@@ -25,7 +26,36 @@ STAGE = Stage(
 def compute(call: StageCall) -> Produced:
     from pt2flow.stages.trace import trace
 
+    if call.model.component:  # a generative model's component: transformers' exporter, not the ladder
+        return call.publish_program(trace_component(call.component()))
     return call.publish_program(trace(call.eager_model(), call.example_inputs(), call.options(TraceOptions)))
+
+
+def trace_component(component: Any) -> Any:
+    """A component exported as stages.generation.export_component does it (transformers'
+    DynamoExporter: its patches, the cache pytrees registered, strict=False, the component's
+    dynamic shapes); a failure is classified as a trace failure is (stages.classify)."""
+    import time
+
+    from pt2flow.stages import program as described
+    from pt2flow.stages.classify import classify_trace_error, short_message
+    from pt2flow.stages.errors import StageError
+    from pt2flow.stages.generation import CallSpecs, export_component
+    from pt2flow.stages.result import StageResult
+
+    start = time.perf_counter()
+    try:
+        program = export_component(component)
+    except StageError:
+        raise
+    except Exception as exc:
+        raise StageError(classify_trace_error(exc), short_message(exc, 1000)) from exc
+    metadata = {
+        **described.describe(program), "strategy": "component", "component": component.name,
+        "export_seconds": round(time.perf_counter() - start, 3),
+        "call_specs": CallSpecs.of(program).to_json(),  # how a flat runtime calls it (get's manifest)
+    }
+    return StageResult(output=program, metadata=metadata)
 
 
 def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
@@ -39,6 +69,9 @@ def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
     options = {**options_json(model, stage.name), "mode": functional.mode}
     if model.training:
         options["loss_output"] = functional.loss_output
+    if getattr(model, "component", None):  # a generative model's component: which one, exported how
+        options = {**options, "component": model.component, "exporter": "transformers.DynamoExporter",
+                   "capture_prompt_len": CAPTURE_PROMPT_LEN}
     return derivation_key(stage.name, [inputs["source"].key], options, environment_part("cpu"))
 
 
@@ -49,6 +82,10 @@ def rebuild(call: RebuildCall) -> str | None:
 
     if call.model is None:
         return None
+    if call.model.component:  # a generative model's component, exported as the run exported it
+        from pt2flow.flows.engine.worker.compute import model_component
+
+        return stored_program(trace_component(model_component(call.model, call.eager)).output).fingerprint
     return stored_program(trace(call.eager(), call.example_inputs(), TraceOptions(**call.options)).output).fingerprint
 
 

@@ -30,6 +30,8 @@ def compute(call: StageCall) -> Produced:
     from pt2flow.stages.validate import validate
 
     model, store = call.model, call.store
+    if getattr(model, "generate", None) is not None:
+        return _compute_generation(call)
     own = {kind: call.inputs.get(name) if (name := pipeline.publisher_name(kind)) else None for kind in LOADED_HERE}
     archive = call.artifact(pipeline.publisher_name("archive"), "archive") if own["archive"] else None
     package = call.artifact(pipeline.publisher_name("package"), "package") if own["package"] else None
@@ -54,6 +56,68 @@ def compute(call: StageCall) -> Produced:
     elif result.output.get("io_skipped"):  # why not (training mode, an output safetensors cannot hold)
         details["io_skipped"] = result.output["io_skipped"]
     return call.publish(report, details=details, warnings=result.warnings)
+
+
+def _compute_generation(call: StageCall) -> Produced:
+    """A generative model: its components' artifacts of every kind generate greedily against eager
+    `generate()` (stages.generation.validate_generation), one verdict per artifact kind."""
+    import tempfile
+
+    from pt2flow.flows import pipeline
+    from pt2flow.flows.config.models import COMPONENTS
+    from pt2flow.flows.engine.worker.artifacts import load_artifact
+    from pt2flow.flows.engine.worker.compute import _load_program, validation_summary
+    from pt2flow.stages import generation as G
+
+    G.register_cache_pytrees()
+    candidates = candidate_names()
+    specs: dict[str, Any] = {}
+
+    def call_specs(component: str) -> Any:  # how a flat runtime calls it: the traced program's call spec
+        if component not in specs:
+            traced = call.inputs[f"{component}/{pipeline.entry().name}"]
+            specs[component] = G.CallSpecs.of(_load_program(call.store, traced, call.model))
+        return specs[component]
+
+    def blob(component: str, stage: str, what: str, zipped: bool | None) -> bytes:
+        outcome = call.inputs[f"{component}/{stage}"]
+        return load_artifact(call.store, outcome.artifact, outcome.size, (stage,), what, zipped=zipped)
+
+    with tempfile.TemporaryDirectory(prefix="pt2flow-generate-") as workdir:
+        def steps_of(stage: str, kind: str) -> Any:
+            def load() -> dict[str, Any]:
+                steps = {}
+                for c in COMPONENTS:
+                    if kind == "archive":
+                        steps[c] = G.archive_step(blob(c, stage, kind, True))
+                    elif kind == "package":
+                        steps[c] = G.aoti_step(blob(c, stage, kind, True), tempfile.mkdtemp(dir=workdir))
+                    elif kind == "pte":
+                        steps[c] = G.pte_step(blob(c, stage, kind, None), call_specs(c))
+                    else:
+                        steps[c] = G.onnx_step(blob(c, stage, kind, None), call_specs(c))
+                return steps
+            return load
+
+        loaders = {}
+        skipped = []
+        for name in pipeline.candidates():
+            stage = pipeline.get(name)
+            if not all(f"{c}/{name}" in call.inputs for c in COMPONENTS):
+                continue
+            if stage.publishes not in ("archive", "package", "pte", "onnx"):
+                skipped.append(name)
+                continue
+            loaders[candidates.get(stage.artifact, name)] = steps_of(name, stage.publishes)
+        result = G.validate_generation(
+            call.eager()(), call.generate_spec(), call.model.generate.prompt_lens, loaders,
+            required=required_candidates(call.model), kinds={name: kind for kind, name in candidates.items()},
+        )
+    output = dict(result.output)
+    if skipped:
+        output["warnings"] = [*output["warnings"], f"not validated by generation (no step function for its kind): {', '.join(skipped)}"]
+    report = json.dumps(output, indent=1, default=str).encode()
+    return call.publish(report, details={"validation": validation_summary(output)}, warnings=output["warnings"])
 
 
 def target_artifacts(call: StageCall) -> dict[str, Any]:
@@ -104,6 +168,17 @@ def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
     from pt2flow.flows.engine.common.keys import derivation_key
     from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
 
+    if getattr(model, "generate", None) is not None:  # a generative model: every component's candidates
+        from pt2flow.flows.config.models import COMPONENTS
+
+        names = [f"{c}/{name}" for name in pipeline.candidates() for c in COMPONENTS]
+        candidates = [inputs[name].artifact for name in names if name in inputs]
+        libraries = [lib for name in pipeline.candidates() if f"{COMPONENTS[0]}/{name}" in inputs for lib in pipeline.get(name).libraries]
+        options = {**_keyed_options(options_json(model, stage.name)), "generate": model.generate.model_dump(mode="json")}
+        if (required := required_candidates(model)) is not None:
+            options = {**options, "require": required}
+        env = {**environment_part(device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}
+        return derivation_key(stage.name, [inputs["source"].key, *candidates], options, env)
     candidates = [inputs[name].artifact for name in pipeline.candidates() if name in inputs]
     libraries = [lib for name in pipeline.candidates() if name in inputs for lib in pipeline.get(name).libraries]
     env = {**environment_part(device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}

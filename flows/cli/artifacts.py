@@ -30,7 +30,9 @@ _KIND_HELP = ", ".join(f"{kind} ({pipeline.get(stage).description or stage})" fo
 @click.option("--model", metavar="NAME", help="the newest ok artifact of this model")
 @click.option("--run", metavar="RUN", help="with --model: from this run (ID or unique prefix)")
 @click.option("--artifact", type=click.Choice(ARTIFACT_KINDS), help=f"which artifact of the model (default serialized): {_KIND_HELP}")
-@click.option("-o", "--output", "output", metavar="PATH", required=True, help="file to write (replaced atomically)")
+@click.option("--component", metavar="NAME", help="with --model, of a generative model (generate:): that component's artifact (prefill, decode)")
+@click.option("-o", "--output", "output", metavar="PATH", required=True,
+              help="file to write (replaced atomically); for a generative model without --component, a folder: every component and manifest.json")
 @store_options
 @json_option("print the artifact's record (with `path`) as JSON")
 def get_command(args: Args) -> int:
@@ -40,9 +42,15 @@ def get_command(args: Args) -> int:
         raise CommandUsageError("give an artifact ID or --model NAME (one of them)")
     if args.run and not args.model:
         raise CommandUsageError("--run goes with --model")
-    result = Store.of(open_store(args)).get(args.output, args.id, model=args.model, run=args.run, artifact=args.artifact)
+    if args.component and not args.model:
+        raise CommandUsageError("--component goes with --model")
+    result = Store.of(open_store(args)).get(args.output, args.id, model=args.model, run=args.run, artifact=args.artifact, component=args.component)
     if args.json:
         dump(result)
+    elif "components" in result:  # a generative model: every component, with a manifest
+        for name, part in result["components"].items():
+            print(f"{result['artifact']} artifact of {result['model']}/{name} ({part['sha256']}, {format_size(part['size'])}, run {part['run_id']}) -> {result['path']}/{part['file']}")
+        print(f"manifest -> {result['path']}/manifest.json")
     else:
         print(f"{result['artifact']} artifact of {result['model']} ({result['sha256']}, {format_size(result['size'])}, run {result['run_id']}) -> {result['path']}")
     return EXIT_OK

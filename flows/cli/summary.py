@@ -104,7 +104,22 @@ def _table(document: Mapping[str, Any], used: list[str], dropped: tuple[str, ...
     for model in document["models"]:
         cells = _cells(model, used)
         table.add_row(*(cells[name] for name in shown))
+        for name, component in (model.get("components") or {}).items():  # a generative model's, under it
+            cells = _component_cells(name, component, used)
+            table.add_row(*(cells.get(column, "") for column in shown))
     return table
+
+
+def _component_cells(name: str, component: Mapping[str, Any], used: list[str]) -> dict[str, Any]:
+    """A generative model's component as a row under its model: its stages, archive and seconds."""
+    failed = next((s for s, info in component["stages"].items() if info["status"] != "ok"), None)
+    return {
+        "model": Text(f"└ {name}", style="dim"),
+        "status": Text(f"{component['stages'][failed].get('error_class')} @ {failed}", style="red") if failed else Text("ok", style="green"),
+        "stages": Text(" ").join(_stage_cell(component["stages"], [s]) for s in used),
+        "serialized": ((component.get("artifacts") or {}).get("serialized") or "-")[:12],
+        "seconds": f"{sum((s.get('seconds') or 0.0) for s in component['stages'].values()):.1f}",
+    }
 
 
 def fitted_table(document: Mapping[str, Any], console: Console) -> Table:
@@ -113,7 +128,8 @@ def fitted_table(document: Mapping[str, Any], console: Console) -> Table:
     from rich.measure import Measurement
 
     stages = pipeline.names()
-    used = [s for s in stages if any(s in m["stages"] for m in document["models"])] or list(pipeline.default_stages())
+    used = [s for s in stages if any(s in m["stages"] or any(s in c["stages"] for c in (m.get("components") or {}).values())
+                                     for m in document["models"])] or list(pipeline.default_stages())
     for n in range(len(OPTIONAL_COLUMNS) + 1):
         table = _table(document, used, OPTIONAL_COLUMNS[:n])
         if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:

@@ -86,6 +86,8 @@ def check_model(
     validate_options = options.get(checker)
     if validate_options is not None and dynamic and validate_options.samples < 3:  # type: ignore[attr-defined]
         add(("stages", checker, "samples"), "must be >= 3 for a model with dynamic dims (example, min and max)")
+    if model.generate is not None:
+        _check_generate(model, add)
     if len(issues) != before or dropped:
         return None
     return ResolvedModel(
@@ -102,7 +104,29 @@ def check_model(
         inputs_file=model.inputs_file,
         checkpoint=model.checkpoint,
         depends_on=tuple(model.depends_on),
+        generate=model.generate,
     )
+
+
+def _check_generate(model: ModelConfig, add: Add) -> None:
+    """`generate:`: prompts of at least one token; a static cache holds the longest prompt and
+    every new token; the prompts are pt2flow's, so no example inputs or dynamic shapes."""
+    from pt2flow.flows.config.models import CAPTURE_PROMPT_LEN
+
+    generate = model.generate
+    assert generate is not None
+    for i, length in enumerate(generate.prompt_lens):
+        if length < 1:
+            add(("generate", "prompt_lens", i), f"a prompt has at least 1 token, not {length}")
+    longest = max(max(generate.prompt_lens), CAPTURE_PROMPT_LEN)
+    if generate.cache == "static" and generate.max_cache_len < longest + generate.max_new_tokens:
+        add(("generate", "max_cache_len"),
+            f"{generate.max_cache_len} cannot hold the longest prompt ({longest}) and max_new_tokens ({generate.max_new_tokens})")
+    for key in ("inputs", "inputs_factory", "inputs_file", "dynamic_shapes", "dims"):
+        if getattr(model, key):
+            add((key,), f"a model with generate: takes its prompts from generate.prompt_lens, not {key}")
+    if model.weights is None and model.checkpoint is None:
+        pass  # a factory may build a random-config model: fine
 
 
 _INPUT_KEYS = frozenset({"inputs", "inputs_factory", "inputs_file"})
@@ -200,7 +224,7 @@ def _check_dynamic_shapes(model: ModelConfig, inputs: dict[str, Any] | None, add
             checked = check_dims_named(per_arg, ("dynamic_shapes", arg), model.dims, add)
             if checked is not None:
                 dynamic[arg] = checked
-    else:
+    elif model.generate is None:  # a generative model's prompts come from generate.prompt_lens
         add(("inputs",), "required key is missing")
     for dim_name, spec in model.dims.items():
         if spec.min > spec.max:

@@ -40,6 +40,25 @@ class StageDefaults(_Strict):
     require: list[str] | None = None  # the artifact kinds that must validate (None: every one built)
 
 
+class GenerateConfig(_Strict):
+    """`generate:`: the model is a generative one, exported as components (prefill, decode) and
+    validated by greedy generation against eager `generate()` (docs/architecture.md, "Generative
+    models"). The prompts are pt2flow's: fixed pseudo-random token ids of each length in
+    `prompt_lens` (no `inputs` needed)."""
+
+    prompt_lens: list[int] = Field(default_factory=lambda: [2, 16], min_length=1)
+    max_new_tokens: int = Field(default=32, ge=1)
+    cache: Literal["static", "dynamic"] = "static"
+    max_cache_len: int = Field(default=128, ge=2)
+    multi_token_decode: bool = False
+
+
+# the components of a generative model, in call order (stages/generation.py COMPONENTS; torch-free here)
+COMPONENTS = ("prefill", "decode")
+# the prompt length the components are captured at (stages/generation.py: the prompt axis is dynamic)
+CAPTURE_PROMPT_LEN = 8
+
+
 class ModelConfig(_Strict):
     name: str
     factory: str
@@ -63,6 +82,8 @@ class ModelConfig(_Strict):
     # the artifact kinds (`get --artifact` names) that must validate for the model to be ok; the
     # others failing make it `partial`. None: the defaults' (every artifact built)
     require: list[str] | None = None
+    # a generative model: its components go through the stages, validation is by generation
+    generate: GenerateConfig | None = None
 
 
 class PipelineConfig(_Strict):
@@ -110,6 +131,17 @@ class ResolvedModel:
     checkpoint: str | None = None  # as the config names it (resolved against search_path when used)
     depends_on: tuple[str, ...] = ()  # as the config names them
     require: tuple[str, ...] | None = None  # artifact kinds that must validate; None: every one built
+    generate: GenerateConfig | None = None  # a generative model (its components go through the stages)
+    # set on a component-scoped model (`M/decode`): which component of the parent `parent` it is
+    component: str | None = None
+    parent: str | None = None
+
+    def of_component(self, component: str) -> "ResolvedModel":
+        """The component-scoped model `M/component`: keyed, cached and recorded under that name
+        ('/' is no character of a configured name, so it cannot collide)."""
+        from dataclasses import replace
+
+        return replace(self, name=f"{self.name}/{component}", component=component, parent=self.name)
 
     def tolerates_failure(self, stage: str) -> bool:
         """Whether the model goes on when `stage` fails: the stage builds an artifact validate

@@ -27,7 +27,7 @@ SHIPPED = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
 
 
 def test_every_shipped_config_is_covered() -> None:
-    assert SHIPPED == ["demo.yaml", "failures.yaml", "targets.yaml"]
+    assert SHIPPED == ["demo.yaml", "failures.yaml", "generative.yaml", "targets.yaml"]
 
 
 def _identities(records: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
@@ -75,7 +75,7 @@ def test_audit_rebuilds_every_record_of_a_fresh_store(two_stores: dict[str, Any]
 
 def test_two_fresh_stores_hold_the_same_archives_and_programs(two_stores: dict[str, Any]) -> None:
     first, second = two_stores["runs"]
-    archives = [{m["name"]: m["artifacts"].get("serialized") for m in run["models"]} for run in (first, second)]
+    archives = [{m["name"]: m["artifacts"].get("serialized") or _component_archives(m) for m in run["models"]} for run in (first, second)]
     statuses = [{m["name"]: (m["status"], m["failed_stage"]) for m in run["models"]} for run in (first, second)]
     assert statuses[0] == statuses[1]
     ok = sorted(name for name, (status, _) in statuses[0].items() if status == "ok")
@@ -87,5 +87,14 @@ def test_two_fresh_stores_hold_the_same_archives_and_programs(two_stores: dict[s
     assert audited == {k: v for k, v in identities[0].items() if k in audited}
     # every model's source was audited; the program records of every model that ran ok (the
     # shipped failures fail at trace: no program record)
-    assert {model for model, stage in audited if stage != "source"} == set(ok)
+    # (a generative model's programs are its components', recorded as `MODEL/prefill`, `MODEL/decode`)
+    assert {model.split("/", 1)[0] for model, stage in audited if stage != "source"} == set(ok)
     assert {model for model, stage in audited if stage == "source"} == set(statuses[0])
+
+
+def _component_archives(model: dict[str, Any]) -> tuple[str | None, ...] | None:
+    """A generative model's archives: one per component (None for a model without components)."""
+    components = model.get("components")
+    if not components:
+        return None
+    return tuple(c["artifacts"].get("serialized") for c in components.values())

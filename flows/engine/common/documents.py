@@ -139,6 +139,14 @@ class ValidationSummary(Document):
         return [kind for kind, verdict in (self.verdicts or {}).items() if not verdict.passed]
 
 
+class ComponentResult(Document):
+    """One component of a generative model (`prefill`, `decode`): its stages and artifacts, as a
+    model's are (its records are the model `M/component`'s)."""
+
+    stages: dict[str, StageView] = Field(default_factory=dict)
+    artifacts: Artifacts = Field(default_factory=Artifacts)
+
+
 class BenchmarkSummary(Document):
     """The benchmark stage's summary (stages/benchmark.summary): the recommended artifact (fastest
     at the most sizes), the sizes timed (labels such as "batch=1 seq=2"), the fastest artifact and
@@ -158,7 +166,7 @@ class ModelResult(Document):
     `stderr_tail` when a failed worker printed something; a result the model flow never
     reported (a crash of the flow itself) has no trace facts."""
 
-    optional: ClassVar[frozenset[str]] = frozenset({"source", "stderr_tail", "trace_strategy", "static_fallback", "timings"})
+    optional: ClassVar[frozenset[str]] = frozenset({"source", "stderr_tail", "trace_strategy", "static_fallback", "timings", "components"})
 
     name: str
     status: str = "ok"
@@ -174,6 +182,7 @@ class ModelResult(Document):
     trace_strategy: str | None = None
     static_fallback: bool | None = None
     timings: BenchmarkSummary | None = None  # the benchmark stage's summary, when it ran
+    components: dict[str, ComponentResult] | None = None  # a generative model's, by component
 
     @classmethod
     def crashed(cls, name: str, message: str) -> ModelResult:

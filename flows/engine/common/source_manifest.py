@@ -36,4 +36,6 @@ def source_manifest(model: ResolvedModel, weights_digest: str | None) -> tuple[d
         manifest["checkpoint"] = model.checkpoint
     if model.depends_on:
         manifest["depends_on"] = list(model.depends_on)
+    if getattr(model, "generate", None) is not None:  # a generative model: its components and prompts follow from it
+        manifest["generate"] = model.generate.model_dump(mode="json")
     return manifest, origin

@@ -198,7 +198,13 @@ def audit(store: Any, run_id: str, *, fraction: float = 1.0, seed: int = 0, mode
     if not records:
         raise RecordNotFound(f"run {run_id!r} has no ok source or program records to audit")
     chosen = [r for r in records if sampled(r["record_id"], fraction, seed)]
-    auditor = Auditor(store, {m.name: m for m in models}, python)
+    by_name = {m.name: m for m in models}
+    for m in models:  # a generative model's components are recorded as the models `M/prefill`, `M/decode`
+        if getattr(m, "generate", None) is not None:
+            from pt2flow.flows.config.models import COMPONENTS
+
+            by_name.update({f"{m.name}/{c}": m.of_component(c) for c in COMPONENTS})
+    auditor = Auditor(store, by_name, python)
     try:
         checked = [auditor.check(record) for record in chosen]
     finally:

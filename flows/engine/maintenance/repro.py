@@ -80,7 +80,9 @@ def find_failure(index: Any, target: str) -> dict[str, Any]:
         except RecordNotFound:
             rows = []
     if not rows:
-        rows = index.scan(None, filter=(pc.field("model") == target)).to_pylist()
+        # a generative model's failures are its components' (`M/prefill`, `M/decode`) too
+        condition = (pc.field("model") == target) | pc.starts_with(pc.field("model"), f"{target}/")
+        rows = index.scan(None, filter=condition).to_pylist()
         if not rows:
             raise ReproError(f"no model and no artifact ID {target!r} in the index")
     failed = [r for r in rows if r.get("status") == "failed" and r.get("stage") != "source"]
@@ -212,6 +214,10 @@ def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
     if (record.get("error_message") or "").startswith(MISSING_DEVICE_PREFIX):
         raise ReproError(f"{record['model']}'s {record['stage']} failed because that machine lacked the device "
                          f"({record.get('error_message')}), not inside torch: there is nothing to reproduce")
+    if "/" in str(record["model"]) and record["stage"] == pipeline.entry().name:
+        raise ReproError(f"{record['model']} is a generative model's component, exported by transformers' DynamoExporter "
+                         f"(stages.generation.export_component), not the trace ladder: its trace has no torch-only reproducer yet; "
+                         f"`pt2flow show` has its error")
     chain = _chain(store.index, record)
     source = chain.get("source")
     if source is None:
@@ -338,4 +344,7 @@ def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str
     # a later stage's program may hold the model's own pytree types: importing its module registers them
     if record["stage"] != pipeline.entry().name:
         head += [f"import {model.factory.split(':', 1)[0]}  # noqa: F401  (registers the model's pytree types)", ""]
+        if "/" in str(record["model"]):  # a generative model's component: its program names transformers' cache classes
+            head += ["from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model",
+                     "", "register_cache_pytrees_for_model(torch.nn.Module())  # the Cache classes as pytrees, as the export had them", ""]
     return "\n".join(head) + "\n" + body

@@ -154,6 +154,11 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
             return plan
         plan.hits["source"] = (plan.source_key, row)
         outcomes: dict[str, Outcome] = {"source": _facts(plan.source_key, row)}
+        if model.generate is not None:
+            if not _plan_components(plan, model, ctx, store, outcomes, failures):
+                return plan
+            plan.first_miss = None
+            return plan
         for stage in ctx.stages:
             spec = pipeline.get(stage)
             if blocked(spec, outcomes):  # what it needs failed, and the model went on without it
@@ -174,6 +179,50 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
         return plan
     plan.first_miss = None
     return plan
+
+
+def plan_slot(stage: str, model: ResolvedModel) -> str:
+    """Where a plan keeps a stage's hit: `component/stage` for a component of a generative model."""
+    return f"{model.component}/{stage}" if getattr(model, "component", None) else stage
+
+
+def chain_stages(stages: tuple[str, ...] | list[str]) -> tuple[list[str], list[str]]:
+    """A generative model's stages split: the export chain each component goes through, and the
+    stages after it that judge the model as a whole (validate, which publishes the report, and
+    what follows it)."""
+    judging = next((i for i, s in enumerate(stages) if pipeline.get(s).publishes == "report"), len(stages))
+    return list(stages[:judging]), list(stages[judging:])
+
+
+def _plan_components(plan: Plan, model: ResolvedModel, ctx: RunContext, store: Any, outcomes: dict[str, Outcome], failures: bool) -> bool:
+    """The component chains and the model's validate looked up as run_model walks them; False at
+    the first miss (plan.first_miss names it), True when the index settles them all."""
+    from pt2flow.flows.config.models import COMPONENTS
+
+    chain, after = chain_stages(ctx.stages)
+    for component in COMPONENTS:
+        scoped = model.of_component(component)
+        got: dict[str, Outcome] = {"source": outcomes["source"]}
+        for stage in chain:
+            spec = pipeline.get(stage)
+            key = stage_key(spec, scoped, gather(spec, got))
+            row = find_cached(store, key, failures=failures)
+            if row is None:
+                plan.first_miss = f"{component}/{stage}"
+                return False
+            plan.hits[f"{component}/{stage}"] = (key, row)
+            if row["status"] != "ok":
+                return True  # a known failure settles the model
+            got[stage] = outcomes[f"{component}/{stage}"] = _facts(key, row)
+    for stage in after[:1]:
+        inputs = {name: o for name, o in outcomes.items() if name == "source" or "/" in name}
+        key = stage_key(pipeline.get(stage), model, inputs)
+        row = find_cached(store, key, failures=failures)
+        if row is None:
+            plan.first_miss = stage
+            return False
+        plan.hits[stage] = (key, row)
+    return True
 
 
 def _facts(key: str, row: Mapping[str, Any]) -> Outcome:

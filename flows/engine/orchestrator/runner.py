@@ -25,7 +25,7 @@ from pt2flow.flows.engine.common.messages import Produced, StageRequest
 from pt2flow.flows.engine.common.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
 from pt2flow.flows.engine.common.documents import BenchmarkSummary, ModelResult, StageView, ValidationSummary, Verdict
 from pt2flow.flows.engine.lineage.events import StageLineage
-from pt2flow.flows.engine.orchestrator.planner import Plan, plan_model, source_key
+from pt2flow.flows.engine.orchestrator.planner import Plan, chain_stages, plan_model, plan_slot, source_key
 from pt2flow.flows.engine.orchestrator.supervisor import Budget, Lease, WorkerLost, WorkerPool
 from pt2flow.flows.engine.orchestrator.stage_keys import blocked, gather, parent_keys, stage_key
 from pt2flow.flows import pipeline
@@ -123,7 +123,7 @@ def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping
 def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], compute: str) -> Outcome:
     stage = run.stage
     if run.key:
-        hit = run.cached(model_run.plan.hit(stage, run.key))
+        hit = run.cached(model_run.plan.hit(plan_slot(stage, run.model), run.key))
         if hit is not None:
             return hit
     if model_run.lease is None:
@@ -180,7 +180,15 @@ def run_model(
         outcomes["source"] = call("source")("source", model, ctx, {})
         result.source = outcomes["source"].artifact
         slots = {stage: slot for slot, stage in document_slots().items()}
-        for stage in ctx.stages:
+        if model.generate is not None:  # a generative model: the chain per component, then validate once
+            validating = _run_components(model, ctx, call, result, outcomes, slots)
+            if validating is not None:
+                current = validating
+                logger.info("%s: %s", model.name, validating)
+                inputs = {"source": outcomes["source"], **{name: o for name, o in outcomes.items() if "/" in name}}
+                outcomes[validating] = call(validating)(validating, model, ctx, inputs)
+                result.stages[validating] = StageView.of(outcomes[validating])
+        for stage in ctx.stages if model.generate is None else ():
             current = stage
             if blocked(get_stage(stage), outcomes):  # a stage it needs failed, and the model went on without it
                 logger.info("%s: %s skipped: what it needs was not built", model.name, stage)
@@ -198,6 +206,12 @@ def run_model(
             result.stages[stage] = StageView.of(outcomes[stage])
             if stage in slots:
                 result.artifacts.put(slots[stage], outcomes[stage].artifact)
+    except ComponentFailed as failed:
+        result.fail(failed.stage, failed.outcome)
+        result.error = f"{failed.component}: {result.error_class}: {failed.outcome.error}"
+        if result.error_class == ErrorClass.DYNAMIC_SHAPE and model.generate is not None and model.generate.cache == "dynamic":
+            result.error += " (generate: cache: static bounds the prompt and cache axes by max_cache_len)"
+        logger.warning("%s failed at %s/%s: %s", model.name, failed.component, failed.stage, result.error)
     except StageFailed as failure:
         outcomes[current] = failure.outcome
         if current != "source":
@@ -212,6 +226,46 @@ def run_model(
             lease.release()
     add_trace_and_validation(result, outcomes, tolerated)
     return result
+
+
+class ComponentFailed(Exception):
+    """A stage of one component of a generative model failed: the model fails with its class,
+    the component named in the message (`decode: dynamic_shape: ...`)."""
+
+    def __init__(self, component: str, stage: str, outcome: Outcome) -> None:
+        super().__init__(f"{component}/{stage}")
+        self.component, self.stage, self.outcome = component, stage, outcome
+
+
+def _run_components(model: ResolvedModel, ctx: RunContext, call: Callable[[str], StageCall], result: ModelResult,
+                    outcomes: dict[str, Outcome], slots: Mapping[str, str]) -> str | None:
+    """Every component of a generative model through the export chain (the configured stages but
+    the validating ones), each as the component-scoped model `M/component`: keyed, cached and
+    recorded as a model's program is. Their outcomes go into `outcomes` as `component/stage`
+    (validate's inputs), their views into the document's `components`. Returns the validating
+    stage to run next for the model itself (None: there is none)."""
+    from pt2flow.flows.config.models import COMPONENTS
+    from pt2flow.flows.engine.common.documents import ComponentResult
+
+    logger = run_logger()
+    chain, after = chain_stages(ctx.stages)
+    result.components = {}
+    for component in COMPONENTS:
+        scoped = model.of_component(component)
+        got: dict[str, Outcome] = {"source": outcomes["source"]}
+        view = result.components[component] = ComponentResult()
+        for stage in chain:
+            logger.info("%s: %s", scoped.name, stage)
+            try:
+                got[stage] = call(stage)(stage, scoped, ctx, gather(get_stage(stage), got))
+            except StageFailed as failure:
+                view.stages[stage] = StageView.of(failure.outcome)
+                raise ComponentFailed(component, stage, failure.outcome) from None
+            view.stages[stage] = StageView.of(got[stage])
+            if stage in slots:
+                view.artifacts.put(slots[stage], got[stage].artifact)
+            outcomes[f"{component}/{stage}"] = got[stage]
+    return after[0] if after else None
 
 
 def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome], tolerated: Mapping[str, Outcome] | None = None) -> None:

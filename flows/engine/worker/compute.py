@@ -60,6 +60,10 @@ def _load_program(store: Any, outcome: Outcome, model: ResolvedModel) -> Any:
     if digest in _PROGRAMS:
         _PROGRAMS.move_to_end(digest)
         return _PROGRAMS[digest]
+    if getattr(model, "generate", None) is not None:  # a component's program names transformers' cache classes
+        from pt2flow.stages.generation import register_cache_pytrees
+
+        register_cache_pytrees()
     # the pytree types a program's inputs and outputs use (a transformers ModelOutput, a user
     # dataclass) are registered by the modules that define them: import the model's module and
     # the modules the program recorded when it was stored, as the cold run had them imported
@@ -113,7 +117,10 @@ class StageCall:
         return load_artifact(self.store, outcome.artifact, outcome.size, tuple(stages), name, zipped=False)
 
     def example_inputs(self) -> Any:
-        """The model's example inputs and dynamic dims (stages.example_inputs.ModelInputs)."""
+        """The model's example inputs and dynamic dims (stages.example_inputs.ModelInputs); for a
+        component, its captured kwargs (self.component().inputs)."""
+        if getattr(self.model, "component", None):
+            return self.component().inputs
         return model_inputs(self.model)
 
     def eager(self) -> Callable[[], Any]:
@@ -149,6 +156,17 @@ class StageCall:
         built = _BUILT.pop(self.model.name, None)
         return built if built is not None else self.eager()()
 
+    def generate_spec(self) -> Any:
+        """A generative model's `generate:` as stages.generation.GenerateSpec (components are
+        captured at CAPTURE_PROMPT_LEN; the prompt axis is dynamic)."""
+        return generate_spec(self.model)
+
+    def component(self) -> Any:
+        """For a component-scoped model (`M/decode`): the parent model built and decomposed
+        (stages.generation.components), this component's module, captured kwargs and dynamic
+        shapes (stages.generation.Component)."""
+        return model_component(self.model, self.eager())
+
     def artifact(self, name: str, what: str, *, zipped: bool | None = True) -> bytes:
         """The bytes of input `name`'s artifact (a blob of kind `what`), verified against an ok
         record of the stage that made it."""
@@ -158,6 +176,29 @@ class StageCall:
     def _provider(self, name: str) -> str:
         item = next(i for i in pipeline.inputs_of(pipeline.get(self.stage)) if i.name == name)
         return next((s for s in item.stages if s in self.ctx.stages or s == pipeline.SOURCE_NAME), item.stages[0])
+
+
+def generate_spec(model: ResolvedModel) -> Any:
+    """A generative model's `generate:` as stages.generation.GenerateSpec (components are captured
+    at CAPTURE_PROMPT_LEN; the prompt axis is dynamic)."""
+    from pt2flow.flows.config.models import CAPTURE_PROMPT_LEN
+    from pt2flow.stages.generation import GenerateSpec
+
+    generate = model.generate
+    if generate is None:
+        raise ValueError(f"{model.name} has no generate:")
+    return GenerateSpec(prompt_len=CAPTURE_PROMPT_LEN, max_new_tokens=generate.max_new_tokens, cache=generate.cache,
+                        max_cache_len=generate.max_cache_len, multi_token_decode=generate.multi_token_decode)
+
+
+def model_component(model: ResolvedModel, build: Callable[[], Any]) -> Any:
+    """The component a component-scoped model (`M/decode`) names, from the parent model `build()`
+    makes, decomposed (stages.generation.components)."""
+    from pt2flow.stages.generation import components
+
+    if not model.component:
+        raise ValueError(f"{model.name} is not a component of a generative model")
+    return components(build(), generate_spec(model))[model.component]
 
 
 def model_builder(model: ResolvedModel, store: Any, weights: Mapping[str, Any] | None) -> Callable[[], Any]:

@@ -28,6 +28,17 @@ def _program(data: bytes) -> Any:
     return load_archive(data, import_pytree_modules=True)[0]
 
 
+def _register_cache_pytrees() -> None:
+    """transformers' cache classes as pytrees (a generative model's component programs name them),
+    where transformers is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is not None:
+        from pt2flow.stages.generation import register_cache_pytrees
+
+        register_cache_pytrees()
+
+
 @dataclass
 class RebuildCall:
     """What a stage's rebuild function (Stage.rebuild) gets: the record's options, its parent's
@@ -72,6 +83,8 @@ def rebuild(request: RebuildRecord) -> tuple[str, dict[str, Any]]:
             return "ok", {"stored": None, **found}
         if model is not None:  # the pytree types the program uses, as the run had them
             import_factory(model.factory, model.search_path)
+        if model is None or getattr(model, "generate", None) is not None:  # a component's program names transformers' cache classes
+            _register_cache_pytrees()
         found: dict[str, Any] = {"stored": fingerprint(_program(stored)), "rebuilt": None}
         again = RebuildCall(request.options, _program(parent) if parent is not None else None, model, store_url, weights)
         found["rebuilt"] = pipeline.resolve(str(pipeline.get(stage).rebuild))(again)

@@ -1,0 +1,39 @@
+"""Tiny random-config generative models for configs/generative.yaml: decoder language models
+built from a config (no download), with a fixed seed, so every build has the same weights.
+
+eos is switched off: a random model may emit its eos token at once, and the fleet checks
+`max_new_tokens` tokens of greedy generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DECODER = dict(
+    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256,
+)
+
+
+def _tiny(model_class: Any, config_class: Any, seed: int, **overrides: Any) -> Any:
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_class(config_class(**{**DECODER, **overrides}))
+    model.generation_config.eos_token_id = None
+    model.config.eos_token_id = None
+    return model.eval()
+
+
+def tiny_llama(seed: int = 0, **overrides: Any) -> Any:
+    """LlamaForCausalLM with 2 layers of width 32 and a 128-token vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return _tiny(LlamaForCausalLM, LlamaConfig, seed, **overrides)
+
+
+def tiny_qwen2(seed: int = 0, **overrides: Any) -> Any:
+    """Qwen2ForCausalLM with 2 layers of width 32 and a 128-token vocabulary."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return _tiny(Qwen2ForCausalLM, Qwen2Config, seed, **overrides)
