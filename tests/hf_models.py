@@ -37,3 +37,14 @@ def roberta_tiny() -> nn.Module:
     torch.manual_seed(0)
     config = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=72)
     return RobertaModel(config).eval()
+
+
+def hf_resnet() -> nn.Module:
+    """A tiny random-weight ResNet from transformers (nobody on the team wrote it): with a batch
+    of 1-16 its ExecuTorch program plans memory for batch 15 and refuses 16, which the runtime
+    says only in its own log (docs/architecture.md §6)."""
+    from transformers import ResNetConfig, ResNetModel
+
+    torch.manual_seed(0)
+    config = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+    return ResNetModel(config).eval()

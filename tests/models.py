@@ -245,13 +245,3 @@ class Spectrum(nn.Module):
 def spectrum() -> nn.Module:
     return Spectrum()
 
-
-def hf_resnet() -> nn.Module:
-    """A tiny random-weight ResNet from transformers (nobody on the team wrote it): with a batch
-    of 1-16 its ExecuTorch program plans memory for batch 15 and refuses 16, which the runtime
-    says only in its own log (docs/architecture.md §6)."""
-    from transformers import ResNetConfig, ResNetModel
-
-    torch.manual_seed(0)
-    config = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
-    return ResNetModel(config).eval()

@@ -1,4 +1,5 @@
-"""A verdict per artifact (issue 33): a tiny transformers ResNet with a batch of 1-16 whose
+"""A verdict per artifact (issue 33): a tiny transformers ResNet (tests/hf_models.py: a factory module
+that names transformers makes every model of it depend on transformers) with a batch of 1-16 whose
 ExecuTorch program refuses batch 16 (the runtime planned memory for 15) while its archive and
 ONNX model validate. Where the config does not require the .pte the model is `partial` and the
 archive is served; where it does (the default: every artifact built) the model fails at validate.
@@ -26,7 +27,7 @@ RUNTIME_LINE = "Attempted to resize a bounded tensor"
 
 def _model(name: str, **extra: Any) -> dict[str, Any]:
     return {
-        "name": name, "factory": "tests.models:hf_resnet",
+        "name": name, "factory": "tests.hf_models:hf_resnet",
         "inputs": {"pixel_values": {"shape": [2, 3, 32, 32]}},
         "dynamic_shapes": {"pixel_values": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}},
         **extra,
@@ -122,7 +123,7 @@ def test_get_serves_the_archive_and_refuses_the_pte_with_its_reason(fleet: dict[
     # the served archive runs at the batch the .pte refused, in a plain script, and matches eager
     check = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import torch
-        from tests.models import hf_resnet
+        from tests.hf_models import hf_resnet
         x = torch.randn(16, 3, 32, 32)
         want = hf_resnet()(x)  # first: defining transformers' output classes registers them with pytree, which load needs
         got = torch.export.load({str(archive)!r}).module()(x)
