@@ -157,7 +157,8 @@ class _Findings:
 
     raised: list[tuple[str, str]] = field(default_factory=list)  # (candidate, what it raised)
     mismatches: list[tuple[str, str]] = field(default_factory=list)  # (candidate, how it differs)
-    unloadable: dict[str, str] = field(default_factory=dict)  # candidate -> why its artifact does not load
+    # candidate -> why its artifact does not load: serialization, or a StageError's own class (runtime: its device is missing here)
+    unloadable: dict[str, tuple[ErrorClass, str]] = field(default_factory=dict)
     nondeterministic: list[str] = field(default_factory=list)
     io: list[IOSample] = field(default_factory=list)  # each sample's inputs and eager outputs
     # every comparison, judged once the tolerance is settled (auto can fall back on a later sample):
@@ -358,7 +359,10 @@ def _load_candidates(
         try:
             candidates[name] = load()
         except Exception as exc:
-            findings.unloadable[name] = f"{name} does not load: {exc.message if isinstance(exc, StageError) else short_message(exc)}"
+            if isinstance(exc, StageError):
+                findings.unloadable[name] = (ErrorClass(exc.error_class), f"{name} does not load: {exc.message}")
+            else:
+                findings.unloadable[name] = (ErrorClass.SERIALIZATION, f"{name} does not load: {short_message(exc)}")
     return candidates, buffer_names, archived
 
 
@@ -464,7 +468,8 @@ def _verdicts(findings: _Findings, report: dict[str, Any]) -> set[str]:
         raised = [text for who, text in findings.raised if who == name]
         differs = [text for who, text in findings.mismatches if who == name]
         if name in findings.unloadable:
-            verdict = {"passed": False, "error_class": ErrorClass.SERIALIZATION.value, "error": findings.unloadable[name]}
+            error_class, text = findings.unloadable[name]
+            verdict = {"passed": False, "error_class": error_class.value, "error": text}
         elif raised:
             verdict = {"passed": False, "error_class": ErrorClass.RUNTIME.value, "error": " | ".join(raised[:2])}
         elif differs:
@@ -481,7 +486,7 @@ def _verdicts(findings: _Findings, report: dict[str, Any]) -> set[str]:
 def _raise_findings(findings: _Findings, report: dict[str, Any], options: ValidateOptions, required: Collection[str]) -> None:
     """The StageError for the findings about required candidates (and eager disagreeing with
     itself), the report attached; nothing when there are none."""
-    unloadable = [text for name, text in findings.unloadable.items() if name in required]
+    unloadable = [found for name, found in findings.unloadable.items() if name in required]
     raised = [text for name, text in findings.raised if name in required]
     mismatches = [text for name, text in findings.mismatches if name in required]
     if findings.nondeterministic:
@@ -492,7 +497,7 @@ def _raise_findings(findings: _Findings, report: dict[str, Any], options: Valida
             details=report,
         )
     if unloadable:
-        raise StageError(ErrorClass.SERIALIZATION, " | ".join(unloadable[:3]), details=report)
+        raise StageError(unloadable[0][0], " | ".join(text for _, text in unloadable[:3]), details=report)
     if raised:
         raise StageError(ErrorClass.RUNTIME, " | ".join(raised[:3]), details=report)
     if mismatches:
