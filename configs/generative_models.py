@@ -37,3 +37,18 @@ def tiny_qwen2(seed: int = 0, **overrides: Any) -> Any:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     return _tiny(Qwen2ForCausalLM, Qwen2Config, seed, **overrides)
+
+
+def tiny_t5(seed: int = 0, **overrides: Any) -> Any:
+    """T5ForConditionalGeneration (an encoder-decoder) with 2 encoder and 2 decoder layers of width
+    32 and a 128-token vocabulary. Its encoder runs eagerly inside generate(): the components are
+    the decoder's first step (`prefill`, taking `encoder_outputs`) and its later steps (`decode`)."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)
+    model = T5ForConditionalGeneration(T5Config(**{**config, **overrides}))
+    model.generation_config.eos_token_id = None
+    model.config.eos_token_id = None
+    return model.eval()

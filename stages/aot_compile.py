@@ -6,6 +6,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.fx.experimental._config
 from torch.export import ExportedProgram
 
 from pt2flow.stages.classify import classify_compile_error, short_message
@@ -29,15 +31,32 @@ def aot_compile(ep: ExportedProgram, options: AotCompileOptions) -> StageResult:
     with tempfile.TemporaryDirectory(prefix="pt2flow-aoti-") as tmp, quiet_torch() as sink:
         target = Path(tmp) / "model.pt2"
         try:
-            path = aoti_compile_and_package(
-                ep, package_path=str(target), inductor_configs=dict(options.inductor_configs) or None
-            )
+            with torch.fx.experimental._config.patch(backed_size_oblivious=size_oblivious(ep)):
+                path = aoti_compile_and_package(
+                    ep, package_path=str(target), inductor_configs=dict(options.inductor_configs) or None
+                )
         except Exception as exc:
             raise StageError(classify_compile_error(exc), f"AOTInductor compile failed: {short_message(exc)}") from exc
         data = Path(path).read_bytes()
     modules = pytree_modules(ep)  # what a serving process imports before this package loads (the package cannot say)
     metadata = {"size": len(data), "device": options.device, **({"pytree_modules": modules} if modules else {})}
     return StageResult(output=data, metadata=metadata, warnings=sink.items)
+
+
+def size_oblivious(ep: ExportedProgram) -> bool:
+    """Whether the program was exported with size-oblivious sizes: an input dim is symbolic though
+    its example was 0 or 1 (torch.export specializes such a dim otherwise). An encoder-decoder's
+    decode component is (docs/architecture.md, generative models: its self-attention cache was
+    captured at length 1). Inductor must compile it the same way: with the example's 1 as a plain
+    hint it generated code right only at length 1 (T5's decode package diverged from its second
+    call on; compiled size-obliviously it generates eager's tokens)."""
+    for node in ep.graph.nodes:
+        value = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(value, torch.Tensor) and any(
+            isinstance(size, torch.SymInt) and size.node.hint in (0, 1) for size in value.shape
+        ):
+            return True
+    return False
 
 
 def load_package(data: bytes, workdir: str, device: str = "cpu") -> Any:

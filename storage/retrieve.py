@@ -66,6 +66,8 @@ def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | No
     rows = [r for r in index.scan(None, filter=condition).to_pylist() if r.get("sha256")]
     if not rows:
         where = f" in run {run_id}" if run_id else ""
+        if "/" in model:  # a generative model's component: its stage, or a sibling's, failed and the model did without the kind
+            _refuse_failed_component(index, model.split("/", 1)[0], kinds.stages[kind], run_id, f"the {kind} artifact of {model}")
         components = _components_of(index, model, kinds.stages[kind])
         if components:  # a generative model: its artifacts are its components'
             raise GenerativeModel(model, components, f"{model!r} is a generative model whose {kind} artifacts are its components' "
@@ -97,11 +99,12 @@ def component_set(store: Any, model: str, components: list[str], kind: str, fold
     target = os.path.abspath(folder)
     if os.path.exists(target) and not os.path.isdir(target):
         raise ArtifactRequestError(f"{folder} is a file: a generative model's components go into a folder")
-    os.makedirs(target, exist_ok=True)
     named = [c for c in order if c in components] + [c for c in components if c not in order]
+    records = {component: find_for_model(store.index, f"{model}/{component}", kind, run_id, kinds=kinds) for component in named}
+    os.makedirs(target, exist_ok=True)  # every component's artifact is there: a refused set writes nothing
     entries: dict[str, Any] = {}
     for component in named:
-        record = find_for_model(store.index, f"{model}/{component}", kind, run_id, kinds=kinds)
+        record = records[component]
         copy_out(store, record, os.path.join(target, component + suffix), kinds=kinds)
         condition = (pc.field("model") == f"{model}/{component}") & (pc.field("stage") == entry) & (pc.field("status") == "ok") & (pc.field("run_id") == record["run_id"])
         traced = newest_first(store.index.scan(None, filter=condition).to_pylist())
@@ -137,6 +140,9 @@ def refuse_failed_verdict(index: MetadataIndex, record: Mapping[str, Any], kind:
         return
     # a generative model's component (`M/decode`) is judged by its model's validate
     judged_model = str(record["model"]).split("/", 1)[0]
+    if judged_model != record["model"]:
+        _refuse_failed_component(index, judged_model, record["stage"], record["run_id"],
+                                 f"the {kind} artifact of {record['model']} ({str(record['sha256'])[:12]})")
     condition = (pc.field("model") == judged_model) & (pc.field("stage") == kinds.judge) & (pc.field("run_id") == record["run_id"])
     for judged in newest_first(index.scan(None, filter=condition).to_pylist()):
         verdict = ((decode(judged).get("validation") or {}).get("verdicts") or {}).get(kind)
@@ -147,6 +153,26 @@ def refuse_failed_verdict(index: MetadataIndex, record: Mapping[str, Any], kind:
             )
         if verdict is not None:
             return
+
+
+def _refuse_failed_component(index: MetadataIndex, model: str, stage: str, run_id: str | None, what: str) -> None:
+    """FailedVerdict when a component of the generative `model` failed `stage` (in run `run_id`;
+    None: in the newest run that recorded that stage for a component): the model went on without
+    that artifact kind (`require:`), so no component's artifact of it is a deliverable."""
+    condition = pc.starts_with(pc.field("model"), f"{model}/") & (pc.field("stage") == stage)
+    if run_id is not None:
+        condition = condition & (pc.field("run_id") == run_id)
+    rows = newest_first(index.scan(None, filter=condition).to_pylist())
+    if not rows:
+        return
+    newest = rows[0]["run_id"]
+    failed = [r for r in rows if r["run_id"] == newest and r.get("status") != "ok"]
+    if failed:
+        other = failed[0]
+        raise FailedVerdict(
+            f"{what} is unusable: {other['model']}'s {stage} failed in run {newest}, {other.get('error_class')}: "
+            f"{other.get('error_message')}; `get` hands out only artifacts that validated"
+        )
 
 
 def check_destination(destination: str) -> str:

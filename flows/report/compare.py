@@ -97,7 +97,7 @@ def build_report(index: Any, run_a: str, run_b: str, *, selection: RunSelection 
     cached = [s[package] for per in (per_a, per_b) for s in per.values() if s.get(package, {}).get("cached")]
     originals = _original_compile_records(index, cached)
 
-    models = [_compare_model(name, per_a.get(name), per_b.get(name), originals) for name in sorted(set(per_a) | set(per_b))]
+    models = [_compare_model(name, per_a.get(name), per_b.get(name), originals, whole_a, per_b) for name in sorted(set(per_a) | set(per_b))]
     runs = Runs(a=_run_summary(run_a, whole_a, rows_a), b=_run_summary(run_b, per_b, rows_b))  # the runs whole
     report = DriftReport(
         report_version=REPORT_VERSION,
@@ -174,19 +174,36 @@ def _original_compile_records(index: Any, cached: Sequence[Mapping[str, Any]]) -
     return found
 
 
-def _state(stages: Stages | None) -> ModelState | None:
-    """A model's outcome in one run: ok, or failed at its first failed stage with the error class."""
+def _state(stages: Stages | None, name: str = "", run: Mapping[str, Stages] | None = None) -> ModelState | None:
+    """A model's outcome in one run: ok, or failed at its first failed stage with the error class.
+
+    `run` (every model's stages in that run) relates a generative model `M` and its components
+    `M/prefill`, `M/decode`, as the run document does: a component's stage that failed fails `M`
+    (the error naming the component) unless `M`'s validate ran after it (`require:` let the model
+    do without that artifact kind: its verdict is failed, the model partial); a component is
+    judged by its model's validate."""
     if stages is None:
         return None
+    run = run or {}
+    parent, _, own = name.partition("/")
     failed = [s for s in stage_columns() if s in stages and stages[s].get("status") != "ok"]
-    judged = stages.get(_kind("report")) or {}
+    judged = stages.get(_kind("report")) or ((run.get(parent) or {}).get(_kind("report")) if own else None) or {}
     verdicts = {kind: bool(v.get("passed")) for kind, v in ((decoded(judged.get("validation")) or {}).get("verdicts") or {}).items()}
     if failed and judged.get("status") == "ok":  # validate ran after them: the model did without those stages (`require:`)
         verdicts.update({pipeline.get(s).artifact or s: False for s in failed if s in pipeline.names()})
         failed = []
     first = stages[failed[0]] if failed else None
-    ran = [s for s in stage_columns() if s in stages and s != "source"]
     message = (first or {}).get("error_message")
+    if name and not own:  # a generative model's components' failures are its own
+        for component in sorted(n for n in run if n.startswith(f"{name}/")):
+            theirs = run[component]
+            for s in (s for s in stage_columns() if s in theirs and theirs[s].get("status") != "ok"):
+                if judged.get("status") == "ok":
+                    verdicts[pipeline.get(s).artifact or s] = False
+                elif not failed:
+                    failed, first = [s], theirs[s]
+                    message = f"{component.partition('/')[2]}: {first.get('error_class')}: {first.get('error_message')}"
+    ran = [s for s in stage_columns() if s in stages and s != "source"]
     strategy = (stages.get(pipeline.entry().name) or {}).get("strategy")
     bad = [kind for kind, passed in verdicts.items() if not passed]
     return ModelState(
@@ -279,7 +296,7 @@ def _torch_of(stages: Stages | None) -> str | None:
 def _run_summary(run_id: str, per_model: Mapping[str, Stages], rows: Sequence[Mapping[str, Any]]) -> RunInfo:
     starts = [r.get("started_at") or r.get("ended_at") for r in rows if r.get("started_at") or r.get("ended_at")]
     ends = [r["ended_at"] for r in rows if r.get("ended_at")]
-    states = [_state(stages) for stages in per_model.values()]
+    states = [_state(stages, name, per_model) for name, stages in per_model.items()]
     return RunInfo(
         run_id=run_id,
         started_at=iso(min(starts) if starts else None),
@@ -331,8 +348,9 @@ def _status_change(a: ModelState | None, b: ModelState | None) -> str:
     return "ok"
 
 
-def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Stages) -> ModelDrift:
-    state_a, state_b = _state(a), _state(b)
+def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Stages,
+                   run_a: Mapping[str, Stages] | None = None, run_b: Mapping[str, Stages] | None = None) -> ModelDrift:
+    state_a, state_b = _state(a, name, run_a), _state(b, name, run_b)
     presence = "both" if a is not None and b is not None else ("a" if a is not None else "b")
     torch_version = Pair.of(_torch_of(a), _torch_of(b))
     a, b = a or {}, b or {}

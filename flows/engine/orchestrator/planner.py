@@ -200,11 +200,14 @@ def _plan_components(plan: Plan, model: ResolvedModel, ctx: RunContext, store: A
     from pt2flow.flows.config.models import COMPONENTS
 
     chain, after = chain_stages(ctx.stages)
+    tolerated: set[str] = set()  # stages a component failed that the model does without (runner._run_components)
     for component in COMPONENTS:
         scoped = model.of_component(component)
         got: dict[str, Outcome] = {"source": outcomes["source"]}
         for stage in chain:
             spec = pipeline.get(stage)
+            if stage in tolerated or blocked(spec, got):
+                continue
             key = stage_key(spec, scoped, gather(spec, got))
             row = find_cached(store, key, failures=failures)
             if row is None:
@@ -212,6 +215,9 @@ def _plan_components(plan: Plan, model: ResolvedModel, ctx: RunContext, store: A
                 return False
             plan.hits[f"{component}/{stage}"] = (key, row)
             if row["status"] != "ok":
+                if model.tolerates_failure(stage):  # the model goes on without that artifact kind
+                    tolerated.add(stage)
+                    continue
                 return True  # a known failure settles the model
             got[stage] = outcomes[f"{component}/{stage}"] = _facts(key, row)
     for stage in after[:1]:

@@ -181,7 +181,7 @@ def run_model(
         result.source = outcomes["source"].artifact
         slots = {stage: slot for slot, stage in document_slots().items()}
         if model.generate is not None:  # a generative model: the chain per component, then validate once
-            validating = _run_components(model, ctx, call, result, outcomes, slots)
+            validating = _run_components(model, ctx, call, result, outcomes, slots, tolerated)
             if validating is not None:
                 current = validating
                 logger.info("%s: %s", model.name, validating)
@@ -208,9 +208,7 @@ def run_model(
                 result.artifacts.put(slots[stage], outcomes[stage].artifact)
     except ComponentFailed as failed:
         result.fail(failed.stage, failed.outcome)
-        result.error = f"{failed.component}: {result.error_class}: {failed.outcome.error}"
-        if result.error_class == ErrorClass.DYNAMIC_SHAPE and model.generate is not None and model.generate.cache == "dynamic":
-            result.error += " (generate: cache: static bounds the prompt and cache axes by max_cache_len)"
+        result.error = component_error(model, failed.component, failed.outcome)
         logger.warning("%s failed at %s/%s: %s", model.name, failed.component, failed.stage, result.error)
     except StageFailed as failure:
         outcomes[current] = failure.outcome
@@ -237,13 +235,28 @@ class ComponentFailed(Exception):
         self.component, self.stage, self.outcome = component, stage, outcome
 
 
+def component_error(model: ResolvedModel, component: str, outcome: Outcome) -> str:
+    """A component's failure as the model reports it: `prefill: dynamic_shape: ...`, with the
+    way out when a dynamic cache has no maximum."""
+    error = f"{component}: {outcome.error_class}: {outcome.error}"
+    if outcome.error_class == ErrorClass.DYNAMIC_SHAPE and model.generate is not None and model.generate.cache == "dynamic":
+        error += " (generate: cache: static bounds the prompt and cache axes by max_cache_len)"
+    return error
+
+
 def _run_components(model: ResolvedModel, ctx: RunContext, call: Callable[[str], StageCall], result: ModelResult,
-                    outcomes: dict[str, Outcome], slots: Mapping[str, str]) -> str | None:
+                    outcomes: dict[str, Outcome], slots: Mapping[str, str], tolerated: dict[str, Outcome]) -> str | None:
     """Every component of a generative model through the export chain (the configured stages but
     the validating ones), each as the component-scoped model `M/component`: keyed, cached and
     recorded as a model's program is. Their outcomes go into `outcomes` as `component/stage`
     (validate's inputs), their views into the document's `components`. Returns the validating
-    stage to run next for the model itself (None: there is none)."""
+    stage to run next for the model itself (None: there is none).
+
+    A stage that fails for one component fails the model (ComponentFailed) unless the model may
+    do without its artifact (`require:`, ResolvedModel.tolerates_failure): then that artifact
+    kind is unusable for the model, the stage goes into `tolerated` (its error naming the
+    component) and is skipped for the later components, as is every stage that needs it; the
+    other stages and kinds go on (planner._plan_components walks the same way)."""
     from pt2flow.flows.config.models import COMPONENTS
     from pt2flow.flows.engine.common.documents import ComponentResult
 
@@ -255,12 +268,19 @@ def _run_components(model: ResolvedModel, ctx: RunContext, call: Callable[[str],
         got: dict[str, Outcome] = {"source": outcomes["source"]}
         view = result.components[component] = ComponentResult()
         for stage in chain:
+            if stage in tolerated or blocked(get_stage(stage), got):  # its kind already failed for an earlier component, or what it needs did
+                logger.info("%s: %s skipped: the model does without it", scoped.name, stage)
+                continue
             logger.info("%s: %s", scoped.name, stage)
             try:
                 got[stage] = call(stage)(stage, scoped, ctx, gather(get_stage(stage), got))
             except StageFailed as failure:
                 view.stages[stage] = StageView.of(failure.outcome)
-                raise ComponentFailed(component, stage, failure.outcome) from None
+                if not model.tolerates_failure(stage):
+                    raise ComponentFailed(component, stage, failure.outcome) from None
+                tolerated[stage] = failure.outcome.model_copy(update={"error": component_error(model, component, failure.outcome)})
+                logger.warning("%s: %s failed (%s), not required: going on: %s", scoped.name, stage, failure.outcome.error_class, failure.outcome.error)
+                continue
             view.stages[stage] = StageView.of(got[stage])
             if stage in slots:
                 view.artifacts.put(slots[stage], got[stage].artifact)

@@ -1,0 +1,166 @@
+"""Generative models whose target fails where `require:` lets them, and an encoder-decoder (T5),
+through the pipeline.
+
+One fleet, cold then warm: tiny Llama with a dynamic cache and `require: [serialized]`, and tiny T5
+(T5ForConditionalGeneration, a dynamic cache) with `require: [serialized, onnx]`. ExecuTorch refuses
+a dynamic cache (no maximum on its axes) for the prefill component: the model goes on without the
+`.pte` (decode's executorch is not run), validate judges the other kinds by 32 greedy tokens at
+prompts of 2 and 16, and the model is `partial` with the pte verdict naming the component; the warm
+run is all cached with the same verdicts; `get` hands out the serialized set and refuses the pte;
+the drift report reads the model as partial. The compile test adds aot_compile for T5 on the same
+store (its decode package is compiled size-obliviously: stages/aot_compile.size_oblivious)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, run_cli, write_config
+
+pytestmark = pytest.mark.integration
+
+pytest.importorskip("transformers")
+
+STAGES = ["trace", "serialize", "onnx", "executorch", "validate"]
+GENERATE = {"prompt_lens": [2, 16], "max_new_tokens": 32, "cache": "dynamic"}
+ENV = {"OMP_NUM_THREADS": "1"}
+LLAMA, T5 = "tiny-llama-dynamic", "tiny-t5"
+MODELS = [
+    {"name": LLAMA, "factory": "generative_models:tiny_llama", "generate": GENERATE, "require": ["serialized"]},
+    {"name": T5, "factory": "generative_models:tiny_t5", "generate": GENERATE, "require": ["serialized", "onnx"]},
+]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("generative-partial")
+    shutil.copy(ROOT / "configs" / "generative_models.py", folder / "generative_models.py")
+    store = str(folder / "store")
+    config = write_config(folder / "fleet.yaml", MODELS, store=store, stages=STAGES, defaults={"executorch": {"partitioners": []}})
+    cold = run_cli(["run", str(config), "--json"], env=ENV)
+    warm = run_cli(["run", str(config), "--json"], env=ENV)
+    return {"cold": cold, "warm": warm, "store": store, "folder": folder}
+
+
+def _models(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+    document = json.loads(proc.stdout)
+    assert document["summary"]["partial"] == 2 and document["summary"]["failed"] == 0, document["summary"]
+    return {m["name"]: m for m in document["models"]}
+
+
+def _report(fleet: dict[str, Any], digest: str) -> dict[str, Any]:
+    out = Path(fleet["folder"]) / f"report-{digest[:12]}.json"
+    proc = run_cli(["get", digest, "--store", fleet["store"], "-o", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+def _assert_pte_failed_at_prefill(model: dict[str, Any]) -> None:
+    pte = model["validation"]["verdicts"]["pte"]
+    assert not pte["passed"] and pte["error_class"] == "dynamic_shape", pte
+    assert pte["error"].startswith("executorch failed: prefill: dynamic_shape: "), pte["error"]
+
+
+def test_a_component_failing_a_target_not_required_leaves_the_model_partial(fleet: dict[str, Any]) -> None:
+    model = _models(fleet["cold"])[LLAMA]
+    assert model["status"] == "partial" and model["failed_stage"] is None and model["error"] is None, model
+    verdicts = model["validation"]["verdicts"]
+    assert verdicts["serialized"]["passed"] and verdicts["onnx"]["passed"], verdicts
+    _assert_pte_failed_at_prefill(model)
+    prefill, decode = model["components"]["prefill"], model["components"]["decode"]
+    assert prefill["stages"]["executorch"]["status"] == "failed"
+    assert "executorch" not in decode["stages"], decode  # the kind is unusable: not built for decode
+    assert all(decode["stages"][s]["status"] == "ok" for s in ("trace", "serialize", "onnx")), decode
+    assert decode["artifacts"]["serialized"] and not decode["artifacts"].get("pte")
+    assert model["stages"]["validate"]["status"] == "ok"
+
+
+def test_t5_generates_eagers_tokens_with_every_kind_it_builds(fleet: dict[str, Any]) -> None:
+    model = _models(fleet["cold"])[T5]
+    assert model["status"] == "partial", model
+    assert set(model["components"]) == {"prefill", "decode"}
+    verdicts = model["validation"]["verdicts"]
+    assert verdicts["serialized"]["passed"] and verdicts["onnx"]["passed"], verdicts
+    _assert_pte_failed_at_prefill(model)
+
+    report = _report(fleet, model["stages"]["validate"]["artifact"])
+    assert report["generation"] is True and set(report["candidates"]) == {"archive", "onnx"}
+    assert len(set(report["eager"]["16"])) > 1  # the reference is not one token repeated
+    for name, candidate in report["candidates"].items():
+        for prompt in ("2", "16"):
+            got = candidate["prompts"][prompt]
+            assert got["first_divergence"] is None and got["tokens"] == report["eager"][prompt] and len(got["tokens"]) == 32, (name, prompt)
+            assert max(got["max_error"]) < 1e-4, (name, prompt, got["max_error"])  # every step's logits, not only the argmax
+
+
+def test_the_warm_run_is_cached_with_the_same_verdicts(fleet: dict[str, Any]) -> None:
+    cold, warm = _models(fleet["cold"]), _models(fleet["warm"])
+    for name in (LLAMA, T5):
+        assert warm[name]["status"] == "partial"
+        assert warm[name]["validation"]["verdicts"] == cold[name]["validation"]["verdicts"]
+        for component in ("prefill", "decode"):
+            stages = warm[name]["components"][component]["stages"]
+            assert list(stages) == list(cold[name]["components"][component]["stages"])
+            assert all(s["cached"] for s in stages.values()), stages
+            assert warm[name]["components"][component]["artifacts"] == cold[name]["components"][component]["artifacts"]
+        assert warm[name]["stages"]["validate"]["cached"] and warm[name]["stages"]["validate"]["artifact"] == cold[name]["stages"]["validate"]["artifact"]
+
+
+def test_get_hands_out_the_required_kind_and_refuses_the_failed_one(fleet: dict[str, Any]) -> None:
+    cold = _models(fleet["cold"])[LLAMA]
+    folder = Path(fleet["folder"]) / "serialized"
+    proc = run_cli(["get", "--store", fleet["store"], "--model", LLAMA, "--artifact", "serialized", "-o", str(folder), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for component in ("prefill", "decode"):
+        assert manifest["components"][component]["sha256"] == cold["components"][component]["artifacts"]["serialized"]
+        assert (folder / manifest["components"][component]["file"]).stat().st_size == manifest["components"][component]["size"]
+
+    refused = Path(fleet["folder"]) / "pte"
+    proc = run_cli(["get", "--store", fleet["store"], "--model", LLAMA, "--artifact", "pte", "-o", str(refused)])
+    assert proc.returncode == 1 and "prefill's executorch failed" in proc.stderr and "dynamic_shape" in proc.stderr, proc.stderr
+    assert not refused.exists()  # a refused set writes nothing
+    proc = run_cli(["get", "--store", fleet["store"], "--model", LLAMA, "--component", "decode", "--artifact", "pte", "-o", str(refused)])
+    assert proc.returncode == 1 and "prefill's executorch failed" in proc.stderr, proc.stderr
+
+
+def test_the_drift_report_reads_the_model_as_partial(fleet: dict[str, Any]) -> None:
+    _models(fleet["warm"])
+    proc = run_cli(["report", "--store", fleet["store"], "--json"])
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    entries = {m["model"]: m for m in report["models"]}
+    for name in (LLAMA, T5):
+        for side in ("a", "b"):
+            state = entries[name]["status"][side]
+            assert state["status"] == "partial" and state["failed_artifacts"] == ["pte"], (name, side, state)
+            assert state["verdicts"]["serialized"] is True
+    assert report["runs"]["b"]["failed"] == 0
+
+
+@pytest.mark.compile
+def test_t5_compiled_package_generates_eagers_tokens(fleet: dict[str, Any]) -> None:
+    """aot_compile added on the same store: the other stages are cached, both components compile,
+    and the packages generate eager's tokens (the decode package is compiled size-obliviously)."""
+    _models(fleet["cold"])
+    models = [{**MODELS[1], "require": ["serialized", "onnx", "compiled"]}]
+    config = write_config(Path(fleet["folder"]) / "compiled.yaml", models, store=fleet["store"],
+                          stages=["trace", "serialize", "aot_compile", "onnx", "executorch", "validate"], defaults={"executorch": {"partitioners": []}})
+    proc = run_cli(["run", str(config), "--json"], env=ENV)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+    (model,) = json.loads(proc.stdout)["models"]
+    assert model["status"] == "partial", model
+    for component in ("prefill", "decode"):
+        stages = model["components"][component]["stages"]
+        assert stages["aot_compile"]["status"] == "ok" and not stages["aot_compile"]["cached"] and stages["serialize"]["cached"], stages
+    assert model["validation"]["verdicts"]["compiled"]["passed"], model["validation"]
+    report = _report(fleet, model["stages"]["validate"]["artifact"])
+    for prompt in ("2", "16"):
+        got = report["candidates"]["compiled"]["prompts"][prompt]
+        assert got["tokens"] == report["eager"][prompt] and max(got["max_error"]) < 1e-4, (prompt, got)
