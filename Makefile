@@ -1,7 +1,9 @@
 # pt2flow: two commands do all the set-up on a fresh machine.
 #   make demo   create .venv, install pinned dependencies, run configs/demo.yaml (then its models to
-#               every deployment target, configs/targets.yaml) into ./pt2-store; DEMO_ARGS="--only mlp"
-#               passes arguments to both runs (the README's test runs a small part of the demo)
+#               every deployment target, configs/targets.yaml, then the generative models of
+#               configs/generative.yaml) into ./pt2-store; DEMO_ARGS="--only mlp" passes arguments to
+#               the first two runs, GENERATIVE_ARGS="--only tiny-llama" to the third (the README's
+#               test runs a small part of the demo)
 #   make test   the same install, then the whole test suite (every tier)
 #
 # Prefect runs offline with its ephemeral server; PREFECT_HOME is project-local, telemetry off.
@@ -12,6 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 STORE ?= ./pt2-store
 DEMO_ARGS ?=
+GENERATIVE_ARGS ?=
 PYTEST_ARGS ?=
 
 export PREFECT_HOME := $(CURDIR)/.prefect
@@ -41,6 +44,7 @@ $(STAMP): pyproject.toml requirements.lock
 demo: install
 	$(BIN)/pt2flow run configs/demo.yaml --store $(STORE) $(DEMO_ARGS)
 	$(BIN)/pt2flow run configs/targets.yaml --store $(STORE) $(DEMO_ARGS)
+	$(BIN)/pt2flow run configs/generative.yaml --store $(STORE) $(GENERATIVE_ARGS)
 
 test: install
 	$(BIN)/lint-imports

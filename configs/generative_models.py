@@ -52,3 +52,17 @@ def tiny_t5(seed: int = 0, **overrides: Any) -> Any:
     model.generation_config.eos_token_id = None
     model.config.eos_token_id = None
     return model.eval()
+
+
+def tiny_gemma(seed: int = 0, **overrides: Any) -> Any:
+    """GemmaForCausalLM with 2 layers of width 32 (heads of 8) and a 128-token vocabulary."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    return _tiny(GemmaForCausalLM, GemmaConfig, seed, **{"head_dim": 8, **overrides})
+
+
+def tiny_phi3(seed: int = 0, **overrides: Any) -> Any:
+    """Phi3ForCausalLM with 2 layers of width 32 and a 128-token vocabulary."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    return _tiny(Phi3ForCausalLM, Phi3Config, seed, **{"pad_token_id": 0, **overrides})

@@ -618,6 +618,7 @@ def validate_generation(
     if blocking:
         order = [ErrorClass.SERIALIZATION.value, ErrorClass.RUNTIME.value, ErrorClass.NUMERIC_MISMATCH.value]
         worst = min(blocking, key=lambda v: order.index(v["error_class"]))
-        raise StageError(ErrorClass(worst["error_class"]), " | ".join(v["error"] for v in blocking[:3]), details=report)
+        more = f" (+{len(blocking) - 5} more)" if len(blocking) > 5 else ""
+        raise StageError(ErrorClass(worst["error_class"]), " | ".join(v["error"] for v in blocking[:5]) + more, details=report)
     metadata = {"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": None}
     return StageResult(output=report, metadata=metadata, warnings=tuple(report["warnings"]))

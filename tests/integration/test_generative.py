@@ -1,9 +1,12 @@
 """Generative models through the pipeline (issue 34): a tiny random Llama with `generate:` is
-decomposed into prefill and decode; each component goes through trace, serialize, onnx and
-executorch as the model `M/prefill`, `M/decode` (keyed, cached, recorded); validate generates 32
+decomposed into prefill and decode; each component goes through trace, serialize, aot_compile, onnx
+and executorch as the model `M/prefill`, `M/decode` (keyed, cached, recorded); validate generates 32
 greedy tokens at prompts of 2 and 16 with each artifact kind's components and requires eager
-`generate()`'s token ids. Cold, then warm (every stage cached, the same artifacts); `get
---component` hands out one component's artifact."""
+`generate()`'s token ids. Cold, then warm (every stage cached, the same artifacts). Beside it, the
+same Llama whose exported decode program has one weight wrong (tests/generative_faults.py) is
+caught at the first token decode makes. `get --component` hands out one component's artifact;
+`get --model M -o DIR` writes a set that docs/examples/generate_from_components.py, a script using
+only torch, transformers and the ExecuTorch runtime, runs to eager's tokens."""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,35 +22,38 @@ import pytest
 
 from tests.conftest import ROOT, run_cli, write_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compile]
 
 pytest.importorskip("transformers")
 
-STAGES = ["trace", "serialize", "onnx", "executorch", "validate"]
+STAGES = ["trace", "serialize", "aot_compile", "onnx", "executorch", "validate"]
 COMPONENTS = ("prefill", "decode")
-KINDS = ("serialized", "onnx", "pte")
+KINDS = ("serialized", "compiled", "onnx", "pte")
 NEW_TOKENS = 32
 PROMPTS = (2, 16)
+GOOD, BAD = "tiny-llama", "tiny-llama-bad-decode"
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("generative")
     shutil.copy(ROOT / "configs" / "generative_models.py", folder / "generative_models.py")
+    shutil.copy(ROOT / "tests" / "generative_faults.py", folder / "generative_faults.py")
     store = str(folder / "store")
     generate = {"prompt_lens": list(PROMPTS), "max_new_tokens": NEW_TOKENS, "cache": "static", "max_cache_len": 64}
     config = write_config(folder / "generative.yaml", [
-        {"name": "tiny-llama", "factory": "generative_models:tiny_llama", "generate": generate},
+        {"name": GOOD, "factory": "generative_models:tiny_llama", "generate": generate},
+        {"name": BAD, "factory": "generative_faults:tiny_llama_bad_decode", "generate": generate},
     ], store=store, stages=STAGES, defaults={"executorch": {"partitioners": []}})
     env = {"OMP_NUM_THREADS": "1"}
-    cold = run_cli(["run", str(config), "--json"], env=env)
+    cold = run_cli(["run", str(config), "--json"], env=env, timeout=1200)
     warm = run_cli(["run", str(config), "--json"], env=env)
     return {"cold": cold, "warm": warm, "store": store, "folder": folder}
 
 
-def _model(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
-    (model,) = json.loads(proc.stdout)["models"]
+def _model(proc: subprocess.CompletedProcess[str], name: str = GOOD) -> dict[str, Any]:
+    assert proc.returncode == 1, (proc.stdout[-3000:], proc.stderr[-5000:])  # the bad decode fails the run
+    (model,) = [m for m in json.loads(proc.stdout)["models"] if m["name"] == name]
     return model
 
 
@@ -59,7 +64,11 @@ def test_every_component_is_built_and_every_artifact_generates_eagers_tokens(fle
     for component in COMPONENTS:
         view = model["components"][component]
         assert list(view["stages"]) == STAGES[:-1]
-        assert all(s["status"] == "ok" and not s["cached"] for s in view["stages"].values()), view
+        assert all(s["status"] == "ok" for s in view["stages"].values()), view
+        # the bad model's prefill is the same program, so its stages after trace have the same keys:
+        # whichever model's worker came second may be served the other's
+        built = view["stages"] if component == "decode" else {"trace": view["stages"]["trace"]}
+        assert not any(s["cached"] for s in built.values()), view
         assert all(view["artifacts"][kind] for kind in KINDS), view
     assert model["stages"]["validate"]["status"] == "ok"
     verdicts = model["validation"]["verdicts"]
@@ -67,6 +76,7 @@ def test_every_component_is_built_and_every_artifact_generates_eagers_tokens(fle
 
     report = _report(fleet, model["stages"]["validate"]["artifact"])
     assert report["generation"] is True and set(report["eager"]) == {str(p) for p in PROMPTS}
+    assert {c["artifact"] for c in report["candidates"].values()} == set(KINDS)
     for name, candidate in report["candidates"].items():
         for prompt in PROMPTS:
             got = candidate["prompts"][str(prompt)]
@@ -75,13 +85,67 @@ def test_every_component_is_built_and_every_artifact_generates_eagers_tokens(fle
             assert len(got["max_error"]) == NEW_TOKENS
 
 
+def test_a_decode_program_with_one_wrong_weight_is_caught_at_its_first_diverging_token(fleet: dict[str, Any]) -> None:
+    good, bad = _model(fleet["cold"]), _model(fleet["cold"], BAD)
+    assert bad["status"] == "failed" and bad["failed_stage"] == "validate" and bad["error_class"] == "numeric_mismatch", bad
+    # only the decode program is wrong: the prefill programs have one fingerprint, and its .pte and
+    # ONNX model are byte for byte the good model's (an archive or a package also holds its lineage)
+    fingerprints = _trace_fingerprints(fleet)
+    assert fingerprints[f"{BAD}/prefill"] == fingerprints[f"{GOOD}/prefill"]
+    assert fingerprints[f"{BAD}/decode"] != fingerprints[f"{GOOD}/decode"]
+    for kind in ("pte", "onnx"):
+        assert bad["components"]["prefill"]["artifacts"][kind] == good["components"]["prefill"]["artifacts"][kind], kind
+    for kind in KINDS:
+        assert bad["components"]["decode"]["artifacts"][kind] != good["components"]["decode"]["artifacts"][kind], kind
+    (record,) = json.loads(run_cli(["ls", "--store", fleet["store"], "--model", BAD, "--stage", "validate", "--run", json.loads(fleet["cold"].stdout)["run_id"], "--json"]).stdout)
+    shown = run_cli(["show", record["sha256"], "--store", fleet["store"], "--json"])  # a failed validate keeps its report
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)["report"]
+    assert report["eager"] == _report(fleet, good["stages"]["validate"]["artifact"])["eager"]  # eager is untouched
+    for name, candidate in report["candidates"].items():
+        firsts = {}
+        for prompt in PROMPTS:
+            got, eager = candidate["prompts"][str(prompt)], report["eager"][str(prompt)]
+            first = got["first_divergence"]
+            if first is not None:  # the tokens before it are eager's, the one at it is not
+                assert first >= 1 and got["tokens"][:first] == eager[:first] and got["tokens"][first] != eager[first], (name, prompt)
+                assert got["max_error"][0] < 1e-4 and got["max_error"][first] > 1e-3, (name, prompt)  # prefill's logits are right
+                firsts[prompt] = first
+            else:
+                assert got["tokens"] == eager
+        assert firsts, (name, candidate["prompts"])
+        prompt = min(firsts)
+        kind = candidate["artifact"]
+        assert candidate["verdict"]["error"] == f"{kind}: generated tokens diverge from eager at position {firsts[prompt]} (prompt {prompt})", candidate["verdict"]
+        assert candidate["verdict"]["error"] in bad["error"]  # every kind's verdict is in the model's error
+    assert set(bad["validation"]["verdicts"]) == set(KINDS) and not any(v["passed"] for v in bad["validation"]["verdicts"].values())
+    # a wrong artifact is not handed out
+    proc = run_cli(["get", "--store", fleet["store"], "--model", BAD, "--component", "decode", "--artifact", "pte", "-o", str(Path(fleet["folder"]) / "bad.pte")])
+    assert proc.returncode == 1 and "generated tokens diverge from eager" in proc.stderr, proc.stderr
+
+
 def test_the_warm_run_is_cached_with_the_same_artifacts(fleet: dict[str, Any]) -> None:
-    cold, warm = _model(fleet["cold"]), _model(fleet["warm"])
-    assert warm["status"] == "ok"
-    for component in COMPONENTS:
-        assert all(s["cached"] for s in warm["components"][component]["stages"].values()), warm["components"][component]
-        assert warm["components"][component]["artifacts"] == cold["components"][component]["artifacts"]
-    assert warm["stages"]["validate"]["cached"] and warm["stages"]["validate"]["artifact"] == cold["stages"]["validate"]["artifact"]
+    for name in (GOOD, BAD):
+        cold, warm = _model(fleet["cold"], name), _model(fleet["warm"], name)
+        assert warm["status"] == cold["status"]
+        for component in COMPONENTS:
+            assert all(s["cached"] for s in warm["components"][component]["stages"].values()), warm["components"][component]
+            if component == "decode":
+                assert warm["components"][component]["artifacts"] == cold["components"][component]["artifacts"]
+            else:  # one prefill program, so one key per stage for both models: either's artifact may be served
+                built = {m["components"][component]["artifacts"][k] for m in json.loads(fleet["cold"].stdout)["models"] for k in KINDS}
+                assert set(warm["components"][component]["artifacts"].values()) <= built
+    warm = _model(fleet["warm"])
+    assert warm["stages"]["validate"]["cached"] and warm["stages"]["validate"]["artifact"] == _model(fleet["cold"])["stages"]["validate"]["artifact"]
+    # numeric_mismatch is a cached verdict: the bad model's validate is served, with the same verdicts
+    bad_cold, bad_warm = _model(fleet["cold"], BAD), _model(fleet["warm"], BAD)
+    assert bad_warm["stages"]["validate"]["cached"] and bad_warm["validation"]["verdicts"] == bad_cold["validation"]["verdicts"]
+
+
+def _trace_fingerprints(fleet: dict[str, Any]) -> dict[str, str]:
+    proc = run_cli(["ls", "--store", fleet["store"], "--stage", "trace", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return {r["model"]: r["fingerprint"] for r in json.loads(proc.stdout)}
 
 
 def test_components_are_recorded_under_their_model(fleet: dict[str, Any]) -> None:
@@ -89,8 +153,8 @@ def test_components_are_recorded_under_their_model(fleet: dict[str, Any]) -> Non
     assert proc.returncode == 0, proc.stderr
     records = json.loads(proc.stdout)
     models = {r["model"] for r in records}
-    assert {"tiny-llama", "tiny-llama/prefill", "tiny-llama/decode"} <= models
-    assert {r["stage"] for r in records if r["model"] == "tiny-llama/decode"} == set(STAGES[:-1])
+    assert {GOOD, f"{GOOD}/prefill", f"{GOOD}/decode"} <= models
+    assert {r["stage"] for r in records if r["model"] == f"{GOOD}/decode"} == set(STAGES[:-1])
 
 
 def test_get_hands_out_one_components_artifact(fleet: dict[str, Any]) -> None:
@@ -102,42 +166,34 @@ def test_get_hands_out_one_components_artifact(fleet: dict[str, Any]) -> None:
     assert out.stat().st_size > 0
 
 
-def test_get_writes_every_component_with_a_manifest_that_generates_eagers_tokens(fleet: dict[str, Any]) -> None:
-    """`get --model M --artifact pte -o DIR`: both .pte files and manifest.json; a fresh process
-    that reads only those (and the model's factory, for eager generate() and generate()'s loop)
-    generates eager's tokens on the ExecuTorch runtime."""
+@pytest.mark.parametrize("kind", ["pte", "compiled"])
+def test_get_writes_every_component_with_a_manifest_a_plain_script_generates_eagers_tokens(fleet: dict[str, Any], kind: str) -> None:
+    """`get --model M --artifact KIND -o DIR`: every component's file and manifest.json; a fresh
+    process running docs/examples/generate_from_components.py (torch, transformers' generate() loop
+    and, for .pte, the ExecuTorch runtime: no pt2flow) on prompts pt2flow never validated with
+    generates eager's tokens."""
     cold = _model(fleet["cold"])
-    folder = Path(fleet["folder"]) / "set"
-    proc = run_cli(["get", "--store", fleet["store"], "--model", "tiny-llama", "--artifact", "pte", "-o", str(folder), "--json"])
+    folder = Path(fleet["folder"]) / f"set-{kind}"
+    proc = run_cli(["get", "--store", fleet["store"], "--model", GOOD, "--artifact", kind, "-o", str(folder), "--json"])
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["order"] == list(COMPONENTS) and manifest["generate"]["max_new_tokens"] == NEW_TOKENS
     for component in COMPONENTS:
         entry = manifest["components"][component]
-        assert entry["sha256"] == cold["components"][component]["artifacts"]["pte"] and entry["call_specs"]
+        assert entry["sha256"] == cold["components"][component]["artifacts"][kind] and entry["call_specs"]
         assert (folder / entry["file"]).stat().st_size == entry["size"]
-    script = textwrap.dedent(f"""
-        import json, sys
-        sys.path.insert(0, {str(fleet["folder"])!r})
-        from generative_models import tiny_llama
-        from pt2flow.stages import generation as G
-        folder = {str(folder)!r}
-        manifest = json.load(open(folder + "/manifest.json"))
-        steps = {{name: G.pte_step(open(folder + "/" + part["file"], "rb").read(), G.CallSpecs.from_json(part["call_specs"]))
-                 for name, part in manifest["components"].items()}}
-        g = manifest["generate"]
-        spec = G.GenerateSpec(prompt_len=8, max_new_tokens=g["max_new_tokens"], cache=g["cache"], max_cache_len=g["max_cache_len"])
-        model = tiny_llama()
-        out = {{}}
-        for length in g["prompt_lens"]:
-            prompt = G.example_prompt(model, length, seed=length)
-            out[length] = [G.eager_generation(model, spec, prompt).tokens, G.greedy_tokens(model, steps, prompt, spec).tokens]
-        print(json.dumps(out))
-    """)
-    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    script = ROOT / "docs" / "examples" / "generate_from_components.py"
+    # pt2flow cannot be imported in that process (None in sys.modules makes `import pt2flow` fail)
+    argv = [str(script), str(folder), "--factory", "generative_models:tiny_llama", "--path", str(fleet["folder"]),
+            "--prompt-lens", "3,17", "--seed", "7"]
+    code = f"import runpy, sys; sys.modules['pt2flow'] = None; sys.argv = {argv!r}; runpy.run_path({str(script)!r}, run_name='__main__')"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=str(fleet["folder"]))
     assert ran.returncode == 0, ran.stderr[-3000:]
-    for length, (eager, got) in json.loads(ran.stdout.strip().splitlines()[-1]).items():
-        assert got == eager and len(got) == NEW_TOKENS, length
+    generated = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert set(generated) == {"3", "17"}
+    for length, got in generated.items():
+        assert got["components"] == got["eager"] and len(got["eager"]) == NEW_TOKENS, length
 
 
 def test_lineage_shows_a_component_under_its_model(fleet: dict[str, Any]) -> None:

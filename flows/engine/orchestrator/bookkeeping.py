@@ -53,7 +53,7 @@ class StageRun:
         # with --force, only this run's own record counts: an earlier attempt of this task
         # (retried by Prefect) that did the work and recorded it
         hit = planned if planned is not None and not self.ctx.force else find_cached(
-            self.store, self.key, run_id=self.ctx.run_id if self.ctx.force else None, failures=not self.ctx.retry_failed
+            self.store, self.key, run_id=self.ctx.run_id if self.ctx.force else None, failures=not self.ctx.retry_failed, model=self.model.name
         )
         if hit is None:
             return None

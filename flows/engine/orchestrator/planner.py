@@ -63,10 +63,15 @@ def _worker_versions() -> Mapping[str, str] | None:
     return None if python.local else python.distributions
 
 
-def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bool = False) -> dict[str, Any] | None:
+def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bool = False, model: str | None = None) -> dict[str, Any] | None:
     """The newest record for `key` (of run `run_id`, if given) that settles the stage: an ok
     record whose blob exists and verifies, or (failures=True) a failure of a deterministic
-    class. Transient failures never settle a key. None if there is none."""
+    class. Transient failures never settle a key. None if there is none.
+
+    `model`: that model's own records come first. Two models whose programs are one (a key
+    follows from the program's fingerprint) share a key; an archive also holds its lineage, so
+    their artifacts differ in bytes, and a model served the other's would see its artifact, and
+    every key after it, change from run to run."""
     import pyarrow.compute as pc
 
     table = store.index.with_key(key)
@@ -74,7 +79,7 @@ def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bo
         table = table.filter(pc.field("run_id") == run_id)
     if table.num_rows == 0:
         return None
-    rows = sorted(table.to_pylist(), key=lambda r: r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc), reverse=True)
+    rows = sorted(table.to_pylist(), key=lambda r: (r["model"] == model, r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc)), reverse=True)
     for row in rows:
         if row["status"] == "ok":
             if not row["sha256"]:
@@ -149,7 +154,7 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
         if recorded is None:
             return plan
         plan.source_key = recorded["key"]
-        row = find_cached(store, plan.source_key)
+        row = find_cached(store, plan.source_key, model=model.name)
         if row is None:
             return plan
         plan.hits["source"] = (plan.source_key, row)
@@ -164,7 +169,7 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
             if blocked(spec, outcomes):  # what it needs failed, and the model went on without it
                 continue
             key = stage_key(spec, model, gather(spec, outcomes))
-            row = find_cached(store, key, failures=failures)
+            row = find_cached(store, key, failures=failures, model=model.name)
             if row is None:
                 plan.first_miss = stage
                 return plan
@@ -209,7 +214,7 @@ def _plan_components(plan: Plan, model: ResolvedModel, ctx: RunContext, store: A
             if stage in tolerated or blocked(spec, got):
                 continue
             key = stage_key(spec, scoped, gather(spec, got))
-            row = find_cached(store, key, failures=failures)
+            row = find_cached(store, key, failures=failures, model=scoped.name)
             if row is None:
                 plan.first_miss = f"{component}/{stage}"
                 return False
@@ -223,7 +228,7 @@ def _plan_components(plan: Plan, model: ResolvedModel, ctx: RunContext, store: A
     for stage in after[:1]:
         inputs = {name: o for name, o in outcomes.items() if name == "source" or "/" in name}
         key = stage_key(pipeline.get(stage), model, inputs)
-        row = find_cached(store, key, failures=failures)
+        row = find_cached(store, key, failures=failures, model=model.name)
         if row is None:
             plan.first_miss = stage
             return False
