@@ -98,6 +98,10 @@ def repro(job: ReproJob) -> str:
     from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
     from pt2flow.stages.source import build_model, import_factory
 
+    if job.model.component:  # a generative model's component: its decomposition and DynamoExporter's call
+        from pt2flow.flows.engine.maintenance import repro_component
+
+        return repro_component.trace(job)
     store, record, source, model, folder, files = job.store, job.record, job.source, job.model, job.folder, job.files
     state = recorded_weights(store, source.get("details") or {})
     eager = build_model(import_factory(model.factory, model.search_path), model.kwargs, state)

@@ -17,6 +17,11 @@ it, and makes the same call that failed, so it raises the same exception:
     aot_compile    torch._inductor.aoti_compile_and_package (after move_to_device_pass for a
                    GPU target)
 
+A generative model's component (`M/decode`) is exported by transformers' DynamoExporter, not the
+ladder: its trace's script (repro_component.py) decomposes the model as the run did and makes
+DynamoExporter's call, with torch and transformers; a later stage's script loads the component's
+program after registering transformers' cache classes as pytrees.
+
 Each stage names its template (Stage.repro, a function in the stage's own module, flows/builtin/); the program a later stage was given is its parent record's, found through the record's
 parent keys, so any valid stage list reproduces (`[trace, serialize]` loads trace's program).
 
@@ -133,6 +138,7 @@ def _resolved_model(source: Mapping[str, Any], manifest: Mapping[str, Any]) -> A
     """The model as the run resolved it, from its source record (no config needed)."""
     from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, parse_input
     from pt2flow.flows.config import ResolvedModel
+    from pt2flow.flows.config.models import GenerateConfig
 
     def problem(path: Any, message: str) -> None:
         raise ReproError(f"the recorded inputs of {source['model']} do not parse at {path}: {message}")
@@ -162,6 +168,7 @@ def _resolved_model(source: Mapping[str, Any], manifest: Mapping[str, Any]) -> A
         search_path=search_path_of(module, details.get("module_file")) or os.getcwd(),
         inputs_factory=(manifest.get("inputs_factory") or {}).get("factory"),
         inputs_file=inputs_file,
+        generate=GenerateConfig(**manifest["generate"]) if manifest.get("generate") else None,
     )
 
 
@@ -214,16 +221,14 @@ def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
     if (record.get("error_message") or "").startswith(MISSING_DEVICE_PREFIX):
         raise ReproError(f"{record['model']}'s {record['stage']} failed because that machine lacked the device "
                          f"({record.get('error_message')}), not inside torch: there is nothing to reproduce")
-    if "/" in str(record["model"]) and record["stage"] == pipeline.entry().name:
-        raise ReproError(f"{record['model']} is a generative model's component, exported by transformers' DynamoExporter "
-                         f"(stages.generation.export_component), not the trace ladder: its trace has no torch-only reproducer yet; "
-                         f"`pt2flow show` has its error")
     chain = _chain(store.index, record)
     source = chain.get("source")
     if source is None:
         raise ReproError(f"the source record of {record['model']}'s failed {record['stage']} is not in the index")
     manifest = json.loads(store.get_blob(source["sha256"], source.get("size")))
     model = _resolved_model(source, manifest)
+    if "/" in str(record["model"]):  # a generative model's component (`M/decode`): its template sees which one
+        model = model.of_component(str(record["model"]).split("/", 1)[1])
     folder = Path(out_dir)
     if folder.exists() and not folder.is_dir():
         raise ReproOutputError(f"{out_dir} is a file: give the folder to write into")
@@ -324,8 +329,9 @@ def build_model_code(model: Any, weights: bool) -> str:
 
 def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str) -> str:
     message = (record.get("error_message") or "").strip().splitlines()
+    alone = "torch and transformers" if getattr(model, "component", None) else "torch"  # a component's program or export is transformers'
     head = [
-        f'"""Reproduces the {record["stage"]} failure of model {record["model"]!r} with torch alone (no pt2flow).',
+        f'"""Reproduces the {record["stage"]} failure of model {record["model"]!r} with {alone} alone (no pt2flow).',
         "",
         f"Recorded by pt2flow in run {record.get('run_id')} with torch {record.get('torch_version') or torch_version}:",
         f"    {record.get('error_class')}: {message[0] if message else ''}",
