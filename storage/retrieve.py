@@ -9,7 +9,7 @@ import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import pyarrow.compute as pc
 
@@ -87,15 +87,13 @@ class GenerativeModel(RecordNotFound):
 
 
 def component_set(store: Any, model: str, components: list[str], kind: str, folder: str, run_id: str | None, *,
-                  kinds: ArtifactKinds, suffix: str, entry: str, source: str, order: tuple[str, ...] = (),
-                  specs_of: Callable[[bytes], Any] | None = None) -> dict[str, Any]:
+                  kinds: ArtifactKinds, suffix: str, entry: str, source: str, order: tuple[str, ...] = ()) -> dict[str, Any]:
     """Every component's `kind` artifact of a generative model written into `folder` (created) as
     `<component><suffix>`, verified as `get` verifies one, with `manifest.json`: the model, the
     artifact kind, the call order, its `generate:` (from the source record) and per component its
     file, sha256, size, run and call specs (the traced program's in/out tree specs, JSON, from
     the entry stage's record of the same run: how a flat runtime is called; a record written before
-    pt2flow kept them has none, and `specs_of(program bytes)` reads them from the traced program).
-    Returns the manifest with `path`."""
+    pt2flow kept them has none, which `warnings` says). Returns the manifest with `path`."""
     import json
 
     target = os.path.abspath(folder)
@@ -111,14 +109,17 @@ def component_set(store: Any, model: str, components: list[str], kind: str, fold
         condition = (pc.field("model") == f"{model}/{component}") & (pc.field("stage") == entry) & (pc.field("status") == "ok") & (pc.field("run_id") == record["run_id"])
         traced = newest_first(store.index.scan(None, filter=condition).to_pylist())
         specs = (decode(traced[0]).get("details") or {}).get("call_specs") if traced else None
-        if specs is None and traced and traced[0].get("sha256") and specs_of is not None:
-            specs = specs_of(store.get_blob(traced[0]["sha256"], traced[0].get("size")))
         entries[component] = {"file": component + suffix, "sha256": record["sha256"], "size": record["size"], "run_id": record["run_id"],
                               "call_specs": specs}
     condition = (pc.field("model") == model) & (pc.field("stage") == source) & (pc.field("status") == "ok")
     sources = newest_first(store.index.scan(None, filter=condition).to_pylist())
     generate = ((decode(sources[0]).get("details") or {}).get("manifest") or {}).get("generate") if sources else None
-    manifest = {"model": model, "artifact": kind, "order": named, "generate": generate, "components": entries}
+    manifest: dict[str, Any] = {"model": model, "artifact": kind, "order": named, "generate": generate, "components": entries}
+    unspecified = [name for name, entry in entries.items() if not entry["call_specs"]]
+    if unspecified:  # traced by a pt2flow that did not record them: a flat runtime cannot be fed from this manifest
+        manifest["warnings"] = [f"{', '.join(unspecified)}: no call specs recorded with the trace (an older pt2flow); "
+                                "a runtime taking flat tensors (.pte, ONNX) cannot be called from this manifest: "
+                                "`pt2flow run CONFIG --force` traces again and records them"]
     with open(os.path.join(target, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     return {**manifest, "path": target}

@@ -280,7 +280,6 @@ class Store:
                     return cast(Record, component_set(
                         self.artifacts, generative.model, generative.components, kind, output, self.run_id(run) if run else None,
                         kinds=kinds, suffix=pipeline.get(kinds.stages[kind]).suffix or "", entry=pipeline.entry().name, source=pipeline.SOURCE_NAME, order=COMPONENTS,
-                        specs_of=_call_specs_of_archive,
                     ))
             return cast(Record, copy_out(self.artifacts, record, output, kinds=kinds))
         except ArtifactRequestError as exc:
@@ -291,16 +290,6 @@ class Store:
         from pt2flow.flows.api.upkeep import verify_store
 
         return verify_store(self.artifacts)
-
-
-def _call_specs_of_archive(data: bytes) -> dict[str, Any]:
-    """A traced component's call specs (JSON) read from its program archive."""
-    from pt2flow.stages.generation import CallSpecs, register_cache_pytrees
-    from pt2flow.stages.serialize import load_archive
-
-    register_cache_pytrees()
-    program, _ = load_archive(data)
-    return CallSpecs.of(program).to_json()
 
 
 def artifact_kinds() -> ArtifactKinds:

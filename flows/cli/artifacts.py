@@ -51,6 +51,8 @@ def get_command(args: Args) -> int:
         for name, part in result["components"].items():
             print(f"{result['artifact']} artifact of {result['model']}/{name} ({part['sha256']}, {format_size(part['size'])}, run {part['run_id']}) -> {result['path']}/{part['file']}")
         print(f"manifest -> {result['path']}/manifest.json")
+        for warning in result.get("warnings", ()):
+            print(f"warning: {warning}", file=sys.stderr)
     else:
         print(f"{result['artifact']} artifact of {result['model']} ({result['sha256']}, {format_size(result['size'])}, run {result['run_id']}) -> {result['path']}")
     return EXIT_OK
