@@ -55,10 +55,12 @@ def tiny_t5(seed: int = 0, **overrides: Any) -> Any:
 
 
 def tiny_gemma(seed: int = 0, **overrides: Any) -> Any:
-    """GemmaForCausalLM with 2 layers of width 32 (heads of 8) and a 128-token vocabulary."""
+    """GemmaForCausalLM with 2 layers of width 32 (heads of 8) and a 128-token vocabulary. Weights
+    drawn wider than Gemma's default (initializer_range 0.5, not 0.02): at the default, a model this
+    small greedily repeats one token, which would make token equality a weak check."""
     from transformers import GemmaConfig, GemmaForCausalLM
 
-    return _tiny(GemmaForCausalLM, GemmaConfig, seed, **{"head_dim": 8, **overrides})
+    return _tiny(GemmaForCausalLM, GemmaConfig, seed, **{"head_dim": 8, "initializer_range": 0.5, **overrides})
 
 
 def tiny_phi3(seed: int = 0, **overrides: Any) -> Any:
