@@ -41,8 +41,8 @@ def tiny_qwen2(seed: int = 0, **overrides: Any) -> Any:
 
 def tiny_t5(seed: int = 0, **overrides: Any) -> Any:
     """T5ForConditionalGeneration (an encoder-decoder) with 2 encoder and 2 decoder layers of width
-    32 and a 128-token vocabulary. Its encoder runs eagerly inside generate(): the components are
-    the decoder's first step (`prefill`, taking `encoder_outputs`) and its later steps (`decode`)."""
+    32 and a 128-token vocabulary. Its components: the encoder (`encoder`, which generate() calls
+    once for `encoder_outputs`), the decoder's first step (`prefill`) and its later steps (`decode`)."""
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 

@@ -12,8 +12,11 @@ model's `forward` replaced by the components: the first call goes to `prefill`, 
 `decode`, each given the kwargs its program was traced with. `generate()` still builds each step's
 inputs (positions, masks, the empty cache) and carries the cache each program returns to the next
 call, so no cache plumbing is written here; every logit and every cache update comes from the
-programs. An encoder-decoder's encoder is not a component in transformers' decomposition: it runs
-eagerly, and `prefill` / `decode` are the decoder's first and later steps.
+programs. An encoder-decoder's encoder is a component too (`encoder`, called first): transformers'
+decomposition gives only the decoder's steps (`prefill` / `decode` take `encoder_outputs`), so the
+encoder's kwargs are captured from the same `generate()` (the module `model.get_encoder()`, which
+generate() calls once before the decoder's first step) and greedy generation swaps its `forward`
+too: no eager module computes anything of the generated tokens.
 
 Imports torch, transformers and, for the artifact kinds, pt2flow's own stages (serialize,
 executorch_target, aot_compile) and their runtimes (layers: stages/ never import flows/ or storage/).
@@ -27,7 +30,7 @@ import functools
 import time
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -37,6 +40,9 @@ from torch.export import Dim, ExportedProgram
 PREFILL = "prefill"
 DECODE = "decode"
 COMPONENTS = (PREFILL, DECODE)
+# An encoder-decoder's encoder (model.get_encoder()), called by generate() before the decoder's steps.
+ENCODER = "encoder"
+ENCODER_DECODER_COMPONENTS = (ENCODER, PREFILL, DECODE)
 
 # Forward kwargs that `generate()` passes but no exported program takes as an input: output flags
 # (DynamoExporter applies them to the config for the trace) and generation-time hints.
@@ -100,8 +106,25 @@ def prompt_inputs(model: torch.nn.Module, prompt_ids: torch.Tensor) -> dict[str,
     return {"input_ids": prompt_ids, "attention_mask": torch.ones_like(prompt_ids)}
 
 
+def encoder_of(model: torch.nn.Module) -> torch.nn.Module | None:
+    """An encoder-decoder's encoder as generate() finds it (`model.get_encoder()`), else None."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False) or not hasattr(model, "get_encoder"):
+        return None
+    encoder = model.get_encoder()
+    return encoder if encoder is not None and encoder is not model else None
+
+
+def component_names(model: torch.nn.Module) -> tuple[str, ...]:
+    """The components of `model`, in call order: `(encoder, prefill, decode)` for an
+    encoder-decoder, `(prefill, decode)` for a decoder-only model."""
+    return ENCODER_DECODER_COMPONENTS if encoder_of(model) is not None else COMPONENTS
+
+
 def components(model: torch.nn.Module, generate: GenerateSpec, prompt_ids: torch.Tensor | None = None) -> dict[str, Component]:
-    """`{prefill, decode}` of `model`, from transformers' `decompose_for_generation` under `generate`.
+    """The components of `model` in call order (component_names): `{prefill, decode}` from
+    transformers' `decompose_for_generation` under `generate`, and an encoder-decoder's `encoder`
+    (transformers decomposes only the decoder's steps): `model.get_encoder()` with the kwargs
+    generate() called it with during that same decomposition, its sequence axis dynamic.
 
     `prompt_ids` default to a fixed pseudo-random prompt of `generate.prompt_len` tokens.
     """
@@ -109,7 +132,8 @@ def components(model: torch.nn.Module, generate: GenerateSpec, prompt_ids: torch
 
     if prompt_ids is None:
         prompt_ids = example_prompt(model, generate.prompt_len)
-    with torch.no_grad():
+    encoder = encoder_of(model)
+    with torch.no_grad(), _calls_of(encoder) as encoder_calls:
         decomposed = decompose_for_generation(
             model,
             prompt_inputs(model, prompt_ids),
@@ -120,12 +144,55 @@ def components(model: torch.nn.Module, generate: GenerateSpec, prompt_ids: torch
         raise NotImplementedError(
             f"{type(model).__name__} decomposes into {sorted(decomposed)}: only prefill/decode models are supported"
         )
+    if encoder is not None:
+        if len(encoder_calls) != 1:
+            raise RuntimeError(f"generate() called {type(model).__name__}'s encoder {len(encoder_calls)} times, not once")
+        # a shallow copy, as transformers' decomposition returns the model: greedy_tokens swaps the
+        # encoder's own forward, which must not reach the eager reference's module
+        decomposed = {ENCODER: (copy.copy(encoder), encoder_calls[0]), **decomposed}
     found = {}
-    for name in COMPONENTS:
+    for name in component_names(model):
         module, inputs = decomposed[name]
         inputs = {key: value for key, value in inputs.items() if key not in NOT_PROGRAM_INPUTS}
         found[name] = Component(name, module, inputs, dynamic_shapes(name, inputs, generate))
     return found
+
+
+@contextmanager
+def _calls_of(module: torch.nn.Module | None) -> Iterator[list[dict[str, Any]]]:
+    """The kwargs of every call of `module.forward` while the block runs (None: no module, no calls)."""
+    calls: list[dict[str, Any]] = []
+    if module is None:
+        yield calls
+        return
+
+    def recording(original: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if args:
+                raise TypeError(f"generate() called {type(module).__name__}.forward with positional arguments")
+            calls.append(dict(kwargs))
+            return original(**kwargs)
+
+        return forward
+
+    with _forward_replaced(module, recording):
+        yield calls
+
+
+@contextmanager
+def _forward_replaced(module: torch.nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """`module.forward` replaced by `make(original)` (functools.wraps: generate() reads the
+    signature), then restored as it was (an instance attribute removed again)."""
+    had = "forward" in vars(module)
+    original = module.forward
+    module.forward = functools.wraps(original)(make(original))
+    try:
+        yield
+    finally:
+        if had:
+            module.forward = original
+        else:
+            del module.forward
 
 
 def example_prompt(model: torch.nn.Module, length: int, seed: int = 0) -> torch.Tensor:
@@ -153,7 +220,7 @@ def dynamic_shapes(name: str, inputs: Mapping[str, Any], generate: GenerateSpec)
     `Dim.AUTO` everywhere: the prompt (query) axis of `prefill` (and of a multi-token `decode`), the
     key/value length of a dynamic cache and of the masks that span it. A static cache, batch, heads
     and head size stay fixed. Every dim is `Dim.AUTO`, so torch.export names and relates them."""
-    query_varies = name == PREFILL or generate.multi_token_decode
+    query_varies = name in (PREFILL, ENCODER) or generate.multi_token_decode
     cache_varies = generate.cache == "dynamic"
     # a static cache bounds the query axis (ExecuTorch plans memory for the largest input, so it
     # refuses an unbounded dim); a dynamic cache leaves it open
@@ -162,7 +229,9 @@ def dynamic_shapes(name: str, inputs: Mapping[str, Any], generate: GenerateSpec)
     def spec(key: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             axes: dict[int, Any] = {}
-            if key in ("input_ids", "position_ids", "cache_position", "decoder_input_ids", "inputs_embeds"):
+            if name == ENCODER and key in ("input_ids", "attention_mask") and value.dim() == 2:
+                axes[1] = query  # the encoder reads the whole prompt: 2..max tokens
+            elif key in ("input_ids", "position_ids", "cache_position", "decoder_input_ids", "inputs_embeds"):
                 if query_varies:
                     axes[value.dim() - 1 if key != "inputs_embeds" else 1] = query
             elif key in ("attention_mask", "decoder_attention_mask") and value.dim() == 2 and cache_varies:
@@ -251,7 +320,26 @@ def export_component(component: Component) -> ExportedProgram:
             dict(component.inputs),
             DynamoConfig(dynamic_shapes=component.dynamic_shapes, strict=False),
         )
+    if component.name == ENCODER:
+        _contiguous_as_clone(program)
     return program
+
+
+def _contiguous_as_clone(program: ExportedProgram) -> None:
+    """Every `aten.contiguous` of the program as `aten.clone(memory_format=contiguous_format)`
+    (the same values), in place. With the encoder's symbolic sequence axis, torch.onnx's
+    decomposition turns T5's `attn.transpose(1, 2).contiguous()` into no copy at all (its
+    contiguity test does not hold for every size), and the `reshape` after it then fails as a
+    `view` ("Cannot view a tensor with shape [1, s, 4, 8] and strides (32*s, 8, 8*s, 1)"); an
+    explicit clone survives it."""
+    changed = False
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.contiguous.default and len(node.args) == 1:
+            node.target = torch.ops.aten.clone.default
+            node.kwargs = {"memory_format": node.kwargs.get("memory_format", torch.contiguous_format)}
+            changed = True
+    if changed:
+        program.graph_module.recompile()
 
 
 def export_components(found: Mapping[str, Component]) -> dict[str, ExportedComponent]:
@@ -486,32 +574,42 @@ def greedy_tokens(
     generate: GenerateSpec,
 ) -> Generation:
     """Greedy generation with the components' runners: generate()'s loop, with `model.forward`
-    replaced by `prefill` for the first call and `decode` for every later one.
+    replaced by `prefill` for the first call and `decode` for every later one, and an
+    encoder-decoder's encoder (`model.get_encoder()`, which generate() calls once, before the
+    decoder, for `encoder_outputs`) replaced by `encoder`.
 
     A step function takes generate()'s forward kwargs and returns the model's output
-    (`logits` and `past_key_values`): `program_step`, `eager_step`, `pte_step` or any runner.
+    (`logits` and `past_key_values`; the encoder's: its ModelOutput): `program_step`,
+    `eager_step`, `pte_step` or any runner. `step_fns` must have every component of the model
+    (component_names).
     """
-    missing = set(COMPONENTS) - set(step_fns)
+    names = component_names(model)
+    missing = set(names) - set(step_fns)
     if missing:
         raise ValueError(f"no step function for {sorted(missing)}")
-    calls = {PREFILL: 0, DECODE: 0}
-    original = model.forward
+    calls = dict.fromkeys(names, 0)
 
-    # generate() reads forward's signature to decide which kwargs to build (position_ids, ...)
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if args:
-            raise TypeError("generate() called forward with positional arguments")
-        name = PREFILL if calls[PREFILL] == 0 else DECODE
-        calls[name] += 1
-        return step_fns[name](**kwargs)
+    def replaced(chosen: Callable[[], str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                if args:
+                    raise TypeError("generate() called forward with positional arguments")
+                name = chosen()
+                calls[name] += 1
+                return step_fns[name](**kwargs)
 
-    model.forward = forward
-    try:
+            return forward
+
+        return make
+
+    encoder = encoder_of(model)
+    with ExitStack() as stack:
+        if encoder is not None:
+            stack.enter_context(_forward_replaced(encoder, replaced(lambda: ENCODER)))
+        stack.enter_context(_forward_replaced(model, replaced(lambda: PREFILL if calls[PREFILL] == 0 else DECODE)))
         result = eager_generation(model, generate, prompt_ids)
-    finally:
-        model.forward = original
-    if calls[PREFILL] != 1 or calls[DECODE] != len(result.tokens) - 1:
+    expected = {**dict.fromkeys(names, 1), DECODE: len(result.tokens) - 1}
+    if calls != expected:
         raise RuntimeError(f"generate() made {calls} component calls for {len(result.tokens)} tokens")
     return result
 

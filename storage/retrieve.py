@@ -99,6 +99,10 @@ def component_set(store: Any, model: str, components: list[str], kind: str, fold
     target = os.path.abspath(folder)
     if os.path.exists(target) and not os.path.isdir(target):
         raise ArtifactRequestError(f"{folder} is a file: a generative model's components go into a folder")
+    condition = (pc.field("model") == model) & (pc.field("stage") == source) & (pc.field("status") == "ok")
+    sources = newest_first(store.index.scan(None, filter=condition).to_pylist())
+    source_details = (decode(sources[0]).get("details") or {}) if sources else {}
+    order = tuple(source_details.get("components") or order)  # the call order the source recorded from the model
     named = [c for c in order if c in components] + [c for c in components if c not in order]
     records = {component: find_for_model(store.index, f"{model}/{component}", kind, run_id, kinds=kinds) for component in named}
     os.makedirs(target, exist_ok=True)  # every component's artifact is there: a refused set writes nothing
@@ -111,9 +115,7 @@ def component_set(store: Any, model: str, components: list[str], kind: str, fold
         specs = (decode(traced[0]).get("details") or {}).get("call_specs") if traced else None
         entries[component] = {"file": component + suffix, "sha256": record["sha256"], "size": record["size"], "run_id": record["run_id"],
                               "call_specs": specs}
-    condition = (pc.field("model") == model) & (pc.field("stage") == source) & (pc.field("status") == "ok")
-    sources = newest_first(store.index.scan(None, filter=condition).to_pylist())
-    generate = ((decode(sources[0]).get("details") or {}).get("manifest") or {}).get("generate") if sources else None
+    generate = (source_details.get("manifest") or {}).get("generate")
     manifest: dict[str, Any] = {"model": model, "artifact": kind, "order": named, "generate": generate, "components": entries}
     unspecified = [name for name, entry in entries.items() if not entry["call_specs"]]
     if unspecified:  # traced by a pt2flow that did not record them: a flat runtime cannot be fed from this manifest

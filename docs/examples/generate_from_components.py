@@ -5,12 +5,14 @@ for a `.pte`, the ExecuTorch runtime.
     python docs/examples/generate_from_components.py DIR --factory module:callable [--path FOLDER]
         [--prompt-lens 2,16] [--seed 0]
 
-DIR holds `manifest.json` and one file per component (`prefill.pte`, `decode.pte`, ...). The
+DIR holds `manifest.json` and one file per component (`prefill.pte`, `decode.pte`, and an
+encoder-decoder's `encoder.pte`, first in the manifest's `order`). The
 factory builds the eager model (the same one pt2flow exported: its config, its weights); FOLDER is
 put on sys.path to import it. For each prompt length the script draws a prompt of random ids,
 runs eager `generate()` and the same `generate()` with `model.forward` replaced by the components
-(the first call `prefill`, every later one `decode`, the cache each returns carried to the next),
-and prints one JSON line: `{length: {"eager": [ids], "components": [ids]}}`.
+(the first call `prefill`, every later one `decode`, the cache each returns carried to the next)
+and, when the manifest has an `encoder`, the encoder generate() calls (`model.get_encoder()`, once,
+for `encoder_outputs`) replaced by it too, and prints one JSON line: `{length: {"eager": [ids], "components": [ids]}}`.
 
 How a component is called (manifest `components[name].call_specs`): `in_spec` is the tree spec of
 the program's `(args, kwargs)`; generate()'s kwargs flattened by it give the runtime's inputs (the
@@ -93,21 +95,34 @@ def generate(model: torch.nn.Module, prompt: torch.Tensor, settings: dict[str, A
     config.do_sample, config.num_beams, config.max_new_tokens = False, 1, settings["max_new_tokens"]
     if settings.get("cache") == "static":
         config.cache_implementation, config.max_cache_len = "static", settings["max_cache_len"]
-    original, calls = model.forward, []
+    calls: list[str] = []
+    replaced = []  # (module, whether forward was its own attribute, the original forward)
     if steps is not None:
-        @functools.wraps(original)  # generate() reads forward's signature to build its kwargs
-        def forward(**kw: Any) -> Any:
-            calls.append("prefill" if not calls else "decode")
-            return steps[calls[-1]](**kw)
+        def swap(module: torch.nn.Module, name: Callable[[], str]) -> None:
+            original = module.forward
 
-        model.forward = forward
+            @functools.wraps(original)  # generate() reads forward's signature to build its kwargs
+            def forward(**kw: Any) -> Any:
+                calls.append(name())
+                return steps[calls[-1]](**kw)
+
+            replaced.append((module, "forward" in vars(module), original))
+            module.forward = forward
+
+        swap(model, lambda: "prefill" if "prefill" not in calls else "decode")
+        if "encoder" in steps:  # an encoder-decoder: generate() runs model.get_encoder() once, first
+            swap(model.get_encoder(), lambda: "encoder")
     try:
         with torch.no_grad():
             out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), generation_config=config,
                                  return_dict_in_generate=True, output_logits=True)
     finally:
-        model.forward = original
-    if steps is not None and calls.count("decode") != len(out.logits) - 1:
+        for module, own, original in replaced:
+            if own:
+                module.forward = original
+            else:
+                del module.forward
+    if steps is not None and (calls.count("decode") != len(out.logits) - 1 or calls.count("encoder") != ("encoder" in steps)):
         raise SystemExit(f"generate() made {len(calls)} calls for {len(out.logits)} tokens")
     return out.sequences[0, out.sequences.shape[1] - len(out.logits) :].tolist()
 

@@ -274,7 +274,7 @@ class Store:
                 try:
                     record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds=kinds)
                 except GenerativeModel as generative:  # every component into the folder `output`, with a manifest
-                    from pt2flow.flows.config.models import COMPONENTS
+                    from pt2flow.flows.config.models import ENCODER_DECODER_COMPONENTS as COMPONENTS  # call order, when the source names none
 
                     kind = artifact or "serialized"
                     return cast(Record, component_set(

@@ -64,13 +64,14 @@ def _compute_generation(call: StageCall) -> Produced:
     import tempfile
 
     from pt2flow.flows import pipeline
-    from pt2flow.flows.config.models import COMPONENTS
+    from pt2flow.flows.config.models import components_of
     from pt2flow.flows.engine.worker.artifacts import load_artifact
     from pt2flow.flows.engine.worker.compute import _load_program, validation_summary
     from pt2flow.stages import generation as G
 
     G.register_cache_pytrees()
     candidates = candidate_names()
+    order = components_of(call.inputs["source"].details)  # in call order; an encoder-decoder's encoder included
     specs: dict[str, Any] = {}
 
     def call_specs(component: str) -> Any:  # how a flat runtime calls it: the traced program's call spec
@@ -87,7 +88,7 @@ def _compute_generation(call: StageCall) -> Produced:
         def steps_of(stage: str, kind: str) -> Any:
             def load() -> dict[str, Any]:
                 steps = {}
-                for c in COMPONENTS:
+                for c in order:
                     if kind == "archive":
                         steps[c] = G.archive_step(blob(c, stage, kind, True))
                     elif kind == "package":
@@ -103,7 +104,7 @@ def _compute_generation(call: StageCall) -> Produced:
         skipped = []
         for name in pipeline.candidates():
             stage = pipeline.get(name)
-            if not all(f"{c}/{name}" in call.inputs for c in COMPONENTS):
+            if not all(f"{c}/{name}" in call.inputs for c in order):
                 continue
             if stage.publishes not in ("archive", "package", "pte", "onnx"):
                 skipped.append(name)
@@ -169,11 +170,12 @@ def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
     from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
 
     if getattr(model, "generate", None) is not None:  # a generative model: every component's candidates
-        from pt2flow.flows.config.models import COMPONENTS
+        from pt2flow.flows.config.models import components_of
 
-        names = [f"{c}/{name}" for name in pipeline.candidates() for c in COMPONENTS]
+        order = components_of(inputs["source"].details)  # in call order; an encoder-decoder's encoder first
+        names = [f"{c}/{name}" for name in pipeline.candidates() for c in order]
         candidates = [inputs[name].artifact for name in names if name in inputs]
-        libraries = [lib for name in pipeline.candidates() if f"{COMPONENTS[0]}/{name}" in inputs for lib in pipeline.get(name).libraries]
+        libraries = [lib for name in pipeline.candidates() if f"{order[0]}/{name}" in inputs for lib in pipeline.get(name).libraries]
         options = {**_keyed_options(options_json(model, stage.name)), "generate": model.generate.model_dump(mode="json")}
         if (required := required_candidates(model)) is not None:
             options = {**options, "require": required}

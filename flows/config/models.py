@@ -53,8 +53,18 @@ class GenerateConfig(_Strict):
     multi_token_decode: bool = False
 
 
-# the components of a generative model, in call order (stages/generation.py COMPONENTS; torch-free here)
+# the components of a generative model, in call order (stages/generation.py COMPONENTS; torch-free
+# here): a decoder-only model's, and an encoder-decoder's (its encoder first: every component name)
 COMPONENTS = ("prefill", "decode")
+ENCODER_DECODER_COMPONENTS = ("encoder", "prefill", "decode")
+
+
+def components_of(source_details: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """A generative model's components in call order, as its source stage recorded them from the
+    built model (`components`: stages.generation.component_names); none recorded (the model did
+    not build): a decoder-only model's."""
+    recorded = (source_details or {}).get("components")
+    return tuple(recorded) if recorded else COMPONENTS
 # the prompt length the components are captured at (stages/generation.py: the prompt axis is dynamic)
 CAPTURE_PROMPT_LEN = 8
 

@@ -7,14 +7,20 @@ a dynamic cache (no maximum on its axes) for the prefill component: the model go
 `.pte` (decode's executorch is not run), validate judges the other kinds by 32 greedy tokens at
 prompts of 2 and 16, and the model is `partial` with the pte verdict naming the component; the warm
 run is all cached with the same verdicts; `get` hands out the serialized set and refuses the pte;
-the drift report reads the model as partial. The compile test adds aot_compile for T5 on the same
-store (its decode package is compiled size-obliviously: stages/aot_compile.size_oblivious)."""
+the drift report reads the model as partial. T5's encoder is a component too (`encoder`, first:
+exported, through every stage, and the encoder validate's generations run), so ExecuTorch refuses
+T5 at the encoder; `get`'s serialized set of T5 runs in docs/examples/generate_from_components.py
+(no pt2flow) to eager's tokens, and to other tokens with the encoder's file perturbed. The compile
+test adds aot_compile for T5 on the same store (its decode package is compiled size-obliviously:
+stages/aot_compile.size_oblivious)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,7 @@ STAGES = ["trace", "serialize", "onnx", "executorch", "validate"]
 GENERATE = {"prompt_lens": [2, 16], "max_new_tokens": 32, "cache": "dynamic"}
 ENV = {"OMP_NUM_THREADS": "1"}
 LLAMA, T5 = "tiny-llama-dynamic", "tiny-t5"
+T5_COMPONENTS = ["encoder", "prefill", "decode"]  # in call order: the encoder is a component too
 MODELS = [
     {"name": LLAMA, "factory": "generative_models:tiny_llama", "generate": GENERATE, "require": ["serialized"]},
     {"name": T5, "factory": "generative_models:tiny_t5", "generate": GENERATE, "require": ["serialized", "onnx"]},
@@ -61,10 +68,11 @@ def _report(fleet: dict[str, Any], digest: str) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
-def _assert_pte_failed_at_prefill(model: dict[str, Any]) -> None:
+def _assert_pte_failed_at_prefill(model: dict[str, Any], first: str = "prefill") -> None:
+    """The .pte is refused at the model's first component (T5's: its encoder)."""
     pte = model["validation"]["verdicts"]["pte"]
     assert not pte["passed"] and pte["error_class"] == "dynamic_shape", pte
-    assert pte["error"].startswith("executorch failed: prefill: dynamic_shape: "), pte["error"]
+    assert pte["error"].startswith(f"executorch failed: {first}: dynamic_shape: "), pte["error"]
 
 
 def test_a_component_failing_a_target_not_required_leaves_the_model_partial(fleet: dict[str, Any]) -> None:
@@ -84,10 +92,15 @@ def test_a_component_failing_a_target_not_required_leaves_the_model_partial(flee
 def test_t5_generates_eagers_tokens_with_every_kind_it_builds(fleet: dict[str, Any]) -> None:
     model = _models(fleet["cold"])[T5]
     assert model["status"] == "partial", model
-    assert set(model["components"]) == {"prefill", "decode"}
+    assert list(model["components"]) == T5_COMPONENTS
+    encoder = model["components"]["encoder"]
+    assert all(encoder["stages"][s]["status"] == "ok" for s in ("trace", "serialize", "onnx")), encoder
+    assert encoder["artifacts"]["serialized"] and encoder["artifacts"]["onnx"], encoder
+    assert encoder["stages"]["executorch"]["status"] == "failed"  # the encoder's sequence axis has no maximum
+    assert "executorch" not in model["components"]["prefill"]["stages"]
     verdicts = model["validation"]["verdicts"]
     assert verdicts["serialized"]["passed"] and verdicts["onnx"]["passed"], verdicts
-    _assert_pte_failed_at_prefill(model)
+    _assert_pte_failed_at_prefill(model, "encoder")
 
     report = _report(fleet, model["stages"]["validate"]["artifact"])
     assert report["generation"] is True and set(report["candidates"]) == {"archive", "onnx"}
@@ -104,7 +117,8 @@ def test_the_warm_run_is_cached_with_the_same_verdicts(fleet: dict[str, Any]) ->
     for name in (LLAMA, T5):
         assert warm[name]["status"] == "partial"
         assert warm[name]["validation"]["verdicts"] == cold[name]["validation"]["verdicts"]
-        for component in ("prefill", "decode"):
+        assert list(warm[name]["components"]) == list(cold[name]["components"])
+        for component in cold[name]["components"]:  # T5's encoder too
             stages = warm[name]["components"][component]["stages"]
             assert list(stages) == list(cold[name]["components"][component]["stages"])
             assert all(s["cached"] for s in stages.values()), stages
@@ -128,6 +142,46 @@ def test_get_hands_out_the_required_kind_and_refuses_the_failed_one(fleet: dict[
     assert not refused.exists()  # a refused set writes nothing
     proc = run_cli(["get", "--store", fleet["store"], "--model", LLAMA, "--component", "decode", "--artifact", "pte", "-o", str(refused)])
     assert proc.returncode == 1 and "prefill's executorch failed" in proc.stderr, proc.stderr
+
+
+def test_t5s_set_runs_in_a_plain_script_with_its_exported_encoder(fleet: dict[str, Any]) -> None:
+    """`get --model tiny-t5 --artifact serialized -o DIR`: the encoder first in the manifest's
+    order; docs/examples/generate_from_components.py (no pt2flow) generates eager's tokens with
+    the three programs, and other tokens once encoder.pt2 is replaced by a perturbed program (the
+    encoder generate() runs is the file's, not the eager model's)."""
+    cold = _models(fleet["cold"])[T5]
+    folder = Path(fleet["folder"]) / "t5-serialized"
+    proc = run_cli(["get", "--store", fleet["store"], "--model", T5, "--artifact", "serialized", "-o", str(folder), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["order"] == T5_COMPONENTS, manifest["order"]
+    for component in T5_COMPONENTS:
+        assert manifest["components"][component]["sha256"] == cold["components"][component]["artifacts"]["serialized"]
+
+    def generated() -> dict[str, Any]:
+        script = ROOT / "docs" / "examples" / "generate_from_components.py"
+        argv = [str(script), str(folder), "--factory", "generative_models:tiny_t5", "--path", str(fleet["folder"]), "--prompt-lens", "3,17", "--seed", "7"]
+        code = f"import runpy, sys; sys.modules['pt2flow'] = None; sys.argv = {argv!r}; runpy.run_path({str(script)!r}, run_name='__main__')"
+        ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=_plain_env(), cwd=str(fleet["folder"]))
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        return json.loads(ran.stdout.strip().splitlines()[-1])
+
+    for length, run in generated().items():
+        assert run["components"] == run["eager"] and len(run["eager"]) == 32, (length, run)
+    # the encoder's program with its final layer norm's weight perturbed, saved over encoder.pt2
+    encoder = folder / manifest["components"]["encoder"]["file"]
+    perturb = ("import sys, torch; from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model as r; r(torch.nn.Module());"
+               "import transformers.modeling_outputs; p = torch.export.load(sys.argv[1]);"
+               "w = next(v for k, v in p.state_dict.items() if k.endswith('final_layer_norm.weight'));"
+               "w.data.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)));"
+               "torch.export.save(p, sys.argv[1])")
+    ran = subprocess.run([sys.executable, "-c", perturb, str(encoder)], capture_output=True, text=True, timeout=300, env=_plain_env())
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert any(run["components"] != run["eager"] for run in generated().values())
+
+
+def _plain_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | ENV
 
 
 def test_the_drift_report_reads_the_model_as_partial(fleet: dict[str, Any]) -> None:
@@ -156,7 +210,7 @@ def test_t5_compiled_package_generates_eagers_tokens(fleet: dict[str, Any]) -> N
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     (model,) = json.loads(proc.stdout)["models"]
     assert model["status"] == "partial", model
-    for component in ("prefill", "decode"):
+    for component in T5_COMPONENTS:
         stages = model["components"][component]["stages"]
         assert stages["aot_compile"]["status"] == "ok" and not stages["aot_compile"]["cached"] and stages["serialize"]["cached"], stages
     assert model["validation"]["verdicts"]["compiled"]["passed"], model["validation"]

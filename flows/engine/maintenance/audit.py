@@ -201,7 +201,7 @@ def audit(store: Any, run_id: str, *, fraction: float = 1.0, seed: int = 0, mode
     by_name = {m.name: m for m in models}
     for m in models:  # a generative model's components are recorded as the models `M/prefill`, `M/decode`
         if getattr(m, "generate", None) is not None:
-            from pt2flow.flows.config.models import COMPONENTS
+            from pt2flow.flows.config.models import ENCODER_DECODER_COMPONENTS as COMPONENTS  # every component name
 
             by_name.update({f"{m.name}/{c}": m.of_component(c) for c in COMPONENTS})
     auditor = Auditor(store, by_name, python)

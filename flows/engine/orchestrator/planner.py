@@ -45,6 +45,8 @@ def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str,
         details = json.loads(row["details"] or "{}")
         if details.get("request") != request:
             continue
+        if getattr(model, "generate", None) is not None and "components" not in details:
+            continue  # recorded before the source named a generative model's components: built again (same key)
         deps = (details.get("manifest") or {}).get("deps")
         if deps is None or changed_entries(deps, model.search_path, versions=_worker_versions(),
                                            stats=details.get("stats"), taken_ns=details.get("stats_at")):
@@ -158,7 +160,8 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
         if row is None:
             return plan
         plan.hits["source"] = (plan.source_key, row)
-        outcomes: dict[str, Outcome] = {"source": _facts(plan.source_key, row)}
+        # the source's details name a generative model's components (flows.config.models.components_of)
+        outcomes: dict[str, Outcome] = {"source": _facts(plan.source_key, row).model_copy(update={"details": json.loads(row["details"] or "{}")})}
         if model.generate is not None:
             if not _plan_components(plan, model, ctx, store, outcomes, failures):
                 return plan
@@ -202,11 +205,11 @@ def chain_stages(stages: tuple[str, ...] | list[str]) -> tuple[list[str], list[s
 def _plan_components(plan: Plan, model: ResolvedModel, ctx: RunContext, store: Any, outcomes: dict[str, Outcome], failures: bool) -> bool:
     """The component chains and the model's validate looked up as run_model walks them; False at
     the first miss (plan.first_miss names it), True when the index settles them all."""
-    from pt2flow.flows.config.models import COMPONENTS
+    from pt2flow.flows.config.models import components_of
 
     chain, after = chain_stages(ctx.stages)
     tolerated: set[str] = set()  # stages a component failed that the model does without (runner._run_components)
-    for component in COMPONENTS:
+    for component in components_of(outcomes["source"].details):
         scoped = model.of_component(component)
         got: dict[str, Outcome] = {"source": outcomes["source"]}
         for stage in chain:

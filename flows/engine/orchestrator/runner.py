@@ -257,13 +257,13 @@ def _run_components(model: ResolvedModel, ctx: RunContext, call: Callable[[str],
     kind is unusable for the model, the stage goes into `tolerated` (its error naming the
     component) and is skipped for the later components, as is every stage that needs it; the
     other stages and kinds go on (planner._plan_components walks the same way)."""
-    from pt2flow.flows.config.models import COMPONENTS
+    from pt2flow.flows.config.models import components_of
     from pt2flow.flows.engine.common.documents import ComponentResult
 
     logger = run_logger()
     chain, after = chain_stages(ctx.stages)
     result.components = {}
-    for component in COMPONENTS:
+    for component in components_of(outcomes["source"].details):  # in call order, from the model (the source records them)
         scoped = model.of_component(component)
         got: dict[str, Outcome] = {"source": outcomes["source"]}
         view = result.components[component] = ComponentResult()

@@ -244,6 +244,10 @@ def source(call: StageCall) -> Produced:
                "stats": built.stats, "stats_at": built.stats_at}
     if built.problem:  # trace meets the same problem and reports it with its class
         details["deps_problem"] = built.problem
+    if model.generate is not None:  # its components, in call order, from the model (outside the key)
+        from pt2flow.stages.generation import component_names
+
+        details["components"] = list(component_names(built.module)) if built.module is not None else None
     return call.publish(canonical_json(manifest).encode(), details=details)
 
 
