@@ -193,12 +193,22 @@ def recorded_weights(store: Any, details: Mapping[str, Any]) -> Any:
 
 
 def dims_code(dynamic: Any) -> tuple[list[str], str]:
-    """(Dim definitions, the dynamic_shapes expression) as Python source (a repro template's)."""
+    """(Dim definitions, the dynamic_shapes expression) as Python source (a repro template's):
+    a named Dim is defined once and named; a hint (Dim.AUTO, DYNAMIC, STATIC, with the min and max
+    it was given) is written inline, as `torch.export.Dim.AUTO(max=64)`."""
+    import dataclasses
+
+    from torch.export.dynamic_shapes import _DimHint
+
     dims: dict[str, str] = {}
 
     def code(value: Any) -> str:
         if value is None:
             return "None"
+        if isinstance(value, _DimHint):
+            bounds = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.name in ("min", "max")}
+            given = ", ".join(f"{k}={v!r}" for k, v in bounds.items() if v is not None)
+            return f"torch.export.Dim.{value.type.name}" + (f"({given})" if given else "")
         if isinstance(value, tuple):
             return "(" + "".join(code(v) + ", " for v in value) + ")"
         if isinstance(value, list):

@@ -14,7 +14,7 @@ restated: export_component keeps it inline):
     generation config  the model's own, with the attributes GenerateSpec.generation_config sets
     decomposition      decompose_for_generation(model, prompt, generation_config, multi_token_decode)
     inputs             the component's captured kwargs, less generation.NOT_PROGRAM_INPUTS
-    dynamic shapes     the component's (generation.dynamic_shapes: Dim.AUTO hints), inline
+    dynamic shapes     the component's (generation.dynamic_shapes: Dim.AUTO hints), inline (repro.dims_code)
     export             DynamoExporter().export_program(module, inputs, DynamoConfig(dynamic_shapes,
                        strict=False)) under the size-oblivious setting export_component chose
 
@@ -24,7 +24,6 @@ model) is what gives those values; the folder gets weights.pt when the run had w
 
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -36,7 +35,7 @@ def trace(job: ReproJob) -> str:
     """The body of a component's trace reproducer (flows/builtin/trace.py `repro` for `M/decode`)."""
     import torch
 
-    from pt2flow.flows.engine.maintenance.repro import ReproError, build_model_code, recorded_weights
+    from pt2flow.flows.engine.maintenance.repro import ReproError, build_model_code, dims_code, recorded_weights
     from pt2flow.flows.engine.worker.compute import generate_spec
     from pt2flow.stages import generation
     from pt2flow.stages.source import build_model, import_factory
@@ -58,7 +57,8 @@ def trace(job: ReproJob) -> str:
 
     settings = [f"generation_config.{key} = {wanted.get(key)!r}" for key in sorted(set(base) | set(wanted))
                 if key != "transformers_version" and base.get(key) != wanted.get(key)]
-    shapes = dynamic_shapes_code(component.dynamic_shapes)
+    dims, shapes = dims_code(component.dynamic_shapes)
+    dims_text = "".join(line + "\n        " for line in dims)  # named Dims, defined before the tree
     body = "\n" + textwrap.dedent(f"""\
         import copy
 
@@ -86,8 +86,7 @@ def trace(job: ReproJob) -> str:
         inputs = {{key: value for key, value in inputs.items() if key not in {tuple(generation.NOT_PROGRAM_INPUTS)!r}}}
 
         # only the axes that vary between calls are dynamic (pt2flow's generation.dynamic_shapes)
-        Dim = torch.export.Dim
-        dynamic_shapes = {shapes}
+        {dims_text}dynamic_shapes = {shapes}
 
         # the failing call: transformers' DynamoExporter (its patches, the cache classes registered
         # as pytrees, torch.export.export with strict=False)
@@ -107,28 +106,3 @@ def _size_oblivious(inputs: Mapping[str, Any]) -> bool:
         for leaf in torch.utils._pytree.tree_leaves(inputs.get("past_key_values"))
         if isinstance(leaf, torch.Tensor)
     )
-
-
-def dynamic_shapes_code(spec: Any) -> str:
-    """A dynamic-shapes tree as Python source: Dim.AUTO / DYNAMIC / STATIC hints (bounded ones
-    called with their min and max), named Dims as torch.export.Dim(...) inline."""
-    from torch.export.dynamic_shapes import _DimHint
-
-    def code(value: Any) -> str:
-        if value is None:
-            return "None"
-        if isinstance(value, _DimHint):
-            bounds = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.name in ("min", "max")}
-            given = ", ".join(f"{k}={v!r}" for k, v in bounds.items() if v is not None)
-            return f"Dim.{value.type.name}" + (f"({given})" if given else "")
-        if isinstance(value, tuple):
-            return "(" + "".join(code(v) + ", " for v in value) + ")"
-        if isinstance(value, list):
-            return "[" + ", ".join(code(v) for v in value) + "]"
-        if isinstance(value, dict):
-            return "{" + ", ".join(f"{k!r}: {code(v)}" for k, v in value.items()) + "}"
-        if hasattr(value, "__name__") and hasattr(value, "min"):  # a named torch.export.Dim
-            return f"Dim({value.__name__!r}, min={value.min}, max={value.max})"
-        raise TypeError(f"no source form for the dynamic-shape entry {value!r}")
-
-    return code(spec)
