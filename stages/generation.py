@@ -301,20 +301,24 @@ class ComponentExportError(RuntimeError):
         self.component = component
 
 
+def size_oblivious(component: Component) -> bool:
+    """Whether the component is exported with size-oblivious sizes: an encoder-decoder's decode is
+    captured after one decoder token, and its self-attention cache of length 1 would otherwise be
+    specialized by torch.export (0/1 specialization)."""
+    return any(
+        leaf.dim() == 4 and leaf.shape[2] == 1
+        for leaf in torch.utils._pytree.tree_leaves(component.inputs.get("past_key_values"))
+        if isinstance(leaf, torch.Tensor)
+    )
+
+
 def export_component(component: Component) -> ExportedProgram:
     """torch.export (strict=False) of one component through transformers' DynamoExporter, which
     applies its per-model patches, registers the cache classes as pytrees and gives the program
     the flat signature of the captured kwargs."""
     from transformers.exporters import DynamoConfig, DynamoExporter
 
-    # An encoder-decoder's decode is captured after one decoder token: its self-attention cache has
-    # length 1, which torch.export would specialize (0/1 specialization) without size-oblivious sizes.
-    oblivious = any(
-        leaf.dim() == 4 and leaf.shape[2] == 1
-        for leaf in torch.utils._pytree.tree_leaves(component.inputs.get("past_key_values"))
-        if isinstance(leaf, torch.Tensor)
-    )
-    with _quiet(), torch.fx.experimental._config.patch(backed_size_oblivious=oblivious):
+    with _quiet(), torch.fx.experimental._config.patch(backed_size_oblivious=size_oblivious(component)):
         program, _ = DynamoExporter().export_program(
             component.module,
             dict(component.inputs),

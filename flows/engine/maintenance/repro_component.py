@@ -6,8 +6,8 @@ A component's trace is not the trace ladder: the worker builds the parent model,
 with transformers' `decompose_for_generation` under the model's `generate:` (stages.generation
 `components`) and exports one component through transformers' `DynamoExporter` (stages.generation
 `export_component`). The script makes the same calls with the same values, which repro takes from
-pt2flow's own objects rather than restating pt2flow's rules (only the size-oblivious one is
-restated: export_component keeps it inline):
+pt2flow's own objects rather than restating pt2flow's rules (the size-oblivious setting is
+stages.generation.size_oblivious, which export_component uses):
 
     model              the factory's call (and weights.pt), as the trace repro of any model
     prompt             the capture prompt's token ids (generation.example_prompt), inline
@@ -25,7 +25,7 @@ model) is what gives those values; the folder gets weights.pt when the run had w
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pt2flow.flows.engine.maintenance.repro import ReproJob
@@ -50,7 +50,7 @@ def trace(job: ReproJob) -> str:
     base = eager.generation_config.to_dict()
     wanted = spec.generation_config(eager).to_dict()
     component = generation.components(eager, spec, prompt)[name]
-    oblivious = _size_oblivious(component.inputs)
+    oblivious = generation.size_oblivious(component)
     if state is not None:
         job.files.append("weights.pt")
         torch.save(dict(state), job.folder / "weights.pt")
@@ -94,15 +94,3 @@ def trace(job: ReproJob) -> str:
             program, _ = DynamoExporter().export_program(module, dict(inputs), DynamoConfig(dynamic_shapes=dynamic_shapes, strict=False))
         """)
     return build_model_code(model, state is not None) + body
-
-
-def _size_oblivious(inputs: Mapping[str, Any]) -> bool:
-    """export_component's setting: size-oblivious sizes when the cache was captured at length 1 (an
-    encoder-decoder's decode), which torch.export would otherwise specialize."""
-    import torch
-
-    return any(
-        leaf.dim() == 4 and leaf.shape[2] == 1
-        for leaf in torch.utils._pytree.tree_leaves(inputs.get("past_key_values"))
-        if isinstance(leaf, torch.Tensor)
-    )
