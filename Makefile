@@ -16,6 +16,12 @@ STORE ?= ./pt2-store
 DEMO_ARGS ?=
 GENERATIVE_ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` and `make test-fast`: 2 on this project's 2-core machines
+# (measured: docs/architecture.md, "Testing"); TEST_WORKERS=0 runs every test in one process
+TEST_WORKERS ?= 2
+# a test's group is its file, or the fleet it shares (tests/session.py); the 40 slowest tests and
+# the time per tier and per file are printed after every run (CI's log shows where time went)
+XDIST = -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 export PREFECT_HOME := $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
@@ -48,11 +54,12 @@ demo: install
 
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
-# the developer's quick loop: no AOTInductor compiles, no end-to-end runs
+# the developer's quick loop (under 3 minutes): no AOTInductor compiles, no end-to-end runs, no
+# subprocess of pt2flow, no export beyond tiny in-process models
 test-fast: install
-	$(BIN)/python -m pytest -m "not compile and not integration" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not compile and not integration" $(XDIST) $(PYTEST_ARGS)
 
 # a real torch upgrade through upgrade-check (bench/torch_upgrade.py): builds a torch 2.14.1 candidate
 # virtualenv under .cache/ once (about 6 GB: the CUDA build from the local wheel cache, run on the

@@ -112,3 +112,8 @@ def cli() -> Any:
 
 
 from tests.s3 import moto_s3  # noqa: E402,F401  (session fixture shared by storage and integration tests)
+from tests.fleets import _generative_fleet, _targets_fleet, generative_fleet, targets_fleet  # noqa: E402,F401  (built once per session)
+from tests.session import (  # noqa: E402,F401  (the suite's plumbing: inductor cache, xdist groups, time per tier)
+    pytest_collection_modifyitems, pytest_configure, pytest_sessionfinish, pytest_terminal_summary, pytest_testnodedown,
+    pytest_unconfigure,
+)

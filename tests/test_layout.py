@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import BIN, ROOT
 
 
@@ -16,6 +18,7 @@ def test_import_contracts_hold() -> None:
     assert "8 kept, 0 broken" in proc.stdout
 
 
+@pytest.mark.integration  # mypy / pip in a subprocess
 def test_the_python_api_type_checks(tmp_path) -> None:
     """mypy on flows/api (pyproject's [tool.mypy]): the API's signatures hold what they promise.
     The editable install maps pt2flow.flows to flows/ through an import hook mypy cannot follow,
@@ -44,6 +47,7 @@ def test_query_commands_import_neither_torch_nor_prefect() -> None:
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.integration  # mypy / pip in a subprocess
 def test_the_wheel_installs_only_pt2flow_with_every_package_and_the_report_template(tmp_path) -> None:
     """A non-editable install: every module of stages/, storage/ and flows/ lands under pt2flow/
     (a package missing from pyproject's list would only show up there), with the HTML report's

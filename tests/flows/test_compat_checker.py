@@ -8,11 +8,14 @@ import io
 import json
 import zipfile
 
+import pytest
 import torch
 
 from pt2flow.flows.engine.maintenance.compat import Checker
 from pt2flow.stages.serialize import serialize
 from tests import models
+
+pytestmark = pytest.mark.integration  # check-compat's worker processes
 
 
 def _archive(module: torch.nn.Module, *args: torch.Tensor) -> bytes:

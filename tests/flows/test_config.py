@@ -917,6 +917,7 @@ models:
 """
 
 
+@pytest.mark.integration  # `pt2flow validate` as a subprocess
 def test_cli_validate_accepts_a_good_config(tmp_path: Path) -> None:
     config = write_config(tmp_path / "good.yaml", [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}}], stages=["trace", "serialize"])
     proc = run_cli(["validate", str(config)], timeout=120)
@@ -927,6 +928,7 @@ def test_cli_validate_accepts_a_good_config(tmp_path: Path) -> None:
     assert json.loads(proc.stdout) == {"config": str(config), "valid": True, "models": ["mlp"], "stages": ["trace", "serialize"], "imported": 1, "notes": []}
 
 
+@pytest.mark.integration  # `pt2flow validate` as a subprocess
 def test_cli_validate_rejects_a_bad_config_with_path_and_line(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text(BAD.replace("dtype: float}", "dtype: float}\n    colour: red"))
@@ -940,6 +942,7 @@ def test_cli_validate_rejects_a_bad_config_with_path_and_line(tmp_path: Path) ->
     assert f"{config}:6: models[0].inputs.x.dtype:" in proc.stderr
 
 
+@pytest.mark.integration  # `pt2flow validate` as a subprocess
 def test_cli_validate_reports_semantic_problems(tmp_path: Path) -> None:
     config = tmp_path / "dup.yaml"
     config.write_text(BAD.replace("dtype: float}", "dtype: float32}"))

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import run_cli, run_json
+
+pytestmark = pytest.mark.integration  # `pt2flow validate` and `run` as subprocesses
 
 
 def _config(folder: Path, **model: object) -> Path:

@@ -17,6 +17,8 @@ from pt2flow.flows.options import UsageError
 from pt2flow.stages.deps import changed_entries
 from tests.environments import CANDIDATE_TRANSFORMERS, overlay_env
 
+pytestmark = pytest.mark.integration  # asks other interpreters, makes virtual environments
+
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -106,6 +107,7 @@ print(fingerprint(torch.export.export(bert_tiny(), (ids,), {"attention_mask": to
 """
 
 
+@pytest.mark.integration  # exports in fresh processes
 def test_re_exports_in_fresh_processes_give_equal_fingerprints() -> None:
     runs = [subprocess.run([sys.executable, "-c", FRESH, str(ROOT)], capture_output=True, text=True, check=True, cwd="/") for _ in range(2)]
     first, second = (r.stdout.split() for r in runs)

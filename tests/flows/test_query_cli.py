@@ -16,6 +16,8 @@ from pt2flow.storage import ArtifactStore
 from tests.conftest import run_cli, run_cli_into_closed_pipe, run_json
 from tests.records import CHAIN, h, make_chain
 
+pytestmark = pytest.mark.integration  # each test runs the `pt2flow` query commands as subprocesses
+
 
 def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

@@ -473,6 +473,7 @@ def test_comparison_is_plain_json(store: ArtifactStore) -> None:
 # CLI
 
 
+@pytest.mark.integration  # `pt2flow report` as a subprocess
 def test_report_cli(store: ArtifactStore, tmp_path: Path) -> None:
     root = str(tmp_path / "store")
     chain(store, "only", "run-1")

@@ -13,6 +13,8 @@ from pt2flow.flows.engine.environment.toolchain import toolchain_facts, toolchai
 from pt2flow.stages.toolchain import native_toolchain
 from tests.stages.test_toolchain import fake_compiler
 
+pytestmark = pytest.mark.integration  # the native toolchain is probed with real compiler subprocesses
+
 
 def test_cached_identity_is_the_native_one(tmp_path: Path) -> None:
     cache = tmp_path / "cache"

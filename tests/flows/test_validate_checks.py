@@ -114,6 +114,7 @@ def config(folder: Path, body: str) -> Path:
     return path
 
 
+@pytest.mark.integration  # builds the models in worker processes
 def test_each_problem_at_its_yaml_path_and_every_one_at_once(folder: Path) -> None:
     path = config(folder, """\
         - name: no-weights
@@ -153,6 +154,7 @@ def test_each_problem_at_its_yaml_path_and_every_one_at_once(folder: Path) -> No
     assert len(lines) == 7  # the last model is fine, in a fresh worker after the one that exited
 
 
+@pytest.mark.integration  # builds the models in worker processes
 def test_a_good_config_passes_and_a_model_that_refuses_meta_is_built_on_the_cpu(folder: Path) -> None:
     (folder / "weights.pt").write_bytes(b"not read by validate: it only has to exist")
     path = config(folder, """\
@@ -228,6 +230,7 @@ def test_argument_names_against_forward(params: str, names: list[str], expected:
     assert argument_problems(_sig(params), names) == expected
 
 
+@pytest.mark.integration  # builds the models in worker processes
 def test_validate_imports_no_torch_in_the_calling_process(folder: Path) -> None:
     """The model's code is imported in the worker only: the caller stays torch- and Prefect-free."""
     import subprocess
@@ -249,6 +252,7 @@ def with_inputs_factories(folder: Path, **models: str) -> Path:
     return config(folder, "".join(f"- {{name: {name}, factory: 'vmodels:two', inputs_factory: 'vmodels:{make}'}}\n" for name, make in models.items()))
 
 
+@pytest.mark.integration  # builds the models in worker processes
 def test_an_inputs_factorys_names_are_checked_on_the_meta_device(folder: Path) -> None:
     path = with_inputs_factories(folder, wrong_names="inputs_wrong", positional_then_named="inputs_positional",
                                  too_many="inputs_too_many", not_args_kwargs="inputs_bad_shape")
@@ -307,6 +311,7 @@ SIX_PROBLEMS = """\
     """
 
 
+@pytest.mark.integration  # builds the models in worker processes
 def test_six_problems_of_different_kinds_are_found_in_one_pass(folder: Path) -> None:
     """Issue 31: a schema problem (an unknown key) used to hide every deeper check, and the file
     and code checks ran only once the config's own checks passed: a user fixed 2, then met 4 more.
@@ -336,6 +341,7 @@ def test_six_problems_of_different_kinds_are_found_in_one_pass(folder: Path) -> 
     assert doc["imported"] == 6 and doc["notes"] == [] and len(doc["models"]) == 6
 
 
+@pytest.mark.integration  # builds the models in worker processes
 def test_a_factory_that_raises_is_a_problem_with_its_message(folder: Path) -> None:
     """A factory that raises on the meta device is called again on the CPU (as the run's source
     stage would); raising there too is a problem carrying the exception, not a note and exit 0.
@@ -371,6 +377,7 @@ def test_a_factory_that_raises_is_a_problem_with_its_message(folder: Path) -> No
     assert plain.returncode == 1 and plain.stderr.strip().endswith("RuntimeError: tokenizer.json is missing from the checkpoint folder")
 
 
+@pytest.mark.integration  # builds the models in worker processes
 def test_the_cpu_build_runs_within_the_models_limits(folder: Path) -> None:
     """The CPU attempt is the run's source stage in small: the model's memory ceiling and its
     source-stage time limit hold, and going over either is that model's problem."""

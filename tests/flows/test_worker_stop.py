@@ -17,6 +17,8 @@ import pytest
 from pt2flow.flows.engine.common.messages import Describe
 from pt2flow.flows.engine.orchestrator.supervisor import Budget, Interrupted, Worker, WorkerLost
 
+pytestmark = pytest.mark.integration  # real worker processes
+
 
 def _ready_worker(stopping: Callable[[], bool]) -> Worker:
     worker = Worker(threads=1, stopping=stopping)

@@ -1,43 +1,33 @@
-"""The benchmark stage end to end through `pt2flow run`: a small targets fleet (the demo's mlp and
-tiny-encoder, each to the archive, the AOTInductor package, ONNX, ExecuTorch and OpenVINO) with
-`benchmark` after validate, cold then warm: every validated artifact and eager timed at each dim's
+"""The benchmark stage end to end through `pt2flow run`: the session's shared targets fleet
+(tests/fleets.py: configs/targets.yaml, the demo's inference models each to the archive, the
+AOTInductor package, ONNX, ExecuTorch and OpenVINO) with `benchmark` after validate, cold then
+warm: every validated artifact and eager timed at each dim's
 min, example and max (or the configured sizes), a recommendation that is the fastest at each size,
 cached on the warm run, shown by `pt2flow show`."""
 
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
+from tests.fleets import BENCHMARK_FEW_RUNS, TARGETS_GROUP, Fleet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compile, pytest.mark.xdist_group(TARGETS_GROUP)]
 
-STAGES = "trace,functionalize,decompose,serialize,aot_compile,onnx,executorch,openvino,validate,benchmark"
-FEW_RUNS = {"warmup": 1, "min_runs": 3, "max_runs": 8, "window": 2, "max_seconds": 2.0}
+STAGES = ["trace", "functionalize", "decompose", "serialize", "aot_compile", "onnx", "executorch", "openvino", "validate", "benchmark"]
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    folder = tmp_path_factory.mktemp("benchmark")
-    config = yaml.safe_load((ROOT / "configs" / "targets.yaml").read_text())
-    models = {m["name"]: m for m in config["models"]}
-    encoder = dict(models["tiny-encoder"])
-    encoder["stages"] = {**encoder.get("stages", {}), "benchmark": {"sizes": {"batch": [1, 4]}}}
-    config["models"] = [models["mlp"], encoder]
-    config["defaults"]["benchmark"] = FEW_RUNS
-    (folder / "targets.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    shutil.copy(ROOT / "configs" / "demo_models.py", folder / "demo_models.py")
-    store = str(folder / "store")
-    args = ["run", str(folder / "targets.yaml"), "--store", store, "--stages", STAGES, "--json"]
-    cold = run_cli(args)
-    warm = run_cli(args)
-    return {"cold": cold, "warm": warm, "store": store}
+@pytest.fixture
+def fleet(targets_fleet: Fleet) -> dict[str, Any]:
+    """The shared targets fleet (tests/fleets.py): configs/targets.yaml with `benchmark` after
+    validate, a few runs per point (BENCHMARK_FEW_RUNS), tiny-encoder at batch 1 and 4."""
+    config = yaml.safe_load(targets_fleet.config.read_text())
+    assert config["stages"] == STAGES and config["defaults"]["benchmark"] == BENCHMARK_FEW_RUNS
+    return {"cold": targets_fleet.cold, "warm": targets_fleet.warm, "store": targets_fleet.store}
 
 
 def _models(result: Any) -> dict[str, dict[str, Any]]:

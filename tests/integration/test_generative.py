@@ -5,7 +5,9 @@ component goes through trace, serialize, aot_compile, onnx and executorch as the
 `M/prefill`, `M/decode` (keyed, cached, recorded); validate generates 32 greedy tokens at prompts
 of 2 and 16 with each artifact kind's components and requires eager `generate()`'s token ids.
 Beside them, the same Llama whose exported decode program has one weight wrong
-(tests/generative_faults.py) is caught at the first token decode makes. `get --component` hands
+(tests/generative_faults.py) is caught at the first token decode makes. The fleet is built once
+per session (tests/fleets.py `generative_fleet`) and shared with test_generative_t5.py and
+test_reproducible_identity.py. `get --component` hands
 out one component's artifact; `get --model M -o DIR` writes a set that
 docs/examples/generate_from_components.py, a script using only torch, transformers and the
 ExecuTorch runtime, runs to eager's tokens. (T5's own assertions: test_generative_t5.py.)"""
@@ -16,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,8 +27,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, run_cli, write_config
+from tests.fleets import BAD_DECODE, GENERATIVE_GROUP, Fleet, Run
 
-pytestmark = [pytest.mark.integration, pytest.mark.compile]
+pytestmark = [pytest.mark.integration, pytest.mark.compile, pytest.mark.xdist_group(GENERATIVE_GROUP)]
 
 pytest.importorskip("transformers")
 
@@ -34,31 +38,36 @@ COMPONENTS = ("prefill", "decode")
 KINDS = ("serialized", "compiled", "onnx", "pte")
 NEW_TOKENS = 32
 PROMPTS = (2, 16)
-GOOD, BAD = "tiny-llama", "tiny-llama-bad-decode"
+GOOD, BAD = "tiny-llama", BAD_DECODE
 DECODERS = (GOOD, "tiny-qwen2", "tiny-gemma", "tiny-phi3")
 T5 = "tiny-t5"
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    folder = tmp_path_factory.mktemp("generative")
-    shutil.copy(ROOT / "configs" / "generative_models.py", folder / "generative_models.py")
-    shutil.copy(ROOT / "tests" / "generative_faults.py", folder / "generative_faults.py")
-    store = str(folder / "store")
-    config = yaml.safe_load((ROOT / "configs" / "generative.yaml").read_text())
+@pytest.fixture
+def fleet(generative_fleet: Fleet) -> dict[str, Any]:
+    """The shared generative fleet (tests/fleets.py): configs/generative.yaml as shipped, run cold;
+    the bad decode model added (its first run builds only it), and all of them run again, warm.
+    `cold` holds every model's first build: the shipped models' from the first run, the bad
+    model's from the second."""
+    config = yaml.safe_load(generative_fleet.shipped.read_text())
     assert config["stages"] == STAGES and [m["name"] for m in config["models"]] == [*DECODERS, T5]
-    llama = next(m for m in config["models"] if m["name"] == GOOD)
-    config["models"].append({**llama, "name": BAD, "factory": "generative_faults:tiny_llama_bad_decode"})
-    config["store"] = store
-    path = folder / "generative.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    env = {"OMP_NUM_THREADS": "1"}
-    cold = run_cli(["run", str(path), "--json"], env=env, timeout=1800)
-    warm = run_cli(["run", str(path), "--json"], env=env)
-    return {"cold": cold, "warm": warm, "store": store, "folder": folder}
+    cold = {**generative_fleet.cold.document}
+    assert generative_fleet.fault is not None
+    cold["models"] = [*cold["models"], generative_fleet.fault.models()[BAD]]
+    return {"cold": Built(generative_fleet.fault.returncode, json.dumps(cold)), "warm": generative_fleet.warm,
+            "store": generative_fleet.store, "folder": generative_fleet.folder, "fleet": generative_fleet}
 
 
-def _model(proc: subprocess.CompletedProcess[str], name: str = GOOD) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Built:
+    """What the tests read of a run: its exit code and its document."""
+
+    returncode: int
+    stdout: str
+    stderr: str = ""
+
+
+def _model(proc: Built | Run, name: str = GOOD) -> dict[str, Any]:
     assert proc.returncode == 1, (proc.stdout[-3000:], proc.stderr[-5000:])  # the bad decode fails the run
     (model,) = [m for m in json.loads(proc.stdout)["models"] if m["name"] == name]
     return model
@@ -113,7 +122,7 @@ def test_a_decode_program_with_one_wrong_weight_is_caught_at_its_first_diverging
         assert bad["components"]["prefill"]["artifacts"][kind] == good["components"]["prefill"]["artifacts"][kind], kind
     for kind in KINDS:
         assert bad["components"]["decode"]["artifacts"][kind] != good["components"]["decode"]["artifacts"][kind], kind
-    (record,) = json.loads(run_cli(["ls", "--store", fleet["store"], "--model", BAD, "--stage", "validate", "--run", json.loads(fleet["cold"].stdout)["run_id"], "--json"]).stdout)
+    (record,) = json.loads(run_cli(["ls", "--store", fleet["store"], "--model", BAD, "--stage", "validate", "--run", fleet["fleet"].fault.document["run_id"], "--json"]).stdout)
     shown = run_cli(["show", record["sha256"], "--store", fleet["store"], "--json"])  # a failed validate keeps its report
     assert shown.returncode == 0, shown.stderr
     report = json.loads(shown.stdout)["report"]
@@ -151,7 +160,7 @@ def test_the_warm_run_is_cached_with_the_same_artifacts(fleet: dict[str, Any]) -
     for name, cold in cold_models.items():
         warm = warm_models[name]
         assert warm["status"] == cold["status"], name
-        assert set(warm["components"]) == set(cold["components"]), name
+        assert list(warm["components"]) == list(cold["components"]), name  # the same components, in call order
         for component, view in warm["components"].items():
             assert all(s["cached"] for s in view["stages"].values()), (name, view)
             assert view["artifacts"] == cold["components"][component]["artifacts"], (name, component)

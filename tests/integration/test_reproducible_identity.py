@@ -8,8 +8,14 @@ process (an address, a counter, a program kept in memory instead of read back fr
 fails here (issue 29: tiny-encoder's blobs, multi-head's and residual-regressor-train's rebuilt
 functionalize/decompose, a training archive with another ID in every store).
 
-Only the stages audit covers run (trace, functionalize, decompose, serialize): audit rebuilds no
-aot_compile, onnx, executorch or validate record (docs/architecture.md §5, "Audit")."""
+The first store of configs/generative.yaml and configs/targets.yaml is the session's shared fleet
+(tests/fleets.py), built as shipped (every stage, aot_compile and the targets included; targets
+with the benchmark stage too) from a copy of the config in the fleet's folder; its cold run is
+audited, and the second store is run from the same copy (an archive's node metadata holds the
+path of the model's source file, so both stores must build from the same folder). The second store, and both stores of the
+other configs, run only the stages audit covers (of trace, functionalize, decompose, serialize,
+those the config has): audit rebuilds no aot_compile, onnx, executorch or validate record
+(docs/architecture.md §5, "Audit"), and an archive depends only on the stages before it."""
 
 from __future__ import annotations
 
@@ -17,38 +23,81 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, run_json
+from tests.fleets import GENERATIVE_GROUP, TARGETS_GROUP, Fleet
 
 pytestmark = pytest.mark.integration
 
-AUDITED = "trace,functionalize,decompose,serialize"
+AUDITED = ("trace", "functionalize", "decompose", "serialize")
 SHIPPED = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+# the configs whose first store is a shared fleet: the fleet's session fixture and xdist group
+FLEETS = {"generative.yaml": ("_generative_fleet", GENERATIVE_GROUP), "targets.yaml": ("_targets_fleet", TARGETS_GROUP)}
+CONFIGS = [
+    pytest.param(name, marks=[pytest.mark.xdist_group(FLEETS[name][1]), pytest.mark.compile]) if name in FLEETS
+    else pytest.param(name, marks=pytest.mark.xdist_group(f"{Path(__file__).name}[{name}]"))  # each its own worker's work
+    for name in SHIPPED
+]
 
 
 def test_every_shipped_config_is_covered() -> None:
     assert SHIPPED == ["demo.yaml", "failures.yaml", "generative.yaml", "targets.yaml"]
 
 
-def _identities(records: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
-    return {(r["model"], r["stage"]): r["fingerprint"] for r in records if r.get("status", "ok") == "ok"}
+def _identities(records: list[dict[str, Any]], models: set[str]) -> dict[tuple[str, str], str]:
+    """(model, stage) -> fingerprint of the ok source and audited records of `models` (a
+    generative model's components, `M/prefill`, included)."""
+    return {
+        (r["model"], r["stage"]): r["fingerprint"] for r in records
+        if r.get("status", "ok") == "ok" and r["stage"] in ("source", *AUDITED) and r["model"].split("/", 1)[0] in models
+    }
 
 
-@pytest.fixture(scope="module", params=SHIPPED)
+def _audited_states(run: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """(model or MODEL/component, stage) -> status of every audited stage a run document shows."""
+    states = {}
+    for model in run["models"]:
+        for stage, view in model["stages"].items():
+            if stage in AUDITED:
+                states[(model["name"], stage)] = view["status"]
+        for component, part in (model.get("components") or {}).items():
+            for stage, view in part["stages"].items():
+                if stage in AUDITED:
+                    states[(f"{model['name']}/{component}", stage)] = view["status"]
+    return states
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
 def two_stores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The config run into two fresh stores; the first audited (every record, --sample 1.0)."""
+    """The config in two fresh stores (a shared fleet's store first, where it has one); the first
+    audited (every record of its first run, --sample 1.0)."""
     config = ROOT / "configs" / request.param
     folder = tmp_path_factory.mktemp(config.stem)
-    found: dict[str, Any] = {"config": request.param, "runs": [], "records": []}
-    for label in ("first", "second"):
-        store = folder / label
-        code, run, stderr = run_json(["run", str(config), "--store", str(store), "--stages", AUDITED], timeout=1500)
+    shipped = yaml.safe_load(config.read_text())
+    stages = ",".join(s for s in shipped["stages"] if s in AUDITED)
+    found: dict[str, Any] = {"config": request.param, "runs": [], "records": [], "models": {m["name"] for m in shipped["models"]}}
+    first, second = folder / "first", folder / "second"
+    audit = ["audit", "--store", str(first), "--config", str(config), "--sample", "1.0"]
+    to_build = [first, second]
+    if request.param in FLEETS:
+        fleet: Fleet = request.getfixturevalue(FLEETS[request.param][0])
+        assert fleet.cold.returncode in (0, 1) and "Traceback" not in fleet.cold.stderr, fleet.cold.stderr[-3000:]
+        found["runs"].append(fleet.cold.document)
+        first, to_build = Path(fleet.store), [second]
+        audit = ["audit", fleet.cold.document["run_id"], "--store", fleet.store, "--config", str(fleet.config), "--sample", "1.0"]
+        # the fleet's copy of the shipped config, beside the fleet's copy of its factories: an
+        # archive's node metadata holds the path of the model's source file
+        config = fleet.shipped
+    for store in to_build:
+        code, run, stderr = run_json(["run", str(config), "--store", str(store), "--stages", stages], timeout=1500)
         assert code in (0, 1) and "Traceback" not in stderr, stderr[-3000:]
         found["runs"].append(run)
+    for store in (first, second):
         code, records, stderr = run_json(["ls", "--store", str(store), "--limit", "0"])
         assert code == 0, stderr[-2000:]
         found["records"].append(records)
-    found["audit"] = run_json(["audit", "--store", str(folder / "first"), "--config", str(config), "--sample", "1.0"], timeout=1500)
+    found["audit"] = run_json(audit, timeout=1500)
     return found
 
 
@@ -75,21 +124,26 @@ def test_audit_rebuilds_every_record_of_a_fresh_store(two_stores: dict[str, Any]
 
 def test_two_fresh_stores_hold_the_same_archives_and_programs(two_stores: dict[str, Any]) -> None:
     first, second = two_stores["runs"]
-    archives = [{m["name"]: m["artifacts"].get("serialized") or _component_archives(m) for m in run["models"]} for run in (first, second)]
-    statuses = [{m["name"]: (m["status"], m["failed_stage"]) for m in run["models"]} for run in (first, second)]
-    assert statuses[0] == statuses[1]
-    ok = sorted(name for name, (status, _) in statuses[0].items() if status == "ok")
+    models = two_stores["models"]
+    archives = [{m["name"]: m["artifacts"].get("serialized") or _component_archives(m) for m in run["models"] if m["name"] in models}
+                for run in (first, second)]
+    states = [_audited_states(run) for run in (first, second)]
+    assert {k: v for k, v in states[0].items() if k[0].split("/", 1)[0] in models} == states[1]
+    if two_stores["config"] not in FLEETS:  # both stores built the same stages: the same outcomes
+        statuses = [{m["name"]: (m["status"], m["failed_stage"]) for m in run["models"]} for run in (first, second)]
+        assert statuses[0] == statuses[1]
+    ok = sorted(name for name in models if archives[1].get(name))  # the models serialize stored
     assert ok and all(archives[0][name] for name in ok), archives[0]
     assert archives[0] == archives[1]
-    identities = [_identities(records) for records in two_stores["records"]]
+    identities = [_identities(records, models) for records in two_stores["records"]]
     assert identities[0] == identities[1]
-    audited = _identities(two_stores["audit"][1]["records"])
+    audited = _identities(two_stores["audit"][1]["records"], models)
     assert audited == {k: v for k, v in identities[0].items() if k in audited}
     # every model's source was audited; the program records of every model that ran ok (the
     # shipped failures fail at trace: no program record)
     # (a generative model's programs are its components', recorded as `MODEL/prefill`, `MODEL/decode`)
     assert {model.split("/", 1)[0] for model, stage in audited if stage != "source"} == set(ok)
-    assert {model for model, stage in audited if stage == "source"} == set(statuses[0])
+    assert {model for model, stage in audited if stage == "source"} == models
 
 
 def _component_archives(model: dict[str, Any]) -> tuple[str | None, ...] | None:

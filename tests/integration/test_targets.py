@@ -1,7 +1,8 @@
 """The deployment targets end to end through `pt2flow run`: the shipped configs/targets.yaml (the
-demo's inference models to the archive, ONNX, ExecuTorch and OpenVINO, every one validated against eager
-at the edges of every dynamic dim), cached on a re-run, got, traced back to one export and
-re-checked by check-compat; and a fleet of models the targets refuse, each refusal with its
+demo's inference models to the archive, the AOTInductor package, ONNX, ExecuTorch and OpenVINO,
+every one validated against eager at the edges of every dynamic dim; the session's shared targets
+fleet, tests/fleets.py), cached on a re-run, got, traced back to one export and re-checked by
+check-compat; and a fleet of models the targets refuse, each refusal with its
 class, naming why, and a repro that raises it again in a fresh process with torch and the
 target's library alone."""
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,43 +17,37 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, run_cli, write_config
+from tests.conftest import run_cli, write_config
+from tests.fleets import TARGETS_GROUP, Fleet, Run
 
-pytestmark = pytest.mark.integration
+# one group with the shared targets fleet (tests/fleets.py), which the first tests read
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group(TARGETS_GROUP)]
 
-# the shipped targets config without aot_compile (compiles are covered elsewhere; they are slow)
-STAGES = "trace,functionalize,decompose,serialize,onnx,executorch,openvino,validate"
-
-
-def _models(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+def _models(result: subprocess.CompletedProcess[str] | Run) -> dict[str, dict[str, Any]]:
     return {m["name"]: m for m in json.loads(result.stdout)["models"]}
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    folder = tmp_path_factory.mktemp("targets")
-    shutil.copy(ROOT / "configs" / "targets.yaml", folder / "targets.yaml")
-    shutil.copy(ROOT / "configs" / "demo_models.py", folder / "demo_models.py")
-    store = str(folder / "store")
-    args = ["run", str(folder / "targets.yaml"), "--store", store, "--stages", STAGES, "--json"]
-    cold = run_cli(args)
-    warm = run_cli(args)
-    return {"cold": cold, "warm": warm, "store": store, "folder": folder}
+@pytest.fixture
+def demo(targets_fleet: Fleet) -> dict[str, Any]:
+    """The shared targets fleet (tests/fleets.py): configs/targets.yaml as shipped (aot_compile
+    included) with the benchmark stage after validate, cold then warm."""
+    return {"cold": targets_fleet.cold, "warm": targets_fleet.warm, "store": targets_fleet.store, "folder": targets_fleet.folder}
 
 
+@pytest.mark.compile  # the shared targets fleet compiles
 def test_every_demo_model_reaches_every_target_validated(demo: dict[str, Any]) -> None:
     cold = demo["cold"]
     assert cold.returncode == 0, cold.stderr[-3000:]
     models = _models(cold)
     assert sorted(models) == ["mlp", "multi-head", "small-cnn", "tiny-encoder"]
     for name, model in models.items():
-        assert model["artifacts"]["onnx"] and model["artifacts"]["pte"] and model["artifacts"]["openvino"] and model["artifacts"]["serialized"], name
+        assert all(model["artifacts"][kind] for kind in ("serialized", "compiled", "onnx", "pte", "openvino")), name
         assert model["validation"]["passed"] is True
     store = demo["store"]
     report_id = models["tiny-encoder"]["stages"]["validate"]["artifact"]
     record = json.loads(run_cli(["show", report_id, "--store", store, "--json"]).stdout)
     candidates = record["report"]["candidates"]
-    assert set(candidates) == {"archive", "onnx", "executorch", "openvino"}
+    assert set(candidates) == {"archive", "compiled", "onnx", "executorch", "openvino"}
     for name, candidate in candidates.items():
         # the example, then batch and seq at their min and at their max: the same samples for every candidate
         assert [s["label"] for s in candidate["samples"]] == ["example", "min", "max"], name
@@ -61,6 +55,7 @@ def test_every_demo_model_reaches_every_target_validated(demo: dict[str, Any]) -
         assert all(s["ok"] for s in candidate["samples"]) and candidate["max_abs_err"] < 1e-4, name
 
 
+@pytest.mark.compile  # the shared targets fleet compiles
 def test_a_re_run_is_served_from_the_cache(demo: dict[str, Any]) -> None:
     warm = demo["warm"]
     assert warm.returncode == 0, warm.stderr[-3000:]
@@ -70,6 +65,7 @@ def test_a_re_run_is_served_from_the_cache(demo: dict[str, Any]) -> None:
         assert model["artifacts"] == cold[name]["artifacts"], name
 
 
+@pytest.mark.compile  # the shared targets fleet compiles
 def test_targets_are_got_and_descend_from_the_same_export(demo: dict[str, Any], tmp_path: Path) -> None:
     store, model = demo["store"], _models(demo["cold"])["multi-head"]
     lines = {}
@@ -103,12 +99,13 @@ def test_targets_are_got_and_descend_from_the_same_export(demo: dict[str, Any], 
     assert ran.stdout.split() == ["1", "8"]  # one output row per batch item, at the dims' min and max
 
 
+@pytest.mark.compile  # the shared targets fleet compiles
 def test_check_compat_re_runs_every_target(demo: dict[str, Any]) -> None:
     result = run_cli(["check-compat", "--store", demo["store"], "--json"])
     assert result.returncode == 0, result.stderr[-2000:]
     document = json.loads(result.stdout)
     for model in document["models"]:
-        for kind in ("archive", "onnx", "pte", "openvino"):
+        for kind in ("archive", "compiled", "onnx", "pte", "openvino"):
             assert model[kind]["loads"] and model[kind]["runs"] and model[kind]["matches"], (model["name"], kind)
 
 

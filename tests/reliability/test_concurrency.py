@@ -26,6 +26,8 @@ from tests.reliability import stats
 from tests.reliability.concurrency import OWN_BLOBS, SHARED_BLOBS, own_payload, record_id, shared_payload, write_load
 from tests.reliability.invariants import temp_files
 
+pytestmark = pytest.mark.integration  # sixteen writer processes
+
 THREADS = 8
 PROCESSES = 8
 ROUNDS = {"local": 10, "s3": 5}  # 5 rounds publish each writer's 5 blobs once

@@ -28,6 +28,8 @@ from pt2flow.storage.retry import RetryPolicy
 from tests.reliability import stats
 from tests.reliability.faults import FaultProxy, run_proxy
 
+pytestmark = pytest.mark.integration  # faults injected into a moto S3 server, with the store's real retry backoff
+
 ATTEMPTS = 4
 BASE_DELAY = 0.3
 MAX_DELAY = 2.0

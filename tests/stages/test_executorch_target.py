@@ -32,6 +32,7 @@ def dict_pte(dict_case: TargetCase) -> StageResult:
     return lower_executorch(dict_case.program, ExecutorchOptions())
 
 
+@pytest.mark.integration  # lowers an encoder to ExecuTorch
 def test_dynamic_batch_and_sequence_match_eager_at_min_middle_and_max(seq_case: TargetCase, seq_pte: StageResult) -> None:
     meta = seq_pte.metadata
     assert meta["backends"] == ["XnnpackBackend"] and meta["partitions"] >= 1

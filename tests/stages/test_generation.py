@@ -13,6 +13,8 @@ import torch
 
 from pt2flow.stages import generation as G
 
+pytestmark = pytest.mark.integration  # exports tiny transformers models
+
 transformers = pytest.importorskip("transformers")
 
 NEW_TOKENS = 32

@@ -20,6 +20,8 @@ from pt2flow.stages import generation as G
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.vocabulary import ErrorClass
 
+pytestmark = pytest.mark.integration  # exports transformers models and lowers them to every kind
+
 transformers = pytest.importorskip("transformers")
 
 NEW_TOKENS = 32

@@ -13,6 +13,8 @@ import torch
 from pt2flow.stages import generation as G
 from pt2flow.stages.errors import StageError
 
+pytestmark = pytest.mark.integration  # exports a tiny transformers model
+
 transformers = pytest.importorskip("transformers")
 
 DECODER = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -124,6 +124,7 @@ print(hashlib.sha256(convert(program, OpenvinoOptions()).output).hexdigest())
 """
 
 
+@pytest.mark.integration  # a fresh process
 def test_the_same_program_gives_the_same_bytes_in_one_process_and_in_two(tmp_path: Path) -> None:
     program = _demo_case("tiny-encoder")[0].program
     first = convert(program, OpenvinoOptions()).output
@@ -253,6 +254,7 @@ def _script(body: str) -> str:
     return "import torch\nimport tests.custom_op_models  # registers the custom op\nprogram = torch.export.load('program.pt2')\n" + body
 
 
+@pytest.mark.integration  # a fresh process
 def test_the_repro_body_converts_and_runs_the_stored_program_in_a_plain_process(tmp_path: Path, declined: None) -> None:
     body = repro_body(OpenvinoOptions())
     assert "pt2flow" not in body
@@ -262,6 +264,7 @@ def test_the_repro_body_converts_and_runs_the_stored_program_in_a_plain_process(
     assert "1..8" in (tmp_path / "model.xml").read_text()  # the same input shapes as the stage's
 
 
+@pytest.mark.integration  # a fresh process
 def test_the_repro_body_raises_the_frontends_refusal(wobbly_case: TargetCase, tmp_path: Path, declined: None) -> None:
     proc = run_repro(_script(repro_body(OpenvinoOptions())), wobbly_case.program, tmp_path)
     assert proc.returncode != 0

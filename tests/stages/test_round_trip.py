@@ -100,6 +100,7 @@ def test_pytree_modules_names_the_registering_module(output_type_program) -> Non
     assert pytree_modules(plain) == []  # tuples, lists and dicts are torch's own
 
 
+@pytest.mark.integration  # fresh processes or a transformers model
 def test_a_program_with_a_user_output_type_loads_only_where_that_type_is_registered(output_type_program, tmp_path: Path) -> None:
     folder, program = output_type_program
     # in this process (the cold run, where the model was just built) the plain bytes load back fine
@@ -116,6 +117,7 @@ def test_a_program_with_a_user_output_type_loads_only_where_that_type_is_registe
     assert guessed.stdout.startswith("LOADED"), guessed.stdout + guessed.stderr
 
 
+@pytest.mark.integration  # fresh processes or a transformers model
 def test_checked_bytes_record_the_modules_and_load_in_a_fresh_process(output_type_program, tmp_path: Path) -> None:
     folder, program = output_type_program
     data = program_bytes_checked(program)
@@ -183,6 +185,7 @@ def test_a_program_that_does_not_save_is_a_serialization_error() -> None:
         pytree._deregister_pytree_node(Unnamed)
 
 
+@pytest.mark.integration  # fresh processes or a transformers model
 def test_gpt2_cold_and_warm_decompose_fail_alike(tmp_path: Path) -> None:
     """The issue's case: a tiny GPT-2's functionalized program, stored and loaded in a fresh process,
     reaches the same decompose failure as the in-memory one once its pytree module is imported."""

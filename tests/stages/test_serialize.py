@@ -159,6 +159,7 @@ def _load_elsewhere(path, mode: str) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.integration  # a fresh process
 def test_the_archive_names_the_modules_of_its_pytree_types_and_loads_in_a_fresh_process(tmp_path) -> None:
     from tests.pytree_models import point_output
 
@@ -172,6 +173,7 @@ def test_the_archive_names_the_modules_of_its_pytree_types_and_loads_in_a_fresh_
     assert "not registered" in _load_elsewhere(tmp_path / "named.pt2", "no-import")
 
 
+@pytest.mark.integration  # a fresh process
 def test_an_archive_that_names_no_modules_loads_by_its_type_names(tmp_path) -> None:
     """An archive from before serialize v2 (or not from pt2flow): the modules are guessed from the
     serialized type names of its treespecs ("module.Class")."""

@@ -75,6 +75,7 @@ def _noise_rows(report: dict[str, Any], candidate: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", ["mlp", "small-cnn", "tiny-encoder", "running-normalizer", "multi-head", "residual-regressor-train"])
+@pytest.mark.integration  # every demo model to every target
 def test_every_demo_model_passes_with_auto_and_reports_both_errors(name: str) -> None:
     case = _demo_case(name)
     report = validate(case["build"], case["inputs"], case["dims"], case["options"].model_copy(update={"tolerance": "auto"}),
@@ -112,6 +113,7 @@ def _targets(name: str, program: torch.export.ExportedProgram) -> dict[str, Targ
 
 
 @pytest.mark.parametrize("name", ["mlp", "small-cnn", "tiny-encoder", "multi-head"])
+@pytest.mark.integration  # every demo model to every target
 def test_every_deployment_target_of_the_demo_passes_with_auto(name: str) -> None:
     case = _demo_case(name)
     report = validate(case["build"], case["inputs"], case["dims"], case["options"].model_copy(update={"tolerance": "auto"}),
@@ -165,14 +167,17 @@ def test_a_perturbed_weight_beyond_the_noise_floor_fails_auto_but_not_a_fixed_at
 
 
 class DeepResidual(nn.Module):
-    """A residual MLP without normalization, 32 blocks of width 512: the residual stream grows to
-    tens, so a near-zero output element carries float32 rounding of the large terms it sums."""
+    """A residual MLP without normalization, 32 blocks of width 512, its input scaled by `gain`:
+    the residual stream grows to hundreds, so a near-zero output element carries float32 rounding
+    of the large terms it sums."""
 
-    def __init__(self, width: int = 512, depth: int = 32) -> None:
+    def __init__(self, width: int = 512, depth: int = 32, gain: float = 30.0) -> None:
         super().__init__()
+        self.gain = gain
         self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.gain
         for block in self.blocks:
             x = x + block(nn.functional.gelu(x))
         return x
@@ -180,9 +185,11 @@ class DeepResidual(nn.Module):
 
 def test_a_deep_model_that_needs_a_loosened_fixed_tolerance_passes_auto_untouched() -> None:
     """Its ONNX model (ONNX Runtime's own GEMMs) is as far from eager as eager is from float64,
-    but that is ~3e-5 on elements near zero: the default atol=1e-5 refuses it, 1e-4 would be
-    needed; auto accepts it at under 2x eager's own error. (The transformers models of
-    tests/hf_models.py, 8 layers wide 256 included, end in a LayerNorm and pass either way.)"""
+    but that is ~1e-3 on elements near zero (measured here: 8.9e-4): the default atol=1e-5
+    refuses it by a wide margin (at gain 1 the error was 3e-5, and on some machines every element
+    passed the default), 1e-2 is needed; auto accepts it at under 5x eager's own error. (The
+    transformers models of tests/hf_models.py, 8 layers wide 256 included, end in a LayerNorm
+    and pass either way.)"""
     from pt2flow.stages.functionalize import functionalize
     from pt2flow.stages.onnx_target import export_onnx, load_onnx
     from pt2flow.stages.options import FunctionalizeOptions
@@ -197,10 +204,10 @@ def test_a_deep_model_that_needs_a_loosened_fixed_tolerance_passes_auto_untouche
     with pytest.raises(StageError) as info:
         validate(build, inputs, tr.metadata["dims"], ValidateOptions(), targets=targets)
     assert info.value.error_class == "numeric_mismatch" and "atol=1e-05, rtol=0.0001" in info.value.message
-    assert validate(build, inputs, tr.metadata["dims"], ValidateOptions(atol=1e-4), targets=targets).output["passed"] is True
+    assert validate(build, inputs, tr.metadata["dims"], ValidateOptions(atol=1e-2), targets=targets).output["passed"] is True
     report = validate(build, inputs, tr.metadata["dims"], AUTO, targets=targets).output
     assert report["passed"] is True and report["tolerance"]["applied"] == "auto"
-    assert report["max_abs_err"] > 1e-5  # what the default fixed tolerance refused
+    assert report["max_abs_err"] > 1e-4  # ten times what the default fixed tolerance allows near zero
     assert report["max_noise_ratio"] <= 5
     rows = _noise_rows(report, "onnx")
     assert all(r["eager_err"] > 1e-6 for r in rows if r["eager_err"])  # eager's own error is of the same order

@@ -58,7 +58,13 @@ def _records(index: Any, run_id: str) -> list[dict[str, Any]]:
     condition = (pc.field("run_id") == run_id) & (pc.field("status") == "ok") & pc.field("stage").isin(list(audited))
     rows = [decode(row) for row in index.scan(None, filter=condition).to_pylist()]
     order = {stage: i for i, stage in enumerate(audited)}
-    return sorted(rows, key=lambda r: (r["model"], order[r["stage"]]))
+    # a model's records, then its components' (`M/prefill` ...): together, on one worker
+    return sorted(rows, key=lambda r: (_owner(r["model"]), r["model"], order[r["stage"]]))
+
+
+def _owner(model: str) -> str:
+    """The model a record belongs to: a component's (`M/prefill`) is M's."""
+    return model.split("/", 1)[0]
 
 
 def _parent(index: Any, record: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -79,7 +85,10 @@ def _source_weights(index: Any, record: Mapping[str, Any]) -> Mapping[str, Any] 
 
 
 class Auditor:
-    """One fresh worker per model (what one model's stages import must not help another's)."""
+    """One fresh worker per model (what one model's stages import must not help another's); a
+    generative model's components are checked on their model's worker, after its source record
+    (they import what the model does: a worker each would cost a torch and transformers import
+    per component)."""
 
     def __init__(self, store: Any, models: Mapping[str, ResolvedModel], python: str | None = None) -> None:
         self.store = store
@@ -90,10 +99,10 @@ class Auditor:
         self.memory_bytes = int(default_memory_gb() * 2**30)
 
     def _worker_for(self, model: str) -> Worker:
-        if self.worker is None or self.current != model:
+        if self.worker is None or self.current != _owner(model):
             self.close()
             self.worker = Worker(threads=None, python=self.python)
-            self.current = model
+            self.current = _owner(model)
         return self.worker
 
     def check(self, record: Mapping[str, Any]) -> dict[str, Any]:

@@ -116,6 +116,7 @@ class Worker:
         self.pid = self.process.pid
         self.ready = False
         self._offset = 0
+        self._stop_sent = False
 
     # -- calls -------------------------------------------------------------------------------
     def call(self, message: Request[ReplyT], budget: Budget = Budget()) -> ReplyT:
@@ -257,12 +258,21 @@ class Worker:
             except OSError:
                 pass
 
-    def close(self) -> None:
-        if self.alive:
+    def ask_to_stop(self) -> None:
+        """Tell the worker to exit, without waiting for it (close() waits, then kills its group)."""
+        if self.alive and not self._stop_sent:
             try:
                 self.conn.send(Stop())
+            except OSError:
+                pass
+            self._stop_sent = True
+
+    def close(self) -> None:
+        if self.alive:
+            self.ask_to_stop()
+            try:
                 self.process.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 pass
         self.kill()
         self.conn.close()
@@ -345,6 +355,8 @@ class WorkerPool:
         with self._lock:
             workers = list(self._all)
             self._all.clear()
+        for worker in workers:  # all told at once: they exit side by side
+            worker.ask_to_stop()
         for worker in workers:
             worker.close()
 

@@ -1,0 +1,140 @@
+"""The suite's own plumbing, loaded by tests/conftest.py (pytest and pytest-xdist hooks):
+
+- one TORCHINDUCTOR_CACHE_DIR per test session, shared by the xdist workers and every process
+  they start: a program compiled by one test is not compiled from scratch by the next, and no
+  earlier session's kernels are reused (tests that must compile cold set their own);
+- under `--dist loadgroup` (`make test`), a test's xdist group is its file unless it names one
+  (`pytest.mark.xdist_group`: the tests sharing a built fleet, tests/fleets.py), so a file's
+  module-scoped fixtures are built once; the groups of tests/fleets.py's fleets are sent first,
+  as they are the longest;
+- after every run, where the time went: each tier (fast, integration, compile: the markers of
+  pyproject.toml) and the slowest files, summed over setup, call and teardown (`.ci/run` shows
+  it for every landing, beside pytest's --durations);
+- the reliability figures (tests/reliability/stats.py), gathered from every xdist worker;
+- an xdist worker runs without the COLUMNS/LINES xdist sets (a plain pytest run has none).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from tests.reliability import stats
+
+TIERS = ("fast", "integration", "compile")
+FILES_SHOWN = 25
+FIRST_GROUP_PREFIX = "fleet:"  # tests/fleets.py's groups: sent to the workers before any other
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_xdist_worker(config):
+        # xdist gives its workers the controller's terminal size (COLUMNS=80), which no plain
+        # pytest run has: the commands the tests start would wrap their tables at 80 columns
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+        return
+    if os.environ.get(INDUCTOR_CACHE):
+        return
+    folder = tempfile.mkdtemp(prefix="pt2flow-tests-inductor-")
+    os.environ[INDUCTOR_CACHE] = folder
+    config.stash[_INDUCTOR_KEY] = folder
+
+
+_INDUCTOR_KEY = pytest.StashKey[str]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_INDUCTOR_KEY, None)
+    if folder:
+        os.environ.pop(INDUCTOR_CACHE, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+    def first(item: pytest.Item) -> bool:
+        mark = item.get_closest_marker("xdist_group")
+        name = (mark.kwargs.get("name") or (mark.args[0] if mark.args else "")) if mark else ""
+        return not str(name).startswith(FIRST_GROUP_PREFIX)
+
+    items.sort(key=first)  # stable: the fleets' groups first, everything else in collection order
+
+
+def tier_of(keywords: Any) -> str:
+    """compile outranks integration: a compile test is in the compile tier whatever else it is."""
+    if "compile" in keywords:
+        return "compile"
+    return "integration" if "integration" in keywords else "fast"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # an xdist worker: its figures go to the controller
+        output["reliability"] = stats.as_json()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist's controller, as each worker ends: add its reliability figures to the session's."""
+    figures = getattr(node, "workeroutput", {}).get("reliability")
+    if figures:
+        stats.merge(figures)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    _time_per_tier(terminalreporter)
+    _reliability(terminalreporter)
+
+
+def _time_per_tier(terminalreporter: Any) -> None:
+    tiers: dict[str, float] = defaultdict(float)
+    counts: dict[str, set[str]] = defaultdict(set)
+    files: dict[str, float] = defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if not isinstance(report, pytest.TestReport):
+                continue
+            tier = tier_of(report.keywords)
+            tiers[tier] += report.duration
+            counts[tier].add(report.nodeid)
+            files[report.nodeid.split("::", 1)[0]] += report.duration
+    if not tiers:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("time per tier and per file (setup + call + teardown; under xdist, summed over the workers)")
+    for tier in TIERS:
+        if counts[tier]:
+            write(f"{tier:<12} {len(counts[tier]):>5} tests {tiers[tier]:>9.1f} s")
+    write(f"{'total':<12} {sum(len(c) for c in counts.values()):>5} tests {sum(tiers.values()):>9.1f} s")
+    write("")
+    for path, seconds in sorted(files.items(), key=lambda item: -item[1])[:FILES_SHOWN]:
+        write(f"{seconds:>9.1f} s  {path}")
+
+
+def _reliability(terminalreporter: Any) -> None:
+    if not (stats.crash_points_tested or stats.faults_injected or stats.records_checked):
+        return
+    from pt2flow.storage.faults import CRASH_POINTS
+
+    terminalreporter.write_sep("-", "reliability")
+    terminalreporter.write_line(
+        f"crash points tested: {len(stats.crash_points_tested)} of {len(CRASH_POINTS)} "
+        f"({', '.join(p for p in CRASH_POINTS if p in stats.crash_points_tested)})"
+    )
+    terminalreporter.write_line(f"faults injected: {stats.faults_injected}")
+    terminalreporter.write_line(f"index records checked: {stats.records_checked}; records lost: {stats.records_lost}")
