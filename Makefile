@@ -19,9 +19,9 @@ PYTEST_ARGS ?=
 # pytest-xdist workers of `make test` and `make test-fast`: 2 on this project's 2-core machines
 # (measured: docs/architecture.md, "Testing"); TEST_WORKERS=0 runs every test in one process
 TEST_WORKERS ?= 2
-# a test's group is its file, or the fleet it shares (tests/session.py); the 40 slowest tests and
+# a test's group is its file, or the fleet it shares, longest groups first (tests/session.py); the 40 slowest tests and
 # the time per tier and per file are printed after every run (CI's log shows where time went)
-XDIST = -n $(TEST_WORKERS) --dist loadgroup --durations=40
+XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=40
 
 export PREFECT_HOME := $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false

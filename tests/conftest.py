@@ -98,6 +98,36 @@ def run_json(args: Sequence[str], **kwargs: Any) -> tuple[int, dict[str, Any], s
     return proc.returncode, document, proc.stderr
 
 
+def run_in_process(config: str | os.PathLike[str], *, env: Mapping[str, str] | None = None, **options: Any) -> tuple[int, dict[str, Any]]:
+    """`pt2flow run CONFIG --json` with the fleet run from this process, as the CLI runs it
+    (pt2flow.flows.api.running: prepare_run, then execute; the stage work in worker processes):
+    the exit code the CLI would give (0, 1; 2 for a config or usage error, nothing run) and the
+    run document as the CLI prints it (`{"error": MESSAGE}` for exit 2). `options` are
+    prepare_run's (store, only, stages, force, retry_failed, workers, runner, ...); `env` is set
+    in this process for the run (the workers inherit it). For tests of what a fleet does
+    (caching, selection, failures, retention); the CLI's own tests run the binary (run_cli),
+    which costs a Python start and Prefect's import per run."""
+    from pt2flow.flows.api.running import execute, prepare_run
+    from pt2flow.flows.config import ConfigError
+    from pt2flow.flows.options import UsageError
+
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
+    try:
+        try:
+            prepared = prepare_run(config, **options)
+        except (ConfigError, UsageError) as exc:
+            return 2, {"error": str(exc)}
+        document = json.loads(json.dumps(execute(prepared), default=str))
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return (0 if document["summary"]["failed"] == 0 else 1), document
+
+
 def write_config(path: Path, models: list[dict[str, Any]], **top: Any) -> Path:
     """Write a version-1 config; factories in tests.models resolve through PYTHONPATH=ROOT."""
     config = {"version": 1, **top, "models": models}
@@ -115,5 +145,5 @@ from tests.s3 import moto_s3  # noqa: E402,F401  (session fixture shared by stor
 from tests.fleets import _generative_fleet, _targets_fleet, generative_fleet, targets_fleet  # noqa: E402,F401  (built once per session)
 from tests.session import (  # noqa: E402,F401  (the suite's plumbing: inductor cache, xdist groups, time per tier)
     pytest_collection_modifyitems, pytest_configure, pytest_sessionfinish, pytest_terminal_summary, pytest_testnodedown,
-    pytest_unconfigure,
+    pytest_unconfigure, pytest_xdist_make_scheduler,
 )

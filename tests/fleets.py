@@ -3,8 +3,9 @@
 A fleet is a shipped config run cold into a fresh store, then warm, through the real `pt2flow`
 binary. Tests assert on the runs' documents and read the store; a test that changes the store
 copies it first (`Fleet.copy_store`). Under pytest-xdist every test that uses a fleet is in the
-fleet's xdist group (`GROUP`, a `pytest.mark.xdist_group`), so that one worker builds it and runs
-them all; tests/session.py sends these groups to the workers first (they are the longest).
+fleet's xdist group (`MEMBERS` below: tests/session.py's scheduler sends a group to one worker),
+so that one worker builds it and runs them all; these groups go to the workers first (they are
+the longest).
 
 - `generative_fleet`: configs/generative.yaml as shipped (tiny Llama, Qwen2, Gemma, Phi3 and T5,
   trace, serialize, aot_compile, onnx, executorch, validate) run cold; then the same fleet with
@@ -35,6 +36,29 @@ from tests.conftest import ROOT, run_cli
 
 GENERATIVE_GROUP = "fleet:generative"
 TARGETS_GROUP = "fleet:targets"
+# the tests that read a fleet, by file and parametrization id (None: every test of the file); a
+# test that uses a fleet and is not listed here fails (`in_group`), as another worker would build
+# the fleet again
+MEMBERS: dict[tuple[str, str | None], str] = {
+    ("tests/integration/test_generative.py", None): GENERATIVE_GROUP,
+    ("tests/integration/test_generative_t5.py", None): GENERATIVE_GROUP,
+    ("tests/integration/test_reproducible_identity.py", "generative.yaml"): GENERATIVE_GROUP,
+    ("tests/integration/test_targets.py", None): TARGETS_GROUP,
+    ("tests/integration/test_benchmark.py", None): TARGETS_GROUP,
+    ("tests/integration/test_reproducible_identity.py", "targets.yaml"): TARGETS_GROUP,
+}
+# files whose parametrizations are each a group of their own (long, independent, one store each)
+BY_PARAMETER = frozenset({"tests/integration/test_reproducible_identity.py"})
+
+
+def group_of(nodeid: str) -> str:
+    """The xdist group of a test: its fleet's, its parametrization's (BY_PARAMETER) or its file."""
+    path, _, rest = nodeid.partition("::")
+    param = rest[rest.index("[") + 1 : -1] if rest.endswith("]") and "[" in rest else None
+    for key in ((path, None), (path, param)):
+        if key in MEMBERS:
+            return MEMBERS[key]
+    return f"{path}[{param}]" if path in BY_PARAMETER and param is not None else path
 
 # generative models generate with one torch thread each (2 workers on 2 cores)
 GENERATIVE_ENV = {"OMP_NUM_THREADS": "1"}
@@ -86,9 +110,7 @@ def in_group(request: pytest.FixtureRequest, group: str) -> None:
     """A test using a fleet must be in its xdist group, or another worker would build it again."""
     if request.config.getoption("dist", "no") != "loadgroup":
         return
-    mark = request.node.get_closest_marker("xdist_group")
-    name = (mark.kwargs.get("name") or (mark.args[0] if mark.args else None)) if mark else None
-    assert name == group, f"{request.node.nodeid} uses the {group!r} fleet: mark it pytest.mark.xdist_group({group!r})"
+    assert group_of(request.node.nodeid) == group, f"{request.node.nodeid} uses the {group!r} fleet: list it in tests/fleets.py MEMBERS"
 
 
 def build_generative(folder: Path) -> Fleet:

@@ -3,10 +3,13 @@
 - one TORCHINDUCTOR_CACHE_DIR per test session, shared by the xdist workers and every process
   they start: a program compiled by one test is not compiled from scratch by the next, and no
   earlier session's kernels are reused (tests that must compile cold set their own);
-- under `--dist loadgroup` (`make test`), a test's xdist group is its file unless it names one
-  (`pytest.mark.xdist_group`: the tests sharing a built fleet, tests/fleets.py), so a file's
-  module-scoped fixtures are built once; the groups of tests/fleets.py's fleets are sent first,
-  as they are the longest;
+- under `--dist loadgroup` (`make test`), every test of a group runs in one worker: a test's
+  group is its file, or the fleet it reads (tests/fleets.py `group_of`), so a file's module-scoped
+  fixtures and a session's fleet are each built once. xdist's own loadgroup (3.8) groups by
+  `pytest.mark.xdist_group`, which it writes into the test's nodeid: pytest 9.2 no longer lets it,
+  and every test became a group of its own (each worker built every fleet and module fixture).
+  This scheduler asks `group_of` instead. The fleets' groups are sent first, as they are the
+  longest, then the other groups with end-to-end tests, then the fast tier's;
 - after every run, where the time went: each tier (fast, integration, compile: the markers of
   pyproject.toml) and the slowest files, summed over setup, call and teardown (`.ci/run` shows
   it for every landing, beside pytest's --durations);
@@ -24,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.fleets import group_of
 from tests.reliability import stats
 
 TIERS = ("fast", "integration", "compile")
@@ -63,16 +67,31 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("dist", "no") != "loadgroup":
         return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    # the longest work first, so that neither worker is left with a long group at the end: the
+    # fleets' groups, then every group with an end-to-end test, then the fast tier's, each in
+    # collection order (the scheduler keeps this order)
+    slow = {group_of(item.nodeid) for item in items if item.get_closest_marker("integration") or item.get_closest_marker("compile")}
 
-    def first(item: pytest.Item) -> bool:
-        mark = item.get_closest_marker("xdist_group")
-        name = (mark.kwargs.get("name") or (mark.args[0] if mark.args else "")) if mark else ""
-        return not str(name).startswith(FIRST_GROUP_PREFIX)
+    def rank(item: pytest.Item) -> int:
+        group = group_of(item.nodeid)
+        return 0 if group.startswith(FIRST_GROUP_PREFIX) else 1 if group in slow else 2
 
-    items.sort(key=first)  # stable: the fleets' groups first, everything else in collection order
+    items.sort(key=rank)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's controller: `--dist loadgroup` as tests/fleets.py `group_of` groups the tests."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False  # the workers' collection order is the order to send
+    return GroupScheduling(config, log)
 
 
 def tier_of(keywords: Any) -> str:

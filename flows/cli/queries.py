@@ -102,7 +102,10 @@ def ls_command(args: Args) -> int:
         return EXIT_OK
     from rich.table import Table
 
-    view = Table(title=f"{total} record(s) in {store.url}" + (f", newest {len(rows)} shown" if len(rows) < total else ""), title_justify="left")
+    # the heading is a line of its own, never wrapped: a table's title wraps at the table's width,
+    # which broke a long store path in two (an empty table is ~75 columns wide)
+    heading = f"{total} record(s) in {store.url}" + (f", newest {len(rows)} shown" if len(rows) < total else "")
+    view = Table()
     for column in ("ended (UTC)", "model", "stage", "status", "artifact", "size", "seconds", "run"):
         view.add_column(column, no_wrap=column in ("artifact", "ended (UTC)"))
     for r in rows:
@@ -113,7 +116,9 @@ def ls_command(args: Args) -> int:
             _when(r["ended_at"]), r["model"], r["stage"], status, _short(r["sha256"]), format_size(r["size"]),
             f"{r['seconds']:.2f}" if r.get("seconds") is not None else "-", r.get("run_id") or "-",
         )
-    rich_console().print(view)
+    console = rich_console()
+    console.print(heading, soft_wrap=True, markup=False, highlight=False)
+    console.print(view)
     return EXIT_OK
 
 

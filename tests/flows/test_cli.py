@@ -85,3 +85,13 @@ def test_long_options_may_be_abbreviated_to_a_unique_prefix(tmp_path) -> None:
     assert proc.stdout.strip() == "[]"
     proc = run_cli(["ls", "--st", "x"], timeout=120)  # --store, --storage-option, --stage, --status
     assert proc.returncode == 2 and "No such option" in proc.stderr
+
+
+def test_ls_prints_a_long_store_path_on_one_line(tmp_path) -> None:
+    """The heading names the store whole, however long its path and whatever the table's width
+    (it was the title of a ~75-column table, which broke a long path in two)."""
+    store = tmp_path / ("a-store-folder-with-a-name-long-enough-to-pass-any-table-width-" * 2) / "store"
+    store.mkdir(parents=True)
+    proc = run_cli(["ls", "--store", str(store)], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"0 record(s) in {store}"

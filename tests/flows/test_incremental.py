@@ -1,4 +1,6 @@
-"""Incremental re-export: which stages re-run after each kind of change, as real `pt2flow run`s.
+"""Incremental re-export: which stages re-run after each kind of change, as real fleet runs (in
+this process, pt2flow.flows.api's run; the real `pt2flow run` where its own process matters: a
+new torch version, a run killed half-way).
 
 One baseline run builds a store; each test copies it with the config folder, changes one thing
 and runs again. `a` is the model that changes, `b` must stay cached throughout (except under a
@@ -19,7 +21,7 @@ import pytest
 import yaml
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import BIN, cli_env, run_json
+from tests.conftest import BIN, cli_env, run_in_process, run_json
 
 pytestmark = pytest.mark.integration
 
@@ -92,8 +94,16 @@ def _weights(path: Path, seed: int) -> None:
     }, str(path))
 
 
-def _run(config: Path, store: Path, **kwargs: Any) -> dict[str, Any]:
-    code, document, stderr = run_json(["run", str(config), "--store", str(store)], cwd=config.parent, **kwargs)
+def _run(config: Path, store: Path, **options: Any) -> dict[str, Any]:
+    """The fleet run in this process (what a re-run builds is under test, not the CLI)."""
+    code, document = run_in_process(config, store=str(store), **options)
+    assert code == 0, document
+    return document
+
+
+def _run_cli(config: Path, store: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The real `pt2flow run` (a process of its own: its environment is the test's to set)."""
+    code, document, stderr = run_json(["run", str(config), "--store", str(store)], cwd=config.parent, env=env)
     assert code == 0, stderr[-3000:]
     return document
 
@@ -191,7 +201,7 @@ def test_new_torch_version_reruns_everything(copy: Path, tmp_path: Path) -> None
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.99.0\n")
     env = {"PYTHONPATH": os.pathsep.join([str(fake), cli_env()["PYTHONPATH"]])}
-    document = _run(copy / "fleet.yaml", copy / "store", env=env)
+    document = _run_cli(copy / "fleet.yaml", copy / "store", env=env)  # the orchestrator's own torch version too
     assert fresh(document, "a") == set(NO_COMPILE)
     assert fresh(document, "b") == set(NO_COMPILE)
     store = ArtifactStore(str(copy / "store"))
@@ -200,8 +210,7 @@ def test_new_torch_version_reruns_everything(copy: Path, tmp_path: Path) -> None
 
 
 def test_force_reruns_everything(copy: Path) -> None:
-    code, document, stderr = run_json(["run", str(copy / "fleet.yaml"), "--store", str(copy / "store"), "--force"], cwd=copy)
-    assert code == 0, stderr[-2000:]
+    document = _run(copy / "fleet.yaml", copy / "store", force=True)
     assert fresh(document, "a") == set(NO_COMPILE) and fresh(document, "b") == set(NO_COMPILE)
 
 

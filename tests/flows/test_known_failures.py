@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_json, write_config
+from tests.conftest import run_in_process, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -38,15 +38,14 @@ def _outcomes(document: dict[str, Any]) -> dict[str, tuple[str, str | None, str 
 def test_deterministic_failures_are_reported_from_the_index_and_retried_on_request(tmp_path: Path) -> None:
     config = write_config(tmp_path / "fleet.yaml", FLEET, stages=STAGES)
     store = str(tmp_path / "store")
-    code, cold, stderr = run_json(["run", str(config), "--store", store, "--workers", "1"])
-    assert code == 1, stderr[-3000:]
+    code, cold = run_in_process(config, store=store, workers=1)  # the fleet run in this process
+    assert code == 1, cold
     assert _outcomes(cold) == {"healthy": ("ok", None, None), **{n: ("failed", s, c) for n, (s, c) in EXPECTED.items()}}
 
     # unchanged, without the crashing model: nothing to build, not even a worker
     deterministic = [m["name"] for m in FLEET if m["name"] != "segfault"]
-    only = [arg for name in deterministic for arg in ("--only", name)]
-    code, warm, stderr = run_json(["run", str(config), "--store", store, *only])
-    assert code == 1, stderr[-3000:]
+    code, warm = run_in_process(config, store=store, only=deterministic)
+    assert code == 1, warm
     assert warm["workers"] == 0, "a worker was started for a fleet with nothing to build"
     assert _outcomes(warm) == {n: o for n, o in _outcomes(cold).items() if n in deterministic}
     cold_by_name = {m["name"]: m for m in cold["models"]}
@@ -56,16 +55,16 @@ def test_deterministic_failures_are_reported_from_the_index_and_retried_on_reque
         assert list(model["stages"]) == list(cold_by_name[model["name"]]["stages"])
 
     # a crash is no property of the key: it is retried every run, and crashes again
-    code, again, stderr = run_json(["run", str(config), "--store", store, "--only", "segfault", "--only", "branchy"])
-    assert code == 1, stderr[-3000:]
+    code, again = run_in_process(config, store=store, only=["segfault", "branchy"])
+    assert code == 1, again
     by_name = {m["name"]: m for m in again["models"]}
     assert by_name["segfault"]["stages"]["trace"]["cached"] is False
     assert by_name["segfault"]["error_class"] == "crash"
     assert by_name["branchy"]["stages"]["trace"]["cached"] is True
 
     # --retry-failed runs the known failures again (and they fail the same way)
-    code, retried, stderr = run_json(["run", str(config), "--store", store, "--retry-failed", *only])
-    assert code == 1, stderr[-3000:]
+    code, retried = run_in_process(config, store=store, retry_failed=True, only=deterministic)
+    assert code == 1, retried
     assert _outcomes(retried) == _outcomes(warm)
     for model in retried["models"]:
         if model["status"] == "failed":

@@ -23,7 +23,7 @@ import pytest
 from pt2flow.flows import report
 from pt2flow.flows.report import compare_runs, regressions, resolve_run, to_html, to_markdown
 from pt2flow.storage import AmbiguousId, ArtifactStore, RecordNotFound
-from tests.conftest import ROOT, run_cli, run_json, write_config
+from tests.conftest import ROOT, run_cli, run_in_process, run_json, write_config
 from tests.records import T0, h, make_chain
 
 HIST = {"aten.addmm.default": 2, "aten.permute.default": 2, "aten.relu.default": 1}
@@ -556,14 +556,14 @@ def test_report_on_two_real_runs(tmp_path: Path) -> None:
                defaults={"validate": {"benchmark": True, "benchmark_runs": 3}})
     store = tmp_path / "store"
     config = write_config(tmp_path / "fleet.yaml", [mlp, dict_out], **top)
-    code, first, stderr = run_json(["run", str(config), "--store", str(store)])
-    assert code == 0, stderr[-3000:]
+    code, first = run_in_process(config, store=str(store))  # the fleet runs in this process
+    assert code == 0, first
 
     # the change: another output width (a kwarg) and aten.linear kept whole by decompose
     changed = {**mlp, "kwargs": {"out": 6}, "stages": {"decompose": {"preserve": ["aten.linear.default"]}}}
     write_config(config, [changed, dict_out], **top)
-    code, second, stderr = run_json(["run", str(config), "--store", str(store)])
-    assert code == 0, stderr[-3000:]
+    code, second = run_in_process(config, store=str(store))
+    assert code == 0, second
 
     html_file = tmp_path / "report.html"
     code, doc, stderr = run_json(["report", "--store", str(store), "--html", str(html_file)])

@@ -15,7 +15,7 @@ from pt2flow.flows.engine.worker.artifacts import load_artifact
 from pt2flow.storage import ArtifactStore
 from pt2flow.storage.errors import IntegrityError
 from pt2flow.storage.store import TRUST_STAT_MIN_BYTES
-from tests.conftest import run_json, write_config
+from tests.conftest import run_in_process, write_config
 
 
 def _flip_a_byte(path: Path) -> None:
@@ -90,8 +90,8 @@ def test_a_run_rebuilds_a_big_artifact_whose_blob_changed(tmp_path: Path) -> Non
     config = write_config(tmp_path / "big.yaml", [big], stages=stages)
 
     def run() -> dict[str, Any]:
-        code, document, stderr = run_json(["run", str(config), "--store", str(store)])
-        assert code == 0, stderr[-3000:]
+        code, document = run_in_process(config, store=str(store))  # the fleet run in this process
+        assert code == 0, document
         return document["models"][0]
 
     first = run()

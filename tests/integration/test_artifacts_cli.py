@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import ROOT, run_cli, run_cli_into_closed_pipe, run_json, write_config
+from tests.conftest import ROOT, run_cli, run_cli_into_closed_pipe, run_in_process, run_json, write_config
 from tests.repro_models import custom_op_model
 
 pytestmark = pytest.mark.integration
@@ -53,8 +53,8 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
          "stages": {"functionalize": {"mode": "training"}}},
     ], stages=["trace", "functionalize", "decompose", "serialize", "validate"])
     store = str(work / "store")
-    code, doc, stderr = run_json(["run", str(config), "--store", store])
-    assert code == 1, stderr[-3000:]
+    code, doc = run_in_process(config, store=store)  # the fleet run in this process: get and repro are under test
+    assert code == 1, doc
     got = {m["name"]: (m["status"], m["failed_stage"], m["error_class"]) for m in doc["models"]}
     assert got == {
         "data-dependent": ("failed", "trace", "data_dependent"),
@@ -195,9 +195,9 @@ def test_repro_of_an_aot_compile_failure_raises_it(tmp_path: Path) -> None:
          "stages": {"aot_compile": {"inductor_configs": {"cpp.cxx": ["/nonexistent/c++"]}}}},
     ])
     store = str(tmp_path / "store")
-    code, doc, stderr = run_json(["run", str(config), "--store", store])
+    code, doc = run_in_process(config, store=store)
     (model,) = doc["models"]
-    assert code == 1 and (model["failed_stage"], model["error_class"]) == ("aot_compile", "compile"), stderr[-3000:]
+    assert code == 1 and (model["failed_stage"], model["error_class"]) == ("aot_compile", "compile"), doc
     code, written, stderr = run_json(["repro", "no-compiler", "-o", str(tmp_path / "out"), "--store", store])
     assert code == 0 and written["files"] == ["program.pt2", "repro.py"], stderr
     result = _run_script(tmp_path / "out")
@@ -231,10 +231,10 @@ def test_repro_refuses_failures_before_torch_and_leaves_no_folder(tmp_path: Path
         {"name": "moved", "factory": "moved_models:data_dependent_branch", "inputs": {"x": {"shape": [2, 8]}}},
     ], stages=["trace"])
     store = str(work / "store")
-    code, doc, stderr = run_json(["run", str(config), "--store", store])
+    code, doc = run_in_process(config, store=store)
     got = {m["name"]: (m["failed_stage"], m["error_class"]) for m in doc["models"]}
     assert code == 1 and got == {"missing-dependency": ("trace", "import"), "wrong-input": ("trace", "config"),
-                                 "moved": ("trace", "data_dependent")}, (got, stderr[-2000:])
+                                 "moved": ("trace", "data_dependent")}, got
     for model, why in (("missing-dependency", "the model's code does not import: importing 'broken_import_models' failed"),
                        ("wrong-input", "the config does not fit the model")):
         out = tmp_path / model
@@ -310,8 +310,8 @@ def test_check_compat_passes_a_run_and_flags_an_archive_of_an_unsupported_format
          "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}}},
     ])
     store = str(tmp_path / "store")
-    code, doc, stderr = run_json(["run", str(config), "--store", store])
-    assert code == 0, stderr[-3000:]
+    code, doc = run_in_process(config, store=store)
+    assert code == 0, doc
 
     # the archive version is on record, and ls filters by it
     code, rows, _ = run_json(["ls", "--archive-version", torch_archive_version(), "--store", store])

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from tests.fleets import BENCHMARK_FEW_RUNS, TARGETS_GROUP, Fleet
+from tests.fleets import BENCHMARK_FEW_RUNS, Fleet
 
-pytestmark = [pytest.mark.integration, pytest.mark.compile, pytest.mark.xdist_group(TARGETS_GROUP)]
+pytestmark = [pytest.mark.integration, pytest.mark.compile]
 
 STAGES = ["trace", "functionalize", "decompose", "serialize", "aot_compile", "onnx", "executorch", "openvino", "validate", "benchmark"]
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import run_json, write_config
+from tests.conftest import run_in_process, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -63,31 +63,32 @@ def _check(document: dict[str, Any], store: Path, *, validated: bool) -> None:
     assert len(set(archives.values())) == len(archives), archives  # no two models share a program
 
 
-def _run(config: Path, store: Path, *extra: str) -> dict[str, Any]:
-    code, document, stderr = run_json(["run", str(config), "--store", str(store), *extra])
-    assert code == 0, stderr[-3000:]
+def _run(config: Path, store: Path, **options: Any) -> dict[str, Any]:
+    """The fleet run in this process (pt2flow.flows.api's run: what the cache serves is under test)."""
+    code, document = run_in_process(config, store=str(store), **options)
+    assert code == 0, document
     return document
 
 
 @pytest.mark.parametrize(
     ("stages", "workers"),
-    [(PROGRAM_STAGES, "1"), ([*PROGRAM_STAGES, "validate"], "2")],
+    [(PROGRAM_STAGES, 1), ([*PROGRAM_STAGES, "validate"], 2)],
     ids=["no-validate-1-worker", "validate-2-workers"],
 )
-def test_models_that_differ_only_in_inputs_get_programs_of_their_own(tmp_path: Path, stages: list[str], workers: str) -> None:
+def test_models_that_differ_only_in_inputs_get_programs_of_their_own(tmp_path: Path, stages: list[str], workers: int) -> None:
     config = write_config(tmp_path / "fleet.yaml", FLEET, stages=stages)
     store = tmp_path / "store"
     validated = "validate" in stages
     # across runs: two models first, then the whole fleet, whose other models must not be
     # served the first ones' records
-    first = _run(config, store, "--only", "lin-2x8", "--only", "emb-i64", "--workers", workers)
+    first = _run(config, store, only=["lin-2x8", "emb-i64"], workers=workers)
     _check(first, store, validated=validated)
-    second = _run(config, store, "--workers", workers)
+    second = _run(config, store, workers=workers)
     _check(second, store, validated=validated)
     cached = {m["name"]: all(s["cached"] for s in m["stages"].values()) for m in second["models"]}
     assert cached == {"lin-2x8": True, "emb-i64": True, "lin-3x8": False, "lin-5x4x8": False, "emb-i32": False}
     # warm: nothing to do, the same artifacts
-    third = _run(config, store, "--workers", workers)
+    third = _run(config, store, workers=workers)
     assert all(s["cached"] for m in third["models"] for s in m["stages"].values())
     assert {m["name"]: m["artifacts"] for m in third["models"]} == {m["name"]: m["artifacts"] for m in second["models"]}
 
@@ -95,4 +96,4 @@ def test_models_that_differ_only_in_inputs_get_programs_of_their_own(tmp_path: P
 def test_one_cold_run_of_the_whole_fleet_with_validation(tmp_path: Path) -> None:
     config = write_config(tmp_path / "fleet.yaml", FLEET, stages=[*PROGRAM_STAGES, "validate"])
     store = tmp_path / "store"
-    _check(_run(config, store, "--workers", "1"), store, validated=True)
+    _check(_run(config, store, workers=1), store, validated=True)

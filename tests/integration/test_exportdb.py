@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests import exportdb
-from tests.conftest import run_cli, run_json
+from tests.conftest import run_cli, run_in_process, run_json
 
 pytestmark = pytest.mark.integration
 
@@ -178,7 +178,7 @@ def test_a_few_cases_compile_and_their_packages_match_eager(tmp_path: Path) -> N
     """AOTInductor packages of nested inputs (*args, a tuple, **kwargs), an input mutated in
     place, and torch.cond with a dynamic dim: each package is validated like the archive."""
     config = exportdb.write_fleet(tmp_path, names=COMPILED_CASES, stages=["trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"])
-    code, document, stderr = run_json(["run", str(config), "--store", str(tmp_path / "store")], timeout=1200)
+    code, document = run_in_process(config, store=str(tmp_path / "store"))  # the fleet run in this process
     models = {m["name"]: m for m in document["models"]}
     assert code == 0, {n: (m["error_class"], m["error"]) for n, m in models.items() if m["status"] != "ok"}
     for name in COMPILED_CASES:

@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, run_cli, write_config
-from tests.fleets import BAD_DECODE, GENERATIVE_GROUP, Fleet, Run
+from tests.fleets import BAD_DECODE, Fleet, Run
 
-pytestmark = [pytest.mark.integration, pytest.mark.compile, pytest.mark.xdist_group(GENERATIVE_GROUP)]
+pytestmark = [pytest.mark.integration, pytest.mark.compile]
 
 pytest.importorskip("transformers")
 

@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, run_cli, write_config
-from tests.fleets import GENERATIVE_GROUP, Fleet, Run
+from tests.fleets import Fleet, Run
 
 # one group with the shared generative fleet (tests/fleets.py), which T5's tests read
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group(GENERATIVE_GROUP)]
+pytestmark = [pytest.mark.integration]
 
 pytest.importorskip("transformers")
 

@@ -26,19 +26,16 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, run_json
-from tests.fleets import GENERATIVE_GROUP, TARGETS_GROUP, Fleet
+from tests.fleets import Fleet
 
 pytestmark = pytest.mark.integration
 
 AUDITED = ("trace", "functionalize", "decompose", "serialize")
 SHIPPED = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
-# the configs whose first store is a shared fleet: the fleet's session fixture and xdist group
-FLEETS = {"generative.yaml": ("_generative_fleet", GENERATIVE_GROUP), "targets.yaml": ("_targets_fleet", TARGETS_GROUP)}
-CONFIGS = [
-    pytest.param(name, marks=[pytest.mark.xdist_group(FLEETS[name][1]), pytest.mark.compile]) if name in FLEETS
-    else pytest.param(name, marks=pytest.mark.xdist_group(f"{Path(__file__).name}[{name}]"))  # each its own worker's work
-    for name in SHIPPED
-]
+# the configs whose first store is a shared fleet (their session fixture; tests/fleets.py MEMBERS
+# puts these parametrizations in the fleet's xdist group, and each other one in a group of its own)
+FLEETS = {"generative.yaml": "_generative_fleet", "targets.yaml": "_targets_fleet"}
+CONFIGS = [pytest.param(name, marks=pytest.mark.compile) if name in FLEETS else name for name in SHIPPED]
 
 
 def test_every_shipped_config_is_covered() -> None:
@@ -81,7 +78,7 @@ def two_stores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     audit = ["audit", "--store", str(first), "--config", str(config), "--sample", "1.0"]
     to_build = [first, second]
     if request.param in FLEETS:
-        fleet: Fleet = request.getfixturevalue(FLEETS[request.param][0])
+        fleet: Fleet = request.getfixturevalue(FLEETS[request.param])
         assert fleet.cold.returncode in (0, 1) and "Traceback" not in fleet.cold.stderr, fleet.cold.stderr[-3000:]
         found["runs"].append(fleet.cold.document)
         first, to_build = Path(fleet.store), [second]

@@ -1,5 +1,6 @@
 """Retention (`pt2flow gc --keep-runs/--keep-days`, serve's `retention:`) and reproducible archives,
-on real runs through the real `pt2flow` binary, on a local store and on S3 (moto's server).
+on real runs (fleets run in this process, `gc` and the queries through the real `pt2flow`
+binary), on a local store and on S3 (moto's server).
 
 The local fleet: run 1 builds `mlp` (hidden 16) and `other`; run 2 changes mlp (hidden 32; other
 is cached); run 3 is `--force --only mlp` (every mlp stage built again: its archive must have run
@@ -18,7 +19,7 @@ import pytest
 from pt2flow.storage import ArtifactStore
 from pt2flow.storage.leases import RunLease, live_leases
 from pt2flow.storage.retention import RetentionRule, apply_retention, blobs_of
-from tests.conftest import run_cli, run_json, write_config
+from tests.conftest import run_cli, run_in_process, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +33,11 @@ def _models(hidden: int) -> list[dict[str, Any]]:
     ]
 
 
-def _run(config: Path, store: str, *extra: str) -> dict[str, Any]:
-    code, doc, stderr = run_json(["run", str(config), "--store", store, *extra])
-    assert code == 0, stderr[-3000:]
+def _run(config: Path, store: str, **options: Any) -> dict[str, Any]:
+    """The fleet run in this process (pt2flow.flows.api's run): what it keeps is under test here,
+    not the CLI (gc, verify, get and lineage run as the real binary)."""
+    code, doc = run_in_process(config, store=store, **options)
+    assert code == 0, doc
     return doc
 
 
@@ -58,7 +61,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     first = _run(config, store)
     write_config(config, _models(32), stages=STAGES)
     second = _run(config, store)
-    third = _run(config, store, "--force", "--only", "mlp")
+    third = _run(config, store, force=True, only=["mlp"])
     return {"work": work, "store": store, "config": config, "runs": [first, second, third]}
 
 
@@ -249,7 +252,7 @@ def test_gc_keeps_each_models_newest_artifact_of_every_kind(tmp_path: Path) -> N
     targets = write_config(tmp_path / "targets.yaml", _models(16), stages=["trace", "functionalize", "serialize", "onnx", "executorch", "validate"])
     first = _run(plain, store)
     built = _run(targets, store)
-    later = [_run(plain, store, "--only", "mlp") for _ in range(2)]
+    later = [_run(plain, store, only=["mlp"]) for _ in range(2)]
     onnx, pte = (_model(built, "mlp")["artifacts"][kind] for kind in ("onnx", "pte"))
     assert onnx and pte and all(_model(doc, "mlp")["artifacts"].get("onnx") is None for doc in later)
     before = _records(ArtifactStore(store))

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli, write_config
-from tests.fleets import TARGETS_GROUP, Fleet, Run
+from tests.fleets import Fleet, Run
 
 # one group with the shared targets fleet (tests/fleets.py), which the first tests read
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group(TARGETS_GROUP)]
+pytestmark = [pytest.mark.integration]
 
 def _models(result: subprocess.CompletedProcess[str] | Run) -> dict[str, dict[str, Any]]:
     return {m["name"]: m for m in json.loads(result.stdout)["models"]}

@@ -23,6 +23,25 @@ def test_fingerprint_is_stable_across_exports_and_tracks_weights_and_graph() -> 
     assert program.fingerprint(first) != program.fingerprint(narrower)
 
 
+class _Scale(torch.nn.Module):
+    """No weights, no dtype in any op's arguments: only the tensors' metadata says the dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+
+def test_fingerprint_tracks_the_dtype_of_a_program_whose_graph_is_otherwise_the_same() -> None:
+    """A config switching its example input from float32 to float64 (or a half type) changes only
+    the tensors' metadata: the fingerprint must change, or the float32 program's serialized and
+    compiled artifacts would be served for the float64 one."""
+    exported = {dtype: torch.export.export(_Scale(), (torch.ones(2, 3, dtype=dtype),)) for dtype in (torch.float32, torch.float64, torch.bfloat16)}
+    again = torch.export.export(_Scale(), (torch.zeros(2, 3, dtype=torch.float64),))  # other values, same program
+    assert [op for op in program.op_histogram(exported[torch.float32])] == [op for op in program.op_histogram(exported[torch.float64])]
+    fingerprints = {dtype: program.fingerprint(ep) for dtype, ep in exported.items()}
+    assert len(set(fingerprints.values())) == 3, fingerprints
+    assert program.fingerprint(again) == fingerprints[torch.float64]
+
+
 def test_op_names() -> None:
     assert program.op_name(torch.ops.aten.linear.default) == "aten.linear.default"
     assert program.op_name(operator.getitem) == "operator.getitem"
