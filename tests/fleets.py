@@ -108,7 +108,9 @@ class Fleet:
 
 def in_group(request: pytest.FixtureRequest, group: str) -> None:
     """A test using a fleet must be in its xdist group, or another worker would build it again."""
-    if request.config.getoption("dist", "no") != "loadgroup":
+    from tests.session import grouped
+
+    if not grouped(request.config):
         return
     assert group_of(request.node.nodeid) == group, f"{request.node.nodeid} uses the {group!r} fleet: list it in tests/fleets.py MEMBERS"
 

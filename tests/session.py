@@ -64,8 +64,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def grouped(config: pytest.Config) -> bool:
+    """Whether this session sends tests in groups (`--dist loadgroup`): on xdist's controller its
+    option says so; a worker's `dist` is "no" and its `loadgroup` flag says so instead."""
+    return config.getoption("dist", "no") == "loadgroup" or bool(getattr(config.option, "loadgroup", False))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("dist", "no") != "loadgroup":
+    if not grouped(config):  # (the workers' collection order is the order the groups are sent in)
         return
     # the longest work first, so that neither worker is left with a long group at the end: the
     # fleets' groups, then every group with an end-to-end test, then the fast tier's, each in
