@@ -27,7 +27,7 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-fast lint clean bench-torch-upgrade
+.PHONY: install demo test test-fast lint clean bench-torch-upgrade bench-exportdb-compile
 
 install: $(STAMP)
 
@@ -67,6 +67,12 @@ test-fast: install
 # Not part of `make test`.
 bench-torch-upgrade: install
 	$(BIN)/python bench/torch_upgrade.py
+
+# torch's ExportDB through AOTInductor (bench/exportdb_compile.py): the three cases `make test` once
+# compiled; `CASES=` empty for every case
+CASES ?= user_input_mutation,fn_with_kwargs,cond_operands
+bench-exportdb-compile: install
+	$(BIN)/python bench/exportdb_compile.py $(if $(CASES),--cases $(CASES))
 
 lint: install
 	$(BIN)/lint-imports

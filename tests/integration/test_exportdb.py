@@ -2,6 +2,8 @@
 pt2flow config and run by the real `pt2flow run --json` through trace, functionalize,
 decompose, serialize and validate: every case is expressible, every case ExportDB marks
 supported ends ok (or with the specific class EXPECTED_FAILURES explains), none ends internal.
+ExportDB through aot_compile is a benchmark, not a test (bench/exportdb_compile.py,
+`make bench-exportdb-compile`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 import yaml
 
 from tests import exportdb
-from tests.conftest import run_cli, run_in_process, run_json
+from tests.conftest import run_cli, run_json
 
 pytestmark = pytest.mark.integration
 
@@ -168,25 +170,6 @@ def test_static_fallback_is_visible_and_can_be_forbidden(exportdb_run: dict[str,
     assert other["status"]["b"]["static_fallback"] is False
     text = run_cli(["report", "--store", str(store)]).stdout
     assert text.count("static!") == 1  # the one model of the two runs that fell back, and only it
-
-
-COMPILED_CASES = ["user_input_mutation", "fn_with_kwargs", "cond_operands"]
-
-
-@pytest.mark.compile
-def test_a_few_cases_compile_and_their_packages_match_eager(tmp_path: Path) -> None:
-    """AOTInductor packages of nested inputs (*args, a tuple, **kwargs), an input mutated in
-    place, and torch.cond with a dynamic dim: each package is validated like the archive."""
-    config = exportdb.write_fleet(tmp_path, names=COMPILED_CASES, stages=["trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"])
-    code, document = run_in_process(config, store=str(tmp_path / "store"))  # the fleet run in this process
-    models = {m["name"]: m for m in document["models"]}
-    assert code == 0, {n: (m["error_class"], m["error"]) for n, m in models.items() if m["status"] != "ok"}
-    for name in COMPILED_CASES:
-        assert models[name]["artifacts"]["compiled"] is not None
-        digest = models[name]["stages"]["validate"]["artifact"]
-        report = json.loads((tmp_path / "store" / "blobs" / "sha256" / digest[:2] / digest).read_text())
-        assert set(report["candidates"]) == {"archive", "compiled"}
-        assert all(s["ok"] for s in report["candidates"]["compiled"]["samples"]), report["candidates"]["compiled"]
 
 
 def test_a_dynamic_dim_inside_a_list_through_the_cli(exportdb_run: dict[str, Any]) -> None:

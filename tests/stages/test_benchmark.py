@@ -4,12 +4,15 @@ key that covers the machine."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from typing import Any, Iterator
 
 import pytest
 import torch
 
-from pt2flow.stages.benchmark import Measured, PeakMemory, Point, Timing, percentile, plan_points, recommend, time_calls
+from pt2flow.stages.benchmark import Measured, Point, Timing, percentile, plan_points, recommend, time_calls
 from pt2flow.stages.binding import bind_inputs
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.example_inputs import InputSpec, ModelInputs
@@ -107,13 +110,26 @@ def test_the_recommendation_is_the_fastest_artifact_at_each_size_never_eager() -
     assert recommend([_measured("eager", {"batch=1": 1.0})], points[:1])["artifact"] is None
 
 
+PEAK_OF_A_NATIVE_ALLOCATION = """
+import torch
+from pt2flow.stages.benchmark import PeakMemory
+with PeakMemory() as memory:
+    block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, outside Python's allocator
+    del block
+print(memory.peak_mb)
+"""
+
+
+@pytest.mark.integration  # a fresh process
 def test_peak_memory_sees_a_native_allocation() -> None:
-    with PeakMemory() as memory:
-        block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, outside Python's allocator
-        del block
-    if memory.peak_mb is None:
+    """In a fresh process: in a long-lived one (an xdist worker after hundreds of tests) the 64 MiB
+    may come from memory the process already holds resident, and the peak rightly stays 0."""
+    done = subprocess.run([sys.executable, "-c", PEAK_OF_A_NATIVE_ALLOCATION], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = done.stdout.strip().splitlines()[-1]
+    if peak == "None":
         pytest.skip("no /proc/self/clear_refs here")
-    assert 60 <= memory.peak_mb < 200
+    assert 60 <= float(peak) < 200, peak
 
 
 def test_only_the_candidates_validate_passed_are_timed() -> None:

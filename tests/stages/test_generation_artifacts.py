@@ -1,7 +1,11 @@
-"""Every artifact kind of a generative model's components generates eager's tokens
-(stages/generation.py): the `.pt2` archive (torch.export.save / load, in this process and in a fresh
-one), the `.pte` on the ExecuTorch runtime (portable kernels), the ONNX model on ONNX Runtime, the
-AOTInductor package (marked `compile`). A tiny random Llama with a static cache, 32 new tokens at prompts of 2 and 16."""
+"""A generative model's components as artifacts, through stages/generation.py's own functions: a
+tiny random Llama with a static cache, 32 new tokens at prompts of 2 and 16 — the `.pte` on the
+ExecuTorch runtime (its call specs through their JSON form), the `.pt2` archive and the `.pte` in a
+fresh process, a dynamic cache to ONNX but not to ExecuTorch, and the AOTInductor package of a
+dynamic cache (marked `compile`). The same Llama's archive, AOTInductor package, ONNX model and
+.pte generating eager's tokens in this process is the shared generative fleet's check
+(tests/integration/test_generative.py, tiny-llama: the same step functions, from the pipeline's
+artifacts)."""
 
 from __future__ import annotations
 
@@ -87,21 +91,11 @@ def test_the_static_cache_bounds_the_prompt_axis(llama: Case) -> None:
     assert (prompt_range.lower, prompt_range.upper) == (2, MAX_CACHE_LEN)  # ExecuTorch needs the maximum
 
 
-def test_archives_generate_eagers_tokens(llama: Case, archives: dict[str, bytes]) -> None:
-    steps = {name: G.archive_step(data) for name, data in archives.items()}
-    _assert_generates_eagers_tokens(llama, steps, atol=1e-5)
-
-
 def test_ptes_on_the_executorch_runtime_generate_eagers_tokens(llama: Case, ptes: dict[str, bytes]) -> None:
     # the call specs go through their JSON form, as a manifest beside the .pte holds them
     specs = {name: G.CallSpecs.from_json(json.loads(json.dumps(G.CallSpecs.of(p).to_json()))) for name, p in llama.programs.items()}
     assert specs["decode"].kwargs == ["input_ids", "attention_mask", "position_ids", "past_key_values"]
     steps = {name: G.pte_step(data, specs[name]) for name, data in ptes.items()}
-    _assert_generates_eagers_tokens(llama, steps, atol=1e-4)
-
-
-def test_onnx_models_on_onnx_runtime_generate_eagers_tokens(llama: Case) -> None:
-    steps = {name: G.onnx_step(G.onnx_bytes(p), G.CallSpecs.of(p)) for name, p in llama.programs.items()}
     _assert_generates_eagers_tokens(llama, steps, atol=1e-4)
 
 
@@ -164,16 +158,6 @@ def test_archives_and_ptes_generate_eagers_tokens_in_a_fresh_process(
     got = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {str(length): llama.eager[length].tokens for length in PROMPT_LENGTHS}
     assert got == {"archive": expected, "pte": expected}
-
-
-@pytest.mark.compile
-def test_aoti_packages_generate_eagers_tokens(llama: Case, tmp_path: Path) -> None:
-    steps = {}
-    for name, program in llama.programs.items():
-        workdir = tmp_path / name
-        workdir.mkdir()
-        steps[name] = G.aoti_step(G.aoti_bytes(program), str(workdir))
-    _assert_generates_eagers_tokens(llama, steps, atol=1e-4)
 
 
 @pytest.mark.compile
