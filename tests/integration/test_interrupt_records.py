@@ -28,7 +28,10 @@ X = {"x": {"shape": [3, 8]}}
 def _start(config: Path, store: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [str(BIN / "pt2flow"), "run", str(config), "--store", str(store), "--json", "--workers", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(env),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # an Inductor cache of its own: from the session's (tests/session.py), a program another
+        # test compiled is a cache hit, no compiler ever runs and there is nothing to interrupt
+        env=cli_env({"TORCHINDUCTOR_CACHE_DIR": str(store.parent / "inductor-cache"), **(env or {})}),
         start_new_session=True,  # its own process group, as a shell's foreground job
         # a test run in the background passes SIGINT on ignored; a terminal's job has it as default
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),

@@ -39,25 +39,6 @@ from urllib.parse import urlsplit
 logger = logging.getLogger("pt2flow.openlineage")
 
 
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
-    """A handler writing to whatever sys.stderr is when it writes (not when it was made)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
-
-
-def _warning_handler() -> None:
-    """The run's one warning goes to stderr as a line of its own, whatever Prefect's console
-    handler lets through (pt2flow run sets it to CRITICAL)."""
-    if not any(getattr(h, "pt2flow_lineage", False) for h in logger.handlers):
-        handler = _Stderr()
-        handler.setFormatter(logging.Formatter("pt2flow: warning: %(message)s"))
-        handler.setLevel(logging.WARNING)
-        handler.pt2flow_lineage = True  # type: ignore[attr-defined]
-        logger.addHandler(handler)
-        logger.propagate = False
-
 PRODUCER = "https://pypi.org/project/pt2flow/"
 FACET_SCHEMA = "pt2flow:docs/openlineage-facets.json#/$defs/"
 _THREAD_NAME = "pt2flow-openlineage"
@@ -149,8 +130,10 @@ class Emitter:
         self._down.add(run_id)
         if run_id not in self._warned:
             self._warned.add(run_id)
-            _warning_handler()
-            logger.warning("OpenLineage: %s; the lineage events of run %s are dropped (the run goes on)", why, run_id)
+            # straight to stderr, not through logging: whatever configured logging in this process
+            # (a logger disabled, a level raised) must not swallow the run's one warning
+            print(f"pt2flow: warning: OpenLineage: {why}; the lineage events of run {run_id} are dropped (the run goes on)",
+                  file=sys.stderr, flush=True)
 
     def _send_all(self) -> None:
         while True:
