@@ -30,7 +30,7 @@ SERVER_HINT = (
 @command(
     "serve",
     help="Register CONFIG's fleet as a Prefect deployment with a cron or interval schedule and serve it: "
-    "scheduled runs execute here, one at a time, until Ctrl-C (exit 0; the schedule is paused); after each, the config's "
+    "scheduled runs execute here, one at a time, until Ctrl-C or SIGTERM (a run in flight ends first; exit 0; the schedule is paused); after each, the config's "
     "`retention:` (if any) frees what older runs left. Needs PREFECT_API_URL "
     "pointing at a running Prefect server (`prefect server start`). The config is read again at every run; "
     "storage options stay in this process' environment, never in the deployment. Exit 2: bad config, usage or no server.",
