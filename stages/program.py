@@ -307,12 +307,17 @@ def fingerprint(ep: ExportedProgram) -> str:
 
 
 def describe(ep: ExportedProgram, *, identity_of: ExportedProgram | None = None) -> dict[str, Any]:
-    """The metadata every program-producing stage reports. identity_of: the program whose
-    fingerprint stands for `ep` (the same program loaded back from its bytes, stages.serialize)."""
-    return {
+    """The metadata every program-producing stage reports. A program's identity is the
+    fingerprint of the program as it loads back from its bytes (stages.serialize.stored_program),
+    which may differ from the in-memory one's: with `identity_of` (that loaded program) it is
+    included here; without it, it is left to whoever stores the program (a program stage's
+    record gets it when published), so that no stage fingerprints a program twice."""
+    described = {
         "op_histogram": op_histogram(ep),
         "node_count": node_count(ep),
         "signature": signature_summary(ep),
         "range_constraints": range_constraints(ep),
-        "fingerprint": fingerprint(ep if identity_of is None else identity_of),
     }
+    if identity_of is not None:
+        described["fingerprint"] = fingerprint(identity_of)
+    return described
