@@ -53,6 +53,18 @@ def records_to_table(records: Sequence[Record]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
+
+def filtered(table: pa.Table, expression: Any) -> pa.Table:
+    """The rows of `table` that match a pyarrow compute expression, computed on this thread.
+    `Table.filter(expression)` runs an Acero plan on pyarrow's CPU thread pool; a query command
+    that had started those threads, on an S3 store, died with SIGABRT ("terminate called without
+    an active exception") as it exited, about once in a hundred (tests/integration/test_run_cli.py
+    test_queries_on_s3_exit_cleanly_every_time). The index's tables are small in memory: one
+    thread costs nothing."""
+    import pyarrow.dataset as ds
+
+    return ds.dataset(table).to_table(filter=expression, use_threads=False)
+
 def dedupe(table: pa.Table) -> pa.Table:
     """Keep the first row of each record_id (duplicates exist only around a compaction)."""
     if table.num_rows == 0 or pc.count_distinct(table["record_id"]).as_py() == table.num_rows:
@@ -193,7 +205,7 @@ class MetadataIndex:
         if combined is None:
             return _conform(pa.table({}), cols)
         if filter is not None:
-            combined = combined.filter(filter)
+            combined = filtered(combined, filter)
         return dedupe(combined.select(cols))
 
     def _combined_table(self, current: list[str]) -> pa.Table | None:
@@ -288,7 +300,7 @@ class MetadataIndex:
         for path in paths:
             data = self.retry.call("index read", lambda path=path: self.fs.cat_file(path))
             table = pq.read_table(io.BytesIO(data), schema=schema, use_threads=False)
-            tables.append(table.filter(filter) if filter is not None else table)
+            tables.append(filtered(table, filter) if filter is not None else table)
         if not tables:
             return _conform(pa.table({}), columns)
         return pa.concat_tables(tables).select(columns)

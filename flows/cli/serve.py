@@ -30,7 +30,7 @@ SERVER_HINT = (
 @command(
     "serve",
     help="Register CONFIG's fleet as a Prefect deployment with a cron or interval schedule and serve it: "
-    "scheduled runs execute here, one at a time, until Ctrl-C or SIGTERM (a run in flight ends first; exit 0; the schedule is paused); after each, the config's "
+    "scheduled runs execute here, one at a time, until Ctrl-C or SIGTERM (exit 0: a run in flight is cancelled, its finished models stay cached, and the schedule is paused); after each, the config's "
     "`retention:` (if any) frees what older runs left. Needs PREFECT_API_URL "
     "pointing at a running Prefect server (`prefect server start`). The config is read again at every run; "
     "storage options stay in this process' environment, never in the deployment. Exit 2: bad config, usage or no server.",
@@ -192,25 +192,49 @@ def deployment_parameters(args: Args, config: Pipeline, store_url: str) -> dict[
 
 def serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, Any], where: str) -> None:
     """Register the deployment and run its scheduled runs here until Ctrl-C or SIGTERM, both of
-    which stop the same way: in-flight runs end, the schedule is paused."""
+    which stop the same way: no new run starts, a run in flight is cancelled (Prefect's runner
+    stop: the flow-run process gets SIGTERM, so the models it finished stay cached), the schedule
+    is paused."""
     import asyncio
+    import signal
+    import threading
 
     from prefect.runner import Runner
     from prefect.types.entrypoint import EntrypointType
 
     serving: list[asyncio.Task[Any]] = []
+    stop_requested = threading.Event()
     # the flow runs' log lines are copied to our stdout: a log file should get them as they come
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
 
+    async def stop() -> None:
+        # Prefect's own stop: the poller stops, runs in flight are cancelled, start() returns
+        # through the runner's exit (which pauses the schedule)
+        with contextlib.suppress(Exception):
+            await runner.astop()
+        # a single Task.cancel() can be swallowed by a shielded scope inside the runner (CI saw
+        # serve keep starting runs for minutes after Ctrl-C): cancel until serving has ended
+        while serving and not serving[0].done():
+            serving[0].cancel()
+            await asyncio.sleep(0.5)
+
+    def request_stop(signum: int, frame: Any) -> None:
+        """SIGINT and SIGTERM (in the main thread): stop once, whatever the runner is doing."""
+        if stop_requested.is_set():
+            return
+        stop_requested.set()
+        print(f"pt2flow serve: {signal.Signals(signum).name} received: stopping", file=sys.stderr, flush=True)
+        if serving and not serving[0].done():
+            loop = serving[0].get_loop()
+            loop.call_soon_threadsafe(lambda: loop.create_task(stop()))
+
     class ServeRunner(Runner):
-        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
-            # prefect 3.8.8 calls stop() without awaiting it and exits halfway through the
-            # shutdown (the schedule stays active); stop as Ctrl-C does: cancel the serving task.
-            self._logger.info("SIGTERM received, shutting down...")
-            if serving and not serving[0].done():
-                serving[0].get_loop().call_soon_threadsafe(serving[0].cancel)
+        def handle_sigterm(self, signum: int = signal.SIGTERM, frame: Any = None, *args: Any, **kwargs: Any) -> None:
+            # prefect 3.8.8 installs this for SIGTERM in start() and calls stop() without awaiting
+            # it (it exits halfway through the shutdown, the schedule stays active)
+            request_stop(signal.SIGTERM, frame)
 
     # one fleet run at a time: a run that is due while one is still going waits for it; when
     # serving stops nobody runs the schedule, so it is paused rather than left to pile up late runs
@@ -229,8 +253,13 @@ def serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, Any
         task = asyncio.current_task()
         assert task is not None
         serving.append(task)
+        if stop_requested.is_set():  # a signal came while the deployment was registered
+            return
         await runner.start()
 
+    # our handler, not asyncio.run's (which cancels the task once) nor Python's KeyboardInterrupt
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
     try:
         asyncio.run(serve())
     except (KeyboardInterrupt, asyncio.CancelledError):

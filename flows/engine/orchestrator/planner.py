@@ -76,9 +76,11 @@ def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bo
     every key after it, change from run to run."""
     import pyarrow.compute as pc
 
+    from pt2flow.storage.index import filtered
+
     table = store.index.with_key(key)
     if run_id is not None:
-        table = table.filter(pc.field("run_id") == run_id)
+        table = filtered(table, pc.field("run_id") == run_id)
     if table.num_rows == 0:
         return None
     rows = sorted(table.to_pylist(), key=lambda r: (r["model"] == model, r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc)), reverse=True)
