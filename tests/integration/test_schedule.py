@@ -196,9 +196,9 @@ def _run_id(url: str, flow_run: dict[str, Any]) -> str:
     return match.group(1)
 
 
-# a stopped serve lets its in-flight run end (`pt2flow serve --help`): with a 5 s interval a run is
-# usually going when the signal comes, and on a loaded 2-core machine a run of the tiny fleet
-# (its process, Prefect's engine, a worker importing torch) has taken over 30 s
+# a stopped serve cancels its in-flight run and waits for it to go (`pt2flow serve --help`): with a
+# 5 s interval a run is usually going when the signal comes, and on a loaded 2-core machine its
+# process can take a while to stop; a serve that ignores the signal is still caught (SIGKILL, -9)
 STOP_GRACE_S = 180
 
 
