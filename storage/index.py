@@ -53,7 +53,6 @@ def records_to_table(records: Sequence[Record]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
-
 def filtered(table: pa.Table, expression: Any) -> pa.Table:
     """The rows of `table` that match a pyarrow compute expression, computed on this thread.
     `Table.filter(expression)` runs an Acero plan on pyarrow's CPU thread pool; a query command
@@ -64,6 +63,7 @@ def filtered(table: pa.Table, expression: Any) -> pa.Table:
     import pyarrow.dataset as ds
 
     return ds.dataset(table).to_table(filter=expression, use_threads=False)
+
 
 def dedupe(table: pa.Table) -> pa.Table:
     """Keep the first row of each record_id (duplicates exist only around a compaction)."""
