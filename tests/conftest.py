@@ -60,8 +60,23 @@ def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`pt2flow ARGS` as a real subprocess (the installed console script)."""
+# commands that run in the test's process (run_cli): they read or tidy a local store and start no
+# Prefect; each start of the console script costs about a second of CPU (Python, click, pyarrow,
+# the stage plugins), and the suite runs a few hundred of them
+IN_PROCESS = frozenset({"ls", "show", "lineage", "diff", "report", "failures", "get", "schema", "validate", "verify", "gc"})
+
+
+def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900, cwd: str | os.PathLike[str] | None = None,
+            process: bool | None = None) -> subprocess.CompletedProcess[str]:
+    """`pt2flow ARGS`: the installed console script in a real subprocess, or, for a query or
+    maintenance command (IN_PROCESS) on a local store with no variables of its own, the same
+    `main(ARGS)` called in this process with its stdout and stderr captured (`cli_in_process`).
+    `process=True` asks for a real process (a test of what happens to the process: its exit, a
+    signal, a closed pipe), `process=False` for this process."""
+    if process is None:
+        process = not (args and args[0] in IN_PROCESS and env is None and not any("s3://" in str(a) for a in args))
+    if not process:
+        return cli_in_process(args, cwd=cwd)
     return subprocess.run(
         [str(BIN / "pt2flow"), *args],
         capture_output=True,
@@ -70,6 +85,38 @@ def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeou
         env=cli_env(env),
         cwd=str(cwd or ROOT),
     )
+
+
+def cli_in_process(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`main(ARGS)` of pt2flow's CLI in this process, as the console script runs it: the same
+    variables a subprocess would get (cli_env), in the same folder (the repository's unless `cwd`),
+    its stdout and stderr captured (bytes written to stdout.buffer, as `get -o -` writes, decoded
+    as UTF-8) and its exit code returned; every variable and the folder restored after."""
+    import contextlib
+    import io
+
+    from pt2flow.flows.cli import main as cli_main
+
+    support = sys.modules.get("pt2flow.flows.cli.support")
+    if support is not None and hasattr(support, "opened_store"):
+        support.opened_store = None  # the store an earlier command opened is no hint for this one's errors
+    wanted = cli_env()
+    saved = dict(os.environ)
+    before = os.getcwd()
+    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update(wanted)
+        os.chdir(str(cwd or ROOT))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_main.main(list(args))
+    finally:
+        os.chdir(before)
+        os.environ.clear()
+        os.environ.update(saved)
+    out.flush()
+    stdout = out.buffer.getvalue().decode("utf-8", errors="replace")  # type: ignore[attr-defined]
+    return subprocess.CompletedProcess(["pt2flow", *args], code, stdout, err.getvalue())
 
 
 def run_cli_into_closed_pipe(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -104,7 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(signal, "SIGUSR1"):
         import faulthandler
 
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (OSError, ValueError):  # a stderr with no file descriptor (main called in-process, output captured)
+            pass
     root: click.Context | None = None
     try:
         with cli.make_context("pt2flow", args) as root:
