@@ -1,9 +1,11 @@
 """A re-run never serves an artifact built from other code: the source key covers the model's
-dependency manifest (stages/deps.py), checked on a re-run without importing torch. Real CLI
-runs: an edited helper module re-traces and yields a new, correct artifact; a changed version of
-an installed distribution re-traces, and an identical program still reuses everything after it.
-Also: the compile key follows the native toolchain, and cold and warm runs of every failing
-model of the shipped failure fleet reach the same outcome."""
+dependency manifest (stages/deps.py), checked on a re-run without importing torch. Fleet runs
+(`pt2flow run`'s code path in this process, run_in_process; the models built in worker
+processes): an edited helper module re-traces and yields a new, correct artifact. Real CLI runs
+(a PYTHONPATH of their own): a changed version of an installed distribution re-traces, and an
+identical program still reuses everything after it. Also: the compile key follows the native
+toolchain, and cold and warm runs of every failing model of the shipped failure fleet reach the
+same outcome."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_json
+from tests.conftest import ROOT, run_in_process, run_json
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +59,17 @@ def _config(folder: Path, factory: str = "my_models:build") -> Path:
     return path
 
 
-def _run(config: Path, store: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+def _run(config: Path, store: Path) -> dict[str, Any]:
+    """The fleet run in this process (what a re-run rebuilds is under test, not the CLI)."""
+    code, document = run_in_process(config, store=str(store))
+    assert code == 0, document
+    return document["models"][0]
+
+
+def _run_cli(config: Path, store: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The real `pt2flow run`, from the config's folder: a process of its own, whose PYTHONPATH
+    (in `env`) is the test's to set. The orchestrator reads the installed versions from its own
+    sys.path, which a variable set in the test's process does not change."""
     code, document, stderr = run_json(["run", str(config), "--store", str(store)], env=env, cwd=config.parent)
     assert code == 0, stderr[-3000:]
     return document["models"][0]
@@ -67,7 +79,8 @@ def _cached(model: dict[str, Any]) -> dict[str, bool]:
     return {stage: info["cached"] for stage, info in model["stages"].items()}
 
 
-def test_editing_a_helper_module_re_runs_trace_and_builds_a_correct_new_artifact(tmp_path: Path) -> None:
+def test_editing_a_helper_module_re_runs_trace_and_builds_a_correct_new_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # run from the project's folder, as a user does: the workers start there
     (tmp_path / "my_models.py").write_text(MODELS)
     (tmp_path / "layers.py").write_text(LAYERS)
     config, store = _config(tmp_path), tmp_path / "store"
@@ -111,11 +124,11 @@ def test_a_new_version_of_an_installed_distribution_re_runs_trace(tmp_path: Path
     (project / "my_models.py").write_text(MODELS.replace("import layers", "import fakedist as layers"))
     config, store = _config(project), tmp_path / "store"
     env = {"PYTHONPATH": f"{ROOT}:{site}"}
-    first = _run(config, store, env)
-    assert _cached(_run(config, store, env)) == dict.fromkeys(STAGES, True)
+    first = _run_cli(config, store, env)
+    assert _cached(_run_cli(config, store, env)) == dict.fromkeys(STAGES, True)
 
     _fake_distribution(site, "2.0")  # the same code under a new version number
-    upgraded = _run(config, store, env)
+    upgraded = _run_cli(config, store, env)
     assert upgraded["stages"]["trace"]["cached"] is False
     assert upgraded["source"] != first["source"]
     # the re-trace yields the identical program: the program stages after it are reused
@@ -158,11 +171,10 @@ def test_the_compile_key_follows_the_native_toolchain(tmp_path: Path, monkeypatc
 def test_cold_and_warm_runs_of_the_failure_fleet_reach_the_same_outcomes(tmp_path: Path) -> None:
     folder = tmp_path / "configs"
     shutil.copytree(ROOT / "configs", folder)
-    args = ["run", str(folder / "failures.yaml"), "--store", str(tmp_path / "store"), "--stages", ",".join(STAGES)]
     runs = []
     for _ in range(2):
-        code, document, stderr = run_json(args)
-        assert code == 1, stderr[-3000:]
+        code, document = run_in_process(folder / "failures.yaml", store=str(tmp_path / "store"), stages=STAGES)
+        assert code == 1, document
         runs.append({m["name"]: (m["status"], m["failed_stage"], m["error_class"]) for m in document["models"]})
     cold, warm = runs
     assert warm == cold

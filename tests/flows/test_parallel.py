@@ -1,5 +1,6 @@
-"""Parallel fleets with real processes: Prefect's process pool and a Dask LocalCluster, each with a
-failing model in the fleet; then the fleet's artifacts in the Prefect UI."""
+"""Parallel fleets with real processes (`pt2flow run` itself, whose pid is not a worker's):
+Prefect's process pool and a Dask LocalCluster, each with a failing model in the fleet; then the
+fleet's artifacts in the Prefect UI (the fleet run in this process: run_in_process)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import BIN, cli_env, write_config
+from tests.conftest import BIN, cli_env, run_in_process, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -87,8 +88,8 @@ def test_dask_local_cluster_with_a_failing_model(tmp_path: Path) -> None:
 
 def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    code, _, document, stderr = _run(["run", str(_fleet(tmp_path)), "--store", str(store), "--only", "mlp", "--only", "branchy"])
-    assert code == 1, stderr[-3000:]
+    code, document = run_in_process(_fleet(tmp_path), store=str(store), only=["mlp", "branchy"])
+    assert code == 1, document
 
     import asyncio
 
@@ -118,8 +119,8 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
 
     # a second run of the same fleet (branchy's known failure tried again, so that the run has work
     # and goes through Prefect): its summary compares with the first, nothing regressed
-    code, _, second, stderr = _run(["run", str(_fleet(tmp_path)), "--store", str(store), "--only", "mlp", "--only", "branchy", "--retry-failed"])
-    assert code == 1, stderr[-3000:]
+    code, second = run_in_process(_fleet(tmp_path), store=str(store), only=["mlp", "branchy"], retry_failed=True)
+    assert code == 1, second
     with prefect_runtime.prefect_api():
         markdown = asyncio.run(latest("pt2flow-fleet-summary", second["run_id"]))
     assert second["run_id"] in markdown.data

@@ -1,13 +1,14 @@
 """Cached means correct when a model is built from files the config does not name (issue 29).
 
-Real CLI runs of a fleet whose factories read a JSON, a .npy, a torch.save file, a safetensors
-file (safetensors' native reader), a transformers checkpoint folder (undeclared, through
-`from_pretrained` in the factory, and declared with `checkpoint:`), and an editable install of
-the team's own library. After each file changes, the re-run rebuilds exactly those models and
-the archive it serves holds the new content (checked by loading it with torch.export.load, not
-through pt2flow); without a change, every stage is cached, a `touch` included. A factory that
-reads an environment variable is seen by `audit` (the eager digest) and re-exported by
-`run --verify-sources`.
+Fleet runs (`pt2flow run`'s code path, in this process: run_in_process; the models built in
+worker processes of the config's `python:`) of a fleet whose factories read a JSON, a .npy, a
+torch.save file, a safetensors file (safetensors' native reader), a transformers checkpoint
+folder (undeclared, through `from_pretrained` in the factory, and declared with `checkpoint:`),
+and an editable install of the team's own library. After each file changes, the re-run rebuilds
+exactly those models and the archive it serves holds the new content (checked by loading it with
+torch.export.load, not through pt2flow); without a change, every stage is cached, a `touch`
+included. A factory that reads an environment variable is seen by `pt2flow audit` (the eager
+digest) and re-exported by a run with --verify-sources.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import run_cli, run_json
+from tests.conftest import run_cli, run_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -162,9 +163,11 @@ def _config(folder: Path, python: str) -> Path:
     return path
 
 
-def _run(config: Path, *extra: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    code, document, stderr = run_json(["run", str(config), "--workers", "1", *extra], env=env)
-    assert code == 0, stderr[-3000:]
+def _run(config: Path, env: dict[str, str] | None = None, **options: Any) -> dict[str, Any]:
+    """`pt2flow run CONFIG --workers 1` in this process (what a re-run rebuilds is under test, not
+    the CLI); a run that builds starts fresh workers, which inherit `env`."""
+    code, document = run_in_process(config, env=env, workers=1, **options)
+    assert code == 0, document
     return {m["name"]: m for m in document["models"]}
 
 
@@ -241,7 +244,7 @@ def test_what_no_tracker_sees_is_caught_by_the_eager_digest(fleet: Path) -> None
 
     plain = _run(fleet, env=env)
     assert _rebuilt(plain) == set(), "without --verify-sources the recorded manifest is trusted"
-    verified = _run(fleet, "--verify-sources", env=env)
+    verified = _run(fleet, env=env, verify_sources=True)
     assert _rebuilt(verified) == {"environment"}
     assert torch.equal(_state(fleet, verified["environment"])["weight"], _state(fleet, models["environment"])["weight"] * 3)
-    assert _rebuilt(_run(fleet, "--verify-sources", env=env)) == set()
+    assert _rebuilt(_run(fleet, env=env, verify_sources=True)) == set()

@@ -1,10 +1,12 @@
-"""One config, one store (issue 23, items 2 and 5), with real runs of the real CLI.
+"""One config, one store (issue 23, items 2 and 5).
 
-A config in `sub/` names its store, factory module and weights by relative paths: run from the
-parent folder and from inside `sub/`, it writes one store beside it (the second run is fully
-cached), and a query command with `--config` finds that store from anywhere. Then `run --only a`
-makes a partial run: `report` pairs it with the full run that covered `a` and compares `a` only,
-`check-compat` checks the whole fleet, `b` from the full run, and both say so."""
+A config in `sub/` names its store, factory module and weights by relative paths: run by the real
+CLI from the parent folder and from inside `sub/` (the current folder is what these runs are
+about), it writes one store beside it (the second run is fully cached), and a query command with
+`--config` finds that store from anywhere. Then a run with `--only a` (in the test's process:
+run_in_process, `pt2flow run`'s code path) makes a partial run: `report` pairs it with the full
+run that covered `a` and compares `a` only, `check-compat` checks the whole fleet, `b` from the
+full run, and both say so."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, run_json
+from tests.conftest import run_cli, run_in_process, run_json
 
 pytestmark = pytest.mark.integration
 
@@ -68,11 +70,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict:
     for name, args, cwd in (
         ("from_parent", ["run", "sub/own.yaml"], parent),
         ("from_sub", ["run", "own.yaml"], sub),
-        ("only_a", ["run", "sub/own.yaml", "--only", "a"], parent),
     ):
         code, doc, stderr = run_json(args, cwd=cwd)
         assert code == 0, stderr[-3000:]
         docs[name] = doc
+    # the partial run: what it selects and records is under test, not the folder it starts in
+    code, docs["only_a"] = run_in_process(sub / "own.yaml", only=["a"])
+    assert code == 0, docs["only_a"]
     return {"parent": parent, "sub": sub, "elsewhere": elsewhere, "config": sub / "own.yaml", **docs}
 
 
