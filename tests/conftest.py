@@ -66,16 +66,13 @@ def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 IN_PROCESS = frozenset({"ls", "show", "lineage", "diff", "report", "failures", "get", "schema", "validate", "verify", "gc"})
 
 
-def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900, cwd: str | os.PathLike[str] | None = None,
-            process: bool | None = None) -> subprocess.CompletedProcess[str]:
-    """`pt2flow ARGS`: the installed console script in a real subprocess, or, for a query or
-    maintenance command (IN_PROCESS) on a local store with no variables of its own, the same
-    `main(ARGS)` called in this process with its stdout and stderr captured (`cli_in_process`).
-    `process=True` asks for a real process (a test of what happens to the process: its exit, a
-    signal, a closed pipe), `process=False` for this process."""
-    if process is None:
-        process = not (args and args[0] in IN_PROCESS and env is None and not any("s3://" in str(a) for a in args))
-    if not process:
+def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`pt2flow ARGS`: the installed console script in a real subprocess (killed after `timeout`),
+    or, for a query or maintenance command (IN_PROCESS) on a local store with no variables of its
+    own, the same `main(ARGS)` called in this process with its stdout and stderr captured
+    (`cli_in_process`). A test of what happens to the process itself passes variables of its own
+    (a crash point, S3 credentials) or uses run_cli_into_closed_pipe."""
+    if args and args[0] in IN_PROCESS and env is None and not any("s3://" in str(a) for a in args):
         return cli_in_process(args, cwd=cwd)
     return subprocess.run(
         [str(BIN / "pt2flow"), *args],
