@@ -14,7 +14,12 @@
   pyproject.toml) and the slowest files, summed over setup, call and teardown (`.ci/run` shows
   it for every landing, beside pytest's --durations);
 - the reliability figures (tests/reliability/stats.py), gathered from every xdist worker;
-- an xdist worker runs without the COLUMNS/LINES xdist sets (a plain pytest run has none).
+- an xdist worker runs without the COLUMNS/LINES xdist sets (a plain pytest run has none);
+- under two or more xdist workers, a run given no --workers starts one worker process
+  (PT2FLOW_WORKERS=1, unless it is set already): the xdist workers already take every core, and a
+  second torch worker per run only adds its start (its torch import, its Inductor compile pool:
+  8-10 s of CPU for a run with three AOTInductor compiles, 2.4 s for one without). A test of how
+  many workers a run starts gives --workers, or the variable, itself.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ TIERS = ("fast", "integration", "compile")
 FILES_SHOWN = 25
 FIRST_GROUP_PREFIX = "fleet:"  # tests/fleets.py's groups: sent to the workers before any other
 INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+WORKERS = "PT2FLOW_WORKERS"  # flows/engine/orchestrator/supervisor.py default_workers
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -47,6 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
         for name in ("COLUMNS", "LINES"):
             os.environ.pop(name, None)
         return
+    xdist_workers = str(config.getoption("numprocesses", None) or 0)
+    if xdist_workers.isdigit() and int(xdist_workers) >= 2:
+        os.environ.setdefault(WORKERS, "1")  # inherited by the xdist workers and everything they start
     if os.environ.get(INDUCTOR_CACHE):
         return
     folder = tempfile.mkdtemp(prefix="pt2flow-tests-inductor-")

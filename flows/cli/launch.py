@@ -40,8 +40,8 @@ def fleet_options(fn: Any) -> Any:
     )(fn)
     fn = click.option(
         "--workers", type=int, default=None, metavar="N",
-        help="models in parallel, each in a supervised worker process (default: one per core, at most one per model "
-        "and per 3 GiB of free memory; the run says how many it used)",
+        help="models in parallel, each in a supervised worker process (default: $PT2FLOW_WORKERS where set, else one per "
+        "core and per 3 GiB of free memory; at most one per model; the run says how many it used)",
     )(fn)
     fn = click.option("--stages", metavar="a,b,...", help="run these stages instead of the config's (pipeline order; trace required)")(fn)
     fn = click.option(

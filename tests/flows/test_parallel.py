@@ -88,8 +88,9 @@ def test_dask_local_cluster_with_a_failing_model(tmp_path: Path) -> None:
 
 def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    code, document = run_in_process(_fleet(tmp_path), store=str(store), only=["mlp", "branchy"])
-    assert code == 1, document
+    # no --workers: PT2FLOW_WORKERS is the default (the suite sets it to 1 under xdist)
+    code, document = run_in_process(_fleet(tmp_path), store=str(store), only=["mlp", "branchy"], env={"PT2FLOW_WORKERS": "2"})
+    assert code == 1 and document["workers"] == 2, document
 
     import asyncio
 

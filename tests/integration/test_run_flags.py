@@ -30,8 +30,8 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _cases(port: int) -> dict[str, tuple[list[str], list[str]]]:
-    """name -> (flags, words the error must contain)."""
+def _cases(port: int) -> dict[str, tuple[list[str], list[str]] | tuple[list[str], list[str], dict[str, str]]]:
+    """name -> (flags, words the error must contain[, variables of the run])."""
     closed = f"tcp://127.0.0.1:{port}"
     return {
         "unknown runner": (["--runner", "bogus"], ["--runner", "bogus"]),
@@ -42,6 +42,7 @@ def _cases(port: int) -> dict[str, tuple[list[str], list[str]]]:
         "zero workers": (["--workers", "0"], ["--workers must be at least 1"]),
         "negative workers": (["--workers", "-1"], ["--workers must be at least 1"]),
         "workers not a number": (["--workers", "many"], ["--workers", "many"]),
+        "workers variable not a number": ([], ["PT2FLOW_WORKERS must be a whole number", "'many'"], {"PT2FLOW_WORKERS": "many"}),
         "negative no-worker timeout": (["--runner", "dask", "--no-worker-timeout", "-5"], ["--no-worker-timeout must be more than 0"]),
         "zero no-worker timeout": (["--runner", "dask", "--no-worker-timeout", "0"], ["--no-worker-timeout must be more than 0"]),
         "no-worker timeout not a number": (["--runner", "dask", "--no-worker-timeout", "soon"], ["--no-worker-timeout", "soon"]),
@@ -53,9 +54,9 @@ def _cases(port: int) -> dict[str, tuple[list[str], list[str]]]:
 
 def _check_refusals(config: Path, store: str, env: dict[str, str]) -> None:
     before = len(ArtifactStore(store).index.read(["record_id"]).to_pylist()) if Path(store).exists() else 0
-    for name, (flags, words) in _cases(_closed_port()).items():
+    for name, (flags, words, *variables) in _cases(_closed_port()).items():
         started = time.monotonic()
-        proc = run_cli(["run", str(config), "--store", store, *flags], env=env, timeout=120)
+        proc = run_cli(["run", str(config), "--store", store, *flags], env={**env, **(variables[0] if variables else {})}, timeout=120)
         took = time.monotonic() - started
         said = proc.stderr.strip()
         assert proc.returncode == 2, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"

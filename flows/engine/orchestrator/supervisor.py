@@ -368,9 +368,30 @@ _pool: WorkerPool | None = None
 _pool_lock = threading.Lock()
 
 
+WORKERS_VARIABLE = "PT2FLOW_WORKERS"
+
+
+def workers_from_environment() -> int | None:
+    """PT2FLOW_WORKERS: the worker count where --workers is not given, when it is set (a machine
+    whose cores other jobs share: a CI runner, a test suite's parallel workers, a container whose
+    affinity shows the host's cores). ValueError, naming the variable, for anything but a whole
+    number of at least 1."""
+    value = os.environ.get(WORKERS_VARIABLE, "").strip()
+    if not value:
+        return None
+    count = int(value) if value.isdigit() else 0
+    if count < 1:
+        raise ValueError(f"{WORKERS_VARIABLE} must be a whole number of at least 1 (the default for --workers), not {value!r}")
+    return count
+
+
 def default_workers(models: int) -> int:
-    """Worker processes for `models` models when --workers is not given: one per core, at most
-    one per model, and at most one per 3 GiB of available memory (a torch worker's working set)."""
+    """Worker processes for `models` models when --workers is not given: PT2FLOW_WORKERS where it
+    is set, else one per core and at most one per 3 GiB of available memory (a torch worker's
+    working set); at most one per model either way."""
+    configured = workers_from_environment()
+    if configured is not None:
+        return max(1, min(models, configured))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     memory = psutil.virtual_memory().available // (3 * 2**30)
     return max(1, min(models, cores, memory))
