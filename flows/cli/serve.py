@@ -86,8 +86,12 @@ def serve_command(args: Args) -> int:
         from pt2flow.flows.fleet import fleet_flow as served
 
         parameters = deployment_parameters(args, config, store_url)
-    serve_forever(served, name, schedule, parameters, f"{when}, on the Prefect server at {redact_url(api_url)}")
-    print(f"pt2flow serve: stopped; the schedule of {served.name}/{name} is paused until the next serve", file=sys.stderr)
+    unpaused = serve_forever(served, name, schedule, parameters, f"{when}, on the Prefect server at {redact_url(api_url)}")
+    if unpaused:
+        print(f"pt2flow serve: stopped; the schedule of {served.name}/{name} could not be paused ({unpaused}): "
+              "pause it in the Prefect UI", file=sys.stderr)
+    else:
+        print(f"pt2flow serve: stopped; the schedule of {served.name}/{name} is paused until the next serve", file=sys.stderr)
     return EXIT_OK
 
 
@@ -190,11 +194,11 @@ def deployment_parameters(args: Args, config: Pipeline, store_url: str) -> dict[
     return parameters
 
 
-def serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, Any], where: str) -> None:
+def serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, Any], where: str) -> str | None:
     """Register the deployment and run its scheduled runs here until Ctrl-C or SIGTERM, both of
     which stop the same way: no new run starts, a run in flight is cancelled (Prefect's runner
     stop: the flow-run process gets SIGTERM, so the models it finished stay cached), the schedule
-    is paused."""
+    is paused (None; else why it could not be)."""
     import asyncio
     import signal
     import threading
@@ -264,3 +268,24 @@ def serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, Any
         asyncio.run(serve())
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
+    return pause_schedule(deployment_id)
+
+
+def pause_schedule(deployment_id: Any) -> str | None:
+    """Pause the served deployment's schedule once serving has ended; None when paused, else why
+    not. The runner's own pause on shutdown is an API call in its exit, which the cancellation
+    that ends a slow shutdown can cut short (CI saw a stopped serve whose schedule stayed active):
+    pausing is idempotent, so it is always done here too."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    async def pause() -> None:
+        async with get_client() as client:
+            await client.pause_deployment(deployment_id)
+
+    try:
+        asyncio.run(pause())
+    except Exception as exc:  # noqa: BLE001 - the server may be gone: say so, do not claim it
+        return f"{type(exc).__name__}: {exc}"
+    return None
