@@ -125,10 +125,20 @@ def _start_stuck_run(tmp_path: Path, token: str, marker: Path) -> Any:
 
 
 def _interrupt(proc: Any, sig: int) -> str:
-    """Send `sig`; the CLI must exit within a generous 60 s (a hung model's limit is 600 s)."""
+    """Send `sig`; the CLI must exit within a generous 60 s (a hung model's limit is 600 s). If it
+    does not, its threads' stacks (SIGUSR1: the CLI's faulthandler) are in the failure."""
+    import signal
+    import subprocess
+
     try:
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        proc.kill()
+        _, stderr = proc.communicate(timeout=30)
+        raise AssertionError(f"the run did not end within 60 s of {signal.Signals(sig).name}; its stacks then:\n{stderr[-12000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
