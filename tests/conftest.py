@@ -60,10 +60,12 @@ def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-# commands that run in the test's process (run_cli): they read or tidy a local store and start no
-# Prefect; each start of the console script costs about a second of CPU (Python, click, pyarrow,
-# the stage plugins), and the suite runs a few hundred of them
-IN_PROCESS = frozenset({"ls", "show", "lineage", "diff", "report", "failures", "get", "schema", "validate", "verify", "gc"})
+# commands that run in the test's process (run_cli): they read, check or tidy a local store and
+# start no Prefect (audit, check-compat and repro do their torch work in worker processes of their
+# own, as from the console script); each start of the console script costs about a second of CPU
+# (Python, click, pyarrow, the stage plugins), and the suite runs a few hundred of them
+IN_PROCESS = frozenset({"ls", "show", "lineage", "diff", "report", "failures", "get", "schema", "validate", "verify", "gc",
+                        "audit", "check-compat", "repro"})
 
 
 def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
