@@ -274,7 +274,7 @@ def serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, Any
 def pause_schedule(deployment_id: Any) -> str | None:
     """Pause the served deployment's schedule once serving has ended; None when paused, else why
     not. The runner's own pause on shutdown is an API call in its exit, which the cancellation
-    that ends a slow shutdown can cut short (CI saw a stopped serve whose schedule stayed active):
+    that ends a slow shutdown can cut short (a full test run saw a stopped serve whose schedule stayed active):
     pausing is idempotent, so it is always done here too."""
     import asyncio
 
