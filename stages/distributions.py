@@ -64,7 +64,7 @@ def import_path() -> tuple[str, ...]:
     return _STARTUP_PATH[0] if _STARTUP_PATH else tuple(sys.path)
 
 
-def _path_state() -> tuple[tuple[str, int], ...]:
+def path_state() -> tuple[tuple[str, int], ...]:
     """import_path() with each folder's mtime: a pip install or uninstall renames a *.dist-info folder,
     which changes its parent's mtime, so this tuple changes whenever an installed version does."""
     state = []
@@ -85,7 +85,7 @@ def installed_distributions() -> dict[str, InstalledDistribution]:
 
     Built from folder listings: `name-version.dist-info` names carry both; egg-info folders fall
     back to their metadata. Cached per sys.path state, so repeated checks cost a stat per entry."""
-    state = _path_state()
+    state = path_state()
     cached = _dist_cache.get(state)
     if cached is not None:
         return cached
@@ -144,7 +144,7 @@ _owners_cache: dict[tuple[tuple[str, int], ...], dict[tuple[str, str], list[str]
 def top_level_owners() -> dict[tuple[str, str], list[str]]:
     """(sys.path entry, top-level import name) -> canonical names of the distributions there that
     ship it: from top_level.txt, else from the first part of each RECORD path."""
-    state = _path_state()
+    state = path_state()
     cached = _owners_cache.get(state)
     if cached is not None:
         return cached

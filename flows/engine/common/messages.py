@@ -105,7 +105,8 @@ class NewModel(Request[tuple[str, None]]):
 
 @dataclass(frozen=True)
 class Describe(Request[Reply]):
-    """What the worker sees (its pid, its thread setting): for tests and benchmarks."""
+    """What the worker sees (its pid and parent's, its folder, its environment, its thread
+    settings): for tests and benchmarks."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import psutil
 
 from pt2flow.flows.engine.common.messages import NewModel, ReplyT, Request, Stop
+from pt2flow.flows.engine.orchestrator.launcher import launch
 from pt2flow.stages.vocabulary import ErrorClass
 
 POLL_SECONDS = 0.05
@@ -102,21 +103,17 @@ class Worker:
         child_env = {**os.environ, **(env or {}), "PT2FLOW_WORKER": "1"}
         if threads:
             child_env["PT2FLOW_WORKER_THREADS"] = str(threads)
-        self.process = subprocess.Popen(
-            [python or sys.executable, "-m", "pt2flow.flows.engine.worker.process", str(child_sock.fileno()), str(os.getpid())],
-            pass_fds=[child_sock.fileno()],
-            stdin=subprocess.DEVNULL,
-            stdout=self.log,
-            stderr=self.log,
-            env=child_env,
-            start_new_session=True,  # its own process group: killing it stops its compilers too
-        )
-        child_sock.close()
+        # forked from the fork server that imported torch once, or started on its own (launcher.py)
+        self.process = launch(python, child_env, child_sock.detach(), os.getpid(), self.log, self.stopping)
         self.conn = Connection(parent_sock.detach())
-        self.pid = self.process.pid
         self.ready = False
         self._offset = 0
         self._stop_sent = False
+
+    @property
+    def pid(self) -> int:
+        """The worker's pid (waits for its fork, a few milliseconds once the fork server is up)."""
+        return self.process.pid
 
     # -- calls -------------------------------------------------------------------------------
     def call(self, message: Request[ReplyT], budget: Budget = Budget()) -> ReplyT:
@@ -252,7 +249,7 @@ class Worker:
     def kill_group_now(self) -> None:
         """SIGKILL the worker's process group, taking no lock and waiting for nothing (safe in a
         signal handler); kill() or close() reaps it later."""
-        if self.process.returncode is None:  # not yet reaped: its pid still names its group
+        if self.process.returncode is None and self.process.started:  # not yet reaped: its pid still names its group
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except OSError:

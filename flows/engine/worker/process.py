@@ -60,7 +60,22 @@ def _set_threads() -> None:
         torch.set_num_threads(int(threads))
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def main(fd: int, parent: int) -> int:
+    """A worker started on its own (`python -m`): it watches its parent, prepares, then serves."""
+    watch(parent)
+    prepare()
+    return serve(Connection(fd))
+
+
+def watch(parent: int) -> None:
+    """The process-level set-up every worker runs first, started on its own or forked from the
+    fork server (flows/engine/worker/forkserver.py): stack dumps, signals, the parent watchdog."""
     # a segfault prints the Python stack to stderr; SIGUSR1 (sent before a worker is stopped for
     # time or memory) prints where every thread is: both end up in the failed model's stderr tail
     faulthandler.enable()
@@ -68,16 +83,25 @@ def main(fd: int, parent: int) -> int:
     signal.signal(signal.SIGTERM, _stopped)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when a worker stops
     threading.Thread(target=_watch_parent, args=(parent,), name="pt2flow-watchdog", daemon=True).start()
-    conn = Connection(fd)
-    # before anything of a model is imported: the start-up sys.path the dependency manifest
-    # resolves against, and the watch on file reads (stages/reads.py: import-time reads too)
+
+
+def prepare() -> None:
+    """What a worker does before its first model, in this order (the fork server does it once,
+    and forks its workers after): pin the start-up sys.path the dependency manifest resolves
+    against, watch file reads (stages/reads.py: import-time reads too), import torch and the
+    stages."""
     from pt2flow.stages.distributions import pin_import_path
     from pt2flow.stages.reads import install as watch_reads
 
     pin_import_path()
     watch_reads()
     import pt2flow.stages.trace  # noqa: F401  (torch and the stages: once per worker, before the first model)
+    import pt2flow.flows.engine.worker.compute  # noqa: F401
+    import pt2flow.storage.faults  # noqa: F401
 
+
+def serve(conn: Connection) -> int:
+    """Answer the orchestrator's messages on `conn` until told to stop or it goes away."""
     from pt2flow.flows.engine.common import messages
     from pt2flow.flows.engine.worker import compute
     from pt2flow.storage.faults import crash_point
@@ -114,8 +138,9 @@ def main(fd: int, parent: int) -> int:
             case messages.NewModel():
                 compute.forget_programs()
                 reply = ("ok", None)
-            case messages.Describe():  # tests and benchmarks: what this worker sees (pid, env)
-                reply = ("ok", {"pid": os.getpid(), "threads": os.environ.get("PT2FLOW_WORKER_THREADS")})
+            case messages.Describe():  # tests and benchmarks: what this worker sees (pid, parent, folder, env)
+                reply = ("ok", {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "environ": dict(os.environ),
+                                "threads": os.environ.get("PT2FLOW_WORKER_THREADS"), "torch_threads": _torch_threads()})
             case _:  # an orchestrator of another protocol: say so rather than hang it
                 reply = ("failed", {"error_class": "internal", "error": f"unknown worker message {type(message).__name__}"})
         conn.send(reply)

@@ -1,0 +1,312 @@
+"""How a worker process is started: forked from a fork server (flows/engine/worker/forkserver.py)
+that imported torch and the stages once, or, where none can serve, as `python -m
+pt2flow.flows.engine.worker.process` of its own (the same worker, seconds of imports later).
+
+A fork server serves one interpreter, one folder and one environment (every variable but the
+ones that differ from worker to worker, VOLATILE): a worker forked from it gets exactly the
+environment it would have been started with. It stays after a run (the next run's workers start
+in milliseconds), leaves by itself after its idle time, when its interpreter's packages or
+pt2flow's sources change, and when this process exits. PT2FLOW_FORK_WORKERS=0 starts every
+worker on its own.
+
+The worker's handle, LaunchedProcess, is what supervisor.Worker uses of subprocess.Popen: pid,
+poll(), wait(timeout), returncode. The fork happens in a thread, so the orchestrator goes on
+while a new fork server imports torch, as it does while a worker started on its own does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+FORK_VARIABLE = "PT2FLOW_FORK_WORKERS"
+# set per worker after the fork (the torch threads) or by the test runner per test: not a reason
+# for another fork server
+VOLATILE = frozenset({"PT2FLOW_WORKER_THREADS", "PYTEST_CURRENT_TEST"})
+MAX_SERVERS = 2  # fork servers kept at once (one per environment); the oldest retires
+READY_TIMEOUT = 300.0
+POLL_SECONDS = 0.05
+MAX_MESSAGE = 1 << 20
+
+
+class ServerUnavailable(Exception):
+    """The fork server cannot fork: it did not start or went away (start the worker on its own),
+    or it is stale (`stale`: fork it from a fresh server)."""
+
+    def __init__(self, message: str, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale
+
+
+def forking_enabled() -> bool:
+    return os.environ.get(FORK_VARIABLE, "1").strip() not in ("0", "false", "no", "off")
+
+
+class ForkServer:
+    """One fork server process and the socket to it; requests are serialized by a lock."""
+
+    def __init__(self, python: str, env: dict[str, str], cwd: str) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log = tempfile.TemporaryFile(prefix="pt2flow-forkserver-")
+        self.process = subprocess.Popen(
+            [python, "-m", "pt2flow.flows.engine.worker.forkserver", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,  # a terminal's Ctrl-C is the orchestrator's to handle
+        )
+        theirs.close()
+        self.sock = ours
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._broken: str | None = None  # why it answers nothing more
+        self._retired: str | None = None  # why it forks no more (its workers' ends are still polled through it)
+        threading.Thread(target=self._await_ready, name="pt2flow-forkserver-start", daemon=True).start()
+
+    def _await_ready(self) -> None:
+        try:
+            readable, _, _ = select.select([self.sock], [], [], READY_TIMEOUT)
+            message = pickle.loads(self.sock.recv(MAX_MESSAGE)) if readable else None
+            if not message or message[0] != "ready":
+                self._broken = "it did not start" + self._tail()
+        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            self._broken = f"it did not start ({exc})" + self._tail()
+        finally:
+            self._ready.set()
+
+    def _tail(self) -> str:
+        try:
+            self.log.seek(0)
+            text = self.log.read()[-2000:].decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return ""
+        return f": {text}" if text else ""
+
+    @property
+    def usable(self) -> bool:
+        """Whether it forks: started (or starting), not stale, not retired, not gone."""
+        return self._broken is None and self._retired is None and self.process.poll() is None
+
+    def fork(self, env: dict[str, str], cwd: str, fds: list[int]) -> int:
+        """A worker forked with `env` in `cwd` on `fds` (its connection, its log): its pid."""
+        if self._retired is not None:
+            raise ServerUnavailable(self._retired, stale=True)
+        reply = self._request(("fork", env, cwd), fds)
+        if reply[0] == "stale":
+            self._retired = reply[1]
+            raise ServerUnavailable(reply[1], stale=True)
+        return int(reply[1])
+
+    def poll(self, pid: int) -> int | None:
+        """The worker's returncode (reaped), or None while it runs."""
+        return self._request(("poll", pid))[1]
+
+    def _request(self, message: tuple[Any, ...], fds: list[int] | None = None, answer: bool = True) -> tuple[Any, ...]:
+        self._ready.wait(READY_TIMEOUT)
+        if self._broken is not None:
+            raise ServerUnavailable(self._broken)
+        with self._lock:
+            try:
+                socket.send_fds(self.sock, [pickle.dumps(message)], fds or [])
+                if not answer:
+                    return ()
+                data = self.sock.recv(MAX_MESSAGE)
+            except OSError as exc:
+                self._broken = f"it went away ({exc})"
+                raise ServerUnavailable(self._broken) from None
+        if not data:
+            self._broken = "it went away" + self._tail()
+            raise ServerUnavailable(self._broken)
+        return pickle.loads(data)
+
+    def retire(self) -> None:
+        """Fork no more, and exit once its last worker is gone."""
+        if self._retired is None:
+            self._retired = "retired"
+            try:
+                self._request(("retire",), answer=False)
+            except ServerUnavailable:
+                pass
+
+    def stop(self) -> None:
+        """Stop it now, and every worker forked from it."""
+        self._broken = self._retired = "stopped"
+        try:
+            self.sock.close()  # the server sees the end of its socket and exits, stopping its workers
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+_servers: dict[tuple[Any, ...], ForkServer] = {}
+_servers_lock = threading.Lock()
+
+
+def _server_for(python: str, env: dict[str, str], cwd: str) -> ForkServer:
+    key = (python, cwd, tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE)))
+    with _servers_lock:
+        server = _servers.get(key)
+        if server is not None and server.usable:
+            _servers[key] = _servers.pop(key)  # most recently used last
+            return server
+        if server is not None:  # stale (it retires by itself) or gone; a worker forked from it still polls it
+            del _servers[key]
+        while len(_servers) >= MAX_SERVERS:
+            oldest = next(iter(_servers))
+            _servers.pop(oldest).retire()
+        server = ForkServer(python, {k: v for k, v in env.items() if k not in VOLATILE}, cwd)
+        _servers[key] = server
+        return server
+
+
+def stop_servers() -> None:
+    with _servers_lock:
+        servers = list(_servers.values())
+        _servers.clear()
+    for server in servers:
+        server.stop()
+
+
+atexit.register(stop_servers)
+
+
+def _forget_servers() -> None:
+    """In a child forked from this process: the servers and their sockets are the parent's."""
+    global _servers, _servers_lock
+    _servers = {}
+    _servers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_servers)
+
+
+class LaunchedProcess:
+    """A worker process, forked by a fork server or started on its own (`fallback`), with the
+    part of subprocess.Popen's interface the supervisor uses."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], pass_fds: tuple[int, int], stdout: Any,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        self.args = argv
+        self.returncode: int | None = None
+        self._pid: int | None = None
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._server: ForkServer | None = None
+        self._started = threading.Event()
+        self._stopping = stopping
+        self._error: Exception | None = None
+        conn_fd, _ = pass_fds
+        cwd = os.getcwd()
+        if forking_enabled():
+            threading.Thread(target=self._fork, args=(env, cwd, conn_fd, stdout), name="pt2flow-fork", daemon=True).start()
+        else:
+            self._start_alone(env, conn_fd, stdout)
+
+    def _fork(self, env: dict[str, str], cwd: str, conn_fd: int, log: Any) -> None:
+        try:
+            server = _server_for(self.args[0], env, cwd)
+            try:
+                pid = server.fork(env, cwd, [conn_fd, log.fileno()])
+            except ServerUnavailable as exc:
+                if not exc.stale:
+                    raise
+                server = _server_for(self.args[0], env, cwd)  # a fresh one, once
+                pid = server.fork(env, cwd, [conn_fd, log.fileno()])
+            self._server, self._pid = server, pid
+            os.close(conn_fd)
+            if self._stopping():  # the run was interrupted while this worker was being forked
+                try:
+                    os.killpg(self._pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        except Exception:  # noqa: BLE001 (no server could fork it: the worker starts on its own, as it always could)
+            try:
+                self._start_alone(env, conn_fd, log)
+            except Exception as exc:  # noqa: BLE001 (raised where its pid is asked for, as Popen raises)
+                self._error = exc
+        finally:
+            self._started.set()
+
+    def _start_alone(self, env: dict[str, str], conn_fd: int, log: Any) -> None:
+        self._popen = subprocess.Popen(
+            self.args,
+            pass_fds=[conn_fd],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,  # its own process group: killing it stops its compilers too
+        )
+        os.close(conn_fd)
+        self._pid = self._popen.pid
+        self._started.set()
+
+    @property
+    def pid(self) -> int:
+        self._started.wait()
+        if self._pid is None:
+            raise self._error or RuntimeError("the worker process did not start")
+        return self._pid
+
+    @property
+    def started(self) -> bool:
+        """Whether the process exists yet (its pid is known)."""
+        return self._started.is_set() and self._pid is not None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        if not self._started.is_set():
+            return None  # still being forked: as alive as a process still importing torch
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+        elif self._server is not None:
+            try:
+                self.returncode = self._server.poll(self._pid)
+            except ServerUnavailable:
+                self.returncode = self._gone()
+        return self.returncode
+
+    def _gone(self) -> int | None:
+        """The fork server went away before this worker's end was reported: alive while its pid
+        is, else ended (by a kill: nothing else is known)."""
+        try:
+            os.kill(self.pid, 0)
+            return None
+        except ProcessLookupError:
+            return -signal.SIGKILL
+        except PermissionError:
+            return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            code = self.poll()
+            if code is not None:
+                return code
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(POLL_SECONDS)
+
+
+def launch(python: str | None, env: dict[str, str], conn_fd: int, parent: int, log: Any, stopping: Callable[[], bool]) -> LaunchedProcess:
+    """Start a worker on the connection `conn_fd` (closed here once the worker holds it) with
+    `env`, its stdout and stderr on `log`."""
+    argv = [python or sys.executable, "-m", "pt2flow.flows.engine.worker.process", str(conn_fd), str(parent)]
+    return LaunchedProcess(argv, env, (conn_fd, log.fileno()), log, stopping)

@@ -1,0 +1,172 @@
+"""The fork server: `python -m pt2flow.flows.engine.worker.forkserver FD` does what a worker does
+before its first model once (process.prepare: the start-up sys.path pinned, file reads watched,
+torch and the stages imported), then forks a worker for each request on the socket FD. A worker
+forked here is what `python -m pt2flow.flows.engine.worker.process` would be after its imports,
+started in a few milliseconds instead of seconds of torch import (a pool's second worker, a
+worker replacing one that crashed, the next run's workers in a process that runs many: `serve`,
+a test session). It never imports a model: every model's modules are imported in a worker.
+
+Requests and replies are pickled tuples on a SOCK_SEQPACKET socket (one message each):
+
+- ("fork", env, cwd) with two file descriptors (the worker's connection, its log): a
+  worker in a session of its own, its stdout and stderr on the log, `env` as its environment
+  (exactly), `cwd` its folder; reply ("forked", pid);
+- ("poll", pid): reply ("status", returncode or None), as subprocess's poll gives it (-N for a
+  signal); a worker is reaped here only when polled, so its pid names it until the orchestrator
+  has seen it end;
+- ("retire",): exit once no worker forked here is left (another environment took its place).
+
+The server answers ("stale", why) to a fork when what it imported is no longer what a fresh
+worker would import (a package installed or removed, a pt2flow source file edited), and exits:
+the orchestrator starts a fresh one. It exits on its own after IDLE_SECONDS without a request and
+with no worker left, and at once when the orchestrator goes away (the socket's end), stopping its
+workers (they also watch it: process.watch). Single-threaded: it never forks with a lock held.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+IDLE_SECONDS = 600.0
+MAX_MESSAGE = 1 << 20
+
+
+def _sources() -> dict[str, int]:
+    """The mtimes of the pt2flow modules this process imported (an edited source is a stale server)."""
+    state = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and name.startswith("pt2flow"):
+            try:
+                state[path] = os.stat(path).st_mtime_ns
+            except OSError:
+                state[path] = -1
+    return state
+
+
+def _stale(started_with: Any, sources: dict[str, int]) -> str | None:
+    from pt2flow.stages.distributions import path_state
+
+    if path_state() != started_with:
+        return "a package was installed or removed since the fork server started"
+    if _sources() != sources:
+        return "a pt2flow source file changed since the fork server started"
+    return None
+
+
+def _status(pid: int) -> int | None:
+    """The worker's exit as subprocess.Popen.returncode gives it (reaping it), or None while it runs."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return -signal.SIGKILL  # not ours, or reaped already: it is gone
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def _child(sock: socket.socket, fds: list[int], env: dict[str, str], cwd: str) -> None:
+    """In the forked worker: become what a worker started on its own is, then serve. Never returns."""
+    code = 1
+    try:
+        sock.close()
+        conn_fd, log_fd = fds
+        os.setsid()  # its own process group: killing it stops its compilers too
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        from multiprocessing.connection import Connection
+
+        from pt2flow.flows.engine.worker import process
+
+        sys.argv = [process.__file__, str(conn_fd), str(os.getppid())]  # as `python -m ...process FD PARENT` has it
+        process.watch(os.getppid())  # this server: it goes when the orchestrator does
+        code = process.serve(Connection(conn_fd))
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main(fd: int) -> int:
+    import faulthandler
+
+    faulthandler.enable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the orchestrator decides when it stops
+    sock = socket.socket(fileno=fd)
+    from pt2flow.flows.engine.worker import process
+    from pt2flow.stages.distributions import path_state
+
+    process.prepare()
+    started_with, sources = path_state(), _sources()
+    workers: set[int] = set()
+    retiring = False
+
+    def reply(message: tuple[Any, ...]) -> None:
+        sock.send(pickle.dumps(message))
+
+    reply(("ready", os.getpid()))
+    try:
+        while not (retiring and not workers):
+            readable, _, _ = select.select([sock], [], [], IDLE_SECONDS)
+            if not readable:
+                if workers:
+                    continue
+                return 0  # idle: nothing to fork, nothing left to report on
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 2)
+            if not data:
+                return 0  # the orchestrator is gone
+            request = pickle.loads(data)
+            if request[0] == "fork":
+                why = _stale(started_with, sources)
+                if why:
+                    for each in fds:
+                        os.close(each)
+                    reply(("stale", why))
+                    retiring = True
+                    continue
+                _, env, cwd = request
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(sock, fds, env, cwd)
+                for each in fds:
+                    os.close(each)
+                workers.add(pid)
+                reply(("forked", pid))
+            elif request[0] == "poll":
+                returncode = _status(request[1])
+                if returncode is not None:
+                    workers.discard(request[1])
+                reply(("status", returncode))
+            elif request[0] == "retire":
+                retiring = True
+            else:
+                reply(("error", f"unknown fork server request {request[0]!r}"))
+        return 0
+    finally:
+        for pid in workers:  # the orchestrator is gone: so are its workers
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    code = main(int(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # torch's interpreter teardown takes half a second and frees nothing the OS would not

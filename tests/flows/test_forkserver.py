@@ -1,0 +1,113 @@
+"""Workers forked from the fork server (flows/engine/orchestrator/launcher.py,
+flows/engine/worker/forkserver.py), on real processes: a forked worker is what a worker started
+on its own would be (its environment exactly, its folder, its own session, its threads), a new
+environment, folder or installed package gets a new server, the server and its workers go when
+the orchestrator dies, and PT2FLOW_FORK_WORKERS=0 starts workers on their own. What a worker
+does with a model, crashes and deadlines included, is tested through the pool everywhere else
+(every run of the suite forks its workers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from pt2flow.flows.engine.common.messages import Describe
+from pt2flow.flows.engine.orchestrator import launcher
+from pt2flow.flows.engine.orchestrator.supervisor import Worker
+from tests.conftest import ROOT, cli_env
+
+pytestmark = pytest.mark.integration  # real worker processes, each server imports torch
+
+
+def _describe(**worker: Any) -> dict[str, Any]:
+    """Start a worker, ask what it sees, stop it."""
+    w = Worker(threads=1, **worker)
+    try:
+        return w.call(Describe())[1]
+    finally:
+        w.close()
+
+
+def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PT2FLOW_TEST_MARK", "first")
+    first = _describe()
+    second = _describe()
+    server = psutil.Process(first["ppid"])
+    assert first["ppid"] != os.getpid() and "pt2flow.flows.engine.worker.forkserver" in " ".join(server.cmdline())
+    assert second["ppid"] == first["ppid"] and second["pid"] != first["pid"]  # the second is forked from the same server
+
+    monkeypatch.setenv("PT2FLOW_TEST_MARK", "second")  # another environment: another server, the value seen
+    third = _describe()
+    assert third["ppid"] not in (first["ppid"], os.getpid())
+    assert third["environ"]["PT2FLOW_TEST_MARK"] == "second" and first["environ"]["PT2FLOW_TEST_MARK"] == "first"
+
+    alone = dict(os.environ, PT2FLOW_WORKER="1", PT2FLOW_WORKER_THREADS="1")
+    assert third["environ"] == alone  # exactly the variables it would have been started with
+    assert third["threads"] == "1" and third["torch_threads"] == 1
+
+    monkeypatch.chdir(tmp_path)  # another folder: another server, the worker in that folder
+    there = _describe()
+    assert there["cwd"] == str(tmp_path) and there["ppid"] not in (first["ppid"], third["ppid"])
+
+
+def test_a_package_installed_after_the_server_started_gets_a_new_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A folder on the import path changes (pip installs a package into site-packages): the
+    server's imports may be stale, so the next worker comes from a fresh server."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    before = _describe()
+    assert _describe()["ppid"] == before["ppid"]
+    (site / "newly_installed-1.0.dist-info").mkdir()  # what pip does: the folder's mtime changes
+    after = _describe()
+    assert after["ppid"] != before["ppid"]
+    assert _describe()["ppid"] == after["ppid"]  # and that one serves from then on
+
+
+def test_forking_off_starts_each_worker_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(launcher.FORK_VARIABLE, "0")
+    seen = _describe()
+    assert seen["ppid"] == os.getpid()
+
+
+ORCHESTRATOR = textwrap.dedent("""
+    import sys, time
+    from pt2flow.flows.engine.common.messages import Describe
+    from pt2flow.flows.engine.orchestrator.supervisor import Worker
+    seen = Worker(threads=1).call(Describe())[1]
+    print(seen["ppid"], seen["pid"], flush=True)
+    time.sleep(600)
+""")
+
+
+def test_the_server_and_its_workers_go_when_the_orchestrator_is_killed(tmp_path: Path) -> None:
+    script = tmp_path / "orchestrator.py"
+    script.write_text(ORCHESTRATOR)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env())
+    try:
+        assert proc.stdout is not None
+        server, worker = (int(x) for x in proc.stdout.readline().split())
+        assert psutil.pid_exists(server) and psutil.pid_exists(worker)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_running(pid) for pid in (server, worker)):
+        time.sleep(0.1)
+    assert not _running(server) and not _running(worker)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
