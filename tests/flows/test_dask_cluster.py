@@ -106,12 +106,21 @@ def test_a_cluster_that_loses_every_worker_fails_what_is_left_and_ends(tmp_path:
         assert model["status"] == "ok" or (model["error_class"] == "timeout" and "had no worker" in model["error"]), model
 
 
+def _dask_worker_of(pid: int) -> psutil.Process | None:
+    """The Dask worker process a supervised worker runs under: its parent, or its fork server's
+    (flows/engine/worker/forkserver.py)."""
+    parent = psutil.Process(pid).parent()
+    while parent is not None and "pt2flow.flows.engine.worker.forkserver" in " ".join(parent.cmdline()):
+        parent = parent.parent()
+    return parent
+
+
 def test_a_cluster_that_loses_one_worker_process_runs_every_model(tmp_path: Path, cluster: dict[str, Any]) -> None:
     paused = {"name": "paused", "factory": "tests.hostile_models:announced_pause", "inputs": X}
     proc, out, err = _start_run(tmp_path, [paused, *HEALTHY], cluster)
     try:
         pid = _wait_for(tmp_path / "pausing", proc)  # paused's supervised worker, under a Dask worker
-        dask_worker = psutil.Process(pid).parent()
+        dask_worker = _dask_worker_of(pid)
         assert dask_worker is not None and dask_worker.pid != cluster["launcher"].pid
         dask_worker.kill()  # its nanny starts another; Dask runs the model again there
         proc.wait(timeout=600)

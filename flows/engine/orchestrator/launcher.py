@@ -2,9 +2,9 @@
 that imported torch and the stages once, or, where none can serve, as `python -m
 pt2flow.flows.engine.worker.process` of its own (the same worker, seconds of imports later).
 
-A fork server serves one interpreter, one folder and one environment (every variable but the
-ones that differ from worker to worker, VOLATILE): a worker forked from it gets exactly the
-environment it would have been started with. It stays after a run (the next run's workers start
+A fork server serves one interpreter, one folder and one environment (every variable but
+pt2flow's own, which differ from run to run and are read only when pt2flow acts): a worker
+forked from it gets exactly the environment it would have been started with. It stays after a run (the next run's workers start
 in milliseconds), leaves by itself after its idle time, when its interpreter's packages or
 pt2flow's sources change, and when this process exits. PT2FLOW_FORK_WORKERS=0 starts every
 worker on its own.
@@ -30,9 +30,17 @@ import time
 from typing import Any, Callable
 
 FORK_VARIABLE = "PT2FLOW_FORK_WORKERS"
-# set per worker after the fork (the torch threads) or by the test runner per test: not a reason
-# for another fork server
-VOLATILE = frozenset({"PT2FLOW_WORKER_THREADS", "PYTEST_CURRENT_TEST"})
+# variables a worker gets after its fork, not a reason for another fork server: pt2flow's own
+# (PT2FLOW_*: its torch threads, the run's storage options, a test's crash point; pt2flow reads
+# them when it acts, never while the server imports) and the one pytest sets per test. Every
+# other variable may be read by an import (torch reads its own, Python PYTHON*), so it is part
+# of the server's identity.
+VOLATILE_PREFIX = "PT2FLOW_"
+VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+
+
+def _volatile(name: str) -> bool:
+    return name.startswith(VOLATILE_PREFIX) or name in VOLATILE
 MAX_SERVERS = 2  # fork servers kept at once (one per environment); the oldest retires
 READY_TIMEOUT = 300.0
 POLL_SECONDS = 0.05
@@ -160,7 +168,8 @@ _servers_lock = threading.Lock()
 
 
 def _server_for(python: str, env: dict[str, str], cwd: str) -> ForkServer:
-    key = (python, cwd, tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE)))
+    kept = {k: v for k, v in env.items() if not _volatile(k)}
+    key = (python, cwd, tuple(sorted(kept.items())))
     with _servers_lock:
         server = _servers.get(key)
         if server is not None and server.usable:
@@ -171,7 +180,7 @@ def _server_for(python: str, env: dict[str, str], cwd: str) -> ForkServer:
         while len(_servers) >= MAX_SERVERS:
             oldest = next(iter(_servers))
             _servers.pop(oldest).retire()
-        server = ForkServer(python, {k: v for k, v in env.items() if k not in VOLATILE}, cwd)
+        server = ForkServer(python, kept, cwd)
         _servers[key] = server
         return server
 
