@@ -210,8 +210,7 @@ class LaunchedProcess:
     """A worker process, forked by a fork server or started on its own (`fallback`), with the
     part of subprocess.Popen's interface the supervisor uses."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], pass_fds: tuple[int, int], stdout: Any,
-                 stopping: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], conn_fd: int, log: Any, stopping: Callable[[], bool] = lambda: False) -> None:
         self.args = argv
         self.returncode: int | None = None
         self._pid: int | None = None
@@ -220,12 +219,11 @@ class LaunchedProcess:
         self._started = threading.Event()
         self._stopping = stopping
         self._error: Exception | None = None
-        conn_fd, _ = pass_fds
         cwd = os.getcwd()
         if forking_enabled():
-            threading.Thread(target=self._fork, args=(env, cwd, conn_fd, stdout), name="pt2flow-fork", daemon=True).start()
+            threading.Thread(target=self._fork, args=(env, cwd, conn_fd, log), name="pt2flow-fork", daemon=True).start()
         else:
-            self._start_alone(env, conn_fd, stdout)
+            self._start_alone(env, conn_fd, log)
 
     def _fork(self, env: dict[str, str], cwd: str, conn_fd: int, log: Any) -> None:
         try:
@@ -318,4 +316,4 @@ def launch(python: str | None, env: dict[str, str], conn_fd: int, parent: int, l
     """Start a worker on the connection `conn_fd` (closed here once the worker holds it) with
     `env`, its stdout and stderr on `log`."""
     argv = [python or sys.executable, "-m", "pt2flow.flows.engine.worker.process", str(conn_fd), str(parent)]
-    return LaunchedProcess(argv, env, (conn_fd, log.fileno()), log, stopping)
+    return LaunchedProcess(argv, env, conn_fd, log, stopping)
