@@ -14,6 +14,9 @@
   pyproject.toml) and the slowest files, summed over setup, call and teardown (`.ci/run` shows
   it for every landing, beside pytest's --durations);
 - the reliability figures (tests/reliability/stats.py), gathered from every xdist worker;
+- what the machine did meanwhile (/proc/stat, Linux): its busy and idle CPU and the time its VM's
+  host gave to other work (`steal`); the same suite took 33 and 55 minutes on this project's
+  machines, and the steal says which runs the host slowed;
 - an xdist worker runs without the COLUMNS/LINES xdist sets (a plain pytest run has none);
 - under two or more xdist workers, a run given no --workers starts one worker process
   (PT2FLOW_WORKERS=1, unless it is set already): the xdist workers already take every core, and a
@@ -47,6 +50,8 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not _is_xdist_worker(config):
+        config.stash[_HOST_KEY] = cpu_times()
     if _is_xdist_worker(config):
         # xdist gives its workers the controller's terminal size (COLUMNS=80), which no plain
         # pytest run has: the commands the tests start would wrap their tables at 80 columns
@@ -64,6 +69,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _INDUCTOR_KEY = pytest.StashKey[str]()
+_HOST_KEY = pytest.StashKey["dict[str, int] | None"]()
+CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times(stat: str = "/proc/stat") -> dict[str, int] | None:
+    """The machine's CPU time per state since boot, in clock ticks: the first line of /proc/stat
+    (None where there is none: not Linux)."""
+    try:
+        with open(stat) as file:
+            fields = file.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    return dict(zip(CPU_STATES, (int(x) for x in fields[1 : 1 + len(CPU_STATES)])))
+
+
+def host_line(before: dict[str, int], after: dict[str, int], cores: int, ticks: int) -> str:
+    """One line on what every core of the machine did between two cpu_times readings."""
+    spent = {state: (after.get(state, 0) - before.get(state, 0)) / ticks for state in CPU_STATES}
+    busy = spent["user"] + spent["nice"] + spent["system"] + spent["irq"] + spent["softirq"]
+    idle = spent["idle"] + spent["iowait"]
+    total = busy + idle + spent["steal"]
+    if total <= 0:
+        return f"host: {cores} cores, no CPU time passed"
+    return (f"host: {cores} cores for {total / cores:.0f} s: busy {busy:.0f} CPU-s ({100 * busy / total:.0f} %), "
+            f"idle {idle:.0f} ({100 * idle / total:.0f} %), steal {spent['steal']:.0f} "
+            f"({100 * spent['steal'] / total:.0f} %: the VM's host running other work)")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -132,7 +165,16 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     _time_per_tier(terminalreporter)
+    _host(terminalreporter)
     _reliability(terminalreporter)
+
+
+def _host(terminalreporter: Any) -> None:
+    before, after = terminalreporter.config.stash.get(_HOST_KEY, None), cpu_times()
+    if before is None or after is None:
+        return
+    terminalreporter.write_line("")
+    terminalreporter.write_line(host_line(before, after, os.cpu_count() or 1, os.sysconf("SC_CLK_TCK")))
 
 
 def _time_per_tier(terminalreporter: Any) -> None:
