@@ -68,7 +68,7 @@ def main():
         file.write_text(text.replace(old, new))
         try:
             env = dict(os.environ, PYTHONPATH=str(link))
-            proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x" if False else "-q", "-rf", "-n", "2", *tests],
+            proc = subprocess.run([python, "-m", "pytest", "-qq", "-p", "no:cacheprovider", "-rf", "-n", "2", *tests],
                                   cwd=checkout, env=env, capture_output=True, text=True, timeout=1500)
             failed = sorted(set(re.findall(r"^FAILED (\S+)", proc.stdout, re.M)))
             summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]

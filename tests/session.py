@@ -50,14 +50,13 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not _is_xdist_worker(config):
-        config.stash[_HOST_KEY] = cpu_times()
     if _is_xdist_worker(config):
         # xdist gives its workers the controller's terminal size (COLUMNS=80), which no plain
         # pytest run has: the commands the tests start would wrap their tables at 80 columns
         for name in ("COLUMNS", "LINES"):
             os.environ.pop(name, None)
         return
+    config.stash[_HOST_KEY] = cpu_times()  # the controller's (or a plain run's) reading at the start
     xdist_workers = str(config.getoption("numprocesses", None) or 0)
     if xdist_workers.isdigit() and int(xdist_workers) >= 2:
         os.environ.setdefault(WORKERS, "1")  # inherited by the xdist workers and everything they start
