@@ -86,9 +86,9 @@ def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeou
     )
 
 
-def cli_in_process(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli_in_process(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`main(ARGS)` of pt2flow's CLI in this process, as the console script runs it: the same
-    variables a subprocess would get (cli_env), in the same folder (the repository's unless `cwd`),
+    variables a subprocess would get (cli_env, plus `env`), in the same folder (the repository's unless `cwd`),
     its stdout and stderr captured (bytes written to stdout.buffer, as `get -o -` writes, decoded
     as UTF-8) and its exit code returned; every variable and the folder restored after."""
     import contextlib
@@ -99,7 +99,7 @@ def cli_in_process(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = 
     support = sys.modules.get("pt2flow.flows.cli.support")
     if support is not None and hasattr(support, "opened_store"):
         support.opened_store = None  # the store an earlier command opened is no hint for this one's errors
-    wanted = cli_env()
+    wanted = cli_env(env)
     saved = dict(os.environ)
     before = os.getcwd()
     out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True), io.StringIO()

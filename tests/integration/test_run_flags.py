@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import run_cli, run_json, write_config
+from tests.conftest import cli_in_process, run_cli, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -53,10 +53,14 @@ def _cases(port: int) -> dict[str, tuple[list[str], list[str]] | tuple[list[str]
 
 
 def _check_refusals(config: Path, store: str, env: dict[str, str]) -> None:
+    """Every case refused by `main(ARGS)` in this process, as the console script calls it: each
+    is refused before Prefect or a worker starts (flows/api/running.py prepare_run and the CLI's
+    own checks). The console script's own refusals (its exit code, stdout, stderr) are the
+    test's last three runs."""
     before = len(ArtifactStore(store).index.read(["record_id"]).to_pylist()) if Path(store).exists() else 0
     for name, (flags, words, *variables) in _cases(_closed_port()).items():
         started = time.monotonic()
-        proc = run_cli(["run", str(config), "--store", store, *flags], env={**env, **(variables[0] if variables else {})}, timeout=120)
+        proc = cli_in_process(["run", str(config), "--store", store, *flags], env={**env, **(variables[0] if variables else {})})
         took = time.monotonic() - started
         said = proc.stderr.strip()
         assert proc.returncode == 2, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -91,6 +95,8 @@ def test_bad_runner_flags_are_usage_errors_cold_and_fully_cached(tmp_path: Path)
     bad = run_cli(["run", str(config), "--store", store, "--runner", "dask", "--dask-address", f"tcp://127.0.0.1:{port}"],
                   env={"PT2FLOW_DASK_CONNECT_TIMEOUT_S": "never"})
     assert bad.returncode == 2 and "PT2FLOW_DASK_CONNECT_TIMEOUT_S must be a number" in bad.stderr, bad.stderr
+    usage = run_cli(["run", str(config), "--store", store, "--workers", "many"])  # click's own refusal, from the binary
+    assert usage.returncode == 2 and usage.stdout == "" and "'many'" in usage.stderr and "Traceback" not in usage.stderr, usage.stderr
 
 
 def test_a_live_scheduler_passes_the_check(tmp_path: Path) -> None:
