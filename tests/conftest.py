@@ -174,6 +174,14 @@ def run_in_process(config: str | os.PathLike[str], *, env: Mapping[str, str] | N
     return (0 if document["summary"]["failed"] == 0 else 1), document
 
 
+def run_as_cli(config: str | os.PathLike[str], **options: Any) -> subprocess.CompletedProcess[str]:
+    """run_in_process in the shape of a finished `pt2flow run CONFIG --json`: its exit code and the
+    document on stdout; stderr empty (the run logs to this process). For a fixture whose tests
+    read a run's document and exit code, not what the binary printed."""
+    code, document = run_in_process(config, **options)
+    return subprocess.CompletedProcess(["pt2flow", "run", str(config), "--json"], code, json.dumps(document), "")
+
+
 def write_config(path: Path, models: list[dict[str, Any]], **top: Any) -> Path:
     """Write a version-1 config; factories in tests.models resolve through PYTHONPATH=ROOT."""
     config = {"version": 1, **top, "models": models}

@@ -1,7 +1,8 @@
 """The expensive fleets, each built once per test session and shared by the tests that read them.
 
-A fleet is a shipped config run cold into a fresh store, then warm, through the real `pt2flow`
-binary. Tests assert on the runs' documents and read the store; a test that changes the store
+A fleet is a shipped config run cold into a fresh store through the real `pt2flow` binary, then
+warm from the test's process (tests/conftest.py `run_as_cli`: the same document and exit code,
+without a second start of the CLI). Tests assert on the runs' documents and read the store; a test that changes the store
 copies it first (`Fleet.copy_store`). Under pytest-xdist every test that uses a fleet is in the
 fleet's xdist group (`MEMBERS` below: tests/session.py's scheduler sends a group to one worker),
 so that one worker builds it and runs them all; these groups go to the workers first (they are
@@ -32,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_as_cli, run_cli
 
 GENERATIVE_GROUP = "fleet:generative"
 TARGETS_GROUP = "fleet:targets"
@@ -129,7 +130,10 @@ def build_generative(folder: Path) -> Fleet:
     config["models"].append({**llama, "name": BAD_DECODE, "factory": "generative_faults:tiny_llama_bad_decode"})
     with_fault = folder / "generative-with-fault.yaml"
     with_fault.write_text(yaml.safe_dump(config, sort_keys=False))
-    cold, fault, warm = (Run.of(run_cli(["run", str(path), "--json"], env=GENERATIVE_ENV, timeout=1800)) for path in (shipped, with_fault, with_fault))
+    cold = Run.of(run_cli(["run", str(shipped), "--json"], env=GENERATIVE_ENV, timeout=1800))
+    # the run with the bad decode model and the warm run from this process (their documents and
+    # exit codes are what tests read; the cold run's stderr is read too: the binary's)
+    fault, warm = (Run.of(run_as_cli(with_fault)) for _ in range(2))
     return Fleet(folder, shipped, with_fault, str(store), cold, warm, fault)
 
 
@@ -148,7 +152,8 @@ def build_targets(folder: Path) -> Fleet:
             model["stages"] = {**model.get("stages", {}), "benchmark": {"sizes": BENCHMARK_ENCODER_SIZES}}
     path = folder / "targets.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    cold, warm = (Run.of(run_cli(["run", str(path), "--json"], timeout=1800)) for _ in range(2))
+    cold = Run.of(run_cli(["run", str(path), "--json"], timeout=1800))
+    warm = Run.of(run_as_cli(path))  # from this process: every stage served from the index
     return Fleet(folder, shipped, path, str(store), cold, warm)
 
 

@@ -46,6 +46,7 @@ def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(monkeypatch:
     assert first["ppid"] != os.getpid() and "pt2flow.flows.engine.worker.forkserver" in " ".join(server.cmdline())
     assert second["ppid"] == first["ppid"] and second["pid"] != first["pid"]  # the second is forked from the same server
     assert first["environ"]["PT2FLOW_TEST_MARK"] == "first" and second["environ"]["PT2FLOW_TEST_MARK"] == "second"
+    assert first["warm"] is True  # torch's first export done in the server (stages/warmup.py), not by each worker
 
     monkeypatch.setenv("SOME_LIBRARY_SETTING", "on")  # any other variable may be read by an import: another server
     third = _describe()
@@ -78,6 +79,7 @@ def test_forking_off_starts_each_worker_on_its_own(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(launcher.FORK_VARIABLE, "0")
     seen = _describe()
     assert seen["ppid"] == os.getpid()
+    assert seen["warm"] is False  # a worker started on its own pays torch's first export on its first model
 
 
 ORCHESTRATOR = textwrap.dedent("""

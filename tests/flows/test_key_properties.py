@@ -98,6 +98,9 @@ def test_a_dynamic_range_change_alone_changes_the_fingerprint() -> None:
 FRESH = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
+if sys.argv[2:] == ["warm"]:  # what a fork server does before its first fork (stages/warmup.py)
+    from pt2flow.stages.warmup import warm_up
+    assert warm_up()
 from tests.flows.test_key_properties import Spec, export
 from tests.hf_models import bert_tiny
 from pt2flow.stages.program import fingerprint
@@ -109,7 +112,10 @@ print(fingerprint(torch.export.export(bert_tiny(), (ids,), {"attention_mask": to
 
 @pytest.mark.integration  # exports in fresh processes
 def test_re_exports_in_fresh_processes_give_equal_fingerprints() -> None:
-    runs = [subprocess.run([sys.executable, "-c", FRESH, str(ROOT)], capture_output=True, text=True, check=True, cwd="/") for _ in range(2)]
+    """Two fresh processes, the second after the fork server's warm-up (torch's first export done
+    on a meta-device module first, as every forked worker has it), and this process."""
+    runs = [subprocess.run([sys.executable, "-c", FRESH, str(ROOT), *extra], capture_output=True, text=True, check=True, cwd="/")
+            for extra in ([], ["warm"])]
     first, second = (r.stdout.split() for r in runs)
     assert len(first) == 2 and first == second
     assert first[0] == fingerprint(export(Spec(dynamic_max=16, op="tanh")))  # and in this process

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_cli, write_config
+from tests.conftest import ROOT, run_as_cli, run_cli, write_config
 from tests.fleets import BAD_DECODE, Fleet, Run
 
 pytestmark = [pytest.mark.integration, pytest.mark.compile]
@@ -246,8 +246,8 @@ def test_a_component_that_fails_names_itself(tmp_path: Path) -> None:
         {"name": "tiny-llama-dynamic", "factory": "generative_models:tiny_llama",
          "generate": {"prompt_lens": [2], "max_new_tokens": 4, "cache": "dynamic"}},
     ], store=str(tmp_path / "store"), stages=["trace", "executorch", "validate"], defaults={"executorch": {"partitioners": []}})
-    proc = run_cli(["run", str(config), "--json"], env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    proc = run_as_cli(config)  # from this process: the document is what is read
+    assert proc.returncode == 1, proc.stdout[-3000:]
     (model,) = json.loads(proc.stdout)["models"]
     assert model["status"] == "failed" and model["failed_stage"] == "executorch" and model["error_class"] == "dynamic_shape", model
     assert model["error"].startswith("prefill: dynamic_shape: ") and model["error"].endswith("bounds the prompt and cache axes by max_cache_len)"), model["error"]

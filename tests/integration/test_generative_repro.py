@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli, write_config
+from tests.conftest import run_as_cli, run_cli, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -108,12 +108,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         {"name": "branchy", "factory": "failing_generative:branchy", "generate": generate},
         {"name": "shifted", "factory": "failing_generative:shifted", "generate": generate},
     ], store=store, stages=["trace", "decompose"])
-    run = run_cli(["run", str(config), "--workers", "2", "--json"], env=ENV)
+    run = run_as_cli(config, workers=2)  # from this process: its document is what is read
     assert run.returncode == 1, (run.stdout[-3000:], run.stderr[-5000:])
     models = {m["name"]: m for m in json.loads(run.stdout)["models"]}
     repros = {}
     for target in ("branchy", "shifted"):
-        made = run_cli(["repro", target, "-o", str(folder / f"repro-{target}"), "--store", store, "--json"], env=ENV)
+        made = run_cli(["repro", target, "-o", str(folder / f"repro-{target}"), "--store", store, "--json"])
         assert made.returncode == 0, made.stderr[-3000:]
         repros[target] = json.loads(made.stdout)
     runner = folder / "runner.py"

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, run_cli, write_config
+from tests.conftest import ROOT, run_as_cli, run_cli, write_config
 from tests.fleets import Fleet, Run
 
 # one group with the shared generative fleet (tests/fleets.py), which T5's tests read
@@ -55,8 +55,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     shutil.copy(ROOT / "configs" / "generative_models.py", folder / "generative_models.py")
     store = str(folder / "store")
     config = write_config(folder / "fleet.yaml", MODELS, store=store, stages=STAGES, defaults={"executorch": {"partitioners": []}})
-    cold = run_cli(["run", str(config), "--json"], env=ENV)
-    warm = run_cli(["run", str(config), "--json"], env=ENV)
+    cold, warm = run_as_cli(config), run_as_cli(config)  # from this process: tests read their documents
     return {"cold": cold, "warm": warm, "store": store, "folder": folder}
 
 

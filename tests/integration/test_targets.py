@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli, write_config
+from tests.conftest import run_as_cli, run_cli, write_config
 from tests.fleets import Fleet, Run
 
 # one group with the shared targets fleet (tests/fleets.py), which the first tests read
@@ -132,7 +132,7 @@ def refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = write_config(folder / "refused.yaml", REFUSED, stages=["trace", "functionalize", "onnx", "executorch", "validate"],
                           defaults={"validate": {"samples": 3}})
     store = str(folder / "store")
-    return {"run": run_cli(["run", str(config), "--store", store, "--json"]), "store": store}
+    return {"run": run_as_cli(config, store=store), "store": store}  # from this process: its document is read
 
 
 def test_each_refusal_has_its_class_and_says_why(refused: dict[str, Any]) -> None:
@@ -173,7 +173,7 @@ def openvino_refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     config = write_config(folder / "openvino.yaml", models, stages=["trace", "functionalize", "openvino", "validate"],
                           defaults={"validate": {"samples": 3}})
     store = str(folder / "store")
-    return {"run": run_cli(["run", str(config), "--store", store, "--json"]), "store": store}
+    return {"run": run_as_cli(config, store=store), "store": store}  # from this process: its document is read
 
 
 def test_openvino_refuses_an_op_it_cannot_convert_naming_it(openvino_refused: dict[str, Any], tmp_path: Path) -> None:

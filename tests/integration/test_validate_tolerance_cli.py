@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, run_json, write_config
+from tests.conftest import run_cli, run_in_process, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -46,11 +46,11 @@ def test_run_with_tolerance_auto_reports_both_errors(tmp_path: Path) -> None:
     assert archive["max_noise_ratio"] == report["max_noise_ratio"] == validation["max_noise_ratio"]
 
     # an unchanged re-run is served from the cache; the fixed tolerance is another validate key
-    code, again, _ = run_json(["run", str(config), "--store", store])
+    code, again = run_in_process(config, store=store)
     assert code == 0 and again["models"][0]["stages"]["validate"]["cached"] is True
     models[0]["stages"] = {"validate": {"tolerance": "fixed"}}
     write_config(config, models, stages=STAGES)
-    code, fixed, _ = run_json(["run", str(config), "--store", store])
+    code, fixed = run_in_process(config, store=store)
     assert code == 0 and fixed["models"][0]["stages"]["validate"]["cached"] is False
     assert fixed["models"][0]["stages"]["serialize"]["cached"] is True
     assert "tolerance" not in fixed["models"][0]["validation"]  # the fixed tolerance's document is as before

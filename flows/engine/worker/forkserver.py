@@ -1,7 +1,9 @@
 """The fork server: `python -m pt2flow.flows.engine.worker.forkserver FD` does what a worker does
 before its first model once (process.prepare: the start-up sys.path pinned, file reads watched,
-torch and the stages imported), then forks a worker for each request on the socket FD. A worker
-forked here is what `python -m pt2flow.flows.engine.worker.process` would be after its imports,
+torch and the stages imported), plus torch's first export (stages/warmup.py: the lazy imports and
+first-use caches a worker's first model would pay, about 3 s of CPU), then forks a worker for each
+request on the socket FD. A worker forked here is what `python -m
+pt2flow.flows.engine.worker.process` would be after its imports and a first export,
 started in a few milliseconds instead of seconds of torch import (a pool's second worker, a
 worker replacing one that crashed, the next run's workers in a process that runs many: `serve`,
 a test session). It never imports a model: every model's modules are imported in a worker.
@@ -110,6 +112,9 @@ def main(fd: int) -> int:
     from pt2flow.stages.distributions import path_state
 
     process.prepare()
+    from pt2flow.stages.warmup import warm_up
+
+    warm_up()  # torch's first export done here once, not in every forked worker (stages/warmup.py)
     started_with, sources = path_state(), _sources()
     workers: set[int] = set()
     retiring = False

@@ -140,7 +140,9 @@ def serve(conn: Connection) -> int:
                 reply = ("ok", None)
             case messages.Describe():  # tests and benchmarks: what this worker sees (pid, parent, folder, env)
                 reply = ("ok", {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "environ": dict(os.environ),
-                                "threads": os.environ.get("PT2FLOW_WORKER_THREADS"), "torch_threads": _torch_threads()})
+                                "threads": os.environ.get("PT2FLOW_WORKER_THREADS"), "torch_threads": _torch_threads(),
+                                # torch's first export done before this worker's first model (a fork server's warm-up)
+                                "warm": "torch._dynamo.eval_frame" in sys.modules})
             case _:  # an orchestrator of another protocol: say so rather than hang it
                 reply = ("failed", {"error_class": "internal", "error": f"unknown worker message {type(message).__name__}"})
         conn.send(reply)
