@@ -8,15 +8,25 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import run_cli, run_cli_into_closed_pipe, run_json
+from tests.conftest import cli_in_process, run_cli, run_cli_into_closed_pipe, run_json
 from tests.records import CHAIN, h, make_chain
 
 pytestmark = pytest.mark.integration  # each test runs the `pt2flow` query commands as subprocesses
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> tuple[int, Any]:
+    """(exit code, stdout as one JSON document) of a `--json` command run by cli_in_process."""
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}\n--- stderr ---\n{proc.stderr[-4000:]}") from exc
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -266,9 +276,10 @@ def test_the_query_commands_say_how_the_store_is_chosen(populated: dict, tmp_pat
     for name in QUERY_COMMANDS:
         text = " ".join(run_cli([name, "--help"]).stdout.split())
         assert "default: --config's store, else $PT2FLOW_STORE, else ./pt2-store" in text and "--config CONFIG" in text, (name, text)
-    assert "overrides the config's store:" in " ".join(run_cli(["run", "--help"]).stdout.split())
+    assert "overrides the config's store:" in " ".join(cli_in_process(["run", "--help"]).stdout.split())
     sha = populated["alpha"]["trace"]["sha256"]
-    code, rows, _ = run_json(["ls", "--model", "alpha", "--stage", "trace"], env={"PT2FLOW_STORE": str(populated["root"])}, cwd=tmp_path)
+    # $PT2FLOW_STORE: main(ARGS) in this process, with the variables and folder a subprocess would get
+    code, rows = _json(cli_in_process(["ls", "--model", "alpha", "--stage", "trace", "--json"], env={"PT2FLOW_STORE": str(populated["root"])}, cwd=tmp_path))
     assert code == 0 and [r["sha256"] for r in rows] == [sha]
 
 
@@ -287,8 +298,9 @@ def test_config_names_the_store_relative_to_its_folder_and_beats_the_environment
     empty.mkdir()
     query = ["ls", "--model", "alpha", "--stage", "trace"]
     for cwd, path in ((elsewhere, str(config)), (config.parent, "fleet.yaml"), (tmp_path, "team/fleet.yaml")):
-        code, rows, err = run_json([*query, "--config", path], env={"PT2FLOW_STORE": str(empty)}, cwd=cwd)
-        assert code == 0 and [r["sha256"] for r in rows] == [sha], (cwd, err)
+        proc = cli_in_process([*query, "--config", path, "--json"], env={"PT2FLOW_STORE": str(empty)}, cwd=cwd)
+        code, rows = _json(proc)
+        assert code == 0 and [r["sha256"] for r in rows] == [sha], (cwd, proc.stderr)
     code, rows, _ = run_json([*query, "--config", str(config), "--store", str(empty)])
     assert code == 0 and rows == []  # --store wins
     config.write_text("version: 1\nstore: ./not-run-yet\nmodels: []\n")

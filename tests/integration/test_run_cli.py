@@ -1,5 +1,7 @@
 """`pt2flow run` end to end as a subprocess: the JSON contract, exit codes, blob digests, archives
-that load and match eager, cached re-runs, failure classification, and a run on S3."""
+that load and match eager, cached re-runs, failure classification, and a run on S3. Where a
+test's subject is the fleet's outcome (input dtypes, a device the machine lacks, a warm re-run of
+the failure fleet) the fleet runs in this process (conftest run_in_process)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 from pt2flow.storage import ArtifactStore
 from tests import models
-from tests.conftest import ROOT, run_cli, run_json, write_config
+from tests.conftest import ROOT, run_cli, run_in_process, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -176,8 +178,8 @@ def test_uint8_int8_int16_inputs_export_and_validate(tmp_path: Path) -> None:
                    "ids": {"shape": [2, 5], "dtype": "int16", "high": 300}},
         "dynamic_shapes": {"image": {0: "batch"}, "offset": {0: "batch"}, "ids": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 8}},
     }], stages=["trace", "serialize", "validate"])
-    code, doc, stderr = run_json(["run", str(config), "--store", str(tmp_path / "store")])
-    assert code == 0, stderr[-3000:]
+    code, doc = run_in_process(config, store=str(tmp_path / "store"))  # the fleet's outcome, not the CLI, is under test
+    assert code == 0, doc
     (model,) = doc["models"]
     assert model["validation"]["passed"] is True and model["validation"]["samples"] >= 3
     code, record, _ = run_json(["show", model["stages"]["trace"]["artifact"], "--store", str(tmp_path / "store")])
@@ -213,13 +215,18 @@ def test_failure_fleet_is_classified_and_the_rest_completes(tmp_path: Path) -> N
     assert dd["sha256"] and "attempts" in dd["details"]
     report = ArtifactStore(str(tmp_path / "store")).get_blob(dd["sha256"]).decode()
     assert "data dependent" in report.lower() or "data-dependent" in report.lower()
+    # warm, on the same store (the fleet run in this process): every model reaches the outcome
+    # of the cold run, every failure as classified cold
+    code, warm = run_in_process(ROOT / "configs" / "failures.yaml", store=str(tmp_path / "store"))
+    assert code == 1, warm
+    assert {m["name"]: (m["status"], m["failed_stage"], m["error_class"]) for m in warm["models"]} == got
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_a_cuda_target_without_a_gpu_fails_at_aot_compile_and_keeps_the_archive(tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.yaml", [{**mlp_entry(), "stages": {"aot_compile": {"device": "cuda"}}}])
-    code, doc, stderr = run_json(["run", str(config), "--store", str(tmp_path / "store")])
-    assert code == 1, stderr[-3000:]
+    code, doc = run_in_process(config, store=str(tmp_path / "store"))  # the fleet's outcome, not the CLI, is under test
+    assert code == 1, doc
     (model,) = doc["models"]
     assert (model["failed_stage"], model["error_class"]) == ("aot_compile", "compile")
     assert model["error"] == "aot_compile.device is 'cuda' but no CUDA device is available here"

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import pytest
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import BIN, ROOT, cli_env, run_cli, write_config
+from tests.conftest import BIN, ROOT, cli_env, run_cli, run_in_process, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -353,8 +353,9 @@ def test_serve_schedules_an_upgrade_check(tmp_path: Path, real_server: str) -> N
     url = real_server
     work = tmp_path / "work"
     _tiny_config(work / "fleet.yaml")
-    baseline = run_cli(["run", str(work / "fleet.yaml"), "--store", str(work / "store")])  # the baseline, in this environment
-    assert baseline.returncode == 0, baseline.stderr[-3000:]
+    # the baseline, in this environment: the fleet run in this process (serve, under test, stays the binary)
+    code, baseline = run_in_process(work / "fleet.yaml", store=str(work / "store"))
+    assert code == 0, baseline
     serve, serve_log, deployment, completed = _serve_until(
         url, tmp_path, ["fleet.yaml", "--interval", "5", "--store", "store", "--upgrade-check", candidate, "--report-dir", "reports"],
         name=f"upgrade-{uuid.uuid4().hex[:8]}", runs=1, flow="pt2flow-upgrade-check",
