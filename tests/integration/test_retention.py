@@ -149,19 +149,41 @@ def test_gc_keep_runs_frees_exactly_what_only_superseded_runs_need(fleet: dict[s
     assert code == 0 and {r["model"] for r in listed} == {"other"}, stderr  # other's builders stay
 
 
-def _changed_model_run_twice(tmp_path: Path, moto_s3: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """A fresh S3 store, and the documents of two runs of one model whose code changed between them."""
+@pytest.fixture(scope="module")
+def s3_runs(tmp_path_factory: pytest.TempPathFactory, moto_s3: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A fresh S3 store, and the documents of two runs of one model whose code changed between
+    them: built once; each test changes a copy of it (_copied)."""
     url = f"s3://{moto_s3.bucket}/retention-{uuid.uuid4().hex[:8]}"
-    config = write_config(tmp_path / "c.yaml", _models(16)[:1], stages=["trace", "serialize"])
+    work = tmp_path_factory.mktemp("retention-s3")
+    config = write_config(work / "c.yaml", _models(16)[:1], stages=["trace", "serialize"])
     first = _run(config, url)
     write_config(config, _models(32)[:1], stages=["trace", "serialize"])
     return url, first, _run(config, url)
 
 
-def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp_path: Path, moto_s3: Any) -> None:
+def _copied(s3_runs: tuple[str, dict[str, Any], dict[str, Any]], moto_s3: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The two runs' S3 store copied, object by object inside the S3 server, to a prefix of this
+    test's own; the runs' documents (the records name blobs by digest, not by the store's URL)."""
+    import boto3
+
+    url, first, second = s3_runs
+    source = url.removeprefix(f"s3://{moto_s3.bucket}/") + "/"
+    target = f"retention-{uuid.uuid4().hex[:8]}/"
+    client = boto3.client("s3", endpoint_url=moto_s3.url)
+    copied = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=moto_s3.bucket, Prefix=source):
+        for item in page.get("Contents", []):
+            client.copy_object(Bucket=moto_s3.bucket, Key=target + item["Key"][len(source):],
+                               CopySource={"Bucket": moto_s3.bucket, "Key": item["Key"]})
+            copied += 1
+    assert copied, f"nothing under {url}"
+    return f"s3://{moto_s3.bucket}/{target.rstrip('/')}", first, second
+
+
+def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp_path: Path, moto_s3: Any, s3_runs: Any) -> None:
     """On S3: two runs of a changing model; a run that starts (takes its lease) between the index
     rewrite and the deletions stops them: the records are gone, every blob is still there."""
-    url, first, second = _changed_model_run_twice(tmp_path, moto_s3)
+    url, first, second = _copied(s3_runs, moto_s3)
     store = ArtifactStore(url)
     before = _records(store)
     old = [r for r in before if r["run_id"] == first["run_id"]]
@@ -198,9 +220,9 @@ def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp
     assert proc.returncode == 0 and hashlib.sha256((tmp_path / "m.pt2").read_bytes()).hexdigest() == archive, proc.stderr
 
 
-def test_keep_runs_the_s3_store_frees_superseded_blobs_directly(tmp_path: Path, moto_s3: Any) -> None:
+def test_keep_runs_the_s3_store_frees_superseded_blobs_directly(moto_s3: Any, s3_runs: Any) -> None:
     """gc --keep-runs 1 on S3 with nothing in the way: the superseded run's blobs go in one gc."""
-    url, first, second = _changed_model_run_twice(tmp_path, moto_s3)
+    url, first, second = _copied(s3_runs, moto_s3)
     store = ArtifactStore(url)
     before = _records(store)
     expected = _named([r for r in before if r["run_id"] == first["run_id"]]) - _named([r for r in before if r["run_id"] == second["run_id"]])
