@@ -17,8 +17,9 @@ the longest).
 - `targets_fleet`: configs/targets.yaml as shipped (the demo's inference models to the archive,
   the AOTInductor package, ONNX, ExecuTorch and OpenVINO, validated) with the benchmark stage
   after validate (a few runs per point; tiny-encoder at the sizes it configures), cold then
-  warm. Read by tests/integration/test_targets.py, test_benchmark.py and
-  test_reproducible_identity.py (its first store, audited).
+  warm. Read by tests/integration/test_targets.py, test_benchmark.py,
+  test_reproducible_identity.py (its first store, audited) and tests/stages/test_validate_tolerance.py
+  (its onnx, .pte and OpenVINO blobs validated with tolerance auto).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ MEMBERS: dict[tuple[str, str | None], str] = {
     ("tests/integration/test_targets.py", None): TARGETS_GROUP,
     ("tests/integration/test_benchmark.py", None): TARGETS_GROUP,
     ("tests/integration/test_reproducible_identity.py", "targets.yaml"): TARGETS_GROUP,
+    ("tests/stages/test_validate_tolerance.py", None): TARGETS_GROUP,
 }
 # files whose parametrizations are each a group of their own (long, independent, one store each)
 BY_PARAMETER = frozenset({"tests/integration/test_reproducible_identity.py"})

@@ -1,5 +1,6 @@
 """validate with tolerance: auto (stages/validate.py, docs/architecture.md §6): every demo model
-and its deployment targets pass; a perturbation beyond eager's own noise fails where a fixed
+and its deployment targets pass (the targets as the session's shared targets fleet built them,
+tests/fleets.py: this file is in its xdist group); a perturbation beyond eager's own noise fails where a fixed
 atol=1e-4 lets it through; a deeper model a fixed tolerance refuses passes untouched; models that
 cannot run in float64 fall back to atol/rtol with a warning; training mode and the
 nondeterminism check are judged as before; the fixed tolerance's key is unchanged."""
@@ -26,6 +27,7 @@ from pt2flow.stages.targets import TargetArtifact
 from pt2flow.stages.comparison import FLOOR_ULPS, NoiseReference, compare
 from pt2flow.stages.validate import validate
 from tests import models
+from tests.fleets import Fleet
 from tests.stages.helpers import builder, decomposed, regressor_inputs, static_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,27 +99,31 @@ def test_every_demo_model_passes_with_auto_and_reports_both_errors(name: str) ->
     assert report["max_abs_err"] == archive["max_abs_err"] <= case["options"].atol
 
 
-def _targets(name: str, program: torch.export.ExportedProgram) -> dict[str, TargetArtifact]:
-    from pt2flow.flows.builtin.openvino import OpenvinoOptions, convert, load_runner
-    from pt2flow.stages.executorch_target import load_pte, lower_executorch
-    from pt2flow.stages.onnx_target import export_onnx, load_onnx
-    from pt2flow.stages.target_options import ExecutorchOptions, OnnxOptions
+# the targets' artifacts as the shared targets fleet built them (tests/fleets.py: configs/targets.yaml
+# as shipped, these models' deployment targets from the same functional programs, with the options
+# _demo() reads): the blobs its cold run recorded, with the loaders validate and check-compat use
+TARGET_KINDS = {"onnx": "onnx", "pte": "executorch", "openvino": "openvino"}  # the run document's kind: validate's candidate
 
-    _, configured = _demo()[name]
-    options = configured.options
-    return {
-        "onnx": TargetArtifact(export_onnx(program, options.get("onnx", OnnxOptions())).output, load_onnx),
-        "executorch": TargetArtifact(lower_executorch(program, options.get("executorch", ExecutorchOptions())).output, load_pte),
-        "openvino": TargetArtifact(convert(program, options.get("openvino", OpenvinoOptions())).output, load_runner),
-    }
+
+def _targets(name: str, fleet: Fleet) -> dict[str, TargetArtifact]:
+    from pt2flow.flows.builtin.openvino import load_runner
+    from pt2flow.stages.executorch_target import load_pte
+    from pt2flow.stages.onnx_target import load_onnx
+    from pt2flow.storage.store import ArtifactStore
+
+    loaders = {"onnx": load_onnx, "executorch": load_pte, "openvino": load_runner}
+    artifacts = fleet.cold.models()[name]["artifacts"]
+    store = ArtifactStore(fleet.store)
+    return {candidate: TargetArtifact(store.get_blob(artifacts[kind]), loaders[candidate]) for kind, candidate in TARGET_KINDS.items()}
 
 
 @pytest.mark.parametrize("name", ["mlp", "small-cnn", "tiny-encoder", "multi-head"])
 @pytest.mark.integration  # every demo model to every target
-def test_every_deployment_target_of_the_demo_passes_with_auto(name: str) -> None:
+@pytest.mark.compile  # the shared targets fleet compiles
+def test_every_deployment_target_of_the_demo_passes_with_auto(name: str, targets_fleet: Fleet) -> None:
     case = _demo_case(name)
     report = validate(case["build"], case["inputs"], case["dims"], case["options"].model_copy(update={"tolerance": "auto"}),
-                      archive=case["archive"], targets=_targets(name, case["functional"])).output
+                      archive=case["archive"], targets=_targets(name, targets_fleet)).output
     assert report["passed"] is True and report["tolerance"]["applied"] == "auto"
     assert set(report["candidates"]) == {"archive", "onnx", "executorch", "openvino"}
     for candidate, entry in report["candidates"].items():
