@@ -29,7 +29,7 @@ BREAKS = [
     ("B6 a generation step of a flat runtime (pte, onnx, openvino) is fed a zeroed cache", "stages/generation.py",
      "            return specs.unflatten(list(runner(specs.flatten(kwargs, keep_none=keep_none))))",
      "            flat = [x if not (isinstance(x, torch.Tensor) and x.is_floating_point()) else torch.zeros_like(x) for x in specs.flatten(kwargs, keep_none=keep_none)]\n            return specs.unflatten(list(runner(flat)))",
-     ["tests/stages/test_generation_validate.py", "tests/stages/test_generation_artifacts.py"]),
+     ["tests/stages/test_generation_validate.py", "tests/integration/test_generative_t5.py::test_a_component_failing_a_target_not_required_leaves_the_model_partial"]),
     ("B7 a stage's key ignores its options", "flows/engine/orchestrator/stage_keys.py",
      "return derivation_key(stage.name, parents, options_json(model, stage.name),",
      "return derivation_key(stage.name, parents, {},",

@@ -10,7 +10,10 @@ per session (tests/fleets.py `generative_fleet`) and shared with test_generative
 test_reproducible_identity.py. `get --component` hands
 out one component's artifact; `get --model M -o DIR` writes a set that
 docs/examples/generate_from_components.py, a script using only torch, transformers and the
-ExecuTorch runtime, runs to eager's tokens. (T5's own assertions: test_generative_t5.py.)"""
+ExecuTorch runtime, runs to eager's tokens; the same sets' archives and .ptes, through pt2flow's
+own step functions (stages/generation.py archive_step, pte_step with the manifest's call specs) in
+a fresh process whose model has other weights, generate eager's tokens and logits. (T5's own
+assertions: test_generative_t5.py.)"""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import textwrap
 from dataclasses import dataclass
 import sys
 from pathlib import Path
@@ -221,6 +225,67 @@ def test_get_writes_every_component_with_a_manifest_a_plain_script_generates_eag
     assert set(generated) == {"3", "17"}
     for length, got in generated.items():
         assert got["components"] == got["eager"] and len(got["eager"]) == NEW_TOKENS, length
+
+
+FRESH_PROCESS = textwrap.dedent('''
+    import json, sys
+    from pathlib import Path
+    import torch
+    sys.path.insert(0, sys.argv[1])  # the fleet's folder: its factories' module
+    from generative_models import tiny_llama
+    from pt2flow.stages import generation as G
+
+    torch.set_num_threads(1)
+    sets = {kind: Path(folder) for kind, folder in json.loads(sys.argv[2]).items()}
+    manifests = {kind: json.loads((folder / "manifest.json").read_text()) for kind, folder in sets.items()}
+    generate = manifests["pte"]["generate"]
+    spec = G.GenerateSpec(**{k: generate[k] for k in ("max_new_tokens", "cache", "max_cache_len", "multi_token_decode") if k in generate})
+    # the call specs through their JSON form, as the manifest beside each .pte holds them
+    specs = {name: G.CallSpecs.from_json(entry["call_specs"]) for name, entry in manifests["pte"]["components"].items()}
+    files = {kind: {name: (sets[kind] / entry["file"]).read_bytes() for name, entry in m["components"].items()} for kind, m in manifests.items()}
+    kinds = {
+        "serialized": {name: G.archive_step(data) for name, data in files["serialized"].items()},
+        "pte": {name: G.pte_step(data, specs[name]) for name, data in files["pte"].items()},
+    }
+    eager_model = tiny_llama()  # the fleet's model: eager generate()'s tokens and logits
+    shell = tiny_llama(1234)  # the same config with other weights: only the components compute the tokens
+    out = {"decode_kwargs": specs["decode"].kwargs, "eager": {}, "kinds": {kind: {} for kind in kinds}}
+    for length in (2, 16):
+        prompt = G.example_prompt(eager_model, length, seed=length)
+        eager = G.eager_generation(eager_model, spec, prompt)
+        out["eager"][str(length)] = eager.tokens
+        for kind, steps in kinds.items():
+            got = G.greedy_tokens(shell, steps, prompt, spec)
+            compared = G.compare_generation(eager.tokens, eager.logits, got.tokens, got.logits)
+            out["kinds"][kind][str(length)] = {"tokens": got.tokens, "first_divergence": compared.first_divergence,
+                                               "max_error": compared.max_error}
+    print(json.dumps(out))
+''')
+
+
+def test_archives_and_ptes_generate_eagers_tokens_through_pt2flows_steps_in_a_fresh_process(fleet: dict[str, Any]) -> None:
+    """tiny-llama's `get` sets (serialized, pte) in a process that exported nothing: archive_step
+    and pte_step (the call specs from the manifest's JSON), driven by a model of other weights,
+    generate eager's 32 tokens at prompts 2 and 16 (the validate report's) with every step's logits
+    within 1e-4."""
+    cold = _model(fleet["cold"])
+    sets = {}
+    for kind in ("serialized", "pte"):
+        sets[kind] = str(Path(fleet["folder"]) / f"fresh-{kind}")
+        proc = run_cli(["get", "--store", fleet["store"], "--model", GOOD, "--artifact", kind, "-o", sets[kind], "--json"])
+        assert proc.returncode == 0, proc.stderr
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(fleet["folder"]), json.dumps(sets)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(fleet["folder"]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["decode_kwargs"] == ["input_ids", "attention_mask", "position_ids", "past_key_values"]
+    assert got["eager"] == _report(fleet, cold["stages"]["validate"]["artifact"])["eager"]  # the fleet's reference
+    for kind, prompts in got["kinds"].items():
+        for prompt in PROMPTS:
+            run, eager = prompts[str(prompt)], got["eager"][str(prompt)]
+            assert len(eager) == NEW_TOKENS and len(set(eager)) > 3
+            assert run["tokens"] == eager and run["first_divergence"] is None, (kind, prompt)
+            assert len(run["max_error"]) == NEW_TOKENS and max(run["max_error"]) < 1e-4, (kind, prompt, run["max_error"])
 
 
 def test_lineage_shows_a_component_under_its_model(fleet: dict[str, Any]) -> None:

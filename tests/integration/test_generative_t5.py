@@ -4,7 +4,8 @@ through the pipeline.
 A fleet of its own, cold then warm: tiny Llama with a dynamic cache and `require: [serialized]`.
 ExecuTorch refuses a dynamic cache (no maximum on its axes) for the prefill component: the model
 goes on without the `.pte` (decode's executorch is not run), validate judges the other kinds by 32
-greedy tokens at prompts of 2 and 16, and the model is `partial` with the pte verdict naming the
+greedy tokens at prompts of 2 and 16 (the dynamic cache's archive and ONNX model: eager's tokens,
+every step's logits within 1e-4), and the model is `partial` with the pte verdict naming the
 component; the warm run is all cached with the same verdicts; `get` hands out the serialized set
 and refuses the pte; the drift report reads the model as partial.
 
@@ -98,6 +99,17 @@ def test_a_component_failing_a_target_not_required_leaves_the_model_partial(flee
     assert all(decode["stages"][s]["status"] == "ok" for s in ("trace", "serialize", "onnx")), decode
     assert decode["artifacts"]["serialized"] and not decode["artifacts"].get("pte")
     assert model["stages"]["validate"]["status"] == "ok"
+    # a dynamic cache goes to ONNX: its model (onnx_step) generates eager's 32 tokens at both prompts,
+    # every step's logits within 1e-4
+    report = _report(fleet, model["stages"]["validate"]["artifact"])
+    assert set(report["candidates"]) == {"archive", "onnx"}, set(report["candidates"])
+    for prompt in ("2", "16"):
+        eager = report["eager"][prompt]
+        assert len(eager) == 32 and len(set(eager)) > 3, (prompt, eager)
+        for name in ("archive", "onnx"):
+            got = report["candidates"][name]["prompts"][prompt]
+            assert got["tokens"] == eager and got["first_divergence"] is None, (name, prompt)
+            assert len(got["max_error"]) == 32 and max(got["max_error"]) < 1e-4, (name, prompt, got["max_error"])
 
 
 @pytest.mark.compile

@@ -1,17 +1,26 @@
 """Generative models as prefill + decode programs (stages/generation.py): transformers' decomposition,
 export per component, greedy generation with the exported programs against eager `generate()`, token
 for token over 32 new tokens at two prompt lengths; a decode program with one weight perturbed is
-caught at its first diverging position. Tiny random-config models from transformers' own classes."""
+caught at its first diverging position; ExecuTorch refuses a dynamic cache's decode (the cache axis has
+no maximum), while a static cache bounds the prompt axis; the AOTInductor packages of a dynamic cache
+generate eager's tokens (marked `compile`). Tiny random-config models from transformers' own classes.
+(Every artifact kind generating eager's tokens through the pipeline's step functions — archive,
+AOTInductor package, ONNX and .pte of a static cache, in a fresh process too — is the shared
+generative fleet's check, tests/integration/test_generative.py; a dynamic cache's archive and ONNX
+model, test_generative_t5.py's fleet.)"""
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 
 from pt2flow.stages import generation as G
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.vocabulary import ErrorClass
 
 pytestmark = pytest.mark.integration  # exports tiny transformers models
 
@@ -129,10 +138,39 @@ def test_other_decoders_caches_and_an_encoder_decoder_generate_eagers_tokens(nam
     if cache == "static":
         decode_cache = case.components["decode"].inputs["past_key_values"]
         assert type(decode_cache).__name__ == "StaticCache" and decode_cache.layers[0].keys.shape[2] == 64
+        # the static cache bounds the prompt axis by max_cache_len: ExecuTorch needs the maximum
+        (prompt_range,) = case.programs["prefill"].program.range_constraints.values()
+        assert (prompt_range.lower, prompt_range.upper) == (2, 64)
     for length in PROMPT_LENGTHS:
         eager, got = _generate_both(case, length, _program_steps(case))
         assert len(eager.tokens) == NEW_TOKENS
         assert got.tokens == eager.tokens, (name, cache, length)
+
+
+def test_executorch_refuses_a_dynamic_caches_decode_naming_the_unbounded_cache_axis(llama: Exported) -> None:
+    # ExecuTorch plans memory for the largest input: a cache that grows without a maximum is refused,
+    # named, before any lowering (the pipeline stops at the first component, prefill: test_generative_t5.py)
+    with pytest.raises(StageError, match=r"unbounded: input 'past_key_values_0' dim 2") as refused:
+        G.pte_bytes(llama.programs["decode"].program)
+    assert refused.value.error_class is ErrorClass.DYNAMIC_SHAPE
+
+
+@pytest.mark.compile
+def test_aoti_packages_with_a_dynamic_cache_generate_eagers_tokens(llama: Exported, tmp_path: Path) -> None:
+    """The prefill package returns the cache's tensors non-contiguous; aoti_step makes them
+    contiguous (without it the decode package misreads them: tokens diverge from the second. Only
+    a decoder's dynamic cache shows it: tiny T5's packages generate eager's tokens either way, so
+    the fleet's T5 does not cover this)."""
+    steps = {}
+    for name, exported in llama.programs.items():
+        (tmp_path / name).mkdir()
+        steps[name] = G.aoti_step(G.aoti_bytes(exported.program), str(tmp_path / name))
+    for length in PROMPT_LENGTHS:
+        eager, got = _generate_both(llama, length, steps)
+        assert len(eager.tokens) == NEW_TOKENS and len(set(eager.tokens)) > 3
+        result = G.compare_generation(eager.tokens, eager.logits, got.tokens, got.logits)
+        assert got.tokens == eager.tokens, (length, result)
+        assert result.ok and len(result.max_error) == NEW_TOKENS and max(result.max_error) < 1e-4, (length, result.max_error)
 
 
 def test_compare_generation_names_the_first_diverging_position_and_each_steps_error() -> None:
