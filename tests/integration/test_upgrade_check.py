@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import cli_env, run_cli, run_in_process, run_json, write_config
+from tests.conftest import cli_env, cli_in_process, run_cli, run_in_process, run_json, write_config
 from tests.environments import CANDIDATE_TRANSFORMERS, overlay_env
 
 pytestmark = pytest.mark.integration
@@ -53,6 +53,16 @@ def _baseline_run(config: Path, **options: Any) -> tuple[int, dict[str, Any]]:
 
     try:
         return run_in_process(config, env={"PYTHONPATH": cli_env()["PYTHONPATH"]}, **options)
+    finally:
+        interpreter.activate(None)
+
+
+def _refused_in_process(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """`pt2flow ARGS` as main(ARGS) in this process, this process's interpreter the active one after."""
+    from pt2flow.flows.engine.environment import interpreter
+
+    try:
+        return cli_in_process(args)
     finally:
         interpreter.activate(None)
 
@@ -159,8 +169,9 @@ def test_a_change_no_model_imports_passes_and_an_environment_without_pt2flow_is_
 
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    # refused before anything runs: `main(ARGS)` in this process (cli_in_process: the binary's exit code and stderr)
     for args in (["run", str(config), "--python", str(bare)], ["upgrade-check", str(config), "--python", str(bare)]):
-        proc = run_cli(args)
+        proc = _refused_in_process(args)
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "pt2flow is not importable" in proc.stderr and "install it into that environment" in proc.stderr
         assert "Traceback" not in proc.stderr
