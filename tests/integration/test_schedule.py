@@ -25,13 +25,17 @@ from typing import Any, Iterator
 import pytest
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import BIN, ROOT, cli_env, run_cli, run_in_process, write_config
+from tests.conftest import BIN, ROOT, cli_env, cli_in_process, run_cli, run_in_process, write_config
 
 pytestmark = pytest.mark.integration
 
 STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]  # no AOTInductor compile: keep it fast
 SENTINEL = "SENTINEL-" + uuid.uuid4().hex  # a storage option that must never reach the Prefect API
 RUN_DEADLINE_S = 240
+# Prefect's runner (the one `pt2flow serve` runs) looks for due runs every 10 s by default
+# (PREFECT_RUNNER_POLL_FREQUENCY): with a 5 s interval each scheduled run waited up to 10 s to be
+# picked up. Polling every second changes what Prefect's runner does when, not what serve does
+PREFECT_RUNNER_POLL = {"PREFECT_RUNNER_POLL_FREQUENCY": "1"}
 
 
 def _free_port() -> int:
@@ -156,7 +160,7 @@ def _serve_until(url: str, tmp_path: Path, args: list[str], name: str, runs: int
                  drop_env: tuple[str, ...] = (), flow: str = "pt2flow-fleet") -> tuple[subprocess.Popen[bytes], Path, dict[str, Any], list[dict[str, Any]]]:
     """Start `pt2flow serve ARGS --name NAME` in tmp_path/work and wait until RUNS scheduled runs of
     its deployment completed; returns (process, log, deployment, completed runs, oldest first)."""
-    serve_env = cli_env({"PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path / "client-home"), **(env or {})})
+    serve_env = cli_env({"PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path / "client-home"), **PREFECT_RUNNER_POLL, **(env or {})})
     for key in drop_env:
         serve_env.pop(key, None)
     serve_log = tmp_path / "serve.log"
@@ -323,9 +327,12 @@ def test_serve_without_a_server_exits_2(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_bad_config_and_usage(tmp_path: Path) -> None:
+    """serve's refusals, each before it looks for a server: `main(ARGS)` in this process (cli_in_process,
+    the exit code and stderr the binary gives; test_serve_without_a_server_exits_2 runs the binary's
+    own exit 2)."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nmodels: []\n")
-    proc = run_cli(["serve", str(bad), "--cron", "0 3 * * *"], timeout=120)
+    proc = cli_in_process(["serve", str(bad), "--cron", "0 3 * * *"])
     assert proc.returncode == 2 and "bad.yaml" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -338,7 +345,7 @@ def test_serve_refuses_bad_config_and_usage(tmp_path: Path) -> None:
         (["--cron", "0 3 * * *", "--stages", "trace,nonsense"], "--stages"),
         (["--cron", "0 3 * * *", "--store", "s3://user:secret@bucket/x"], "holds credentials"),
     ]:
-        proc = run_cli(["serve", str(config), *args], env={"PREFECT_API_URL": "http://127.0.0.1:9/api"}, timeout=120)
+        proc = cli_in_process(["serve", str(config), *args], env={"PREFECT_API_URL": "http://127.0.0.1:9/api"})
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr, (args, proc.stderr)
         assert "user:secret" not in proc.stderr
