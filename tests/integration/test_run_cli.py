@@ -1,7 +1,8 @@
 """`pt2flow run` end to end as a subprocess: the JSON contract, exit codes, blob digests, archives
 that load and match eager, cached re-runs, failure classification, and a run on S3. Where a
 test's subject is the fleet's outcome (input dtypes, a device the machine lacks, a warm re-run of
-the failure fleet) the fleet runs in this process (conftest run_in_process)."""
+the failure fleet, weights built when a module is imported, the store the S3 queries read) the
+fleet runs in this process (conftest run_in_process)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 
 from pt2flow.storage import ArtifactStore
 from tests import models
-from tests.conftest import ROOT, run_cli, run_in_process, run_json, write_config
+from tests.conftest import ROOT, cli_in_process, run_cli, run_in_process, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +157,9 @@ def test_only_takes_comma_lists_the_document_keeps_config_order_and_the_summary_
     code, doc, stderr = run_json(["run", str(config), "--store", store, "--only", names[2], "--only", f" {names[1]} "])
     assert code == 1 and [(m["name"], m["error_class"]) for m in doc["models"]] == [(names[1], "data_dependent"), (names[2], None)]
     error = doc["models"][0]["error"].strip().splitlines()[0]
-    proc = run_cli(["run", str(config), "--store", store, "--only", f"{names[0]},nope"])
+    # a name of the list that no model has: a usage error, nothing run (main(ARGS) in this process:
+    # the split and the refusal are launch's; the binary's exit 2 is test_usage_errors_exit_2_and_run_nothing's)
+    proc = cli_in_process(["run", str(config), "--store", store, "--only", f"{names[0]},nope"])
     assert proc.returncode == 2 and "no model named ['nope']" in proc.stderr, proc.stderr
     # warm: every stage from the index, the failure cached
     assert [m.name for m in api.run(config, store=store).models] == names
@@ -285,8 +288,10 @@ def test_queries_on_s3_exit_cleanly_every_time(tmp_path: Path, moto_s3) -> None:
     died with SIGABRT ("terminate called without an active exception") after printing its answer."""
     config = write_config(tmp_path / "c.yaml", [mlp_entry()], stages=["trace", "functionalize", "decompose", "serialize", "validate"])
     store = f"s3://{moto_s3.bucket}/queries/{tmp_path.name}"
-    code, doc, stderr = run_json(["run", str(config), "--store", store], env=moto_s3.env)
-    assert code == 0, stderr[-3000:]
+    # the store built by a run in this process (the S3 variables are this process's: moto_s3); the
+    # queries, the subject, are the binary's
+    code, doc = run_in_process(config, store=store)
+    assert code == 0, doc
     serialized = doc["models"][0]["artifacts"]["serialized"]
     outcomes = []
     for _ in range(8):
@@ -328,7 +333,9 @@ def test_a_model_built_when_its_module_is_imported_gets_the_same_weights_in_any_
     archives = []
     for n, (order, workers) in enumerate([(entries, 1), (entries[::-1], 2)]):
         config = write_config(tmp_path / f"c{n}.yaml", order, stages=["trace", "serialize"])
-        code, doc, stderr = run_json(["run", str(config), "--store", str(tmp_path / f"store-{n}"), "--workers", str(workers)])
-        assert code == 0, stderr[-3000:]
+        # the fleet run in this process (what the workers build is under test, not the CLI); its
+        # workers are forked processes either way, one, then two in the reverse order
+        code, doc = run_in_process(config, store=str(tmp_path / f"store-{n}"), workers=workers)
+        assert code == 0, doc
         archives.append({m["name"]: m["artifacts"]["serialized"] for m in doc["models"]})
     assert archives[0] == archives[1], archives
