@@ -1,6 +1,6 @@
 """Retention (`pt2flow gc --keep-runs/--keep-days`, serve's `retention:`) and reproducible archives,
-on real runs (fleets run in this process, `gc` and the queries through the real `pt2flow`
-binary), on a local store and on S3 (moto's server).
+on real runs (fleets run in this process, `gc` and the queries as the CLI's main(ARGS) in this
+process: conftest run_cli, cli_in_process), on a local store and on S3 (moto's server).
 
 The local fleet: run 1 builds `mlp` (hidden 16) and `other`; run 2 changes mlp (hidden 32; other
 is cached); run 3 is `--force --only mlp` (every mlp stage built again: its archive must have run
@@ -10,6 +10,7 @@ builders in run 1 stay), and frees exactly the blobs only run 1's and run 2's ml
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from pt2flow.storage import ArtifactStore
 from pt2flow.storage.leases import RunLease, live_leases
 from pt2flow.storage.retention import RetentionRule, apply_retention, blobs_of
-from tests.conftest import run_cli, run_in_process, run_json, write_config
+from tests.conftest import cli_in_process, run_cli, run_in_process, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +40,18 @@ def _run(config: Path, store: str, **options: Any) -> dict[str, Any]:
     code, doc = run_in_process(config, store=store, **options)
     assert code == 0, doc
     return doc
+
+
+def _s3_json(args: list[str]) -> tuple[int, Any, str]:
+    """`pt2flow ARGS --json` on an S3 store as main(ARGS) in this process (cli_in_process; run_cli
+    starts the binary for an s3:// argument): the S3 variables are this process's (moto_s3). What
+    gc deletes and the queries answer is under test, not the process (tests/integration/
+    test_run_cli.py runs the binary's queries on S3)."""
+    proc = cli_in_process([*args, "--json"])
+    try:
+        return proc.returncode, json.loads(proc.stdout), proc.stderr
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}\n--- stderr ---\n{proc.stderr[-4000:]}") from exc
 
 
 def _records(store: ArtifactStore) -> list[dict[str, Any]]:
@@ -208,15 +221,15 @@ def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp
     assert expected <= _present(store)
 
     # with nobody running, the CLI frees them (they are unreferenced now) on S3
-    code, doc, stderr = run_json(["gc", "--store", url, "--keep-runs", "1", "--grace", "0"])
+    code, doc, stderr = _s3_json(["gc", "--store", url, "--keep-runs", "1", "--grace", "0"])
     assert code == 0, stderr
     assert set(doc["deleted"]) == expected
     assert _present(store) == _named(_records(store))
     assert {r["run_id"] for r in _records(store)} == {second["run_id"]}
-    proc = run_cli(["verify", "--store", url])
+    proc = cli_in_process(["verify", "--store", url])
     assert proc.returncode == 0 and "0 missing, 0 corrupt" in proc.stdout, proc.stdout + proc.stderr
     archive = _model(second, "mlp")["artifacts"]["serialized"]
-    proc = run_cli(["get", "--store", url, archive, "-o", str(tmp_path / "m.pt2")])
+    proc = cli_in_process(["get", "--store", url, archive, "-o", str(tmp_path / "m.pt2")])
     assert proc.returncode == 0 and hashlib.sha256((tmp_path / "m.pt2").read_bytes()).hexdigest() == archive, proc.stderr
 
 
@@ -226,11 +239,11 @@ def test_keep_runs_the_s3_store_frees_superseded_blobs_directly(moto_s3: Any, s3
     store = ArtifactStore(url)
     before = _records(store)
     expected = _named([r for r in before if r["run_id"] == first["run_id"]]) - _named([r for r in before if r["run_id"] == second["run_id"]])
-    code, doc, stderr = run_json(["gc", "--store", url, "--keep-runs", "1", "--grace", "0"])
+    code, doc, stderr = _s3_json(["gc", "--store", url, "--keep-runs", "1", "--grace", "0"])
     assert code == 0, stderr
     assert set(doc["retention"]["deleted"]) == expected and doc["retention"]["deleted_bytes"] > 0
     assert not expected & _present(store)
-    code, lineage, stderr = run_json(["lineage", "--store", url, _model(second, "mlp")["artifacts"]["serialized"]])
+    code, lineage, stderr = _s3_json(["lineage", "--store", url, _model(second, "mlp")["artifacts"]["serialized"]])
     assert code == 0, stderr
 
 
