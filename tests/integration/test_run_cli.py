@@ -16,7 +16,7 @@ import torch
 
 from pt2flow.storage import ArtifactStore
 from tests import models
-from tests.conftest import ROOT, cli_in_process, run_cli, run_in_process, run_json, write_config
+from tests.conftest import ROOT, run_cli, run_in_process, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -157,9 +157,7 @@ def test_only_takes_comma_lists_the_document_keeps_config_order_and_the_summary_
     code, doc, stderr = run_json(["run", str(config), "--store", store, "--only", names[2], "--only", f" {names[1]} "])
     assert code == 1 and [(m["name"], m["error_class"]) for m in doc["models"]] == [(names[1], "data_dependent"), (names[2], None)]
     error = doc["models"][0]["error"].strip().splitlines()[0]
-    # a name of the list that no model has: a usage error, nothing run (main(ARGS) in this process:
-    # the split and the refusal are launch's; the binary's exit 2 is test_usage_errors_exit_2_and_run_nothing's)
-    proc = cli_in_process(["run", str(config), "--store", store, "--only", f"{names[0]},nope"])
+    proc = run_cli(["run", str(config), "--store", store, "--only", f"{names[0]},nope"])
     assert proc.returncode == 2 and "no model named ['nope']" in proc.stderr, proc.stderr
     # warm: every stage from the index, the failure cached
     assert [m.name for m in api.run(config, store=store).models] == names
