@@ -136,7 +136,11 @@ def run_cli_into_closed_pipe(args: Sequence[str], *, env: Mapping[str, str] | No
 
 def run_json(args: Sequence[str], **kwargs: Any) -> tuple[int, dict[str, Any], str]:
     """Run a `--json` command; returns (exit code, parsed stdout, stderr). stdout must be one JSON document."""
-    proc = run_cli([*args, "--json"], **kwargs)
+    return json_result(run_cli([*args, "--json"], **kwargs))
+
+
+def json_result(proc: subprocess.CompletedProcess[str]) -> tuple[int, dict[str, Any], str]:
+    """A finished `--json` command as (exit code, parsed stdout, stderr); stdout must be one JSON document."""
     try:
         document = json.loads(proc.stdout)
     except json.JSONDecodeError as exc:

@@ -10,7 +10,6 @@ builders in run 1 stay), and frees exactly the blobs only run 1's and run 2's ml
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from pt2flow.storage import ArtifactStore
 from pt2flow.storage.leases import RunLease, live_leases
 from pt2flow.storage.retention import RetentionRule, apply_retention, blobs_of
-from tests.conftest import cli_in_process, run_cli, run_in_process, run_json, write_config
+from tests.conftest import cli_in_process, json_result, run_cli, run_in_process, run_json, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -47,11 +46,7 @@ def _s3_json(args: list[str]) -> tuple[int, Any, str]:
     starts the binary for an s3:// argument): the S3 variables are this process's (moto_s3). What
     gc deletes and the queries answer is under test, not the process (tests/integration/
     test_run_cli.py runs the binary's queries on S3)."""
-    proc = cli_in_process([*args, "--json"])
-    try:
-        return proc.returncode, json.loads(proc.stdout), proc.stderr
-    except json.JSONDecodeError as exc:
-        raise AssertionError(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}\n--- stderr ---\n{proc.stderr[-4000:]}") from exc
+    return json_result(cli_in_process([*args, "--json"]))
 
 
 def _records(store: ArtifactStore) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -43,28 +43,31 @@ def environments() -> tuple[str, str]:
     return baseline, candidate
 
 
+@contextlib.contextmanager
+def _this_interpreter_after() -> Iterator[None]:
+    """This process's interpreter the active one again afterwards: a fleet run, or a command
+    given --python, makes its workers' the active one (flows/engine/environment/interpreter.py)."""
+    from pt2flow.flows.engine.environment import interpreter
+
+    try:
+        yield
+    finally:
+        interpreter.activate(None)
+
+
 def _baseline_run(config: Path, **options: Any) -> tuple[int, dict[str, Any]]:
     """The baseline's `pt2flow run CONFIG` (its workers in the baseline environment), in this
     process: it builds the store upgrade-check reads, and the CLI is not what is under test (the
     upgrade-check runs are the binary). The workers get the variables `pt2flow` would have
-    (PYTHONPATH: the repository); the run leaves this process's interpreter the active one again
-    (a fleet run makes its workers' the active one, flows/engine/environment/interpreter.py)."""
-    from pt2flow.flows.engine.environment import interpreter
-
-    try:
+    (PYTHONPATH: the repository)."""
+    with _this_interpreter_after():
         return run_in_process(config, env={"PYTHONPATH": cli_env()["PYTHONPATH"]}, **options)
-    finally:
-        interpreter.activate(None)
 
 
 def _refused_in_process(args: list[str]) -> subprocess.CompletedProcess[str]:
-    """`pt2flow ARGS` as main(ARGS) in this process, this process's interpreter the active one after."""
-    from pt2flow.flows.engine.environment import interpreter
-
-    try:
+    """`pt2flow ARGS` as main(ARGS) in this process."""
+    with _this_interpreter_after():
         return cli_in_process(args)
-    finally:
-        interpreter.activate(None)
 
 
 def _fingerprints(store: Path, run_id: str) -> dict[str, str | None]:
