@@ -27,7 +27,7 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-fast lint clean bench-torch-upgrade bench-exportdb-compile
+.PHONY: install demo test test-fast lint clean bench-torch-upgrade bench-exportdb-compile bench-generation
 
 install: $(STAMP)
 
@@ -81,6 +81,13 @@ bench-torch-upgrade: install
 CASES ?= user_input_mutation,fn_with_kwargs,cond_operands
 bench-exportdb-compile: install
 	$(BIN)/python bench/exportdb_compile.py $(if $(CASES),--cases $(CASES))
+
+# every generative architecture to every artifact kind through pt2flow's stage functions
+# (bench/generation.py --artifacts --check): the AOTInductor packages and .ptes of Qwen2, Gemma and
+# Phi3, which `make test` does not build (it builds tiny Llama's and T5's); exit 1 if an artifact
+# does not build or generates other tokens than eager. About 6 minutes on 2 cores.
+bench-generation: install
+	$(BIN)/python bench/generation.py --artifacts archive,pte,onnx,aoti --tokens 32 --repeats 1 --check
 
 lint: install
 	$(BIN)/lint-imports

@@ -333,6 +333,9 @@ def main() -> None:
     parser.add_argument("--artifacts", default="", help=f"comma-separated: {','.join(KINDS)} (pt2flow's stages; pte needs a static cache)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the report (machine, versions, tables) here")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a model fails, or an artifact fails to build or generates other tokens than eager "
+                             "(a .pte of a dynamic cache, which ExecuTorch refuses, excepted): `make bench-generation`")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
@@ -359,6 +362,30 @@ def main() -> None:
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(markdown(rows, kinds, env, command))
+    if args.check:
+        problems = [problem for row in rows for problem in check(row, kinds)]
+        for problem in problems:
+            print(f"FAILED {problem}", file=sys.stderr)
+        print(f"{len(rows)} model/cache pairs, {len(kinds)} artifact kinds: {len(problems) or 'no'} problems", file=sys.stderr)
+        if problems:
+            sys.exit(1)
+
+
+def check(row: dict[str, Any], kinds: list[str]) -> list[str]:
+    """What --check fails on in one row: the model's own error, the exported program's or an
+    artifact's tokens differing from eager's, an artifact that did not build (but a .pte of a
+    dynamic cache: ExecuTorch refuses its unbounded axes, as configs/generative.yaml expects)."""
+    where = f"{row['model']} ({row['cache']} cache)"
+    if row.get("error"):
+        return [f"{where}: {row['error']}"]
+    problems = [] if row.get("program_same_tokens") else [f"{where}: the exported program's tokens differ from eager's"]
+    for kind in kinds:
+        if row.get(f"{kind}_error"):
+            if not (kind == "pte" and row["cache"] == "dynamic"):
+                problems.append(f"{where} {kind}: {row[f'{kind}_error']}")
+        elif not row.get(f"{kind}_same_tokens"):
+            problems.append(f"{where} {kind}: tokens differ from eager's (first at {row.get(f'{kind}_first_divergence')})")
+    return problems
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ component; the warm run is all cached with the same verdicts; `get` hands out th
 and refuses the pte; the drift report reads the model as partial.
 
 Tiny T5 (T5ForConditionalGeneration, a dynamic cache, `require: [serialized, onnx]`) is read from
-the shared generative fleet (tests/fleets.py: configs/generative.yaml as shipped, aot_compile
-included). T5's encoder is a component too (`encoder`, first: exported, through every stage, and
+the shared generative fleet (tests/fleets.py: its run of tiny Llama and T5 as configs/generative.yaml
+ships them, aot_compile included). T5's encoder is a component too (`encoder`, first: exported, through every stage, and
 the encoder validate's generations run), so ExecuTorch refuses T5 at the encoder; its AOTInductor
 packages generate eager's tokens (the decode package is compiled size-obliviously:
 stages/aot_compile.size_oblivious); `get`'s serialized set of T5 runs in
@@ -69,8 +69,10 @@ def _models(proc: subprocess.CompletedProcess[str] | Run) -> dict[str, dict[str,
 
 @pytest.fixture
 def shipped(generative_fleet: Fleet) -> dict[str, Any]:
-    """The shared generative fleet's store and cold run (T5 as configs/generative.yaml ships it)."""
-    return {"cold": generative_fleet.cold, "warm": generative_fleet.warm, "store": generative_fleet.store, "folder": generative_fleet.folder}
+    """The shared generative fleet's store and the run that built T5 as configs/generative.yaml
+    ships it, every stage (its `full` run; under the name `cold`: T5's first build of every kind)."""
+    assert generative_fleet.full is not None
+    return {"cold": generative_fleet.full, "warm": generative_fleet.warm, "store": generative_fleet.store, "folder": generative_fleet.folder}
 
 
 def _report(fleet: dict[str, Any], digest: str) -> dict[str, Any]:

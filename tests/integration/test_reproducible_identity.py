@@ -9,9 +9,9 @@ fails here (issue 29: tiny-encoder's blobs, multi-head's and residual-regressor-
 functionalize/decompose, a training archive with another ID in every store).
 
 The first store of configs/generative.yaml and configs/targets.yaml is the session's shared fleet
-(tests/fleets.py), built as shipped (every stage, aot_compile and the targets included; targets
-with the benchmark stage too) from a copy of the config in the fleet's folder; its cold run is
-audited, and the second store is run from the same copy (an archive's node metadata holds the
+(tests/fleets.py), built from a copy of the config in the fleet's folder (targets as shipped, every
+stage and the benchmark stage too; generative: every model to archives and ONNX in its cold run,
+then Llama and T5 compiled and lowered too); its cold run is audited, and the second store is run from the same copy (an archive's node metadata holds the
 path of the model's source file, so both stores must build from the same folder). The second store, and both stores of the
 other configs, run only the stages audit covers (of trace, functionalize, decompose, serialize,
 those the config has): audit rebuilds no aot_compile, onnx, executorch or validate record
