@@ -107,6 +107,21 @@ def test_check_compat_re_runs_every_target(demo: dict[str, Any]) -> None:
     for model in document["models"]:
         for kind in ("archive", "compiled", "onnx", "pte", "openvino"):
             assert model[kind]["loads"] and model[kind]["runs"] and model[kind]["matches"], (model["name"], kind)
+    # the text and HTML reports show every kind the document checked, not only the archive and
+    # the package (they once did: a failing target showed only in a count)
+    from rich.console import Console
+
+    from pt2flow.flows.report.compat import compat_html, render_compat
+
+    console = Console(record=True, width=400)
+    render_compat(document, console)
+    text, page = console.export_text(), compat_html(document)
+    for model in document["models"]:
+        for kind in ("archive", "compiled", "onnx", "pte", "openvino"):
+            row = f"{kind} {model[kind]['sha256'][:12]}"
+            assert row in text, (model["name"], kind, text[-3000:])
+            assert f"<td>{kind} <code>{model[kind]['sha256'][:12]}</code></td>" in page, (model["name"], kind)
+        assert f'<td rowspan="5">{model["name"]}</td>' in page, model["name"]
 
 
 REFUSED = [
