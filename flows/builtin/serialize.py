@@ -43,10 +43,9 @@ def compute(call: StageCall) -> Produced:
 
 
 def rebuild(call: RebuildCall) -> str | None:
-    """The archive stores its parent program as it is: the parent's fingerprint."""
-    from pt2flow.stages.program import fingerprint
-
-    return fingerprint(call.parent) if call.parent is not None else None
+    """The archive stores its parent program as it is: the parent's fingerprint (taken when the
+    worker loaded the parent's blob)."""
+    return call.parent_fingerprint
 
 
 def repro(job: ReproJob) -> str:

@@ -22,10 +22,25 @@ from pt2flow.flows.engine.worker.compute import classify, model_builder
 from pt2flow.flows.engine.common.inputs import model_inputs
 
 
-def _program(data: bytes) -> Any:
+# the programs this worker loaded, by the sha256 of their bytes, with their fingerprints: a
+# record's stored program is the next record's parent (trace's blob is functionalize's input), so
+# each blob would be loaded and fingerprinted twice. A worker audits one model (its components
+# included) and is then stopped (flows/engine/maintenance/audit.py), so nothing outlives the model.
+_LOADED: dict[str, tuple[Any, str]] = {}
+
+
+def _loaded(data: bytes) -> tuple[Any, str]:
+    """The program in an archive's bytes and its fingerprint, loaded once per worker."""
+    import hashlib
+
+    from pt2flow.stages.program import fingerprint
     from pt2flow.stages.serialize import load_archive
 
-    return load_archive(data, import_pytree_modules=True)[0]
+    digest = hashlib.sha256(data).hexdigest()
+    if digest not in _LOADED:
+        program = load_archive(data, import_pytree_modules=True)[0]
+        _LOADED[digest] = (program, fingerprint(program))
+    return _LOADED[digest]
 
 
 def _register_cache_pytrees() -> None:
@@ -50,6 +65,7 @@ class RebuildCall:
     model: ResolvedModel | None
     store_url: str
     weights: Mapping[str, Any] | None
+    parent_fingerprint: str | None = None  # the parent program's, as it loaded (None: no parent)
 
     def eager(self) -> Any:
         assert self.model is not None
@@ -71,7 +87,6 @@ def _rebuild_source(model: ResolvedModel, store_url: str, weights: Mapping[str, 
 
 def rebuild(request: RebuildRecord) -> tuple[str, dict[str, Any]]:
     """("ok", {"stored": fingerprint, "rebuilt": fingerprint or None}) or ("failed", failure)."""
-    from pt2flow.stages.program import fingerprint
     from pt2flow.stages.source import import_factory
 
     stage, stored, parent, model, store_url, weights = (
@@ -85,8 +100,9 @@ def rebuild(request: RebuildRecord) -> tuple[str, dict[str, Any]]:
             import_factory(model.factory, model.search_path)
         if model is None or getattr(model, "generate", None) is not None:  # a component's program names transformers' cache classes
             _register_cache_pytrees()
-        found: dict[str, Any] = {"stored": fingerprint(_program(stored)), "rebuilt": None}
-        again = RebuildCall(request.options, _program(parent) if parent is not None else None, model, store_url, weights)
+        found: dict[str, Any] = {"stored": _loaded(stored)[1], "rebuilt": None}
+        parent_program, parent_fingerprint = _loaded(parent) if parent is not None else (None, None)
+        again = RebuildCall(request.options, parent_program, model, store_url, weights, parent_fingerprint)
         found["rebuilt"] = pipeline.resolve(str(pipeline.get(stage).rebuild))(again)
         return "ok", found
     except Exception as exc:  # noqa: BLE001 - reported as the record's failure to rebuild
