@@ -58,6 +58,13 @@ def pin_import_path() -> None:
         _STARTUP_PATH.append(tuple(sys.path))
 
 
+def replace_import_path_entry(old: str, new: str) -> None:
+    """In the pinned start-up path, `new` where `old` was: a worker forked from a server started
+    in another folder takes its own folder's place (flows/engine/worker/forkserver.py)."""
+    if _STARTUP_PATH:
+        _STARTUP_PATH[0] = tuple(new if entry == old else entry for entry in _STARTUP_PATH[0])
+
+
 def import_path() -> tuple[str, ...]:
     """The folders imports and installed distributions are looked up in: the pinned start-up
     sys.path (pin_import_path), else the live one."""

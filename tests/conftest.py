@@ -21,8 +21,11 @@ def _prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every test (and every subprocess it starts) uses a throwaway PREFECT_HOME, telemetry off."""
     home = tmp_path_factory.mktemp("prefect-home")
     saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK", "PREFECT_API_URL",
-                                            "PT2FLOW_PREFECT_SERVER_IDLE_S")}
+                                            "PT2FLOW_PREFECT_SERVER_IDLE_S", "PYTHONPATH")}
     os.environ["PREFECT_HOME"] = str(home)
+    # the import path every subprocess gets (cli_env), here too: the workers of runs in this process
+    # and of commands run in it are forked from one fork server (its environment is its identity)
+    os.environ["PYTHONPATH"] = _with_root(os.environ.get("PYTHONPATH", ""))
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ["DO_NOT_TRACK"] = "1"
     os.environ["PT2FLOW_PREFECT_SERVER_IDLE_S"] = "120"  # the session's shared Prefect server goes soon after the session
@@ -52,10 +55,16 @@ def prefect_server() -> Iterator[str]:
         yield url
 
 
+def _with_root(path: str) -> str:
+    """PYTHONPATH `path` with the repository first (tests.models' factories resolve through it)."""
+    entries = [entry for entry in path.split(os.pathsep) if entry and entry != str(ROOT)]
+    return os.pathsep.join([str(ROOT), *entries])
+
+
 def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PREFECT_API_URL", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = _with_root(env.get("PYTHONPATH", ""))
     env.update(extra or {})
     return env
 

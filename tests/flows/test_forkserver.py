@@ -56,9 +56,37 @@ def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(monkeypatch:
     assert third["environ"] == alone  # exactly the variables it would have been started with
     assert third["threads"] == "1" and third["torch_threads"] == 1
 
-    monkeypatch.chdir(tmp_path)  # another folder: another server, the worker in that folder
+    assert first["prefect"] is False  # neither the server nor a worker imports Prefect: its variables are volatile
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # read again by a forked worker
+    volatile = _describe()
+    assert volatile["ppid"] == third["ppid"] and volatile["environ"]["PREFECT_API_URL"] == "http://127.0.0.1:9/api"
+    assert volatile["compile_threads"] == 1 and third["compile_threads"] == max(1, min(32, len(os.sched_getaffinity(0))))
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    monkeypatch.chdir(folder)  # another folder: the same server, the worker in that folder, first on its paths
     there = _describe()
-    assert there["cwd"] == str(tmp_path) and there["ppid"] not in (first["ppid"], third["ppid"])
+    assert there["ppid"] == third["ppid"] and there["cwd"] == str(folder)
+    assert there["path0"] == str(folder) and there["import_path"][0] == str(folder)
+    assert third["path0"] == str(ROOT) == third["import_path"][0]  # where it was asked from, not the server's own folder
+
+    # a module named like one the server imported (a worker started there imports that one: an
+    # empty numpy.py breaks torch's import), or a relative PYTHONPATH: a server started in that folder
+    (folder / "numpy.py").write_text("")
+    (folder / "numpy.egg-info").mkdir()  # not importable: no reason on its own
+    (folder / "notes").mkdir()
+    assert launcher._importable(str(folder)) == {"numpy", "notes"}
+    env = dict(os.environ)
+    shared = launcher._server_for(sys.executable, env, str(ROOT))
+    assert shared.process.pid == third["ppid"] and psutil.Process(shared.process.pid).cwd() == shared.folder
+    assert "numpy" in shared.modules and shared.shadowed_in(str(folder)) and not shared.shadowed_in(str(ROOT))
+    own = launcher._server_for(sys.executable, env, str(folder))
+    relative = launcher._server_for(sys.executable, {**env, "PYTHONPATH": "src"}, str(ROOT))
+    for server in (own, relative):
+        server.stop()  # not used: stopped before it has imported anything (its imports would fail in `folder`)
+    assert own is not shared and own.folder is None and own.cwd == str(folder)
+    assert relative.folder is None and relative.cwd == str(ROOT)
 
 
 def test_a_package_installed_after_the_server_started_gets_a_new_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

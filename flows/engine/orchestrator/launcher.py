@@ -2,11 +2,16 @@
 that imported torch and the stages once, or, where none can serve, as `python -m
 pt2flow.flows.engine.worker.process` of its own (the same worker, seconds of imports later).
 
-A fork server serves one interpreter, one folder and one environment (every variable but
-pt2flow's own, which differ from run to run and are read only when pt2flow acts): a worker
-forked from it gets exactly the environment it would have been started with. It stays after a run (the next run's workers start
-in milliseconds), leaves by itself after its idle time, when its interpreter's packages or
-pt2flow's sources change, and when this process exits. PT2FLOW_FORK_WORKERS=0 starts every
+A fork server serves one interpreter and one environment (every variable but the volatile
+ones: pt2flow's own and Prefect's, which no import of the server reads, and inductor's compile
+threads, which a forked worker reads again): a worker forked from it gets exactly the
+environment it would have been started with. It starts in an empty folder of its own and serves
+any folder: a worker forked for a folder has it first on sys.path, as `python -m` there would,
+unless the folder holds a module named like one the server imported (a worker started there would
+import that one instead) or PYTHONPATH has a relative entry; such a folder gets a server
+started in it. A server stays after a run (the next run's workers start in milliseconds), leaves
+by itself after its idle time, when its interpreter's packages or pt2flow's sources change, and
+when this process exits. PT2FLOW_FORK_WORKERS=0 starts every
 worker on its own.
 
 The worker's handle, LaunchedProcess, is what supervisor.Worker uses of subprocess.Popen: pid,
@@ -20,6 +25,7 @@ import atexit
 import os
 import pickle
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,20 +33,24 @@ import sys
 import tempfile
 import threading
 import time
+from importlib.machinery import all_suffixes
 from typing import Any, Callable
 
 FORK_VARIABLE = "PT2FLOW_FORK_WORKERS"
 # variables a worker gets after its fork, not a reason for another fork server: pt2flow's own
 # (PT2FLOW_*: its torch threads, the run's storage options, a test's crash point; pt2flow reads
-# them when it acts, never while the server imports) and the one pytest sets per test. Every
-# other variable may be read by an import (torch reads its own, Python PYTHON*), so it is part
-# of the server's identity.
-VOLATILE_PREFIX = "PT2FLOW_"
-VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+# them when it acts, never while the server imports), Prefect's (PREFECT_*: a run's API URL; neither
+# the server nor a worker imports Prefect), the one pytest sets per test, and inductor's compile
+# threads (a pool of two sets it for its workers; inductor reads it when its config is imported,
+# and a forked worker reads it again: forkserver.py, _as_started). Every other variable may be
+# read by an import (torch reads its own, Python PYTHON*), so it is part of the server's identity.
+VOLATILE_PREFIXES = ("PT2FLOW_", "PREFECT_")
+VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_COMPILE_THREADS"})
 
 
 def _volatile(name: str) -> bool:
-    return name.startswith(VOLATILE_PREFIX) or name in VOLATILE
+    return name.startswith(VOLATILE_PREFIXES) or name in VOLATILE
+SUFFIXES = sorted(all_suffixes(), key=len, reverse=True)  # .cpython-311-x86_64-linux-gnu.so before .so
 MAX_SERVERS = 2  # fork servers kept at once (one per environment); the oldest retires
 READY_TIMEOUT = 300.0
 POLL_SECONDS = 0.05
@@ -63,21 +73,26 @@ def forking_enabled() -> bool:
 class ForkServer:
     """One fork server process and the socket to it; requests are serialized by a lock."""
 
-    def __init__(self, python: str, env: dict[str, str], cwd: str) -> None:
+    def __init__(self, python: str, env: dict[str, str], cwd: str | None) -> None:
+        """A server started in `cwd`, or (None) in an empty folder of its own that serves any folder."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log = tempfile.TemporaryFile(prefix="pt2flow-forkserver-")
+        self.folder = tempfile.mkdtemp(prefix="pt2flow-forkserver-") if cwd is None else None  # the server removes it when it exits
+        self.cwd = self.folder or cwd
+        argv = [python, "-m", "pt2flow.flows.engine.worker.forkserver", str(theirs.fileno())]
         self.process = subprocess.Popen(
-            [python, "-m", "pt2flow.flows.engine.worker.forkserver", str(theirs.fileno())],
+            argv + (["--own-folder"] if self.folder else []),
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=self.log,
             env=env,
-            cwd=cwd,
+            cwd=self.cwd,
             start_new_session=True,  # a terminal's Ctrl-C is the orchestrator's to handle
         )
         theirs.close()
         self.sock = ours
+        self.modules: frozenset[str] = frozenset()  # the top-level modules it imported (its "ready" message)
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._broken: str | None = None  # why it answers nothing more
@@ -90,6 +105,8 @@ class ForkServer:
             message = pickle.loads(self.sock.recv(MAX_MESSAGE)) if readable else None
             if not message or message[0] != "ready":
                 self._broken = "it did not start" + self._tail()
+            else:
+                self.modules = frozenset(message[2])
         except (OSError, EOFError, pickle.UnpicklingError) as exc:
             self._broken = f"it did not start ({exc})" + self._tail()
         finally:
@@ -102,6 +119,15 @@ class ForkServer:
         except (OSError, ValueError):
             return ""
         return f": {text}" if text else ""
+
+    def shadowed_in(self, folder: str) -> bool:
+        """Whether `folder` holds a file or folder named like a module this server imported: a
+        worker started there (the folder first on its sys.path) could import that one instead."""
+        self._ready.wait(READY_TIMEOUT)
+        try:
+            return not _importable(folder).isdisjoint(self.modules)
+        except OSError:
+            return True
 
     @property
     def usable(self) -> bool:
@@ -161,15 +187,49 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
         self.log.close()
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _servers: dict[tuple[Any, ...], ForkServer] = {}
 _servers_lock = threading.Lock()
 
 
+def _importable(folder: str) -> set[str]:
+    """The names `import NAME` could find in `folder`: packages (folders named as identifiers)
+    and modules (files with a suffix Python imports: .py, .pyc, extension modules)."""
+    names = set()
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir():
+                if entry.name.isidentifier():
+                    names.add(entry.name)
+                continue
+            for suffix in SUFFIXES:
+                if entry.name.endswith(suffix):
+                    names.add(entry.name[: -len(suffix)])
+                    break
+    return names
+
+
+def _relative_import_path(env: dict[str, str]) -> bool:
+    """Whether PYTHONPATH has an entry that a worker resolves against its folder."""
+    value = env.get("PYTHONPATH", "")
+    return bool(value) and any(not os.path.isabs(entry) for entry in value.split(os.pathsep))
+
+
 def _server_for(python: str, env: dict[str, str], cwd: str) -> ForkServer:
+    """The server that forks a worker with `env` in `cwd`: the environment's server of no folder,
+    unless `cwd` shadows one of its modules or PYTHONPATH is relative (then a server started in `cwd`)."""
     kept = {k: v for k, v in env.items() if not _volatile(k)}
-    key = (python, cwd, tuple(sorted(kept.items())))
+    if not _relative_import_path(kept):
+        server = _server_of((python, None, tuple(sorted(kept.items()))), python, kept, None)
+        if not server.shadowed_in(cwd):
+            return server
+    return _server_of((python, cwd, tuple(sorted(kept.items()))), python, kept, cwd)
+
+
+def _server_of(key: tuple[Any, ...], python: str, kept: dict[str, str], cwd: str | None) -> ForkServer:
     with _servers_lock:
         server = _servers.get(key)
         if server is not None and server.usable:

@@ -8,11 +8,14 @@ started in a few milliseconds instead of seconds of torch import (a pool's secon
 worker replacing one that crashed, the next run's workers in a process that runs many: `serve`,
 a test session). It never imports a model: every model's modules are imported in a worker.
 
-Requests and replies are pickled tuples on a SOCK_SEQPACKET socket (one message each):
+Requests and replies are pickled tuples on a SOCK_SEQPACKET socket (one message each). Once
+ready, the server says so: ("ready", pid, names of the top-level modules it imported), which the
+orchestrator checks a worker's folder against (flows/engine/orchestrator/launcher.py).
 
 - ("fork", env, cwd) with two file descriptors (the worker's connection, its log): a
   worker in a session of its own, its stdout and stderr on the log, `env` as its environment
-  (exactly), `cwd` its folder; reply ("forked", pid);
+  (exactly), `cwd` its folder and, in place of the server's own folder, the first entry of its
+  sys.path and of the pinned start-up path; reply ("forked", pid);
 - ("poll", pid): reply ("status", returncode or None), as subprocess's poll gives it (-N for a
   signal); a worker is reaped here only when polled, so its pid names it until the orchestrator
   has seen it end;
@@ -74,7 +77,24 @@ def _status(pid: int) -> int | None:
     return os.waitstatus_to_exitcode(status)
 
 
-def _child(sock: socket.socket, fds: list[int], env: dict[str, str], cwd: str) -> None:
+def _as_started(env: dict[str, str], cwd: str, start_folder: str) -> None:
+    """Make this forked worker what `python -m` with `env` in `cwd` would be: its folder, not the
+    server's, first on sys.path and on the pinned start-up path, and inductor's compile threads
+    (read when torch._inductor.config was imported, in the server) decided from `env`."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    if cwd != start_folder:
+        from pt2flow.stages.distributions import replace_import_path_entry
+
+        sys.path[:] = [cwd if entry == start_folder else entry for entry in sys.path]
+        replace_import_path_entry(start_folder, cwd)
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        config.compile_threads = config.decide_compile_threads()  # type: ignore[attr-defined]
+
+
+def _child(sock: socket.socket, fds: list[int], env: dict[str, str], cwd: str, start_folder: str) -> None:
     """In the forked worker: become what a worker started on its own is, then serve. Never returns."""
     code = 1
     try:
@@ -84,9 +104,7 @@ def _child(sock: socket.socket, fds: list[int], env: dict[str, str], cwd: str) -
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
-        os.environ.clear()
-        os.environ.update(env)
-        os.chdir(cwd)
+        _as_started(env, cwd, start_folder)
         from multiprocessing.connection import Connection
 
         from pt2flow.flows.engine.worker import process
@@ -102,7 +120,9 @@ def _child(sock: socket.socket, fds: list[int], env: dict[str, str], cwd: str) -
         os._exit(code)
 
 
-def main(fd: int) -> int:
+def main(fd: int, own_folder: bool = False) -> int:
+    """Serve on socket `fd`; `own_folder`: the folder it started in is an empty one of its own
+    (flows/engine/orchestrator/launcher.py made it), removed when it exits."""
     import faulthandler
 
     faulthandler.enable()
@@ -116,13 +136,14 @@ def main(fd: int) -> int:
 
     warm_up()  # torch's first export done here once, not in every forked worker (stages/warmup.py)
     started_with, sources = path_state(), _sources()
+    start_folder = os.getcwd()
     workers: set[int] = set()
     retiring = False
 
     def reply(message: tuple[Any, ...]) -> None:
         sock.send(pickle.dumps(message))
 
-    reply(("ready", os.getpid()))
+    reply(("ready", os.getpid(), sorted({name.partition(".")[0] for name in sys.modules})))
     try:
         while not (retiring and not workers):
             readable, _, _ = select.select([sock], [], [], IDLE_SECONDS)
@@ -147,7 +168,7 @@ def main(fd: int) -> int:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _child(sock, fds, env, cwd)
+                    _child(sock, fds, env, cwd, start_folder)
                 for each in fds:
                     os.close(each)
                 workers.add(pid)
@@ -168,10 +189,15 @@ def main(fd: int) -> int:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
+        if own_folder:
+            try:
+                os.rmdir(start_folder)
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":
-    code = main(int(sys.argv[1]))
+    code = main(int(sys.argv[1]), own_folder="--own-folder" in sys.argv[2:])
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # torch's interpreter teardown takes half a second and frees nothing the OS would not

@@ -100,6 +100,17 @@ def prepare() -> None:
     import pt2flow.storage.faults  # noqa: F401
 
 
+def _imports_seen() -> dict[str, object]:
+    """Describe's view of imports: the first sys.path entry, the pinned start-up path, inductor's
+    compile threads, whether Prefect was imported (a worker never imports it)."""
+    import torch._inductor.config
+
+    from pt2flow.stages.distributions import import_path
+
+    return {"path0": sys.path[0], "import_path": list(import_path()), "prefect": "prefect" in sys.modules,
+            "compile_threads": torch._inductor.config.compile_threads}
+
+
 def serve(conn: Connection) -> int:
     """Answer the orchestrator's messages on `conn` until told to stop or it goes away."""
     from pt2flow.flows.engine.common import messages
@@ -142,7 +153,7 @@ def serve(conn: Connection) -> int:
                 reply = ("ok", {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "environ": dict(os.environ),
                                 "threads": os.environ.get("PT2FLOW_WORKER_THREADS"), "torch_threads": _torch_threads(),
                                 # torch's first export done before this worker's first model (a fork server's warm-up)
-                                "warm": "torch._dynamo.eval_frame" in sys.modules})
+                                "warm": "torch._dynamo.eval_frame" in sys.modules, **_imports_seen()})
             case _:  # an orchestrator of another protocol: say so rather than hang it
                 reply = ("failed", {"error_class": "internal", "error": f"unknown worker message {type(message).__name__}"})
         conn.send(reply)
