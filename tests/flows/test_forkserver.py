@@ -89,6 +89,18 @@ def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(monkeypatch:
     assert relative.folder is None and relative.cwd == str(ROOT)
 
 
+def test_a_server_warms_up_before_the_first_worker_that_exports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pt2flow validate`'s and check-compat's workers import models and load artifacts only: a
+    new server forks them without torch's first export (about half its start's CPU); the first
+    worker that exports comes warm from the same server, and every one after it."""
+    monkeypatch.setenv("SOME_LIBRARY_SETTING", "a server of its own")
+    inspecting = _describe(exports=False)
+    exporting = _describe()
+    later = _describe(exports=False)
+    assert inspecting["ppid"] == exporting["ppid"] == later["ppid"] != os.getpid()
+    assert (inspecting["warm"], exporting["warm"], later["warm"]) == (False, True, True)
+
+
 def test_a_package_installed_after_the_server_started_gets_a_new_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A folder on the import path changes (pip installs a package into site-packages): the
     server's imports may be stale, so the next worker comes from a fresh server."""

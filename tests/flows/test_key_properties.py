@@ -98,7 +98,7 @@ def test_a_dynamic_range_change_alone_changes_the_fingerprint() -> None:
 FRESH = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
-if sys.argv[2:] == ["warm"]:  # what a fork server does before its first fork (stages/warmup.py)
+if sys.argv[2:] == ["warm"]:  # what a fork server does before its first worker that exports (stages/warmup.py)
     from pt2flow.stages.warmup import warm_up
     assert warm_up()
 from tests.flows.test_key_properties import Spec, export

@@ -56,7 +56,7 @@ class Checker:
     def check(self, kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None,
               modules: list[str] | None = None) -> dict[str, Any]:
         if self.worker is None:
-            self.worker = Worker(threads=None, python=self.python)
+            self.worker = Worker(threads=None, python=self.python, exports=False)  # loads and runs artifacts: no warm-up needed
         budget = Budget(deadline=time.monotonic() + self.timeout_s, deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s",
                         memory_bytes=self.memory_bytes)
         try:

@@ -134,11 +134,12 @@ class ForkServer:
         """Whether it forks: started (or starting), not stale, not retired, not gone."""
         return self._broken is None and self._retired is None and self.process.poll() is None
 
-    def fork(self, env: dict[str, str], cwd: str, fds: list[int]) -> int:
-        """A worker forked with `env` in `cwd` on `fds` (its connection, its log): its pid."""
+    def fork(self, env: dict[str, str], cwd: str, fds: list[int], exports: bool = True) -> int:
+        """A worker forked with `env` in `cwd` on `fds` (its connection, its log): its pid.
+        `exports`: it will export (the server warms up first, once)."""
         if self._retired is not None:
             raise ServerUnavailable(self._retired, stale=True)
-        reply = self._request(("fork", env, cwd), fds)
+        reply = self._request(("fork", env, cwd, exports), fds)
         if reply[0] == "stale":
             self._retired = reply[1]
             raise ServerUnavailable(reply[1], stale=True)
@@ -270,8 +271,10 @@ class LaunchedProcess:
     """A worker process, forked by a fork server or started on its own (`fallback`), with the
     part of subprocess.Popen's interface the supervisor uses."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], conn_fd: int, log: Any, stopping: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], conn_fd: int, log: Any, stopping: Callable[[], bool] = lambda: False,
+                 exports: bool = True) -> None:
         self.args = argv
+        self.exports = exports
         self.returncode: int | None = None
         self._pid: int | None = None
         self._popen: subprocess.Popen[bytes] | None = None
@@ -289,12 +292,12 @@ class LaunchedProcess:
         try:
             server = _server_for(self.args[0], env, cwd)
             try:
-                pid = server.fork(env, cwd, [conn_fd, log.fileno()])
+                pid = server.fork(env, cwd, [conn_fd, log.fileno()], self.exports)
             except ServerUnavailable as exc:
                 if not exc.stale:
                     raise
                 server = _server_for(self.args[0], env, cwd)  # a fresh one, once
-                pid = server.fork(env, cwd, [conn_fd, log.fileno()])
+                pid = server.fork(env, cwd, [conn_fd, log.fileno()], self.exports)
             self._server, self._pid = server, pid
             os.close(conn_fd)
             if self._stopping():  # the run was interrupted while this worker was being forked
@@ -372,8 +375,10 @@ class LaunchedProcess:
             time.sleep(POLL_SECONDS)
 
 
-def launch(python: str | None, env: dict[str, str], conn_fd: int, parent: int, log: Any, stopping: Callable[[], bool]) -> LaunchedProcess:
+def launch(python: str | None, env: dict[str, str], conn_fd: int, parent: int, log: Any, stopping: Callable[[], bool],
+           exports: bool = True) -> LaunchedProcess:
     """Start a worker on the connection `conn_fd` (closed here once the worker holds it) with
-    `env`, its stdout and stderr on `log`."""
+    `env`, its stdout and stderr on `log`; `exports`: whether it will export (a forked one then
+    comes from a warm server)."""
     argv = [python or sys.executable, "-m", "pt2flow.flows.engine.worker.process", str(conn_fd), str(parent)]
-    return LaunchedProcess(argv, env, conn_fd, log, stopping)
+    return LaunchedProcess(argv, env, conn_fd, log, stopping, exports)

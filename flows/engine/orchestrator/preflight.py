@@ -107,7 +107,7 @@ def _check_code(found: Preflight, models: Mapping[int, ResolvedModel]) -> None:
     worker: Worker | None = None
     try:
         for i, model in models.items():
-            worker = worker or Worker(threads=1)
+            worker = worker or Worker(threads=1, exports=False)  # imports and builds models: no warm-up needed
             memory = model.limits.memory_gb or default_memory_gb()
             seconds = preflight_seconds(model)
             budget = Budget(deadline=time.monotonic() + seconds, memory_bytes=int(memory * 2**30),

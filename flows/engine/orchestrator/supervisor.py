@@ -94,9 +94,11 @@ class Worker:
     work) and used by one model at a time."""
 
     def __init__(self, threads: int | None, env: dict[str, str] | None = None, stopping: Callable[[], bool] = lambda: False,
-                 python: str | None = None) -> None:
+                 python: str | None = None, exports: bool = True) -> None:
         """`python`: the interpreter to start (default: this one); another environment's must
-        have pt2flow installed (flows/engine/environment/interpreter.py checks that before a run)."""
+        have pt2flow installed (flows/engine/environment/interpreter.py checks that before a run).
+        `exports=False`: a worker that only imports models or loads artifacts, which a fork server
+        forks without doing torch's first export first (flows/engine/worker/forkserver.py)."""
         self.stopping = stopping  # the pool's 'stop now' flag, polled while waiting
         parent_sock, child_sock = socket.socketpair()
         self.log = tempfile.TemporaryFile(prefix="pt2flow-worker-")
@@ -104,7 +106,7 @@ class Worker:
         if threads:
             child_env["PT2FLOW_WORKER_THREADS"] = str(threads)
         # forked from the fork server that imported torch once, or started on its own (launcher.py)
-        self.process = launch(python, child_env, child_sock.detach(), os.getpid(), self.log, self.stopping)
+        self.process = launch(python, child_env, child_sock.detach(), os.getpid(), self.log, self.stopping, exports)
         self.conn = Connection(parent_sock.detach())
         self.ready = False
         self._offset = 0

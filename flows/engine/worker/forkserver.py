@@ -1,8 +1,8 @@
 """The fork server: `python -m pt2flow.flows.engine.worker.forkserver FD` does what a worker does
 before its first model once (process.prepare: the start-up sys.path pinned, file reads watched,
-torch and the stages imported), plus torch's first export (stages/warmup.py: the lazy imports and
-first-use caches a worker's first model would pay, about 3 s of CPU), then forks a worker for each
-request on the socket FD. A worker forked here is what `python -m
+torch and the stages imported), plus, before the first worker that will export, torch's first
+export (stages/warmup.py: the lazy imports and first-use caches a worker's first model would pay,
+about 3-5 s of CPU), then forks a worker for each request on the socket FD. A worker forked here is what `python -m
 pt2flow.flows.engine.worker.process` would be after its imports and a first export,
 started in a few milliseconds instead of seconds of torch import (a pool's second worker, a
 worker replacing one that crashed, the next run's workers in a process that runs many: `serve`,
@@ -12,10 +12,12 @@ Requests and replies are pickled tuples on a SOCK_SEQPACKET socket (one message 
 ready, the server says so: ("ready", pid, names of the top-level modules it imported), which the
 orchestrator checks a worker's folder against (flows/engine/orchestrator/launcher.py).
 
-- ("fork", env, cwd) with two file descriptors (the worker's connection, its log): a
+- ("fork", env, cwd, exports) with two file descriptors (the worker's connection, its log): a
   worker in a session of its own, its stdout and stderr on the log, `env` as its environment
   (exactly), `cwd` its folder and, in place of the server's own folder, the first entry of its
-  sys.path and of the pinned start-up path; reply ("forked", pid);
+  sys.path and of the pinned start-up path; reply ("forked", pid). `exports`: the worker will
+  export (a run's, audit's), so the server does its warm-up first if it has not yet; a worker that
+  only imports models or loads artifacts (`pt2flow validate`'s, check-compat's) is forked without;
 - ("poll", pid): reply ("status", returncode or None), as subprocess's poll gives it (-N for a
   signal); a worker is reaped here only when polled, so its pid names it until the orchestrator
   has seen it end;
@@ -134,8 +136,8 @@ def main(fd: int, own_folder: bool = False) -> int:
     process.prepare()
     from pt2flow.stages.warmup import warm_up
 
-    warm_up()  # torch's first export done here once, not in every forked worker (stages/warmup.py)
     started_with, sources = path_state(), _sources()
+    warm = False
     start_folder = os.getcwd()
     workers: set[int] = set()
     retiring = False
@@ -163,7 +165,10 @@ def main(fd: int, own_folder: bool = False) -> int:
                     reply(("stale", why))
                     retiring = True
                     continue
-                _, env, cwd = request
+                _, env, cwd, exports = request
+                if exports and not warm:
+                    warm_up()  # torch's first export done here once, not in every forked worker (stages/warmup.py)
+                    warm = True
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()
