@@ -46,10 +46,6 @@ FORK_VARIABLE = "PT2FLOW_FORK_WORKERS"
 # read by an import (torch reads its own, Python PYTHON*), so it is part of the server's identity.
 VOLATILE_PREFIXES = ("PT2FLOW_", "PREFECT_")
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_COMPILE_THREADS"})
-
-
-def _volatile(name: str) -> bool:
-    return name.startswith(VOLATILE_PREFIXES) or name in VOLATILE
 SUFFIXES = sorted(all_suffixes(), key=len, reverse=True)  # .cpython-311-x86_64-linux-gnu.so before .so
 MAX_SERVERS = 2  # fork servers kept at once (one per environment); the oldest retires
 READY_TIMEOUT = 300.0
@@ -64,6 +60,10 @@ class ServerUnavailable(Exception):
     def __init__(self, message: str, stale: bool = False) -> None:
         super().__init__(message)
         self.stale = stale
+
+
+def _volatile(name: str) -> bool:
+    return name.startswith(VOLATILE_PREFIXES) or name in VOLATILE
 
 
 def forking_enabled() -> bool:
@@ -223,11 +223,12 @@ def _server_for(python: str, env: dict[str, str], cwd: str) -> ForkServer:
     """The server that forks a worker with `env` in `cwd`: the environment's server of no folder,
     unless `cwd` shadows one of its modules or PYTHONPATH is relative (then a server started in `cwd`)."""
     kept = {k: v for k, v in env.items() if not _volatile(k)}
+    identity = tuple(sorted(kept.items()))
     if not _relative_import_path(kept):
-        server = _server_of((python, None, tuple(sorted(kept.items()))), python, kept, None)
+        server = _server_of((python, None, identity), python, kept, None)
         if not server.shadowed_in(cwd):
             return server
-    return _server_of((python, cwd, tuple(sorted(kept.items()))), python, kept, cwd)
+    return _server_of((python, cwd, identity), python, kept, cwd)
 
 
 def _server_of(key: tuple[Any, ...], python: str, kept: dict[str, str], cwd: str | None) -> ForkServer:

@@ -2,11 +2,11 @@
 before its first model once (process.prepare: the start-up sys.path pinned, file reads watched,
 torch and the stages imported), plus, before the first worker that will export, torch's first
 export (stages/warmup.py: the lazy imports and first-use caches a worker's first model would pay,
-about 3-5 s of CPU), then forks a worker for each request on the socket FD. A worker forked here is what `python -m
-pt2flow.flows.engine.worker.process` would be after its imports and a first export,
-started in a few milliseconds instead of seconds of torch import (a pool's second worker, a
-worker replacing one that crashed, the next run's workers in a process that runs many: `serve`,
-a test session). It never imports a model: every model's modules are imported in a worker.
+about 3-5 s of CPU), then forks a worker for each request on the socket FD. A worker forked here
+is what `python -m pt2flow.flows.engine.worker.process` would be after its imports (and, for one
+that exports, a first export), started in a few milliseconds instead of seconds of torch import
+(a pool's second worker, a worker replacing one that crashed, the next run's workers in a process
+that runs many: `serve`, a test session). It never imports a model: every model's modules are imported in a worker.
 
 Requests and replies are pickled tuples on a SOCK_SEQPACKET socket (one message each). Once
 ready, the server says so: ("ready", pid, names of the top-level modules it imported), which the
