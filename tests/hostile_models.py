@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import time
 
 import torch
@@ -55,7 +56,8 @@ class AnnouncedHang(Hang):
 
 class AnnouncedPause(nn.Module):
     """A healthy model whose forward first creates the file named by $PT2FLOW_TEST_PAUSE_MARKER
-    (holding its process id) and sleeps 4 s: a test can kill the Dask worker under it meanwhile."""
+    (holding its process id and its orchestrator's: a worker's command line is `... FD PARENT`,
+    a forked one's as if it were) and sleeps 4 s: a test can kill the Dask worker under it meanwhile."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -65,7 +67,7 @@ class AnnouncedPause(nn.Module):
         marker = os.environ.get("PT2FLOW_TEST_PAUSE_MARKER")
         if marker and not torch.compiler.is_compiling():
             with open(marker, "w") as f:
-                f.write(str(os.getpid()))
+                f.write(f"{os.getpid()} {sys.argv[2]}")
             time.sleep(4)
         return self.fc(x)
 

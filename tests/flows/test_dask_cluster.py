@@ -73,11 +73,12 @@ def _start_run(tmp_path: Path, models: list[dict[str, Any]], cluster: dict[str, 
     return proc, out, err
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[Any], seconds: float = 240) -> int:
+def _wait_for(path: Path, proc: subprocess.Popen[Any], seconds: float = 240) -> list[int]:
+    """The process ids the model wrote to `path` once it is there."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and proc.poll() is None:
         if path.exists() and path.read_text().strip():
-            return int(path.read_text())
+            return [int(x) for x in path.read_text().split()]
         time.sleep(0.2)
     raise AssertionError(f"{path.name} never appeared (run exited {proc.poll()})")
 
@@ -106,22 +107,14 @@ def test_a_cluster_that_loses_every_worker_fails_what_is_left_and_ends(tmp_path:
         assert model["status"] == "ok" or (model["error_class"] == "timeout" and "had no worker" in model["error"]), model
 
 
-def _dask_worker_of(pid: int) -> psutil.Process | None:
-    """The Dask worker process a supervised worker runs under: its parent, or its fork server's
-    (flows/engine/worker/forkserver.py)."""
-    parent = psutil.Process(pid).parent()
-    while parent is not None and "pt2flow.flows.engine.worker.forkserver" in " ".join(parent.cmdline()):
-        parent = parent.parent()
-    return parent
-
-
 def test_a_cluster_that_loses_one_worker_process_runs_every_model(tmp_path: Path, cluster: dict[str, Any]) -> None:
     paused = {"name": "paused", "factory": "tests.hostile_models:announced_pause", "inputs": X}
     proc, out, err = _start_run(tmp_path, [paused, *HEALTHY], cluster)
     try:
-        pid = _wait_for(tmp_path / "pausing", proc)  # paused's supervised worker, under a Dask worker
-        dask_worker = _dask_worker_of(pid)
-        assert dask_worker is not None and dask_worker.pid != cluster["launcher"].pid
+        pid, orchestrator = _wait_for(tmp_path / "pausing", proc)  # paused's supervised worker and the Dask worker it serves
+        dask_worker = psutil.Process(orchestrator)
+        assert pid != orchestrator and dask_worker.pid != cluster["launcher"].pid
+        assert cluster["launcher"].pid in [p.pid for p in dask_worker.parents()]  # one of the launcher's Dask workers
         dask_worker.kill()  # its nanny starts another; Dask runs the model again there
         proc.wait(timeout=600)
     finally:

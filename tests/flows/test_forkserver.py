@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -126,27 +127,49 @@ ORCHESTRATOR = textwrap.dedent("""
     import sys, time
     from pt2flow.flows.engine.common.messages import Describe
     from pt2flow.flows.engine.orchestrator.supervisor import Worker
-    seen = Worker(threads=1).call(Describe())[1]
+    worker = Worker(threads=1)  # kept: a worker whose orchestrator lets it go ends by itself
+    seen = worker.call(Describe())[1]
     print(seen["ppid"], seen["pid"], flush=True)
     time.sleep(600)
 """)
 
 
-def test_the_server_and_its_workers_go_when_the_orchestrator_is_killed(tmp_path: Path) -> None:
+def test_one_server_serves_every_process_of_an_environment_and_a_killed_one_takes_its_workers(tmp_path: Path) -> None:
+    """Two orchestrators started at once with one environment (two `pt2flow run`s, a test session
+    and its CLI subprocesses) start one server between them and fork from it; killing one stops
+    its worker, not the other's; the server leaves its linger after the last one has gone."""
     script = tmp_path / "orchestrator.py"
     script.write_text(ORCHESTRATOR)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env())
+    env = cli_env({"SOME_LIBRARY_SETTING": uuid.uuid4().hex, launcher.LINGER_VARIABLE: "2"})  # a server of its own
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env) for _ in range(2)]
     try:
-        assert proc.stdout is not None
-        server, worker = (int(x) for x in proc.stdout.readline().split())
-        assert psutil.pid_exists(server) and psutil.pid_exists(worker)
+        seen = []
+        for proc in procs:
+            assert proc.stdout is not None
+            seen.append(tuple(int(x) for x in proc.stdout.readline().split()))
+        (server, first), (also, second) = seen
+        assert server == also and first != second  # one server, started once (the path's lock), two workers
+        assert all(psutil.pid_exists(pid) for pid in (server, first, second))
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        _await_gone(first)
+        assert _running(second) and _running(server)  # the other orchestrator's worker and the server go on
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_running(pid) for pid in (server, worker)):
+        for proc in procs:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    _await_gone(second)
+    path = launcher.server_key(sys.executable, env, None)[1]
+    assert Path(path).is_socket()
+    _await_gone(server)  # no process uses it: it leaves after its linger (2 s here)
+    assert not Path(path).exists()  # and its socket with it: the next process starts a fresh one
+
+
+def _await_gone(pid: int, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and _running(pid):
         time.sleep(0.1)
-    assert not _running(server) and not _running(worker)
+    assert not _running(pid)
 
 
 def _running(pid: int) -> bool:

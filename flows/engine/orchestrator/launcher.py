@@ -5,14 +5,18 @@ pt2flow.flows.engine.worker.process` of its own (the same worker, seconds of imp
 A fork server serves one interpreter and one environment (every variable but the volatile
 ones: pt2flow's own and Prefect's, which no import of the server reads, and inductor's compile
 threads, which a forked worker reads again): a worker forked from it gets exactly the
-environment it would have been started with. It starts in an empty folder of its own and serves
-any folder: a worker forked for a folder has it first on sys.path, as `python -m` there would,
-unless the folder holds a module named like one the server imported (a worker started there would
-import that one instead) or PYTHONPATH has a relative entry; such a folder gets a server
-started in it. A server stays after a run (the next run's workers start in milliseconds), leaves
-by itself after its idle time, when its interpreter's packages or pt2flow's sources change, and
-when this process exits. PT2FLOW_FORK_WORKERS=0 starts every
-worker on its own.
+environment it would have been started with. It is shared by every process of this user that
+asks for the same interpreter and environment: its socket is named by a digest of the two in a
+private runtime folder (runtime_folder()), the first process to ask starts it (under a lock on
+that name, so two asking at once start one), and each process's workers end with that process's
+connection. It starts in an empty folder of its own and serves any folder: a worker forked for a
+folder has it first on sys.path, as `python -m` there would, unless the folder holds a module
+named like one the server imported (a worker started there would import that one instead) or
+PYTHONPATH has a relative entry; such a folder gets a server started in it. A server outlives the
+process that started it by its linger (PT2FLOW_FORK_SERVER_LINGER_S, 60 s: the next run's workers
+start in milliseconds, not after seconds of torch import) and leaves by itself then, when its
+interpreter's packages or pt2flow's sources change, and after its idle time.
+PT2FLOW_FORK_WORKERS=0 starts every worker on its own.
 
 The worker's handle, LaunchedProcess, is what supervisor.Worker uses of subprocess.Popen: pid,
 poll(), wait(timeout), returncode. The fork happens in a thread, so the orchestrator goes on
@@ -22,12 +26,15 @@ while a new fork server imports torch, as it does while a worker started on its 
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import os
 import pickle
 import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -37,6 +44,8 @@ from importlib.machinery import all_suffixes
 from typing import Any, Callable
 
 FORK_VARIABLE = "PT2FLOW_FORK_WORKERS"
+LINGER_VARIABLE = "PT2FLOW_FORK_SERVER_LINGER_S"
+DEFAULT_LINGER_S = 60.0
 # variables a worker gets after its fork, not a reason for another fork server: pt2flow's own
 # (PT2FLOW_*: its torch threads, the run's storage options, a test's crash point; pt2flow reads
 # them when it acts, never while the server imports), Prefect's (PREFECT_*: a run's API URL; neither
@@ -47,7 +56,7 @@ FORK_VARIABLE = "PT2FLOW_FORK_WORKERS"
 VOLATILE_PREFIXES = ("PT2FLOW_", "PREFECT_")
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_COMPILE_THREADS"})
 SUFFIXES = sorted(all_suffixes(), key=len, reverse=True)  # .cpython-311-x86_64-linux-gnu.so before .so
-MAX_SERVERS = 2  # fork servers kept at once (one per environment); the oldest retires
+MAX_SERVERS = 2  # fork servers this process keeps a connection to (one per environment); it leaves the oldest
 READY_TIMEOUT = 300.0
 POLL_SECONDS = 0.05
 MAX_MESSAGE = 1 << 20
@@ -70,43 +79,123 @@ def forking_enabled() -> bool:
     return os.environ.get(FORK_VARIABLE, "1").strip() not in ("0", "false", "no", "off")
 
 
-class ForkServer:
-    """One fork server process and the socket to it; requests are serialized by a lock."""
+def runtime_folder() -> str:
+    """The folder of this user's fork servers' sockets: $XDG_RUNTIME_DIR/pt2flow, else
+    /tmp/pt2flow-UID, mode 0700 (a process that can connect can have code run as this user);
+    one that is not this user's alone is not used (a folder of this process's own instead, shared
+    with no one)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = os.path.join(runtime, "pt2flow") if runtime and os.path.isabs(runtime) else f"/tmp/pt2flow-{os.getuid()}"
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        status = os.lstat(folder)
+        if stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid() and not status.st_mode & 0o077 and len(folder) < 80:
+            return folder
+    except OSError:
+        pass
+    global _private
+    if _private is None:
+        _private = tempfile.mkdtemp(prefix="pt2flow-")
+        atexit.register(shutil.rmtree, _private, True)
+    return _private
 
-    def __init__(self, python: str, env: dict[str, str], cwd: str | None) -> None:
-        """A server started in `cwd`, or (None) in an empty folder of its own that serves any folder."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.log = tempfile.TemporaryFile(prefix="pt2flow-forkserver-")
-        self.folder = tempfile.mkdtemp(prefix="pt2flow-forkserver-") if cwd is None else None  # the server removes it when it exits
-        self.cwd = self.folder or cwd
-        argv = [python, "-m", "pt2flow.flows.engine.worker.forkserver", str(theirs.fileno())]
-        self.process = subprocess.Popen(
-            argv + (["--own-folder"] if self.folder else []),
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            stdout=self.log,
-            stderr=self.log,
-            env=env,
-            cwd=self.cwd,
-            start_new_session=True,  # a terminal's Ctrl-C is the orchestrator's to handle
-        )
-        theirs.close()
-        self.sock = ours
+
+_private: str | None = None
+
+
+class ForkServer:
+    """A connection to the fork server of one interpreter, environment and folder, shared by every
+    process that asks for it (a socket named by a digest of the three in runtime_folder()): the
+    first one starts it; requests on a connection are serialized by a lock."""
+
+    def __init__(self, python: str, env: dict[str, str], cwd: str | None, path: str) -> None:
+        """The server at `path` (server_key) started in `cwd`, or (None) in an empty folder of
+        its own that serves any folder."""
+        self.path = path
+        self.folder: str | None = None  # its own empty folder (None: started in `cwd`), from its "ready" message
+        self._cwd = cwd
+        self.pid: int | None = None
+        self.process: subprocess.Popen[bytes] | None = None  # when this process started it
         self.modules: frozenset[str] = frozenset()  # the top-level modules it imported (its "ready" message)
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._broken: str | None = None  # why it answers nothing more
-        self._retired: str | None = None  # why it forks no more (its workers' ends are still polled through it)
-        threading.Thread(target=self._await_ready, name="pt2flow-forkserver-start", daemon=True).start()
+        self._retired: str | None = None  # why it forks no more for this process (its workers' ends are still polled through it)
+        self._workers = 0  # forked through this connection, their end not yet seen
+        try:
+            self.sock = self._connect(python, env, cwd)
+        except OSError as exc:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._broken = f"it could not be reached or started ({exc})"
+            self._ready.set()
+            return
+        threading.Thread(target=self._await_ready, args=(python, env, cwd), name="pt2flow-forkserver-start", daemon=True).start()
 
-    def _await_ready(self) -> None:
+    @property
+    def cwd(self) -> str | None:
+        """The folder it started in."""
+        self._ready.wait(READY_TIMEOUT)
+        return self.folder or self._cwd
+
+    def _connect(self, python: str, env: dict[str, str], cwd: str | None) -> socket.socket:
+        """A connection to the server at self.path, started first (under the path's lock, so two
+        processes asking at once start one) if none listens there."""
+        with open(self.path + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                sock.connect(self.path)
+                return sock
+            except (FileNotFoundError, ConnectionRefusedError):  # none, or one that is gone
+                pass
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                listener.bind(self.path)
+                listener.listen(64)
+                self._start(python, env, cwd, listener)
+            finally:
+                listener.close()
+            sock.connect(self.path)
+            return sock
+
+    def _start(self, python: str, env: dict[str, str], cwd: str | None, listener: socket.socket) -> None:
+        folder = tempfile.mkdtemp(prefix="pt2flow-forkserver-") if cwd is None else None  # the server removes it when it exits
+        argv = [python, "-m", "pt2flow.flows.engine.worker.forkserver", str(listener.fileno()), self.path, "--linger", str(_linger())]
+        try:
+            os.unlink(self.path + ".log")  # a server retiring from this path may still write to its own
+        except FileNotFoundError:
+            pass
+        with open(self.path + ".log", "wb") as log:
+            self.process = subprocess.Popen(
+                argv + (["--own-folder"] if folder else []),
+                pass_fds=[listener.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                cwd=folder or cwd,
+                start_new_session=True,  # a terminal's Ctrl-C is the orchestrator's to handle; it outlives this process
+            )
+
+    def _await_ready(self, python: str, env: dict[str, str], cwd: str | None) -> None:
         try:
             readable, _, _ = select.select([self.sock], [], [], READY_TIMEOUT)
-            message = pickle.loads(self.sock.recv(MAX_MESSAGE)) if readable else None
+            data = self.sock.recv(MAX_MESSAGE) if readable else b""
+            if readable and not data:  # connected as it retired (it closes its socket unaccepted): once more, to its successor
+                self.sock.close()
+                self.sock = self._connect(python, env, cwd)
+                readable, _, _ = select.select([self.sock], [], [], READY_TIMEOUT)
+                data = self.sock.recv(MAX_MESSAGE) if readable else b""
+            message = pickle.loads(data) if data else None
             if not message or message[0] != "ready":
                 self._broken = "it did not start" + self._tail()
             else:
-                self.modules = frozenset(message[2])
+                self.pid, self.modules = message[1], frozenset(message[2])
+                self.folder = message[3] if self._cwd is None else None
         except (OSError, EOFError, pickle.UnpicklingError) as exc:
             self._broken = f"it did not start ({exc})" + self._tail()
         finally:
@@ -114,9 +203,11 @@ class ForkServer:
 
     def _tail(self) -> str:
         try:
-            self.log.seek(0)
-            text = self.log.read()[-2000:].decode("utf-8", "replace").strip()
-        except (OSError, ValueError):
+            with open(self.path + ".log", "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 2000))
+                text = log.read().decode("utf-8", "replace").strip()
+        except OSError:
             return ""
         return f": {text}" if text else ""
 
@@ -131,8 +222,21 @@ class ForkServer:
 
     @property
     def usable(self) -> bool:
-        """Whether it forks: started (or starting), not stale, not retired, not gone."""
-        return self._broken is None and self._retired is None and self.process.poll() is None
+        """Whether it forks: started (or starting), not stale, not retired, not gone (it left
+        after its idle time: its end of the connection is closed)."""
+        if self.process is not None:
+            self.process.poll()  # reaped, if it was this process's child and left
+        if self._broken is not None or self._retired is not None:
+            return False
+        if not self._ready.is_set() or not self._lock.acquire(blocking=False):
+            return True  # starting, or a request in flight: it answers
+        try:
+            ended, _, _ = select.select([self.sock], [], [], 0)  # nothing is sent unasked after "ready": readable is its end
+            if ended:
+                self._broken = "it went away"
+            return not ended
+        finally:
+            self._lock.release()
 
     def fork(self, env: dict[str, str], cwd: str, fds: list[int], exports: bool = True) -> int:
         """A worker forked with `env` in `cwd` on `fds` (its connection, its log): its pid.
@@ -143,21 +247,31 @@ class ForkServer:
         if reply[0] == "stale":
             self._retired = reply[1]
             raise ServerUnavailable(reply[1], stale=True)
+        with self._lock:
+            self._workers += 1
         return int(reply[1])
 
     def poll(self, pid: int) -> int | None:
         """The worker's returncode (reaped), or None while it runs."""
-        return self._request(("poll", pid))[1]
+        returncode = self._request(("poll", pid))[1]
+        if returncode is not None:
+            self._ended()
+        return returncode
 
-    def _request(self, message: tuple[Any, ...], fds: list[int] | None = None, answer: bool = True) -> tuple[Any, ...]:
+    def _ended(self) -> None:
+        with self._lock:
+            self._workers -= 1
+            done = self._retired is not None and self._workers <= 0
+        if done:
+            self.stop()
+
+    def _request(self, message: tuple[Any, ...], fds: list[int] | None = None) -> tuple[Any, ...]:
         self._ready.wait(READY_TIMEOUT)
         if self._broken is not None:
             raise ServerUnavailable(self._broken)
         with self._lock:
             try:
                 socket.send_fds(self.sock, [pickle.dumps(message)], fds or [])
-                if not answer:
-                    return ()
                 data = self.sock.recv(MAX_MESSAGE)
             except OSError as exc:
                 self._broken = f"it went away ({exc})"
@@ -168,28 +282,30 @@ class ForkServer:
         return pickle.loads(data)
 
     def retire(self) -> None:
-        """Fork no more, and exit once its last worker is gone."""
-        if self._retired is None:
-            self._retired = "retired"
-            try:
-                self._request(("retire",), answer=False)
-            except ServerUnavailable:
-                pass
+        """Fork no more through it; leave it once this process's last worker from it is gone."""
+        with self._lock:
+            self._retired = self._retired or "retired"
+            done = self._workers <= 0
+        if done:
+            self.stop()
 
     def stop(self) -> None:
-        """Stop it now, and every worker forked from it."""
+        """Leave it now: the server stops every worker it forked for this process (and exits after
+        its linger if no other process uses it)."""
         self._broken = self._retired = "stopped"
         try:
-            self.sock.close()  # the server sees the end of its socket and exits, stopping its workers
+            self.sock.close()  # the server sees the end of this connection
         except OSError:
             pass
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        self.log.close()
-        if self.folder:
-            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _linger() -> float:
+    """How long a server this process starts stays once no process uses it (PT2FLOW_FORK_SERVER_LINGER_S)."""
+    value = os.environ.get(LINGER_VARIABLE, "").strip()
+    try:
+        return max(0.0, float(value)) if value else DEFAULT_LINGER_S
+    except ValueError:
+        return DEFAULT_LINGER_S
 
 
 _servers: dict[tuple[Any, ...], ForkServer] = {}
@@ -219,19 +335,26 @@ def _relative_import_path(env: dict[str, str]) -> bool:
     return bool(value) and any(not os.path.isabs(entry) for entry in value.split(os.pathsep))
 
 
+def server_key(python: str, env: dict[str, str], cwd: str | None) -> tuple[tuple[Any, ...], str]:
+    """The identity of the server that forks workers of `python` with `env` (its volatile
+    variables aside) started in `cwd` (None: a folder of its own), and the path of its socket."""
+    identity = (python, cwd, tuple(sorted((k, v) for k, v in env.items() if not _volatile(k))))
+    return identity, os.path.join(runtime_folder(), hashlib.sha256(repr(identity).encode()).hexdigest()[:24])
+
+
 def _server_for(python: str, env: dict[str, str], cwd: str) -> ForkServer:
     """The server that forks a worker with `env` in `cwd`: the environment's server of no folder,
     unless `cwd` shadows one of its modules or PYTHONPATH is relative (then a server started in `cwd`)."""
     kept = {k: v for k, v in env.items() if not _volatile(k)}
-    identity = tuple(sorted(kept.items()))
     if not _relative_import_path(kept):
-        server = _server_of((python, None, identity), python, kept, None)
+        server = _server_of(python, kept, None)
         if not server.shadowed_in(cwd):
             return server
-    return _server_of((python, cwd, identity), python, kept, cwd)
+    return _server_of(python, kept, cwd)
 
 
-def _server_of(key: tuple[Any, ...], python: str, kept: dict[str, str], cwd: str | None) -> ForkServer:
+def _server_of(python: str, kept: dict[str, str], cwd: str | None) -> ForkServer:
+    key, path = server_key(python, kept, cwd)
     with _servers_lock:
         server = _servers.get(key)
         if server is not None and server.usable:
@@ -242,7 +365,7 @@ def _server_of(key: tuple[Any, ...], python: str, kept: dict[str, str], cwd: str
         while len(_servers) >= MAX_SERVERS:
             oldest = next(iter(_servers))
             _servers.pop(oldest).retire()
-        server = ForkServer(python, kept, cwd)
+        server = ForkServer(python, kept, cwd, path)
         _servers[key] = server
         return server
 

@@ -1,16 +1,20 @@
-"""The fork server: `python -m pt2flow.flows.engine.worker.forkserver FD` does what a worker does
-before its first model once (process.prepare: the start-up sys.path pinned, file reads watched,
-torch and the stages imported), plus, before the first worker that will export, torch's first
-export (stages/warmup.py: the lazy imports and first-use caches a worker's first model would pay,
-about 3-5 s of CPU), then forks a worker for each request on the socket FD. A worker forked here
-is what `python -m pt2flow.flows.engine.worker.process` would be after its imports (and, for one
-that exports, a first export), started in a few milliseconds instead of seconds of torch import
-(a pool's second worker, a worker replacing one that crashed, the next run's workers in a process
-that runs many: `serve`, a test session). It never imports a model: every model's modules are imported in a worker.
+"""The fork server: `python -m pt2flow.flows.engine.worker.forkserver FD PATH` does what a worker
+does before its first model once (process.prepare: the start-up sys.path pinned, file reads
+watched, torch and the stages imported), plus, before the first worker that will export, torch's
+first export (stages/warmup.py: the lazy imports and first-use caches a worker's first model would
+pay, about 3-5 s of CPU), then forks a worker for each request of the processes connected to it.
+A worker forked here is what `python -m pt2flow.flows.engine.worker.process` would be after its
+imports (and, for one that exports, a first export), started in a few milliseconds instead of
+seconds (a pool's second worker, a worker replacing one that crashed, the next run's workers, in
+this process or in any other of the same interpreter and environment: two `pt2flow run`s, a test
+session and its CLI subprocesses). It never imports a model: every model's modules are imported
+in a worker.
 
-Requests and replies are pickled tuples on a SOCK_SEQPACKET socket (one message each). Once
-ready, the server says so: ("ready", pid, names of the top-level modules it imported), which the
-orchestrator checks a worker's folder against (flows/engine/orchestrator/launcher.py).
+FD is a listening Unix socket (SOCK_SEQPACKET) bound at PATH, in the user's private runtime
+folder; the process that started the server bound it (flows/engine/orchestrator/launcher.py).
+Each process connects; the server greets each connection with ("ready", pid, names of the
+top-level modules it imported, the folder it started in), which the orchestrator checks a
+worker's folder against. Requests and replies are pickled tuples, one message each:
 
 - ("fork", env, cwd, exports) with two file descriptors (the worker's connection, its log): a
   worker in a session of its own, its stdout and stderr on the log, `env` as its environment
@@ -19,15 +23,18 @@ orchestrator checks a worker's folder against (flows/engine/orchestrator/launche
   export (a run's, audit's), so the server does its warm-up first if it has not yet; a worker that
   only imports models or loads artifacts (`pt2flow validate`'s, check-compat's) is forked without;
 - ("poll", pid): reply ("status", returncode or None), as subprocess's poll gives it (-N for a
-  signal); a worker is reaped here only when polled, so its pid names it until the orchestrator
-  has seen it end;
-- ("retire",): exit once no worker forked here is left (another environment took its place).
+  signal), for a worker forked on this connection; a worker is reaped here only when polled, so
+  its pid names it until its orchestrator has seen it end.
 
-The server answers ("stale", why) to a fork when what it imported is no longer what a fresh
-worker would import (a package installed or removed, a pt2flow source file edited), and exits:
-the orchestrator starts a fresh one. It exits on its own after IDLE_SECONDS without a request and
-with no worker left, and at once when the orchestrator goes away (the socket's end), stopping its
-workers (they also watch it: process.watch). Single-threaded: it never forks with a lock held.
+A connection that ends (its process exited, crashed or was killed) takes the workers forked on it
+with it: the server kills them (they watch the server, not the orchestrator: a forked worker's
+parent is the server). The server answers ("stale", why) to a fork when what it imported is no
+longer what a fresh worker would import (a package installed or removed, a pt2flow source file
+edited): it unlinks PATH first (the next process starts a fresh server there), forks no more, and
+exits once no worker forked here is left. It exits after its linger (`--linger S`, the starting
+process's PT2FLOW_FORK_SERVER_LINGER_S, 60 s by default) with no process connected and no worker
+left, and after IDLE_SECONDS without a request and no worker left. Single-threaded: it never
+forks with a lock held.
 """
 
 from __future__ import annotations
@@ -37,11 +44,15 @@ import pickle
 import select
 import signal
 import socket
+import struct
 import sys
+import time
 import traceback
 from typing import Any
 
-IDLE_SECONDS = 600.0
+IDLE_SECONDS = 600.0  # no request for this long and no worker left: it exits, clients connected or not
+LINGER_SECONDS = 60.0  # no client connected and no worker left for this long: it exits
+TICK_SECONDS = 1.0
 MAX_MESSAGE = 1 << 20
 
 
@@ -96,11 +107,12 @@ def _as_started(env: dict[str, str], cwd: str, start_folder: str) -> None:
         config.compile_threads = config.decide_compile_threads()  # type: ignore[attr-defined]
 
 
-def _child(sock: socket.socket, fds: list[int], env: dict[str, str], cwd: str, start_folder: str) -> None:
+def _child(closing: list[socket.socket], fds: list[int], env: dict[str, str], cwd: str, start_folder: str, orchestrator: int) -> None:
     """In the forked worker: become what a worker started on its own is, then serve. Never returns."""
     code = 1
     try:
-        sock.close()
+        for each in closing:  # the server's listening socket and every client's connection are not the worker's
+            each.close()
         conn_fd, log_fd = fds
         os.setsid()  # its own process group: killing it stops its compilers too
         os.dup2(log_fd, 1)
@@ -111,8 +123,8 @@ def _child(sock: socket.socket, fds: list[int], env: dict[str, str], cwd: str, s
 
         from pt2flow.flows.engine.worker import process
 
-        sys.argv = [process.__file__, str(conn_fd), str(os.getppid())]  # as `python -m ...process FD PARENT` has it
-        process.watch(os.getppid())  # this server: it goes when the orchestrator does
+        sys.argv = [process.__file__, str(conn_fd), str(orchestrator)]  # as `python -m ...process FD PARENT` has it
+        process.watch(os.getppid())  # this server: a worker goes with it (and with its orchestrator: the server stops it)
         code = process.serve(Connection(conn_fd))
     except BaseException:
         traceback.print_exc()
@@ -122,14 +134,52 @@ def _child(sock: socket.socket, fds: list[int], env: dict[str, str], cwd: str, s
         os._exit(code)
 
 
-def main(fd: int, own_folder: bool = False) -> int:
-    """Serve on socket `fd`; `own_folder`: the folder it started in is an empty one of its own
-    (flows/engine/orchestrator/launcher.py made it), removed when it exits."""
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+class _Listener:
+    """The socket clients connect to, at `path` in the runtime folder: the server leaves it (and
+    unlinks the path, if it is still its own) when it retires or exits, so the next client starts
+    a fresh server there."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.sock: socket.socket | None = socket.socket(fileno=fd)
+        self.path = path
+        try:
+            self.inode: int | None = os.stat(path).st_ino
+        except OSError:
+            self.inode = None
+
+    def close(self) -> None:
+        if self.sock is None:
+            return
+        import fcntl
+
+        try:
+            with open(self.path + ".lock", "a") as lock:  # the lock a client holds while it starts a server here
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if self.inode is not None and os.stat(self.path).st_ino == self.inode:
+                    os.unlink(self.path)
+        except OSError:
+            pass
+        self.sock.close()
+        self.sock = None
+
+
+def main(fd: int, path: str, linger: float = LINGER_SECONDS, own_folder: bool = False) -> int:
+    """Serve the clients that connect to the listening socket `fd` (bound at `path`); `linger`:
+    seconds it stays once no client is connected and no worker is left; `own_folder`: the folder
+    it started in is an empty one of its own (flows/engine/orchestrator/launcher.py made it),
+    removed when it exits."""
     import faulthandler
 
     faulthandler.enable()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the orchestrator decides when it stops
-    sock = socket.socket(fileno=fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # its clients decide when their workers stop
+    listener = _Listener(fd, path)
     from pt2flow.flows.engine.worker import process
     from pt2flow.stages.distributions import path_state
 
@@ -139,61 +189,85 @@ def main(fd: int, own_folder: bool = False) -> int:
     started_with, sources = path_state(), _sources()
     warm = False
     start_folder = os.getcwd()
-    workers: set[int] = set()
+    ready = pickle.dumps(("ready", os.getpid(), sorted({name.partition(".")[0] for name in sys.modules}), start_folder))
+    clients: dict[socket.socket, set[int]] = {}  # each connection and the workers forked for it, not yet reported ended
+    peers: dict[socket.socket, int] = {}  # each connection's process
+    orphans: set[int] = set()  # workers of clients that went away: killed, reaped here
     retiring = False
+    last = time.monotonic()  # the last request, or the last client leaving
 
-    def reply(message: tuple[Any, ...]) -> None:
-        sock.send(pickle.dumps(message))
+    def leave(conn: socket.socket) -> None:
+        nonlocal last
+        for pid in clients.pop(conn):  # a client that went away (ended, crashed, killed) takes its workers with it
+            _kill(pid)
+            orphans.add(pid)
+        peers.pop(conn, None)
+        conn.close()
+        last = time.monotonic()
 
-    reply(("ready", os.getpid(), sorted({name.partition(".")[0] for name in sys.modules})))
     try:
-        while not (retiring and not workers):
-            readable, _, _ = select.select([sock], [], [], IDLE_SECONDS)
-            if not readable:
-                if workers:
+        while True:
+            orphans -= {pid for pid in orphans if _status(pid) is not None}
+            working = bool(orphans) or any(clients.values())
+            idle = time.monotonic() - last
+            if not working and (retiring or (not clients and idle >= linger) or idle >= IDLE_SECONDS):
+                return 0
+            watched = list(clients) + ([listener.sock] if listener.sock is not None else [])
+            readable, _, _ = select.select(watched, [], [], TICK_SECONDS)
+            for conn in readable:
+                if conn is listener.sock:
+                    try:
+                        accepted, _ = conn.accept()
+                        accepted.send(ready)
+                    except OSError:
+                        continue
+                    clients[accepted] = set()
+                    peers[accepted] = _peer(accepted)
                     continue
-                return 0  # idle: nothing to fork, nothing left to report on
-            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 2)
-            if not data:
-                return 0  # the orchestrator is gone
-            request = pickle.loads(data)
-            if request[0] == "fork":
-                why = _stale(started_with, sources)
-                if why:
+                try:
+                    data, fds, _flags, _addr = socket.recv_fds(conn, MAX_MESSAGE, 2)
+                except OSError:
+                    data, fds = b"", []
+                if not data:
+                    leave(conn)
+                    continue
+                last = time.monotonic()
+                request = pickle.loads(data)
+                if request[0] == "fork":
+                    why = _stale(started_with, sources)
+                    if why:
+                        for each in fds:
+                            os.close(each)
+                        retiring = True
+                        listener.close()  # first: the client told next starts a fresh server
+                        _reply(conn, ("stale", why))
+                        continue
+                    _, env, cwd, exports = request
+                    if exports and not warm:
+                        warm_up()  # torch's first export done here once, not in every forked worker (stages/warmup.py)
+                        warm = True
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        _child([*clients, *([listener.sock] if listener.sock else [])], fds, env, cwd, start_folder, peers[conn])
                     for each in fds:
                         os.close(each)
-                    reply(("stale", why))
-                    retiring = True
-                    continue
-                _, env, cwd, exports = request
-                if exports and not warm:
-                    warm_up()  # torch's first export done here once, not in every forked worker (stages/warmup.py)
-                    warm = True
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    _child(sock, fds, env, cwd, start_folder)
-                for each in fds:
-                    os.close(each)
-                workers.add(pid)
-                reply(("forked", pid))
-            elif request[0] == "poll":
-                returncode = _status(request[1])
-                if returncode is not None:
-                    workers.discard(request[1])
-                reply(("status", returncode))
-            elif request[0] == "retire":
-                retiring = True
-            else:
-                reply(("error", f"unknown fork server request {request[0]!r}"))
+                    clients[conn].add(pid)
+                    _reply(conn, ("forked", pid))
+                elif request[0] == "poll":
+                    pid = request[1]
+                    returncode = _status(pid) if pid in clients[conn] else -signal.SIGKILL  # not this client's: gone
+                    if returncode is not None:
+                        clients[conn].discard(pid)
+                    _reply(conn, ("status", returncode))
+                else:
+                    _reply(conn, ("error", f"unknown fork server request {request[0]!r}"))
         return 0
     finally:
-        for pid in workers:  # the orchestrator is gone: so are its workers
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        for conn in list(clients):
+            leave(conn)
+        listener.close()
         if own_folder:
             try:
                 os.rmdir(start_folder)
@@ -201,8 +275,26 @@ def main(fd: int, own_folder: bool = False) -> int:
                 pass
 
 
+def _peer(conn: socket.socket) -> int:
+    """The process id of the client on `conn` (as the kernel saw it connect)."""
+    try:
+        pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        return int(pid)
+    except OSError:
+        return 0
+
+
+def _reply(conn: socket.socket, message: tuple[Any, ...]) -> None:
+    try:
+        conn.send(pickle.dumps(message))
+    except OSError:
+        pass  # the client went away: its end is seen on the next select
+
+
 if __name__ == "__main__":
-    code = main(int(sys.argv[1]), own_folder="--own-folder" in sys.argv[2:])
+    args = sys.argv[1:]
+    linger = float(args[args.index("--linger") + 1]) if "--linger" in args else LINGER_SECONDS
+    code = main(int(args[0]), args[1], linger, own_folder="--own-folder" in args)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # torch's interpreter teardown takes half a second and frees nothing the OS would not
