@@ -56,6 +56,7 @@ DEFAULT_LINGER_S = 60.0
 VOLATILE_PREFIXES = ("PT2FLOW_", "PREFECT_")
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_COMPILE_THREADS"})
 SUFFIXES = sorted(all_suffixes(), key=len, reverse=True)  # .cpython-311-x86_64-linux-gnu.so before .so
+PROTOCOL = "pt2flow-forkserver-2"  # the messages of flows/engine/worker/forkserver.py: part of a server's socket name
 MAX_SERVERS = 2  # fork servers this process keeps a connection to (one per environment); it leaves the oldest
 READY_TIMEOUT = 300.0
 POLL_SECONDS = 0.05
@@ -339,7 +340,8 @@ def server_key(python: str, env: dict[str, str], cwd: str | None) -> tuple[tuple
     """The identity of the server that forks workers of `python` with `env` (its volatile
     variables aside) started in `cwd` (None: a folder of its own), and the path of its socket."""
     identity = (python, cwd, tuple(sorted((k, v) for k, v in env.items() if not _volatile(k))))
-    return identity, os.path.join(runtime_folder(), hashlib.sha256(repr(identity).encode()).hexdigest()[:24])
+    name = hashlib.sha256(repr((PROTOCOL, identity)).encode()).hexdigest()[:24]  # another protocol: another server
+    return identity, os.path.join(runtime_folder(), name)
 
 
 def _server_for(python: str, env: dict[str, str], cwd: str) -> ForkServer:
