@@ -159,7 +159,7 @@ def test_one_server_serves_every_process_of_an_environment_and_a_killed_one_take
             proc.send_signal(signal.SIGKILL)
             proc.wait()
     _await_gone(second)
-    path = launcher.server_key(sys.executable, env, None)[1]
+    path = launcher.socket_path(sys.executable, env, None)
     assert Path(path).is_socket()
     _await_gone(server)  # no process uses it: it leaves after its linger (2 s here)
     assert not Path(path).exists()  # and its socket with it: the next process starts a fresh one

@@ -26,7 +26,6 @@ while a new fork server imports torch, as it does while a worker started on its 
 from __future__ import annotations
 
 import atexit
-import fcntl
 import hashlib
 import os
 import pickle
@@ -43,6 +42,8 @@ import time
 from importlib.machinery import all_suffixes
 from typing import Any, Callable
 
+from pt2flow.flows.engine.common.protocol import FORK_SERVER_PROTOCOL, fork_server_lock
+
 FORK_VARIABLE = "PT2FLOW_FORK_WORKERS"
 LINGER_VARIABLE = "PT2FLOW_FORK_SERVER_LINGER_S"
 DEFAULT_LINGER_S = 60.0
@@ -56,7 +57,6 @@ DEFAULT_LINGER_S = 60.0
 VOLATILE_PREFIXES = ("PT2FLOW_", "PREFECT_")
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_COMPILE_THREADS"})
 SUFFIXES = sorted(all_suffixes(), key=len, reverse=True)  # .cpython-311-x86_64-linux-gnu.so before .so
-PROTOCOL = "pt2flow-forkserver-2"  # the messages of flows/engine/worker/forkserver.py: part of a server's socket name
 MAX_SERVERS = 2  # fork servers this process keeps a connection to (one per environment); it leaves the oldest
 READY_TIMEOUT = 300.0
 POLL_SECONDS = 0.05
@@ -110,7 +110,7 @@ class ForkServer:
     first one starts it; requests on a connection are serialized by a lock."""
 
     def __init__(self, python: str, env: dict[str, str], cwd: str | None, path: str) -> None:
-        """The server at `path` (server_key) started in `cwd`, or (None) in an empty folder of
+        """The server at `path` (socket_path) started in `cwd`, or (None) in an empty folder of
         its own that serves any folder."""
         self.path = path
         self.folder: str | None = None  # its own empty folder (None: started in `cwd`), from its "ready" message
@@ -141,8 +141,7 @@ class ForkServer:
     def _connect(self, python: str, env: dict[str, str], cwd: str | None) -> socket.socket:
         """A connection to the server at self.path, started first (under the path's lock, so two
         processes asking at once start one) if none listens there."""
-        with open(self.path + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with fork_server_lock(self.path):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 sock.connect(self.path)
@@ -184,13 +183,11 @@ class ForkServer:
 
     def _await_ready(self, python: str, env: dict[str, str], cwd: str | None) -> None:
         try:
-            readable, _, _ = select.select([self.sock], [], [], READY_TIMEOUT)
-            data = self.sock.recv(MAX_MESSAGE) if readable else b""
-            if readable and not data:  # connected as it retired (it closes its socket unaccepted): once more, to its successor
+            data = self._greeting()
+            if data == b"":  # connected as it retired (it closes its socket unaccepted): once more, to its successor
                 self.sock.close()
                 self.sock = self._connect(python, env, cwd)
-                readable, _, _ = select.select([self.sock], [], [], READY_TIMEOUT)
-                data = self.sock.recv(MAX_MESSAGE) if readable else b""
+                data = self._greeting()
             message = pickle.loads(data) if data else None
             if not message or message[0] != "ready":
                 self._broken = "it did not start" + self._tail()
@@ -201,6 +198,11 @@ class ForkServer:
             self._broken = f"it did not start ({exc})" + self._tail()
         finally:
             self._ready.set()
+
+    def _greeting(self) -> bytes | None:
+        """The server's first message on this connection: b"" if it closed it, None if none came in time."""
+        readable, _, _ = select.select([self.sock], [], [], READY_TIMEOUT)
+        return self.sock.recv(MAX_MESSAGE) if readable else None
 
     def _tail(self) -> str:
         try:
@@ -336,12 +338,11 @@ def _relative_import_path(env: dict[str, str]) -> bool:
     return bool(value) and any(not os.path.isabs(entry) for entry in value.split(os.pathsep))
 
 
-def server_key(python: str, env: dict[str, str], cwd: str | None) -> tuple[tuple[Any, ...], str]:
-    """The identity of the server that forks workers of `python` with `env` (its volatile
-    variables aside) started in `cwd` (None: a folder of its own), and the path of its socket."""
-    identity = (python, cwd, tuple(sorted((k, v) for k, v in env.items() if not _volatile(k))))
-    name = hashlib.sha256(repr((PROTOCOL, identity)).encode()).hexdigest()[:24]  # another protocol: another server
-    return identity, os.path.join(runtime_folder(), name)
+def socket_path(python: str, env: dict[str, str], cwd: str | None) -> str:
+    """The socket of the server that forks workers of `python` with `env` (its volatile variables
+    aside) started in `cwd` (None: a folder of its own), named by a digest of the three."""
+    identity = (FORK_SERVER_PROTOCOL, python, cwd, tuple(sorted((k, v) for k, v in env.items() if not _volatile(k))))
+    return os.path.join(runtime_folder(), hashlib.sha256(repr(identity).encode()).hexdigest()[:24])
 
 
 def _server_for(python: str, env: dict[str, str], cwd: str) -> ForkServer:
@@ -356,7 +357,9 @@ def _server_for(python: str, env: dict[str, str], cwd: str) -> ForkServer:
 
 
 def _server_of(python: str, kept: dict[str, str], cwd: str | None) -> ForkServer:
-    key, path = server_key(python, kept, cwd)
+    """This process's connection to the server of `kept` (the environment without its volatile
+    variables) in `cwd`: the one it has, or a new one (its socket found or its server started)."""
+    key = (python, cwd, tuple(sorted(kept.items())))
     with _servers_lock:
         server = _servers.get(key)
         if server is not None and server.usable:
@@ -367,7 +370,7 @@ def _server_of(python: str, kept: dict[str, str], cwd: str | None) -> ForkServer
         while len(_servers) >= MAX_SERVERS:
             oldest = next(iter(_servers))
             _servers.pop(oldest).retire()
-        server = ForkServer(python, kept, cwd, path)
+        server = ForkServer(python, kept, cwd, socket_path(python, kept, cwd))
         _servers[key] = server
         return server
 

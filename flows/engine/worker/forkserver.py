@@ -157,11 +157,10 @@ class _Listener:
     def close(self) -> None:
         if self.sock is None:
             return
-        import fcntl
+        from pt2flow.flows.engine.common.protocol import fork_server_lock
 
         try:
-            with open(self.path + ".lock", "a") as lock:  # the lock a client holds while it starts a server here
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with fork_server_lock(self.path):  # the lock a client holds while it starts a server here
                 if self.inode is not None and os.stat(self.path).st_ino == self.inode:
                     os.unlink(self.path)
         except OSError:
@@ -191,7 +190,6 @@ def main(fd: int, path: str, linger: float = LINGER_SECONDS, own_folder: bool = 
     start_folder = os.getcwd()
     ready = pickle.dumps(("ready", os.getpid(), sorted({name.partition(".")[0] for name in sys.modules}), start_folder))
     clients: dict[socket.socket, set[int]] = {}  # each connection and the workers forked for it, not yet reported ended
-    peers: dict[socket.socket, int] = {}  # each connection's process
     orphans: set[int] = set()  # workers of clients that went away: killed, reaped here
     retiring = False
     last = time.monotonic()  # the last request, or the last client leaving
@@ -201,9 +199,12 @@ def main(fd: int, path: str, linger: float = LINGER_SECONDS, own_folder: bool = 
         for pid in clients.pop(conn):  # a client that went away (ended, crashed, killed) takes its workers with it
             _kill(pid)
             orphans.add(pid)
-        peers.pop(conn, None)
         conn.close()
         last = time.monotonic()
+
+    def sockets() -> list[socket.socket]:
+        """The connections and the listening socket: what the server watches, and what a forked worker closes."""
+        return [*clients, *([listener.sock] if listener.sock is not None else [])]
 
     try:
         while True:
@@ -212,8 +213,7 @@ def main(fd: int, path: str, linger: float = LINGER_SECONDS, own_folder: bool = 
             idle = time.monotonic() - last
             if not working and (retiring or (not clients and idle >= linger) or idle >= IDLE_SECONDS):
                 return 0
-            watched = list(clients) + ([listener.sock] if listener.sock is not None else [])
-            readable, _, _ = select.select(watched, [], [], TICK_SECONDS)
+            readable, _, _ = select.select(sockets(), [], [], TICK_SECONDS)
             for conn in readable:
                 if conn is listener.sock:
                     try:
@@ -222,7 +222,6 @@ def main(fd: int, path: str, linger: float = LINGER_SECONDS, own_folder: bool = 
                     except OSError:
                         continue
                     clients[accepted] = set()
-                    peers[accepted] = _peer(accepted)
                     continue
                 try:
                     data, fds, _flags, _addr = socket.recv_fds(conn, MAX_MESSAGE, 2)
@@ -250,7 +249,7 @@ def main(fd: int, path: str, linger: float = LINGER_SECONDS, own_folder: bool = 
                     sys.stderr.flush()
                     pid = os.fork()
                     if pid == 0:
-                        _child([*clients, *([listener.sock] if listener.sock else [])], fds, env, cwd, start_folder, peers[conn])
+                        _child(sockets(), fds, env, cwd, start_folder, _peer(conn))
                     for each in fds:
                         os.close(each)
                     clients[conn].add(pid)
