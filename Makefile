@@ -25,10 +25,11 @@ XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=4
 
 export PREFECT_HOME := $(CURDIR)/.prefect
 # Python writes bytecode (__pycache__/, git-ignored) in every recipe, even where the environment says
-# not to (PYTHONDONTWRITEBYTECODE: set on this project's CI machines). Without it every process
-# compiled pt2flow's own modules from source again (pip compiles only the venv's packages, not an
-# editable install's tree): about 0.8 s of CPU per `pt2flow` command, fork server or script, and
-# pytest rewrote every test module's asserts again in each worker (a collection: 19 s -> 12 s).
+# not to (PYTHONDONTWRITEBYTECODE=1 is set on this project's machines, as in many container images).
+# Without it every process compiled pt2flow's own modules from source again (the install compiles
+# the venv's packages, not the editable tree): about 0.8 s of CPU per `pt2flow` command, fork server
+# or script, and pytest rewrote every test module's asserts again in each worker (a collection:
+# 19 s -> 12 s of CPU).
 export PYTHONDONTWRITEBYTECODE :=
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
