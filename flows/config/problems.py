@@ -2,7 +2,7 @@
 the file, the YAML line and the path of the offending key (`models[2].inputs.x.dtype`).
 
 ConfigIssue is one problem, ConfigError all of them; YamlLines finds the line a key path came
-from. Plain data (no pydantic, no stages), so that the query commands' `--config` can report a
+from; ConfigLoader is the YAML loader both read a config with. Plain data (no pydantic, no stages), so that the query commands' `--config` can report a
 broken config without importing the schema (flows/config/reading.py).
 """
 
@@ -12,6 +12,29 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import yaml
+
+# A config is walked recursively (pydantic, ${ENV} expansion, canonical JSON of kwargs): bound it.
+MAX_CONFIG_DEPTH = 100
+
+
+class TooDeep(yaml.YAMLError):
+    """A flow collection opened deeper than MAX_CONFIG_DEPTH, refused while scanning."""
+
+    def __init__(self, line: int) -> None:
+        super().__init__(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+        self.line = line
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses `[`/`{` nested deeper than MAX_CONFIG_DEPTH as it scans them.
+    PyYAML's scanner keeps a possible simple key per open flow level and looks at all of them at
+    every token, so 5,000 opening brackets took over 3 s of CPU (twice: the lines and the data)
+    before the composer's RecursionError refused them; a config that deep is refused anyway."""
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML's name
+        if self.flow_level >= MAX_CONFIG_DEPTH:
+            raise TooDeep(self.get_mark().line + 1)
+        super().fetch_flow_collection_start(TokenClass)  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -42,7 +65,7 @@ class YamlLines:
 
     def __init__(self, text: str) -> None:
         try:
-            self.root = yaml.compose(text, Loader=yaml.SafeLoader)
+            self.root = yaml.compose(text, Loader=ConfigLoader)
         except (yaml.YAMLError, RecursionError):
             self.root = None
 

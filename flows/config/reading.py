@@ -20,10 +20,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from pt2flow.flows.config.problems import ConfigError, ConfigIssue, YamlLines
+from pt2flow.flows.config.problems import MAX_CONFIG_DEPTH, ConfigError, ConfigIssue, ConfigLoader, TooDeep, YamlLines
 
-# A config is walked recursively (pydantic, ${ENV} expansion, canonical JSON of kwargs): bound it.
-MAX_CONFIG_DEPTH = 100
 MAX_CONFIG_NODES = 1_000_000
 DEFAULT_STORE = "./pt2-store"  # a config without `store:` (beside the config, as any relative path)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -75,7 +73,9 @@ def read_store_settings(path: str | os.PathLike[str]) -> tuple[str, dict[str, An
 def safe_yaml(text: str, source: str) -> dict[str, Any]:
     """The YAML document as a mapping that is safe to walk; raises ConfigError otherwise."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - ConfigLoader is a SafeLoader
+    except TooDeep as exc:
+        raise ConfigError(source, [ConfigIssue("", f"config rejected: {exc}", exc.line)]) from None
     except RecursionError:
         raise ConfigError(source, [ConfigIssue("", "YAML error: nested too deeply to parse", None)]) from None
     except yaml.YAMLError as exc:

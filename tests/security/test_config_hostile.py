@@ -26,6 +26,7 @@ import yaml
 
 from pt2flow.flows.config.issues import ConfigError
 from pt2flow.flows.config.load import MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, load_config, parse_config
+from pt2flow.flows.config.reading import safe_yaml
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.source import import_factory
 from tests.conftest import ROOT, run_cli
@@ -236,7 +237,10 @@ STRUCTURE_BOMBS = {
         "version: 1\nstore: " + "[" * (MAX_CONFIG_DEPTH + 5) + "]" * (MAX_CONFIG_DEPTH + 5) + "\nmodels: []\n",
         f"nested deeper than {MAX_CONFIG_DEPTH} levels",
     ),
-    "nested-past-pythons-limit": ("version: 1\nstore: " + "[" * 5000 + "]" * 5000 + "\nmodels: []\n", "nested too deeply to parse"),
+    # refused as the scanner opens the 101st bracket (PyYAML alone took seconds to reach its RecursionError)
+    "nested-past-pythons-limit": ("version: 1\nstore: " + "[" * 5000 + "]" * 5000 + "\nmodels: []\n", f"nested deeper than {MAX_CONFIG_DEPTH} levels"),
+    # block sequences nest without brackets: the composer's RecursionError refuses them
+    "block-nested-past-pythons-limit": ("version: 1\nstore:\n  " + "- " * 5000 + "x\nmodels: []\n", "nested too deeply to parse"),
 }
 
 
@@ -293,3 +297,20 @@ def test_aliases_within_the_caps_still_work() -> None:
     pipeline = parse_config(text, source="ok.yaml", base_dir=str(ROOT))
     assert [m.name for m in pipeline.models] == ["a", "b"]
     assert pipeline.model("b").kwargs == {"hidden": 4}
+
+
+def test_brackets_nested_to_the_cap_load_and_one_more_is_refused_at_its_line() -> None:
+    """The scanner's bound (flows/config/problems.py ConfigLoader) never refuses what the walk
+    after it accepts: MAX_CONFIG_DEPTH brackets under a top-level key load, one more does not."""
+    def nested(levels: int) -> str:
+        return "version: 1\nstore: " + "[" * levels + "]" * levels + "\nmodels: []\n"
+
+    value = safe_yaml(nested(MAX_CONFIG_DEPTH), "cap.yaml")["store"]
+    depth = 0
+    while isinstance(value, list):
+        value, depth = (value[0] if value else None), depth + 1
+    assert depth == MAX_CONFIG_DEPTH
+    with pytest.raises(ConfigError) as refused:
+        safe_yaml(nested(MAX_CONFIG_DEPTH + 1), "cap.yaml")
+    (issue,) = refused.value.issues
+    assert issue.message == f"config rejected: nested deeper than {MAX_CONFIG_DEPTH} levels" and issue.line == 2
