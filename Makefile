@@ -48,9 +48,11 @@ install: $(STAMP)
 EXTRAS = $(shell $(PYTHON) -c "import tomllib; print(','.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']))")
 
 # pip installs without byte-compiling (its compile step runs on one core: about half of the
-# install's CPU); compileall then compiles the venv on every core. Its exit status is ignored as
-# pip's own compile step ignores failures: a few distributions ship files that are not Python 3.11
-# (torch's testing/_internal/py312_intrinsics.py).
+# install's CPU); compileall then compiles the venv on every core, but not the packages' own test
+# suites (folders named test or tests under site-packages: a fifth of the venv's source, never
+# imported by a run or the tests; a process that does import one compiles it then). Its exit status
+# is ignored as pip's own compile step ignores failures: a few distributions ship files that are
+# not Python 3.11 (torch's testing/_internal/py312_intrinsics.py).
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "make install: torch==2.13.0 into $(VENV)"
@@ -58,7 +60,7 @@ $(STAMP): pyproject.toml requirements.lock
 	@echo "make install: requirements.lock and pt2flow's extras ($(EXTRAS)) into $(VENV)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -c requirements.lock -e ".[$(EXTRAS)]"
 	@echo "make install: byte-compiling $(VENV) on every core"
-	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
+	$(BIN)/python -m compileall -qq -j 0 -x 'site-packages/.*/tests?/' $(VENV)/lib || true
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else f'torch {torch.__version__} replaced 2.13.0')"
 	touch $(STAMP)
 

@@ -28,7 +28,11 @@ def _prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     os.environ["PYTHONPATH"] = _with_root(os.environ.get("PYTHONPATH", ""))
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ["DO_NOT_TRACK"] = "1"
-    os.environ["PT2FLOW_PREFECT_SERVER_IDLE_S"] = "120"  # the session's shared Prefect server goes soon after the session
+    # the session's shared Prefect server is stopped when the session ends (below); its idle time is
+    # only for a session that is killed. 120 s made a worker's server stop during its long tests
+    # without a Prefect run (the README walk, a fleet's CLI run of its own): fc32 started one
+    # worker's server four times, about 20 s of CPU each
+    os.environ["PT2FLOW_PREFECT_SERVER_IDLE_S"] = "900"
     os.environ.pop("PREFECT_API_URL", None)
     yield home
     stop_shared_server(home)
