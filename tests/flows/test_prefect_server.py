@@ -6,6 +6,7 @@ the old way: a server per run, gone with it."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 
@@ -29,9 +30,20 @@ def _server(home: Path) -> dict:
     return json.loads((home / "pt2flow-server.json").read_text())
 
 
+def _database(path: Path) -> tuple[str, int]:
+    """(alembic revision, flow runs) of a Prefect database (a file, or a PREFECT_HOME's), read with sqlite3 alone."""
+    with sqlite3.connect(path / "prefect.db" if path.is_dir() else path) as db:
+        (revision,) = db.execute("SELECT version_num FROM alembic_version").fetchone()
+        (runs,) = db.execute("SELECT count(*) FROM flow_run").fetchone()
+    return revision, runs
+
+
 def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_path: Path) -> None:
-    home = tmp_path / "prefect-home"
-    env = {"PREFECT_HOME": str(home), "PT2FLOW_PREFECT_SERVER_IDLE_S": "20"}  # longer than a loaded machine takes between two runs (6 s was not, once)
+    """Also: a fresh PREFECT_HOME's database is a copy of an empty one Prefect migrated, made once
+    (prefect_server.seed_database) in the user's cache; the runs are recorded in it."""
+    home, cache = tmp_path / "prefect-home", tmp_path / "cache"
+    # idle: longer than a loaded machine takes between two runs (6 s was not, once)
+    env = {"PREFECT_HOME": str(home), "PT2FLOW_PREFECT_SERVER_IDLE_S": "20", "XDG_CACHE_HOME": str(cache)}
     try:
         code, first, stderr = run_json(["run", str(_fleet(tmp_path, "a")), "--storage-option", f"secret={SECRET}", "--json"], env=env)
         assert code == 0, stderr[-3000:]
@@ -40,7 +52,7 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
         assert process.is_running() and "prefect_server" in " ".join(process.cmdline())
         environ = process.environ()
         assert "PT2FLOW_STORAGE_OPTIONS" not in environ and SECRET not in json.dumps(environ)
-        assert environ["PREFECT_HOME"] == str(home)
+        assert environ["PREFECT_HOME"] == str(home) and environ["PREFECT_API_BLOCKS_REGISTER_ON_START"] == "false"
 
         code, second, stderr = run_json(["run", str(_fleet(tmp_path, "b", hidden=24)), "--json"], env=env)  # work to do: it needs Prefect
         assert code == 0, stderr[-3000:]
@@ -53,8 +65,22 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
             time.sleep(0.5)
         assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE, "the idle server did not stop"
         assert not (home / "pt2flow-server.json").exists()
+
+        (template,) = (cache / "pt2flow" / "prefect-db").iterdir()
+        assert template.name.startswith("prefect-") and template.suffix == ".db"
+        assert f"Prefect database of {home}: made and copied" in (home / "pt2flow-server.log").read_text()
+        revision, runs = _database(home)
+        assert runs == 2 and _database(template) == (revision, 0)  # both runs recorded; the template untouched
+        made = template.stat().st_mtime_ns
+        other = tmp_path / "another-home"  # a second fresh home: copied, not made again
+        code, _, stderr = run_json(["run", str(_fleet(tmp_path, "c", hidden=20)), "--json"], env={**env, "PREFECT_HOME": str(other)})
+        assert code == 0, stderr[-3000:]
+        assert f"Prefect database of {other}: copied" in (other / "pt2flow-server.log").read_text()
+        assert _database(other) == (revision, 1) and template.stat().st_mtime_ns == made
     finally:
         stop_shared_server(home)
+        stop_shared_server(tmp_path / "another-home")
+
 
 
 def test_a_private_server_goes_with_its_run(tmp_path: Path) -> None:

@@ -28,6 +28,12 @@ PREFECT_DEFAULTS = {
 }
 
 
+# pt2flow's servers (shared and private) do not register Prefect's block types at start (about 2 s
+# of CPU in a new PREFECT_HOME): runs use no blocks, and a user's own `prefect server start`
+# registers them in the same database. A PREFECT_API_BLOCKS_REGISTER_ON_START of the user's is kept.
+NO_BLOCKS = ("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")
+
+
 def prepare_environment() -> None:
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -185,6 +191,7 @@ def _spawn_shared(port: int, home: Path, log_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k in _SERVER_ENV_KEEP or k.startswith(("PREFECT_", "LC_", "XDG_"))}
     env.pop("PREFECT_API_URL", None)
     env.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1", "PREFECT_HOME": str(home)})
+    env.setdefault(*NO_BLOCKS)
     idle = os.environ.get(SERVER_IDLE_ENV) or str(DEFAULT_SERVER_IDLE_S)
     with open(log_path, "ab") as log:
         subprocess.run(
@@ -221,6 +228,7 @@ def _spawn_server(port: int, log_path: Path) -> subprocess.Popen[bytes]:
         "PREFECT__SERVER_EPHEMERAL": "1",
         "PREFECT__SERVER_FINAL": "1",
     }
+    env.setdefault(*NO_BLOCKS)
     log = open(log_path, "ab")
     process = subprocess.Popen(
         [

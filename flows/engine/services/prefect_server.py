@@ -12,19 +12,29 @@ its pid in `pt2flow-server.leases/`. Every few seconds the server drops the leas
 that are gone; once none has been held for IDLE_SECONDS (or at once, when no run holds one and
 another server has taken over the state file) it stops, and removes its state file.
 Its environment holds only what Prefect reads (no storage options, no credentials of any run).
+
+A PREFECT_HOME without a database gets a copy of an empty one that Prefect migrated before
+(`seed_database`): migrating a new SQLite database is most of a fresh server's start (about 8 s of
+CPU here, against milliseconds for a copy). The empty database is made once per Prefect version, in
+a scratch PREFECT_HOME of its own, and kept in ~/.cache/pt2flow/prefect-db/ ($XDG_CACHE_HOME).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from importlib import metadata
 from pathlib import Path
 
 WATCH_SECONDS = 2.0
+DATABASE = "prefect.db"  # Prefect's default database in PREFECT_HOME (sqlite+aiosqlite)
+MIGRATE = "import asyncio; from prefect.server.database import provide_database_interface; asyncio.run(provide_database_interface().create_db())"
 STATE = "pt2flow-server.json"
 LEASES = "pt2flow-server.leases"
 
@@ -88,10 +98,73 @@ def _remove_state(state: Path) -> None:
         pass
 
 
+def template_folder() -> Path:
+    """Where the migrated empty databases are kept (one per Prefect version)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "pt2flow" / "prefect-db"
+
+
+def seed_database(home: str) -> str:
+    """Give PREFECT_HOME `home` a database before the server opens it, when it has none: a copy of
+    an empty database Prefect migrated (made here first when there is none for this Prefect
+    version). Only Prefect's default database of `home` is seeded (not one named by
+    PREFECT_API_DATABASE_CONNECTION_URL or a profile). Returns "exists", "copied", "made and
+    copied", or why nothing was done ("not the default database", "no template: ..."); the server
+    then migrates as it always does."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    url = settings.server.database.connection_url
+    target = Path(home) / DATABASE
+    if url is None or url.get_secret_value() != f"sqlite+aiosqlite:///{settings.home}/{DATABASE}" or Path(settings.home) != Path(home):
+        return "not the default database"
+    if target.exists():
+        return "exists"
+    template = template_folder() / f"prefect-{metadata.version('prefect')}.db"
+    made = ""
+    if not template.is_file():
+        problem = _make_template(template)
+        if problem:
+            return f"no template: {problem}"
+        made = "made and "
+    partial = target.with_name(f".{DATABASE}.{os.getpid()}")
+    shutil.copyfile(template, partial)
+    os.replace(partial, target)
+    return made + "copied"
+
+
+def _make_template(template: Path) -> str | None:
+    """Migrate an empty database in a scratch PREFECT_HOME (Prefect's own create_db, as its server
+    does at start) and keep it as `template`; why not, or None."""
+    template.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=template.parent))
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.endswith("DATABASE_CONNECTION_URL")}
+        env["PREFECT_HOME"] = str(scratch)
+        done = subprocess.run([sys.executable, "-c", MIGRATE], env=env, cwd=scratch, stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=300, check=False)
+        made = scratch / DATABASE
+        wal = scratch / f"{DATABASE}-wal"
+        if done.returncode != 0 or not made.is_file():
+            return f"migrating exited {done.returncode}: {done.stderr.decode(errors='replace')[-500:]}"
+        if wal.exists() and wal.stat().st_size:
+            return "the migrated database left a write-ahead log"
+        os.replace(made, template)  # atomic: a concurrent maker's copy is as good
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main(port: int, home: str, idle: float) -> int:
     if os.fork() > 0:  # the starting run waits for this parent only; the server lives on
         os._exit(0)
     os.setsid()
+    try:
+        print(f"pt2flow: Prefect database of {home}: {seed_database(home)}", flush=True)
+    except Exception as exc:  # never a reason not to serve: Prefect migrates a new database itself
+        print(f"pt2flow: Prefect database of {home} not seeded: {type(exc).__name__}: {exc}", flush=True)
     import uvicorn
 
     state = Path(home) / STATE
