@@ -2,8 +2,9 @@
 the file, the YAML line and the path of the offending key (`models[2].inputs.x.dtype`).
 
 ConfigIssue is one problem, ConfigError all of them; YamlLines finds the line a key path came
-from; ConfigLoader is the YAML loader both read a config with. Plain data (no pydantic, no stages), so that the query commands' `--config` can report a
-broken config without importing the schema (flows/config/reading.py).
+from; ConfigLoader is the YAML loader both read a config with. Plain data (no pydantic, no
+stages), so that the query commands' `--config` can report a broken config without importing the
+schema (flows/config/reading.py).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import yaml
 
 # A config is walked recursively (pydantic, ${ENV} expansion, canonical JSON of kwargs): bound it.
 MAX_CONFIG_DEPTH = 100
+TOO_DEEP = f"nested deeper than {MAX_CONFIG_DEPTH} levels"  # the rule's one message: the scanner's and the walk's
 
 
 class TooDeep(yaml.YAMLError):
     """A flow collection opened deeper than MAX_CONFIG_DEPTH, refused while scanning."""
 
     def __init__(self, line: int) -> None:
-        super().__init__(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+        super().__init__(TOO_DEEP)
         self.line = line
 
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from pt2flow.flows.config.problems import MAX_CONFIG_DEPTH, ConfigError, ConfigIssue, ConfigLoader, TooDeep, YamlLines
+from pt2flow.flows.config.problems import MAX_CONFIG_DEPTH, TOO_DEEP, ConfigError, ConfigIssue, ConfigLoader, TooDeep, YamlLines
 
 MAX_CONFIG_NODES = 1_000_000
 DEFAULT_STORE = "./pt2-store"  # a config without `store:` (beside the config, as any relative path)
@@ -114,7 +114,7 @@ def _shape_problem(data: Any) -> str | None:
             size, height = seen[key]
         else:
             if depth > MAX_CONFIG_DEPTH:
-                raise _TooLarge(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+                raise _TooLarge(TOO_DEEP)
             active.add(key)
             size, height = 1, 0
             for child in (*node.keys(), *node.values()) if isinstance(node, dict) else node:
@@ -125,7 +125,7 @@ def _shape_problem(data: Any) -> str | None:
             active.discard(key)
             seen[key] = (size, height)
         if depth + height > MAX_CONFIG_DEPTH:
-            raise _TooLarge(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+            raise _TooLarge(TOO_DEEP)
         return size, height
 
     try:

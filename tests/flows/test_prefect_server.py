@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pt2flow.flows.engine.services.prefect_server import DATABASE
 from tests.conftest import run_json, stop_shared_server, write_config
 
 pytestmark = pytest.mark.integration
@@ -32,7 +33,7 @@ def _server(home: Path) -> dict:
 
 def _database(path: Path) -> tuple[str, int]:
     """(alembic revision, flow runs) of a Prefect database (a file, or a PREFECT_HOME's), read with sqlite3 alone."""
-    with sqlite3.connect(path / "prefect.db" if path.is_dir() else path) as db:
+    with sqlite3.connect(path / DATABASE if path.is_dir() else path) as db:
         (revision,) = db.execute("SELECT version_num FROM alembic_version").fetchone()
         (runs,) = db.execute("SELECT count(*) FROM flow_run").fetchone()
     return revision, runs
@@ -80,7 +81,6 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
     finally:
         stop_shared_server(home)
         stop_shared_server(tmp_path / "another-home")
-
 
 
 def test_a_private_server_goes_with_its_run(tmp_path: Path) -> None:
