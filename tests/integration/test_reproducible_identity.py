@@ -19,7 +19,16 @@ those the config has): audit rebuilds no aot_compile, onnx, executorch or valida
 configs/generative.yaml's second store holds tiny Llama and tiny T5 (a decoder and an
 encoder-decoder, SECOND_STORE_ONLY): what a second store adds to the audit, which rebuilds every
 record of all five models in fresh workers, is another path for the store, and Qwen2, Gemma and Phi3
-go through the same component code as Llama (each cost about 15 s of the suite here)."""
+go through the same component code as Llama (each cost about 15 s of the suite here).
+
+A model that a shared fleet's config also has, with every field that reaches an audited stage's key
+equal (factory, kwargs, weights, inputs, dynamic shapes and dims, the audited stages' options:
+`_audit_entry`), is built and audited with that fleet's config only: the same keys, the same
+programs (configs/demo.yaml's mlp, small-cnn, tiny-encoder and multi-head are configs/targets.yaml's;
+in fc33 both stores held the same key and fingerprint for every one of their audited records).
+demo.yaml's two stores and its audit hold its other models (the running normalizer, the training
+model): about 100 s of the suite less. `test_a_config_builds_every_model_no_fleet_audits` keeps the
+rule honest: a model changed in one config is no longer covered by the other and is built again."""
 
 from __future__ import annotations
 
@@ -29,6 +38,8 @@ from typing import Any
 import pytest
 import yaml
 
+from pt2flow.flows.config.load import load_config
+from pt2flow.flows.config.models import ResolvedModel
 from tests.conftest import ROOT, run_in_process, run_json
 from tests.fleets import GENERATIVE_FULL, Fleet
 
@@ -46,6 +57,39 @@ CONFIGS = [pytest.param(name, marks=pytest.mark.compile) if name in FLEETS else 
 
 def test_every_shipped_config_is_covered() -> None:
     assert SHIPPED == ["demo.yaml", "failures.yaml", "generative.yaml", "targets.yaml"]
+
+
+def _audit_entry(model: ResolvedModel) -> tuple[Any, ...]:
+    """What of a model reaches the keys of its audited records (source and AUDITED): its factory
+    and what builds it, its example inputs and dynamic shapes, the audited stages' options."""
+    options = {stage: model.options[stage].model_dump(mode="json") for stage in AUDITED if stage in model.options}
+    return (model.name, model.factory, repr(model.kwargs), model.weights, model.checkpoint, repr(model.inputs),
+            model.inputs_factory, model.inputs_file, repr(model.dynamic_shapes), repr(model.dims), repr(model.generate), repr(options))
+
+
+def audited_by_a_fleet(name: str) -> set[str]:
+    """The models of configs/NAME that a shared fleet's config has with the same `_audit_entry`
+    (none for a fleet's own config): built and audited in that fleet's parametrization only."""
+    if name in FLEETS:
+        return set()
+    fleets = {_audit_entry(m) for other in FLEETS for m in load_config(ROOT / "configs" / other).models}
+    return {m.name for m in load_config(ROOT / "configs" / name).models if _audit_entry(m) in fleets}
+
+
+def test_a_config_builds_every_model_no_fleet_audits() -> None:
+    """demo.yaml's inference models are targets.yaml's (audited there); its training model and
+    running normalizer are its own. A model whose entry differs in one field is its config's again."""
+    assert audited_by_a_fleet("demo.yaml") == {"mlp", "small-cnn", "tiny-encoder", "multi-head"}
+    assert audited_by_a_fleet("failures.yaml") == set() and audited_by_a_fleet("targets.yaml") == set()
+    demo = load_config(ROOT / "configs" / "demo.yaml")
+    fleets = {_audit_entry(m) for other in FLEETS for m in load_config(ROOT / "configs" / other).models}
+    mlp = demo.model("mlp")
+    assert _audit_entry(mlp) in fleets
+    from dataclasses import replace
+
+    for changed in (replace(mlp, kwargs={**mlp.kwargs, "hidden": 33}), replace(mlp, dims={"batch": (1, 31)}),
+                    replace(mlp, options={**mlp.options, "trace": mlp.options["trace"].model_copy(update={"strict": True})})):
+        assert _audit_entry(changed) not in fleets
 
 
 def _identities(records: list[dict[str, Any]], models: set[str]) -> dict[tuple[str, str], str]:
@@ -79,7 +123,8 @@ def two_stores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     folder = tmp_path_factory.mktemp(config.stem)
     shipped = yaml.safe_load(config.read_text())
     stages = ",".join(s for s in shipped["stages"] if s in AUDITED)
-    models = {m["name"] for m in shipped["models"]}
+    covered = audited_by_a_fleet(request.param)  # built and audited with a fleet's config
+    models = {m["name"] for m in shipped["models"]} - covered
     only = SECOND_STORE_ONLY.get(request.param)
     found: dict[str, Any] = {"config": request.param, "runs": [], "records": [], "models": models, "compared": set(only or models)}
     first, second = folder / "first", folder / "second"
@@ -95,7 +140,8 @@ def two_stores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         # archive's node metadata holds the path of the model's source file
         config = fleet.shipped
     for store in to_build:  # the fleet run from this process, its stages in fresh worker processes
-        code, run = run_in_process(config, store=str(store), stages=stages.split(","), only=only if only and store == second else ())
+        chosen = only if only and store == second else sorted(models) if covered else ()
+        code, run = run_in_process(config, store=str(store), stages=stages.split(","), only=chosen)
         assert code in (0, 1), run
         found["runs"].append(run)
     for store in (first, second):
