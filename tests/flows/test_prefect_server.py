@@ -39,6 +39,19 @@ def _database(path: Path) -> tuple[str, int]:
     return revision, runs
 
 
+def _task_runs(home: Path) -> dict[str, list[tuple[str, str, int]]]:
+    """flow run id -> (task run name, its state, how many states it went through), read with sqlite3 alone."""
+    with sqlite3.connect(home / DATABASE) as db:
+        rows = db.execute(
+            "SELECT t.flow_run_id, t.name, t.state_type, count(s.id) FROM task_run t LEFT JOIN task_run_state s ON s.task_run_id = t.id"
+            " GROUP BY t.id ORDER BY t.flow_run_id, t.name"
+        ).fetchall()
+    runs: dict[str, list[tuple[str, str, int]]] = {}
+    for flow_run, name, state, states in rows:
+        runs.setdefault(flow_run, []).append((name, state, states))
+    return runs
+
+
 def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_path: Path) -> None:
     """Also: a fresh PREFECT_HOME's database is a copy of an empty one Prefect migrated, made once
     (prefect_server.seed_database) in the user's cache; the runs are recorded in it."""
@@ -54,6 +67,7 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
         environ = process.environ()
         assert "PT2FLOW_STORAGE_OPTIONS" not in environ and SECRET not in json.dumps(environ)
         assert environ["PREFECT_HOME"] == str(home) and environ["PREFECT_API_BLOCKS_REGISTER_ON_START"] == "false"
+        assert environ["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"] == "200"  # task runs recorded in batches
 
         code, second, stderr = run_json(["run", str(_fleet(tmp_path, "b", hidden=24)), "--json"], env=env)  # work to do: it needs Prefect
         assert code == 0, stderr[-3000:]
@@ -72,6 +86,14 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
         assert f"Prefect database of {home}: made and copied" in (home / "pt2flow-server.log").read_text()
         revision, runs = _database(home)
         assert runs == 2 and _database(template) == (revision, 0)  # both runs recorded; the template untouched
+        # every task run of both runs is in the database, batched or not: the model's task and one
+        # per stage it ran and one for its source, each completed through pending, running, completed
+        for run in (first, second):
+            model = run["models"][0]
+            assert run["summary"]["ok"] == 1 and list(model["stages"]) == STAGES
+        recorded = sorted(sorted((name.rpartition("-")[0] or name, state, states) for name, state, states in tasks) for tasks in _task_runs(home).values())
+        expected = sorted(sorted([(name, "COMPLETED", 3), *[(stage, "COMPLETED", 3) for stage in ("source", *STAGES)]]) for name in ("a", "b"))
+        assert recorded == expected, recorded
         made = template.stat().st_mtime_ns
         other = tmp_path / "another-home"  # a second fresh home: copied, not made again
         code, _, stderr = run_json(["run", str(_fleet(tmp_path, "c", hidden=20)), "--json"], env={**env, "PREFECT_HOME": str(other)})
