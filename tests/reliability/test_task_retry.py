@@ -43,13 +43,25 @@ def _run(tmp_path: Path) -> tuple[Any, dict[str, Any], str]:
     return state, document["models"][0], store
 
 
-def _task_runs(flow_run_id: Any) -> dict[str, int]:
+def _task_runs(flow_run_id: Any, stages: tuple[str, ...] = STAGES) -> dict[str, int]:
+    """Each task run of the flow run: its task's name -> how many times it ran. The server records
+    task runs from their events, in batches (flows/engine/services/prefect_runtime.py
+    BATCHED_TASK_RUNS: within a second): read once the model's task and each of its stages' are
+    there (`stages`: those the model reached), all in a final state."""
+    import time
+
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    expected = {"mlp", "source", *stages}
+    deadline = time.monotonic() + 60
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {run.name.rsplit("-", 1)[0]: run.run_count for run in runs}  # task run names are "<task>-<suffix>"
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            named = {run.name.rsplit("-", 1)[0] if "-" in run.name else run.name: run for run in runs}  # "<task>-<suffix>"
+            if (set(named) == expected and all(run.state is not None and run.state.is_final() for run in runs)) or time.monotonic() > deadline:
+                return {name: run.run_count for name, run in named.items()}
+            time.sleep(0.2)
 
 
 @pytest.fixture
@@ -111,7 +123,7 @@ def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_f
     assert result["status"] == "failed" and result["failed_stage"] == "trace" and result["error_class"] == "storage", result
     assert "injected outage" in result["error"]
     assert calls["failed_read"] == 1 + STAGE_RETRIES  # one cache lookup per trace attempt
-    assert _task_runs(state.state_details.flow_run_id)["trace"] == 1 + STAGE_RETRIES
+    assert _task_runs(state.state_details.flow_run_id, ("trace",)) == {"mlp": 1, "source": 1, "trace": 1 + STAGE_RETRIES}
     records = ArtifactStore(store_url).index.read(["stage", "status", "error_class"]).to_pylist()
     trace = [r for r in records if r["stage"] == "trace"]
     assert trace == [{"record_id": trace[0]["record_id"], "stage": "trace", "status": "failed", "error_class": "storage"}]
