@@ -60,8 +60,11 @@ def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(monkeypatch:
     assert first["prefect"] is False  # neither the server nor a worker imports Prefect: its variables are volatile
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # read again by a forked worker
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # read when an S3 store is opened, in the worker
+    monkeypatch.setenv("COLUMNS", "173")
     volatile = _describe()
     assert volatile["ppid"] == third["ppid"] and volatile["environ"]["PREFECT_API_URL"] == "http://127.0.0.1:9/api"
+    assert volatile["environ"]["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9" and volatile["environ"]["COLUMNS"] == "173"
     assert volatile["compile_threads"] == 1 and third["compile_threads"] == max(1, min(32, len(os.sched_getaffinity(0))))
 
     folder = tmp_path / "models"

@@ -52,10 +52,13 @@ DEFAULT_LINGER_S = 60.0
 # them when it acts, never while the server imports), Prefect's (PREFECT_*: a run's API URL; neither
 # the server nor a worker imports Prefect), the one pytest sets per test, and inductor's compile
 # threads (a pool of two sets it for its workers; inductor reads it when its config is imported,
-# and a forked worker reads it again: forkserver.py, _as_started). Every other variable may be
-# read by an import (torch reads its own, Python PYTHON*), so it is part of the server's identity.
-VOLATILE_PREFIXES = ("PT2FLOW_", "PREFECT_")
-VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_COMPILE_THREADS"})
+# and a forked worker reads it again: forkserver.py, _as_started), the AWS SDK's (AWS_*: botocore
+# reads them when a worker opens an S3 store, not at any import; a test session's S3 server set
+# them and started a second server beside the first), and the terminal's size (COLUMNS, LINES:
+# read when something is printed). Every other variable may be read by an import (torch reads its
+# own, Python PYTHON*, OpenMP OMP_* when torch loads it), so it is part of the server's identity.
+VOLATILE_PREFIXES = ("PT2FLOW_", "PREFECT_", "AWS_")
+VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_COMPILE_THREADS", "COLUMNS", "LINES"})
 SUFFIXES = sorted(all_suffixes(), key=len, reverse=True)  # .cpython-311-x86_64-linux-gnu.so before .so
 MAX_SERVERS = 2  # fork servers this process keeps a connection to (one per environment); it leaves the oldest
 READY_TIMEOUT = 300.0
