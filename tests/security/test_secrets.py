@@ -114,10 +114,32 @@ def test_no_sentinel_in_any_store_object(secret_run: dict[str, Any]) -> None:
         assert "mlp" in text  # the records are readable, so the check above means something
 
 
+def _task_runs_recorded(home: Path) -> None:
+    """Wait until the server has written every task run it was sent: it records them in batches,
+    a flush a second (flows/engine/services/prefect_runtime.py BATCHED_TASK_RUNS); two reads of
+    the task runs and their states 2 s apart that agree."""
+    import sqlite3
+    import time
+
+    def rows() -> list[tuple[Any, ...]]:
+        with sqlite3.connect(home / "prefect.db") as db:
+            return db.execute("SELECT t.id, t.state_type, count(s.id) FROM task_run t LEFT JOIN task_run_state s ON s.task_run_id = t.id GROUP BY t.id").fetchall()
+
+    before, deadline = rows(), time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        now = rows()
+        if now == before:
+            break
+        before = now
+    assert before, "no task run recorded"
+
+
 def test_no_sentinel_in_prefect_state(secret_run: dict[str, Any]) -> None:
     """Every file under PREFECT_HOME: the SQLite database (and its WAL) with flow and task run
     parameters, states and log lines; the server log; any result storage."""
     home = Path(os.environ["PREFECT_HOME"])
+    _task_runs_recorded(home)
     files = [p for p in home.rglob("*") if p.is_file()]
     assert any(p.name.startswith("prefect.db") for p in files)
     everything = b""
