@@ -67,12 +67,17 @@ def _audit_entry(model: ResolvedModel) -> tuple[Any, ...]:
             model.inputs_factory, model.inputs_file, repr(model.dynamic_shapes), repr(model.dims), repr(model.generate), repr(options))
 
 
+def _fleet_entries() -> set[tuple[Any, ...]]:
+    """The `_audit_entry` of every model of the shared fleets' configs."""
+    return {_audit_entry(m) for other in FLEETS for m in load_config(ROOT / "configs" / other).models}
+
+
 def audited_by_a_fleet(name: str) -> set[str]:
     """The models of configs/NAME that a shared fleet's config has with the same `_audit_entry`
     (none for a fleet's own config): built and audited in that fleet's parametrization only."""
     if name in FLEETS:
         return set()
-    fleets = {_audit_entry(m) for other in FLEETS for m in load_config(ROOT / "configs" / other).models}
+    fleets = _fleet_entries()
     return {m.name for m in load_config(ROOT / "configs" / name).models if _audit_entry(m) in fleets}
 
 
@@ -82,7 +87,7 @@ def test_a_config_builds_every_model_no_fleet_audits() -> None:
     assert audited_by_a_fleet("demo.yaml") == {"mlp", "small-cnn", "tiny-encoder", "multi-head"}
     assert audited_by_a_fleet("failures.yaml") == set() and audited_by_a_fleet("targets.yaml") == set()
     demo = load_config(ROOT / "configs" / "demo.yaml")
-    fleets = {_audit_entry(m) for other in FLEETS for m in load_config(ROOT / "configs" / other).models}
+    fleets = _fleet_entries()
     mlp = demo.model("mlp")
     assert _audit_entry(mlp) in fleets
     from dataclasses import replace

@@ -58,7 +58,7 @@ def _task_runs(flow_run_id: Any, stages: tuple[str, ...] = STAGES) -> dict[str, 
     with get_client(sync_client=True) as client:
         while True:
             runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            named = {run.name.rsplit("-", 1)[0] if "-" in run.name else run.name: run for run in runs}  # "<task>-<suffix>"
+            named = {run.name.rsplit("-", 1)[0]: run for run in runs}  # "<task>-<suffix>", a model's task its name alone
             if (set(named) == expected and all(run.state is not None and run.state.is_final() for run in runs)) or time.monotonic() > deadline:
                 return {name: run.run_count for name, run in named.items()}
             time.sleep(0.2)

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import pyarrow.parquet as pq
 import pytest
 
+from pt2flow.flows.engine.services.prefect_server import DATABASE
 from tests.conftest import run_cli, write_config
 from tests.security.conftest import MLP, STAGES
 
@@ -122,7 +123,7 @@ def _task_runs_recorded(home: Path) -> None:
     import time
 
     def rows() -> list[tuple[Any, ...]]:
-        with sqlite3.connect(home / "prefect.db") as db:
+        with sqlite3.connect(home / DATABASE) as db:
             return db.execute("SELECT t.id, t.state_type, count(s.id) FROM task_run t LEFT JOIN task_run_state s ON s.task_run_id = t.id GROUP BY t.id").fetchall()
 
     before, deadline = rows(), time.monotonic() + 60

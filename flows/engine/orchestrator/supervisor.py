@@ -12,6 +12,7 @@ memory of the whole process tree (docs/architecture.md, "Isolation").
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import queue
 import signal
@@ -89,13 +90,19 @@ class Budget:
     memory_bytes: int | None = None
 
 
+@functools.cache
+def _children_files() -> bool:
+    """Whether this kernel has /proc/PID/task/TID/children (asked once per process)."""
+    return os.path.exists(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/children")
+
+
 def process_tree(pid: int) -> list[int] | None:
     """`pid` and every process under it, read from each thread's /proc/PID/task/TID/children
     (Linux): a few small reads, where psutil's children(recursive=True) reads the parent of every
     process on the machine (2-10 ms a call with 70-300 processes, and a run's model threads sample
     their worker's memory five times a second). A child forked or reaped during the walk may be
     missed, as it may by psutil: the next sample sees it. None where the files do not exist."""
-    if not os.path.exists(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/children"):
+    if not _children_files():
         return None
     found, todo = [], [pid]
     while todo:
