@@ -17,7 +17,7 @@ import torch
 from torch.export import ExportedProgram
 
 from pt2flow.stages import program
-from pt2flow.stages.archive_meta import METADATA_FILE, PYTREE_MODULES, archive_metadata  # noqa: F401  (re-exported)
+from pt2flow.stages.archive_meta import METADATA_FILE, PYTREE_MODULES, archive_metadata, recorded_pytree_modules  # noqa: F401  (re-exported)
 from pt2flow.stages.classify import short_message
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.quiet import quiet_torch
@@ -35,11 +35,18 @@ def load_archive(data: bytes, *, import_pytree_modules: bool = False) -> tuple[E
     ModelOutput classes, a user's dataclass) loads only in a process that has imported the modules
     registering them. import_pytree_modules: first import those the archive's metadata names
     (program_bytes_checked records them); only for archives from a store trusted to name modules.
-    Raises StageError('serialization') naming torch's reason when the archive does not load."""
+
+    Every global the archive's pickles name is vetted first (`pickled_classes`) and those classes
+    are allowed to torch's weights_only unpickler: a program whose inputs hold a transformers cache
+    loads with no fallback to an unsafe unpickle, and an archive whose pickle names anything else
+    (a function that would run as it is unpickled) is refused before torch reads it.
+    Raises StageError('serialization') naming torch's reason when the archive does not load, or
+    what a pickle names that is refused."""
     if import_pytree_modules:
         import_archive_modules(data)
+    allowed = pickled_classes(data)
     extra = {METADATA_FILE: ""}
-    with quiet_torch(), _load_failures() as causes:
+    with quiet_torch(), _load_failures() as causes, torch.serialization.safe_globals(allowed):
         try:
             ep = torch.export.load(io.BytesIO(data), extra_files=extra)
         except Exception as exc:
@@ -47,6 +54,86 @@ def load_archive(data: bytes, *, import_pytree_modules: bool = False) -> tuple[E
             raise StageError(ErrorClass.SERIALIZATION, f"the saved program does not load: {reason}") from exc
     raw = extra.get(METADATA_FILE) or "{}"
     return ep, json.loads(raw)
+
+
+def pickled_classes(data: bytes) -> list[type]:
+    """The classes the pickles of an archive name, each vetted before anything is unpickled: its
+    example inputs (torch.save: a transformers cache and its layers in a generative component's)
+    and the tensors, weights and objects torch.export.save pickled instead of storing raw (a
+    tensor subclass), which torch.export.load unpickles with weights_only=False. A class is
+    allowed when a module the archive records as registering its program's pytree types (its
+    treespecs' type names, for an archive that records none) defines it and is imported, or when
+    it is a tensor subclass; torch's own rebuild functions are allowed by torch. load_archive lets
+    torch's weights_only unpickler rebuild these classes.
+
+    Raises StageError('serialization') naming the pickle and every global it names that is none
+    of those (a function, a class of another module), or a pickle that uses more than the opcodes
+    torch's weights_only unpickler reads: unpickled, it could run code (torch.export.load retries
+    example inputs that fail weights_only with weights_only=False, logging "Fallback to
+    weights_only=False succeeded"), and pt2flow never unpickles what it has not vetted. With every
+    global vetted, that retry, where torch needs it, calls nothing but these classes and torch's
+    rebuild functions: a transformers ModelOutput (an OrderedDict, as T5's encoder_outputs) is
+    rebuilt item by item, which the weights_only unpickler refuses for any class but dict."""
+    modules = recorded_pytree_modules(data)
+    if modules is None:
+        modules = sorted({name.rpartition(".")[0] for name in _spec_type_names(data)})
+    allowed: list[type] = []
+    for name, pickled in _pickles(data):
+        try:
+            named = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(pickled))
+        except Exception as exc:  # noqa: BLE001 - any pickle the scan cannot read is refused
+            raise StageError(ErrorClass.SERIALIZATION, f"the archive's {name} is not a pickle torch's weights_only unpickler reads "
+                             f"({short_message(exc)}); refused, as unpickling it could run code") from exc
+        refused = []
+        for global_name in named:
+            found = _defined_class(global_name, modules)
+            refused += [global_name] if found is None else []
+            allowed += [found] if found is not None and found not in allowed else []
+        if refused:
+            raise StageError(ErrorClass.SERIALIZATION, f"the archive's {name} pickles {', '.join(sorted(refused))}: not a tensor subclass "
+                             f"nor a class of a module that registers the program's pytree types ({', '.join(modules) or 'none'}); "
+                             "refused, as unpickling it could run code (torch.load weights_only=False)")
+    return allowed
+
+
+def _pickles(data: bytes) -> list[tuple[str, bytes]]:
+    """The entries of an archive that torch.export.load unpickles in Python: its example inputs,
+    and each weight or constant its payload configs mark `use_pickle` (a torchbind object, loaded
+    by torch's C++ unpickler of registered classes, aside); none in bytes that are not a zip, of
+    which torch.export.load says why."""
+    found: list[tuple[str, bytes]] = []
+    with contextlib.suppress(zipfile.BadZipFile), zipfile.ZipFile(io.BytesIO(data)) as archive:
+        names = archive.namelist()
+        for name in names:
+            if "/data/sample_inputs/" in name and name.endswith(".pt"):
+                found.append((name, archive.read(name)))
+            elif re.search(r"/data/(weights|constants)/[^/]+_config\.json$", name):
+                try:
+                    config = json.loads(archive.read(name)).get("config") or {}
+                except ValueError as exc:
+                    raise StageError(ErrorClass.SERIALIZATION, f"the archive's {name} is not JSON: {short_message(exc)}") from exc
+                folder = name.rpartition("/")[0]
+                for meta in config.values():
+                    path = f"{folder}/{meta.get('path_name')}"
+                    if meta.get("use_pickle") and not str(meta.get("path_name")).startswith("custom_obj_") and path in names:
+                        found.append((path, archive.read(path)))
+    return found
+
+
+def _defined_class(global_name: str, modules: list[str]) -> type | None:
+    """The class `module.Qualified.Name` names, where module is one of `modules`, imported, and
+    defines it (not a name it imported from elsewhere), or a tensor subclass; else None."""
+    for module in sorted(modules, key=len, reverse=True):
+        if not global_name.startswith(module + ".") or module not in sys.modules:
+            continue
+        found: Any = sys.modules[module]
+        for part in global_name[len(module) + 1 :].split("."):
+            found = getattr(found, part, None)
+        if isinstance(found, type) and found.__module__ == module:
+            return found
+    module, _, qualified = global_name.rpartition(".")
+    found = getattr(sys.modules.get(module), qualified, None) if "." not in qualified else None
+    return found if isinstance(found, type) and issubclass(found, torch.Tensor) else None
 
 
 @contextlib.contextmanager

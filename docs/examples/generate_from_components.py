@@ -48,7 +48,14 @@ def load_step(kind: str, path: Path, specs: dict[str, Any]) -> Callable[..., Any
     names = list(in_spec.child(1).context)  # the kwargs the program takes, in its order
 
     if kind == "serialized":  # a .pt2 archive: torch.export.load, called with the kwargs
-        module = torch.export.load(str(path)).module()
+        # its example inputs hold a transformers cache: allowed to torch's weights_only unpickler,
+        # they load with no fallback to an unsafe unpickle (T5's encoder outputs, an OrderedDict,
+        # still take torch's fallback, which logs it)
+        from transformers import cache_utils
+
+        caches = [c for c in vars(cache_utils).values() if isinstance(c, type) and c.__module__ == cache_utils.__name__]
+        with torch.serialization.safe_globals(caches):
+            module = torch.export.load(str(path)).module()
         return lambda **kw: module(**{n: kw.get(n) for n in names})
     if kind == "compiled":  # an AOTInductor package: it flattens by its own call spec
         runner = torch._inductor.aoti_load_package(str(path))

@@ -32,14 +32,19 @@ rule honest: a model changed in one config is no longer covered by the other and
 
 from __future__ import annotations
 
+import io
+import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from pt2flow.flows.config.load import load_config
 from pt2flow.flows.config.models import ResolvedModel
+from pt2flow.stages.serialize import load_archive, pickled_classes
 from tests.conftest import ROOT, run_in_process, run_json
 from tests.fleets import GENERATIVE_FULL, Fleet
 
@@ -153,6 +158,7 @@ def two_stores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         code, records, stderr = run_json(["ls", "--store", str(store), "--limit", "0"])
         assert code == 0, stderr[-2000:]
         found["records"].append(records)
+    found["store"] = str(first)
     found["audit"] = run_json(audit, timeout=1500)
     return found
 
@@ -204,6 +210,48 @@ def test_two_fresh_stores_hold_the_same_archives_and_programs(two_stores: dict[s
     assert set(ok) <= built
     assert {model.split("/", 1)[0] for model, stage in audited if stage != "source"} == built
     assert {model for model, stage in audited if stage == "source"} == models
+
+
+def test_every_archive_loads_with_every_pickled_global_vetted_and_weights_only_where_torch_can(two_stores: dict[str, Any]) -> None:
+    """Every archive of the first store (each model's, each component's) loads through pt2flow's
+    loader, which vets every global its pickles name before torch unpickles anything
+    (tests/stages/test_serialize.py: a pickle that would run code is refused). The classes allowed
+    besides tensors and plain containers are transformers' cache and output classes, in the
+    components of a generative model only; with them allowed, torch's weights_only unpickler
+    rebuilds every example input with no fallback, except an input holding a ModelOutput (an
+    OrderedDict: T5's encoder_outputs), which it refuses item by item."""
+    from pt2flow.storage.store import ArtifactStore
+
+    records = [r for r in two_stores["records"][0] if r["stage"] == "serialize" and r["status"] == "ok" and not r.get("cached")]
+    generative = {r["model"].split("/", 1)[0] for r in records if "/" in r["model"]}
+    if generative:
+        from pt2flow.stages.generation import register_cache_pytrees
+
+        register_cache_pytrees()  # as pt2flow's worker does before it loads a component's program
+    store = ArtifactStore(two_stores["store"])
+    allowed: dict[str, list[type]] = {}
+    refused_items: list[str] = []
+    for record in records:
+        data = store.get_blob(record["sha256"])
+        program, _ = load_archive(data, import_pytree_modules=True)
+        assert program.example_inputs is not None, record["model"]
+        allowed[record["model"]] = classes = pickled_classes(data)
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            (inputs,) = [archive.read(n) for n in archive.namelist() if "/sample_inputs/" in n]
+        try:
+            with torch.serialization.safe_globals(classes):
+                torch.load(io.BytesIO(inputs), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            assert "Can only SETITEM for dict" in str(exc) and any(issubclass(c, dict) for c in classes), (record["model"], exc)
+            refused_items.append(record["model"])
+    assert records, two_stores["config"]
+    for model, classes in allowed.items():
+        names = [f"{c.__module__}.{c.__qualname__}" for c in classes]
+        assert ("/" in model) or names == [], (model, names)  # only components pickle classes
+        assert all(n.startswith(("transformers.cache_utils.", "transformers.modeling_outputs.")) for n in names), (model, names)
+    for name in generative:  # a decode step takes the cache: its classes were vetted and allowed
+        assert any(classes for model, classes in allowed.items() if model.startswith(name + "/")), (name, allowed)
+    assert {m.split("/", 1)[0] for m in refused_items} <= {"tiny-t5"}, refused_items
 
 
 def _component_archives(model: dict[str, Any]) -> tuple[str | None, ...] | None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import io
 import json
+import os
 import re
 import zipfile
 
@@ -240,3 +243,85 @@ def test_a_program_through_generated_fx_code_saves_to_the_same_bytes_whatever_th
     assert [n.meta.get("stack_trace") or "" for n in first.graph.nodes] == traces  # restored after saving
     saved = zipfile.ZipFile(io.BytesIO(a)).read(next(n for n in zipfile.ZipFile(io.BytesIO(a)).namelist() if n.endswith("models/model.json"))).decode()
     assert "<eval_with_key>" in saved and re.search(r"<eval_with_key>\.\d", saved) is None
+
+
+@dataclasses.dataclass
+class Batch:
+    """A model input of a class of this module, registered as a pytree (as a user's dataclass is)."""
+
+    features: torch.Tensor
+    scale: torch.Tensor
+
+
+torch.export.register_dataclass(Batch, serialized_type_name=f"{__name__}.Batch")
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return batch.features * batch.scale
+
+
+def _with_pickle(data: bytes, entry: str, payload: bytes) -> bytes:
+    """The archive with one entry's bytes replaced (the rest copied as they are, each in its place)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as target:
+        for info in source.infolist():
+            target.writestr(info, payload if info.filename == entry else source.read(info.filename))
+    return out.getvalue()
+
+
+class _Makes:
+    """Unpickles by calling os.mkdir(path): what a hostile store could put in an archive's example inputs."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (self.path,))
+
+
+def test_an_archive_of_a_registered_class_loads_under_weights_only_with_that_class_allowed() -> None:
+    batch = Batch(torch.randn(2, 3), torch.tensor(2.0))
+    data = serialize(torch.export.export(_Scaled(), (batch,)), {}).output
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        (pickled,) = [archive.read(n) for n in archive.namelist() if "/sample_inputs/" in n]
+    # the premise: torch's weights_only rules alone refuse the example inputs (torch.export.load
+    # would retry them with weights_only=False)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(pickled)) == [f"{__name__}.Batch"]
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(io.BytesIO(pickled), weights_only=True)
+    assert serialize_module.pickled_classes(data) == [Batch]
+    loaded, _ = load_archive(data)
+    (example,), _ = loaded.example_inputs
+    assert isinstance(example, Batch) and torch.equal(example.features, batch.features)
+    torch.testing.assert_close(loaded.module()(batch), batch.features * 2.0)
+
+
+@pytest.mark.parametrize("where", ["example inputs", "a weight"])
+def test_an_archive_whose_pickle_names_a_call_is_refused_and_the_call_never_runs(mlp_program: torch.export.ExportedProgram, tmp_path, where: str) -> None:
+    """What a hostile store could hold: the example inputs, or a weight its config marks as
+    pickled (torch.export.load unpickles those with weights_only=False), replaced by a pickle that
+    calls os.mkdir."""
+    data = serialize(mlp_program, METADATA).output
+    made = tmp_path / "made-by-the-archive"
+    payload = io.BytesIO()
+    torch.save(((_Makes(str(made)),), {}), payload)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        names = archive.namelist()
+        if where == "example inputs":
+            (entry,) = [n for n in names if "/sample_inputs/" in n]
+            hostile = _with_pickle(data, entry, payload.getvalue())
+        else:
+            (config_name,) = [n for n in names if n.endswith("/weights/model_weights_config.json")]
+            config = json.loads(archive.read(config_name))
+            meta = next(iter(config["config"].values()))
+            meta["use_pickle"] = True
+            entry = config_name.rpartition("/")[0] + "/" + meta["path_name"]
+            hostile = _with_pickle(_with_pickle(data, config_name, json.dumps(config).encode()), entry, payload.getvalue())
+    with pytest.raises(StageError, match=rf"{re.escape(entry.split('/data/')[1])} pickles posix\.mkdir: not a tensor subclass nor a class") as refused:
+        load_archive(hostile)
+    assert refused.value.error_class.value == "serialization" and not made.exists()
+    # the ground truth: torch's own loader unpickles it, and the call runs
+    with contextlib.suppress(Exception):
+        torch.export.load(io.BytesIO(hostile))
+    assert made.is_dir()
