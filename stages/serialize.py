@@ -87,8 +87,10 @@ def pickled_classes(data: bytes) -> list[type]:
         refused = []
         for global_name in named:
             found = _defined_class(global_name, modules)
-            refused += [global_name] if found is None else []
-            allowed += [found] if found is not None and found not in allowed else []
+            if found is None:
+                refused.append(global_name)
+            elif found not in allowed:
+                allowed.append(found)
         if refused:
             raise StageError(ErrorClass.SERIALIZATION, f"the archive's {name} pickles {', '.join(sorted(refused))}: not a tensor subclass "
                              f"nor a class of a module that registers the program's pytree types ({', '.join(modules) or 'none'}); "
