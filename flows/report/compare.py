@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.report.drift import (
+    ArtifactFacts,
     CompileSeconds,
     DriftReport,
     DriftSummary,
@@ -372,6 +373,7 @@ def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Sta
         latency_ms=latency,
         changes=[],
         timings=_timings(b),
+        artifacts=_artifact_facts(name, a, b, state_a, state_b, run_a, run_b),
     )
     entry.changes = _changes(entry)
     return entry
@@ -415,6 +417,39 @@ def _cost_facts(a: Stages, b: Stages, originals: Stages) -> dict[str, Any]:
         "package_size": Numbers.of((package_a or {}).get("size"), (package_b or {}).get("size")),
         "compile_seconds": CompileSeconds(**dict(seconds), a_cached=cached_a, b_cached=cached_b, a_compiled_in=by_a, b_compiled_in=by_b),
     }
+
+
+def _artifact_facts(name: str, a: Stages, b: Stages, state_a: ModelState | None, state_b: ModelState | None,
+                    run_a: Mapping[str, Stages] | None, run_b: Mapping[str, Stages] | None) -> dict[str, ArtifactFacts] | None:
+    """Each deliverable kind (pipeline.document_slots: the archive, the package, every target's)
+    that either run built, tried to build or judged: its size and its own verdict, before and
+    after. The verdict is the model state's (validate's, or a stage that failed before a validate
+    that ran: a generative model's components' too), its class validate's or the failed stage's."""
+    found = {}
+    for kind, stage in pipeline.document_slots().items():
+        judged = [kind in (state.verdicts if state else {}) for state in (state_a, state_b)]
+        if stage not in a and stage not in b and not any(judged):
+            continue
+        built_a, built_b = _ok(a, stage) or {}, _ok(b, stage) or {}
+        passed_a = state_a.verdicts.get(kind) if state_a else None
+        passed_b = state_b.verdicts.get(kind) if state_b else None
+        found[kind] = ArtifactFacts(
+            size=Numbers.of(built_a.get("size"), built_b.get("size")),
+            passed=Pair.of(passed_a, passed_b),
+            error_class=Pair.of(_verdict_class(name, a, run_a, kind, stage) if passed_a is False else None,
+                                _verdict_class(name, b, run_b, kind, stage) if passed_b is False else None),
+        )
+    return found or None
+
+
+def _verdict_class(name: str, stages: Stages, run: Mapping[str, Stages] | None, kind: str, stage: str) -> str | None:
+    """The class of a failed kind's verdict: validate's, else its stage's failure (a component's, for a generative model)."""
+    record = stages.get(_kind("report"))
+    verdict = ((decoded(record.get("validation")) or {}).get("verdicts") or {}).get(kind) if record is not None else None
+    if verdict and verdict.get("error_class"):
+        return str(verdict["error_class"])
+    own = [stages] + [theirs for component, theirs in sorted((run or {}).items()) if component.startswith(f"{name}/")]
+    return next((s[stage].get("error_class") for s in own if stage in s and s[stage].get("status") != "ok"), None)
 
 
 def _validation_facts(val_a: Mapping[str, Any], val_b: Mapping[str, Any]) -> tuple[ValidationFacts, dict[str, Numbers] | None]:

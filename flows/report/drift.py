@@ -105,6 +105,16 @@ class ValidationFacts(Fact):
     b_cached: bool
 
 
+class ArtifactFacts(Fact):
+    """One artifact kind of a model (the archive, the package, a deployment target's, a plugin's),
+    before and after: its size (None where that run has no such artifact) and its own verdict
+    (`passed` and `error_class`; None where that run's validate did not judge it)."""
+
+    size: Numbers
+    passed: Pair
+    error_class: Pair
+
+
 class ModelDrift(Fact):
     """One model, before (a) and after (b)."""
 
@@ -124,6 +134,9 @@ class ModelDrift(Fact):
     changes: list[str]
     # added compatibly: the after run's benchmark summary (the benchmark stage's, when it ran)
     timings: dict[str, Any] | None = None
+    # added compatibly: every artifact kind either run built or judged, by kind (`get --artifact`'s
+    # names), in pipeline order (None: neither run has one)
+    artifacts: dict[str, ArtifactFacts] | None = None
 
 
 class RunInfo(Fact):

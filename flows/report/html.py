@@ -15,7 +15,7 @@ from pt2flow.flows.report.plot import Row, bar_chart
 from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_GROWTH, flagged_fields, regressions, row_order
 from pt2flow.flows.report.templating import environment
 from pt2flow.flows.report.text import (
-    format_size,
+    artifact_rows, format_size,
     arrow, compile_text, err, latency_text, ops_text, pct, ranges_text, secs, signature_cell, signature_text, status_text,
     torch_line, when,
 )
@@ -88,6 +88,7 @@ def to_html(comparison: Mapping[str, Any], *, plot_models: int = PLOT_MODELS) ->
         regressions=found,
         headings=_HEADINGS,
         rows=[_model_row(entry, flagged.get(entry["model"], set())) for entry in ordered],
+        artifacts=[{"model": m, "kind": k, "size": size, "verdict": verdict, "lost": lost} for m, k, size, verdict, lost in artifact_rows(comparison, ordered)],
         plots=plots,
         benchmarks=_benchmarks(ordered),
         detailed=[m for m in ordered if m["presence"] == "both" and m["changes"]],

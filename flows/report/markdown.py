@@ -6,7 +6,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from pt2flow.flows.report.rules import flagged_fields, regressions, row_order
-from pt2flow.flows.report.text import arrow, compile_text, err, format_size, latency_text, ops_text, pct, ranges_text, signature_text, status_text, torch_line, when
+from pt2flow.flows.report.text import arrow, artifact_rows, compile_text, err, format_size, latency_text, ops_text, pct, ranges_text, signature_text, status_text, torch_line, when
 
 _TABLE_HEAD = [
     "| model | status | changes | nodes | ops after decompose | archive | package | compile time | max abs err | latency |",
@@ -38,6 +38,10 @@ def to_markdown(comparison: Mapping[str, Any], *, max_rows: int = 200) -> str:
     lines += [_table_row(entry, flagged.get(entry["model"], set())) for entry in rows[:max_rows]]
     if len(rows) > max_rows:
         lines.append(f"\n… {len(rows) - max_rows} more model(s) not shown (`pt2flow report --html` shows all).")
+    kinds = artifact_rows(comparison, rows[:max_rows])
+    if kinds:  # every artifact kind, the targets' too: its size and its own verdict
+        lines += ["", "## Artifacts", "", "| model | artifact | size | verdict |", "|---|---|---:|---|"]
+        lines += [f"| `{_md(model)}` | {kind} | {_md(size)} | {('**' + _md(verdict) + '** ⚠️') if lost else _md(verdict)} |" for model, kind, size, verdict, lost in kinds]
     lines += _graph_and_source_changes(rows, max_rows)
     return "\n".join(lines) + "\n"
 

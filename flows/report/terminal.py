@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from pt2flow.flows.report.rules import flagged_fields, regressions, row_order
-from pt2flow.flows.report.text import arrow, compile_text, err, format_size, latency_text, ops_text, pct, status_text, torch_line, when
+from pt2flow.flows.report.text import arrow, artifact_rows, compile_text, err, format_size, latency_text, ops_text, pct, status_text, torch_line, when
 
 _COLUMNS = (
     ("model", "left"), ("status", "left"), ("changes", "left"), ("nodes", "right"), ("ops after decompose", "left"),
@@ -28,9 +28,18 @@ def render_terminal(comparison: Mapping[str, Any], console: Any) -> None:
     view = Table(title_justify="left")
     for column, justify in _COLUMNS:
         view.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for entry in row_order(comparison):
+    order = row_order(comparison)
+    for entry in order:
         view.add_row(*_row(entry, flagged.get(entry["model"], set())))
     console.print(view)
+    rows = artifact_rows(comparison, order)
+    if rows:  # every artifact kind, the targets' too: its size and its own verdict
+        kinds = Table(title="artifacts", title_justify="left")
+        for column, justify in (("model", "left"), ("artifact", "left"), ("size", "right"), ("verdict", "left")):
+            kinds.add_column(column, justify=justify)  # type: ignore[arg-type]
+        for model, kind, size, verdict, lost in rows:
+            kinds.add_row(model, kind, size, Text(verdict, style="bold red" if lost else ""))
+        console.print(kinds)
     if found:
         console.print(f"[bold red]{len(found)} regression(s):[/bold red]")
         for r in found:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 def decoded(value: Any) -> Any:
     """An index field stored as JSON text, decoded (anything else, or text that is not JSON, as it is)."""
@@ -135,6 +135,30 @@ def signature_cell(entry: Mapping[str, Any]) -> str:
     if entry["presence"] == "both" and signature["a"] is not None:
         return "same"
     return signature_text(signature["b"] or signature["a"])
+
+
+def verdict_text(facts: Mapping[str, Any]) -> str:
+    """An artifact's own verdict before and after: `pass`, `FAIL (class)`, `-` where not judged."""
+
+    def show(passed: Any, error_class: Any) -> str:
+        if passed is None:
+            return "-"
+        return "pass" if passed else f"FAIL ({error_class})" if error_class else "FAIL"
+
+    before = show(facts["passed"]["a"], facts["error_class"]["a"])
+    after = show(facts["passed"]["b"], facts["error_class"]["b"])
+    return after if before == after else f"{before} → {after}"
+
+
+def artifact_rows(comparison: Mapping[str, Any], order: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str, str, bool]]:
+    """(model, kind, size, verdict, lost) of every artifact kind of every model in `order`: the
+    targets' beside the archive and the package; `lost` when the kind passed before and fails now."""
+    rows = []
+    for entry in order:
+        for kind, facts in (entry.get("artifacts") or {}).items():
+            lost = facts["passed"]["a"] is True and facts["passed"]["b"] is False
+            rows.append((entry["model"], kind, arrow(facts["size"], format_size) + pct(facts["size"]), verdict_text(facts), lost))
+    return rows
 
 
 def torch_line(comparison: Mapping[str, Any]) -> str:

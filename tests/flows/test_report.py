@@ -346,17 +346,22 @@ class PageChecker(HTMLParser):
         self.errors: list[str] = []
         self.tags: Counter[str] = Counter()
         self.attrs: list[tuple[str, str | None]] = []
-        self.rows: list[list[str]] = []
+        self.rows: list[list[str]] = []  # the first table's (the models')
         self.row_classes: list[str] = []
+        self.tables: list[list[list[str]]] = []  # every table's rows, in page order
         self._cell: list[str] | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.tags[tag] += 1
         self.attrs.extend(attrs)
+        if tag == "table":
+            self.tables.append([])
         if tag == "tr" and "tbody" in self.stack:
-            self.rows.append([])
-            self.row_classes.append(dict(attrs).get("class") or "")
-        if tag == "td" and self.rows:
+            self.tables[-1].append([])
+            if len(self.tables) == 1:
+                self.rows = self.tables[0]
+                self.row_classes.append(dict(attrs).get("class") or "")
+        if tag == "td" and self.tables and self.tables[-1]:
             self._cell = []
         if tag not in self.VOID:
             self.stack.append(tag)
@@ -367,7 +372,7 @@ class PageChecker(HTMLParser):
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "td" and self._cell is not None:
-            self.rows[-1].append("".join(self._cell).strip())
+            self.tables[-1][-1].append("".join(self._cell).strip())
             self._cell = None
         if not self.stack or self.stack[-1] != tag:
             self.errors.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}>")
@@ -385,7 +390,8 @@ def check_page(page: str) -> PageChecker:
     checker.close()
     assert page.startswith("<!DOCTYPE html>")
     assert checker.errors == [] and checker.stack == [], (checker.errors, checker.stack)
-    assert checker.tags["html"] == checker.tags["head"] == checker.tags["body"] == checker.tags["table"] == 1
+    assert checker.tags["html"] == checker.tags["head"] == checker.tags["body"] == 1
+    assert checker.tags["table"] == 1 + ("<h2>Artifacts</h2>" in page)  # the models, then every artifact kind's
     assert checker.tags["script"] == 0 and checker.tags["link"] == 0 and checker.tags["img"] == 0
     for name, value in checker.attrs:  # self-contained: nothing to fetch
         assert name != "src", (name, value)
@@ -415,6 +421,9 @@ def test_markdown_lists_regressions_and_every_model(store: ArtifactStore) -> Non
     assert "## ⚠️ 4 regression(s)" in text
     assert "compile time 8.00 s → 20.00 s (+150 %" in text
     groups, models = text.split("## Models", 1)
+    models, artifacts = models.split("## Artifacts", 1)  # then every model's archive and package, size and verdict
+    kinds = [line for line in artifacts.splitlines() if line.startswith("| `")]
+    assert len(kinds) == 4 * 2 and "| `broken\\|pipe` | serialized | 17.6 KB → - | - |" in kinds  # gone after: it fails at trace
     assert "## Failure groups" in groups and "| new | 1: broken\\|pipe | unsupported_op @ trace |" in groups  # its failure, by cause
     table = [line for line in models.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 4  # header + one row per model
@@ -629,6 +638,57 @@ def test_a_model_that_newly_falls_back_to_static_shapes_is_a_regression_every_vi
     assert "static!" in console.export_text()
 
 
+def _with_onnx(store: ArtifactStore, run: str, *, salt: str, offset: int, size: int, onnx: dict[str, Any]) -> None:
+    """Model m's chain plus an onnx record, validate judging each of its three kinds."""
+    import uuid
+
+    ok = {"passed": True, "error_class": None, "error": None}
+    verdicts = {"serialized": ok, "compiled": ok, "onnx": onnx}
+    rows = chain(store, "m", run, salt=salt, offset=offset,
+                 validate={"validation": {"passed": onnx["passed"], "max_abs_err": 1e-6, "verdicts": verdicts}})
+    store.index.append([{**rows["serialize"], "record_id": uuid.uuid4().hex, "stage": "onnx", "key": h(f"onnx/{salt}"),
+                         "sha256": h(f"onnx-blob/{salt}"), "size": size}])
+
+
+def test_every_artifact_kind_has_its_size_and_verdict_and_a_lost_one_is_marked_in_every_view(store: ArtifactStore) -> None:
+    """A deployment target is in the report beside the archive and the package (issue 41): its
+    size and its own verdict before and after; one that passed and now fails is marked in the
+    terminal, Markdown and HTML views. Before, the report knew only the archive and the package,
+    and a failing target showed only as the model's status."""
+    from rich.console import Console
+
+    from pt2flow.flows.report import render_terminal
+    from pt2flow.flows.report.text import format_size
+
+    _with_onnx(store, "run-1", salt="v1", offset=0, size=9_000, onnx={"passed": True, "error_class": None, "error": None})
+    _with_onnx(store, "run-2", salt="v2", offset=10, size=9_500,
+               onnx={"passed": False, "error_class": "numeric_mismatch", "error": "onnx: max abs err 0.5 > atol"})
+    comparison = compare_runs(store.index, "run-1", "run-2")
+    kinds = by_model(comparison)["m"]["artifacts"]
+    assert list(kinds) == ["serialized", "compiled", "onnx"]  # the pipeline's order
+    assert_fields(kinds["onnx"]["size"], {"a": 9_000, "b": 9_500, "delta": 500, "changed": True})
+    assert kinds["onnx"]["passed"] == {"a": True, "b": False, "changed": True}
+    assert (kinds["onnx"]["error_class"]["a"], kinds["onnx"]["error_class"]["b"]) == (None, "numeric_mismatch")
+    assert_fields(kinds["serialized"]["size"], {"a": 18_000, "b": 18_000, "changed": False})
+    assert kinds["serialized"]["passed"] == {"a": True, "b": True, "changed": False}
+    size = f"{format_size(9_000)} → {format_size(9_500)} (+6 %)"
+    lost = "pass → FAIL (numeric_mismatch)"
+
+    console = Console(record=True, width=200)
+    render_terminal(comparison, console)
+    (line,) = [row for row in console.export_text().splitlines() if " onnx " in row]
+    assert size in line and lost in line, line
+
+    markdown = to_markdown(comparison).split("## Artifacts", 1)[1]
+    assert f"| `m` | onnx | {size} | **{lost}** ⚠️ |" in markdown
+    assert "| `m` | serialized | " + format_size(18_000) + " | pass |" in markdown
+
+    checker = check_page(to_html(comparison))
+    assert checker.tables[1] == [["m", "serialized", format_size(18_000), "pass"], ["m", "compiled", format_size(50_000), "pass"],
+                                 ["m", "onnx", size, lost]]
+    assert f'<td class="bad">{lost}</td>' in to_html(comparison)
+
+
 def test_the_drift_report_is_its_typed_model(store: ArtifactStore) -> None:
     """compare_runs() dumps the DriftReport model: the same keys in the same order, and the
     JSON validated back through the model dumps to itself."""
@@ -642,6 +702,7 @@ def test_the_drift_report_is_its_typed_model(store: ArtifactStore) -> None:
         "model", "presence", "status", "torch_version", "source", "static_fallback", "keys_changed", "graph",
         "archive_size", "package_size", "compile_seconds", "validation", "latency_ms", "changes",
         "timings",  # added compatibly (issue 33): the after run's benchmark summary
+        "artifacts",  # added compatibly (issue 41): every artifact kind's size and verdict
     ]
     assert list(comparison["regressions"][0]) == ["model", "rule", "a", "b", "ratio", "message"]
     text = json.dumps(comparison)

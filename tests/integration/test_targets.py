@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,31 @@ def test_check_compat_re_runs_every_target(demo: dict[str, Any]) -> None:
             assert row in text, (model["name"], kind, text[-3000:])
             assert f"<td>{kind} <code>{model[kind]['sha256'][:12]}</code></td>" in page, (model["name"], kind)
         assert f'<td rowspan="5">{model["name"]}</td>' in page, model["name"]
+
+
+@pytest.mark.compile  # the shared targets fleet compiles
+def test_the_drift_report_of_the_two_runs_has_a_row_per_target(demo: dict[str, Any]) -> None:
+    """`pt2flow report` between the fleet's cold and warm runs: every model's archive, package,
+    ONNX model, .pte and OpenVINO model, each with its size (the same in both runs) and its own
+    verdict, in the JSON and the text (issue 41: the report once knew the archive and the package only)."""
+    kinds = ("serialized", "compiled", "onnx", "pte", "openvino")
+    done = run_cli(["report", "--store", demo["store"], "--json"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    comparison = json.loads(done.stdout)
+    assert (comparison["runs"]["a"]["run_id"], comparison["runs"]["b"]["run_id"]) == (demo["cold"].document["run_id"], demo["warm"].document["run_id"])
+    cold = _models(demo["cold"])
+    for model in comparison["models"]:
+        facts = model["artifacts"]
+        assert list(facts) == list(kinds), model["model"]
+        for kind in kinds:
+            size = json.loads(run_cli(["show", cold[model["model"]]["artifacts"][kind], "--store", demo["store"], "--json"]).stdout)["size"]
+            assert facts[kind]["size"] == {"a": size, "b": size, "delta": 0, "ratio": 1.0, "changed": False}, (model["model"], kind)
+            assert facts[kind]["passed"] == {"a": True, "b": True, "changed": False}, (model["model"], kind)
+    text = run_cli(["report", "--store", demo["store"]]).stdout
+    cells = [[c.strip() for c in re.split("[│┃|]", line) if c.strip()] for line in text.split("artifacts", 1)[1].splitlines()]
+    rows = [row for row in cells if row and row[0] in cold]
+    assert sorted((row[0], row[1]) for row in rows) == sorted((name, kind) for name in cold for kind in kinds), text[-3000:]
+    assert all(row[-1] == "pass" for row in rows), text[-3000:]
 
 
 REFUSED = [
