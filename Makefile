@@ -102,7 +102,7 @@ bench-exportdb-compile: install
 # Phi3, which `make test` does not build (it builds tiny Llama's and T5's); exit 1 if an artifact
 # does not build or generates other tokens than eager. About 6 minutes on 2 cores.
 bench-generation: install
-	$(BIN)/python bench/generation.py --artifacts archive,pte,onnx,aoti --tokens 32 --repeats 1 --check
+	$(BIN)/python bench/generation.py --artifacts archive,pte,onnx,aoti,openvino --tokens 32 --repeats 1 --check
 
 lint: install
 	$(BIN)/lint-imports

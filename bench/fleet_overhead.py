@@ -365,7 +365,7 @@ def main() -> int:
 
     # A machine that ran pt2flow in the last 15 minutes has its shared Prefect server up (the
     # default, flows/engine/services/prefect_server.py): start it once, as such a run did, before the arms.
-    subprocess.run([sys.executable, "-c", "from pt2flow.flows.engine import runtime\nwith runtime.prefect_api(): pass"],
+    subprocess.run([sys.executable, "-c", "from pt2flow.flows.engine.services import prefect_runtime\nwith prefect_runtime.prefect_api(): pass"],
                    env=_env(workdir, "server"), check=True, capture_output=True)
     figures["ratios"] = {}
     bare = [sys.executable, __file__, "--models", str(count), "--small", str(args.small), "--workdir", str(workdir), "--bare"]

@@ -50,7 +50,8 @@ def _builder(factory: Callable[..., torch.nn.Module], kwargs: dict[str, Any], tr
 
 
 def _targets(program: torch.export.ExportedProgram, options: dict[str, Any]) -> dict[str, TargetArtifact]:
-    from pt2flow.flows.builtin.openvino import OpenvinoOptions, convert, load_runner
+    from pt2flow.stages.openvino_target import convert, load_openvino as load_runner
+    from pt2flow.stages.target_options import OpenvinoOptions
     from pt2flow.stages.executorch_target import load_pte, lower_executorch
     from pt2flow.stages.onnx_target import export_onnx, load_onnx
     from pt2flow.stages.target_options import ExecutorchOptions, OnnxOptions

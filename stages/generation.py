@@ -474,6 +474,22 @@ def flat_step(runner: Callable[[list[torch.Tensor]], list[Any]], specs: CallSpec
     return step
 
 
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What an artifact kind's step function (its stage's `step`) gets besides the component's bytes:
+    `specs` gives the component's call specs (its traced program's, made on first use) and
+    `workdir` is a folder of its own that outlives the step function (a package unpacks there)."""
+
+    specs: Callable[[], CallSpecs]
+    workdir: str
+
+
+def candidate_step(runner: Callable[[list[torch.Tensor]], list[Any]], context: StepContext) -> StepFn:
+    """The step function of any flat runner (a candidate loader's: ONNX Runtime, OpenVINO, a
+    plugin's): the component's tensor leaves in, its output rebuilt from the flat outputs."""
+    return flat_step(runner, context.specs())
+
+
 def archive_bytes(program: ExportedProgram) -> bytes:
     """The component's program as pt2flow's serialize stage writes it (torch.export.save, round trip checked)."""
     from pt2flow.stages.serialize import serialize

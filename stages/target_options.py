@@ -1,4 +1,5 @@
-"""The deployment targets' options (stages/onnx_target.py, stages/executorch_target.py). Torch-free,
+"""The deployment targets' options (stages/onnx_target.py, stages/executorch_target.py,
+stages/openvino_target.py). Torch-free,
 like stages/options.py: a config naming a target validates without torch. The libraries a target
 needs and the extra installing them are in its declaration (flows/builtin/)."""
 
@@ -35,3 +36,13 @@ class ExecutorchOptions(_TargetOptions):
 
     partitioners: tuple[PartitionerName, ...] = ("xnnpack",)
     portable_fallback: bool = True
+
+
+class OpenvinoOptions(_TargetOptions):
+    """compress_to_fp16: store the weights as f16 (openvino.save_model's compress_to_fp16: half the
+    size, the weights rounded); inference_precision: the CPU plugin's INFERENCE_PRECISION_HINT when
+    the model is run (validate, check-compat): f32 computes as eager does, bf16/f16 lets a CPU that
+    has them trade accuracy for speed. Recorded in the artifact: a model is run as it was made."""
+
+    compress_to_fp16: bool = False
+    inference_precision: Literal["f32", "bf16", "f16"] = "f32"

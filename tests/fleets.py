@@ -10,8 +10,9 @@ the longest).
 
 - `generative_fleet`: configs/generative.yaml (tiny Llama, Qwen2, Gemma, Phi3 and T5) run cold
   through trace, serialize, onnx and validate (every model: its archives and ONNX models generate
-  eager's tokens); then tiny Llama and tiny T5 as shipped, every stage (aot_compile and executorch
-  added to what the cold run cached: their packages and .ptes generate eager's tokens too); then
+  eager's tokens); then tiny Llama and tiny T5 as shipped, every stage (aot_compile, executorch and
+  openvino added to what the cold run cached: their packages, .ptes and OpenVINO models generate
+  eager's tokens too, or fail naming why: T5's OpenVINO conversion); then
   the same fleet with tiny Llama whose decode program has one weight wrong
   (tests/generative_faults.py), whose run builds only that model (its prefill is tiny Llama's
   program, served from tiny Llama's records); then Llama, T5 and the bad model again, warm. Qwen2's,

@@ -13,13 +13,14 @@ from pt2flow.stages.options import AotCompileOptions
 if TYPE_CHECKING:
     from pt2flow.flows.engine.worker.compute import Produced, StageCall
     from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.stages.generation import StepContext, StepFn
 
 # 2: the program fingerprint covers every node's tensor metadata (stages/program.py)
 STAGE = Stage(
     "aot_compile", 2, compute=f"{__name__}:compute", inputs=(NEWEST_PROGRAM,), options=AotCompileOptions,
     publishes="package", artifact="compiled", suffix=".pt2", key=f"{__name__}:key",
     candidate="pt2flow.stages.aot_compile:load_runner", repro=f"{__name__}:repro", device=f"{__name__}:device",
-    default=True, position=50, description="AOTInductor package",
+    step=f"{__name__}:step", default=True, position=50, description="AOTInductor package",
 )
 
 
@@ -67,3 +68,10 @@ def repro(job: ReproJob) -> str:
         with tempfile.TemporaryDirectory() as folder:
             aoti_compile_and_package(ep, package_path=os.path.join(folder, "model.pt2"), inductor_configs={configs!r})
         """)
+
+
+def step(data: bytes, context: StepContext) -> StepFn:
+    """A generative component's package as a step, unpacked into the context's folder (its own call spec flattens the kwargs)."""
+    from pt2flow.stages.generation import aoti_step
+
+    return aoti_step(data, context.workdir)

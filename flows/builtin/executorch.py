@@ -13,11 +13,12 @@ from pt2flow.stages.target_options import ExecutorchOptions
 if TYPE_CHECKING:
     from pt2flow.flows.engine.worker.compute import Produced, StageCall
     from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.stages.generation import StepContext, StepFn
 
 STAGE = Stage(
     "executorch", 1, compute=f"{__name__}:compute", inputs=(FUNCTIONAL_PROGRAM,), options=ExecutorchOptions,
     publishes="pte", artifact="pte", suffix=".pte", candidate="pt2flow.stages.executorch_target:load_pte",
-    repro=f"{__name__}:repro", libraries=("executorch",), extra="executorch",
+    repro=f"{__name__}:repro", step=f"{__name__}:step", libraries=("executorch",), extra="executorch",
     accepts_training=False, position=70, description=".pte program, for the ExecuTorch runtime (XNNPACK)",
 )
 
@@ -34,3 +35,11 @@ def repro(job: ReproJob) -> str:
     from pt2flow.stages.executorch_target import executorch_repro_body
 
     return job.program() + "program = ep\n" + executorch_repro_body(ExecutorchOptions(**job.options))
+
+
+def step(data: bytes, context: StepContext) -> StepFn:
+    """A generative component's .pte as a step: unlike other flat runners, the method keeps a None
+    input in its place (stages.generation.pte_step)."""
+    from pt2flow.stages.generation import pte_step
+
+    return pte_step(data, context.specs())

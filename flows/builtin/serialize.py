@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from pt2flow.flows.engine.worker.compute import Produced, StageCall
     from pt2flow.flows.engine.worker.rebuild import RebuildCall
     from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.stages.generation import StepContext, StepFn
 
 # 2: the archive names the modules its pytree types need; 3: the new fingerprint; 4: the same
 # program saves to the same bytes (graph ids of the pass provenance numbered, not addresses);
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 STAGE = Stage(
     "serialize", 5, compute=f"{__name__}:compute", inputs=(NEWEST_PROGRAM,), options=SerializeOptions,
     publishes="archive", artifact="serialized", suffix=".pt2", candidate="pt2flow.stages.serialize:load_archive",
-    repro=f"{__name__}:repro", rebuild=f"{__name__}:rebuild", default=True, position=40,
+    repro=f"{__name__}:repro", rebuild=f"{__name__}:rebuild", step=f"{__name__}:step", default=True, position=40,
     description=".pt2 archive (torch.export.save)",
 )
 
@@ -57,3 +58,10 @@ def repro(job: ReproJob) -> str:
         buffer.seek(0)
         torch.export.load(buffer)
         """)
+
+
+def step(data: bytes, context: StepContext) -> StepFn:
+    """A generative component's archive as a step: torch.export.load's module, called with the kwargs it was traced with."""
+    from pt2flow.stages.generation import archive_step
+
+    return archive_step(data)

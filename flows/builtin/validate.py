@@ -14,6 +14,9 @@ from pt2flow.stages.options import ValidateOptions
 if TYPE_CHECKING:
     from pt2flow.flows.engine.worker.compute import Produced, StageCall
 
+# the generative verdicts' version, in a generative model's key alone: 2, every candidate kind
+# generates through its step function (an OpenVINO model was skipped with a warning before)
+GENERATION_STEPS = 2
 # 2: the candidates' signatures are checked against the configured inputs
 STAGE = Stage(
     "validate", 2, compute=f"{__name__}:compute", inputs=(Input.of("source"), Input.of("trace")),
@@ -60,7 +63,9 @@ def compute(call: StageCall) -> Produced:
 
 def _compute_generation(call: StageCall) -> Produced:
     """A generative model: its components' artifacts of every kind generate greedily against eager
-    `generate()` (stages.generation.validate_generation), one verdict per artifact kind."""
+    `generate()` (stages.generation.validate_generation), one verdict per artifact kind, each run
+    by its kind's step function (Stage.step, else a flat runner's over Stage.candidate)."""
+    import functools
     import tempfile
 
     from pt2flow.flows import pipeline
@@ -85,38 +90,31 @@ def _compute_generation(call: StageCall) -> Produced:
         return load_artifact(call.store, outcome.artifact, outcome.size, (stage,), what, zipped=zipped)
 
     with tempfile.TemporaryDirectory(prefix="pt2flow-generate-") as workdir:
-        def steps_of(stage: str, kind: str) -> Any:
+        def steps_of(stage: Stage) -> Any:
+            # the kind's step function (Stage.step), else any flat runner's over its candidate loader
+            make = pipeline.resolve(stage.step) if stage.step else None
+            runner = pipeline.resolve(str(stage.candidate)) if make is None else None
+            zipped = True if stage.publishes in LOADED_HERE else None
+
             def load() -> dict[str, Any]:
                 steps = {}
                 for c in order:
-                    if kind == "archive":
-                        steps[c] = G.archive_step(blob(c, stage, kind, True))
-                    elif kind == "package":
-                        steps[c] = G.aoti_step(blob(c, stage, kind, True), tempfile.mkdtemp(dir=workdir))
-                    elif kind == "pte":
-                        steps[c] = G.pte_step(blob(c, stage, kind, None), call_specs(c))
-                    else:
-                        steps[c] = G.onnx_step(blob(c, stage, kind, None), call_specs(c))
+                    data = blob(c, stage.name, stage.publishes, zipped)
+                    context = G.StepContext(functools.partial(call_specs, c), tempfile.mkdtemp(dir=workdir))
+                    steps[c] = make(data, context) if make is not None else G.candidate_step(runner(data), context)
                 return steps
             return load
 
         loaders = {}
-        skipped = []
         for name in pipeline.candidates():
             stage = pipeline.get(name)
-            if not all(f"{c}/{name}" in call.inputs for c in order):
-                continue
-            if stage.publishes not in ("archive", "package", "pte", "onnx"):
-                skipped.append(name)
-                continue
-            loaders[candidates.get(stage.artifact, name)] = steps_of(name, stage.publishes)
+            if all(f"{c}/{name}" in call.inputs for c in order):
+                loaders[candidates.get(stage.artifact, name)] = steps_of(stage)
         result = G.validate_generation(
             call.eager()(), call.generate_spec(), call.model.generate.prompt_lens, loaders,
             required=required_candidates(call.model), kinds={name: kind for kind, name in candidates.items()},
         )
     output = dict(result.output)
-    if skipped:
-        output["warnings"] = [*output["warnings"], f"not validated by generation (no step function for its kind): {', '.join(skipped)}"]
     report = json.dumps(output, indent=1, default=str).encode()
     return call.publish(report, details={"validation": validation_summary(output)}, warnings=output["warnings"])
 
@@ -176,7 +174,7 @@ def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
         names = [f"{c}/{name}" for name in pipeline.candidates() for c in order]
         candidates = [inputs[name].artifact for name in names if name in inputs]
         libraries = [lib for name in pipeline.candidates() if f"{order[0]}/{name}" in inputs for lib in pipeline.get(name).libraries]
-        options = {**_keyed_options(options_json(model, stage.name)), "generate": model.generate.model_dump(mode="json")}
+        options = {**_keyed_options(options_json(model, stage.name)), "generate": model.generate.model_dump(mode="json"), "steps": GENERATION_STEPS}
         if (required := required_candidates(model)) is not None:
             options = {**options, "require": required}
         env = {**environment_part(device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}

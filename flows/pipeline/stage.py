@@ -85,7 +85,13 @@ class Stage:
     device: "module:function" (model) -> the device its artifact is made for, the records'
       `device` column (None: the CPU, not recorded);
     checks_candidates: it uses every candidate stage's artifact (validate compares them with
-      eager, benchmark times them): every candidate registered is an optional input of it.
+      eager, benchmark times them): every candidate registered is an optional input of it;
+    step: "module:function" (bytes, stages.generation.StepContext) -> a step function of one
+      generative component's artifact (generate()'s forward kwargs in, the model's output out),
+      which validate drives token by token against eager generate(); a candidate without one
+      is run by stages.generation.flat_step over its `candidate` runner (the component's
+      tensor leaves in, by its traced call spec; the output leaves back into the output's
+      structure), as ONNX and OpenVINO are.
     """
 
     name: str
@@ -108,6 +114,7 @@ class Stage:
     rebuild: str | None = None
     device: str | None = None
     checks_candidates: bool = False
+    step: str | None = None
     origin: str = field(default="pt2flow", compare=False)  # the distribution or module that declared it
 
     def __post_init__(self) -> None:
@@ -115,7 +122,7 @@ class Stage:
 
         if not MODULE_NAME_PATTERN.fullmatch(self.name) or "." in self.name:
             raise ValueError(f"stage name {self.name!r} must be an identifier")
-        for path in (self.compute, self.key, self.candidate, self.repro, self.rebuild, self.device):
+        for path in (self.compute, self.key, self.candidate, self.repro, self.rebuild, self.device, self.step):
             if path is not None and ":" not in path:
                 raise ValueError(f"stage {self.name}: {path!r} is not a 'module:function' path")
 

@@ -4,7 +4,7 @@ fresh store, cold then warm. Each model is decomposed into its components; each 
 through the stages as the model `M/prefill`, `M/decode` (keyed, cached, recorded); validate
 generates 32 greedy tokens at prompts of 2 and 16 with each artifact kind's components and
 requires eager `generate()`'s token ids. Every model is built to archives and ONNX models;
-tiny Llama (and T5) also to AOTInductor packages and .ptes, every stage as shipped
+tiny Llama (and T5) also to AOTInductor packages, .ptes and OpenVINO models, every stage as shipped
 (tests/fleets.py says why the other decoders' are built by `make bench-generation` instead).
 Beside them, the same Llama whose exported decode program has one weight wrong
 (tests/generative_faults.py) is caught at the first token decode makes. The fleet is built once
@@ -39,9 +39,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.compile]
 
 pytest.importorskip("transformers")
 
-STAGES = ["trace", "serialize", "aot_compile", "onnx", "executorch", "validate"]
+STAGES = ["trace", "serialize", "aot_compile", "onnx", "executorch", "openvino", "validate"]
 COMPONENTS = ("prefill", "decode")
-KINDS = ("serialized", "compiled", "onnx", "pte")
+KINDS = ("serialized", "compiled", "onnx", "pte", "openvino")
 COLD_KINDS = ("serialized", "onnx")  # what the cold run's stages build (GENERATIVE_COLD_STAGES)
 NEW_TOKENS = 32
 PROMPTS = (2, 16)
@@ -120,8 +120,12 @@ def test_the_shipped_encoder_decoder_is_partial_without_its_pte(fleet: dict[str,
     model = _model(fleet["cold"], T5)
     assert model["status"] == "partial", model
     verdicts = model["validation"]["verdicts"]
-    assert {kind: v["passed"] for kind, v in verdicts.items()} == {"serialized": True, "compiled": True, "onnx": True, "pte": False}
+    assert {kind: v["passed"] for kind, v in verdicts.items()} == {"serialized": True, "compiled": True, "onnx": True, "pte": False, "openvino": False}
     assert verdicts["pte"]["error_class"] == "dynamic_shape", verdicts["pte"]
+    # judged like every kind, never skipped: OpenVINO's frontend refuses T5's prefill, and says what
+    assert verdicts["openvino"]["error_class"] == "lowering", verdicts["openvino"]
+    assert verdicts["openvino"]["error"].startswith("openvino failed: prefill: lowering: OpenVINO cannot convert "), verdicts["openvino"]
+    assert "aten.cat.default" in verdicts["openvino"]["error"], verdicts["openvino"]
 
 
 def test_a_decode_program_with_one_wrong_weight_is_caught_at_its_first_diverging_token(fleet: dict[str, Any]) -> None:
@@ -132,7 +136,7 @@ def test_a_decode_program_with_one_wrong_weight_is_caught_at_its_first_diverging
     fingerprints = _trace_fingerprints(fleet)
     assert fingerprints[f"{BAD}/prefill"] == fingerprints[f"{GOOD}/prefill"]
     assert fingerprints[f"{BAD}/decode"] != fingerprints[f"{GOOD}/decode"]
-    for kind in ("pte", "onnx"):
+    for kind in ("pte", "onnx", "openvino"):
         assert bad["components"]["prefill"]["artifacts"][kind] == good["components"]["prefill"]["artifacts"][kind], kind
     for kind in KINDS:
         assert bad["components"]["decode"]["artifacts"][kind] != good["components"]["decode"]["artifacts"][kind], kind

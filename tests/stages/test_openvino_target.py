@@ -1,4 +1,4 @@
-"""openvino target (flows/builtin/openvino.py), with the real OpenVINO: the shipped demo models
+"""openvino target (stages/openvino_target.py, declared in flows/builtin/openvino.py), with the real OpenVINO: the shipped demo models
 converted and validated against eager at the edges of every dynamic dim through load_runner; the
 same program giving the same bytes in one process and in two; ops the frontend refuses named as
 `lowering`; training and stateful programs refused; the repro body run as a plain script; the
@@ -20,7 +20,9 @@ import pytest
 import torch
 
 from pt2flow.flows.builtin import openvino as target
-from pt2flow.flows.builtin.openvino import FORMAT, OpenvinoOptions, convert, load_runner, repro_body
+from pt2flow.stages import openvino_target as runtime
+from pt2flow.stages.openvino_target import FORMAT, convert, load_openvino as load_runner, openvino_repro_body as repro_body
+from pt2flow.stages.target_options import OpenvinoOptions
 from pt2flow.flows.config import load_config
 from pt2flow.flows.engine.common.inputs import model_inputs
 from pt2flow.flows.pipeline.stage import Stage
@@ -111,13 +113,36 @@ def test_a_runner_returns_torch_tensors_of_the_eager_dtypes(dict_case: TargetCas
         runner([torch.randn(2, 3, 6)])
 
 
+class _NoneBetween(torch.nn.Module):
+    def forward(self, x: torch.Tensor, options: dict[str, Any], y: torch.Tensor) -> torch.Tensor:
+        return x * 3 + y if options["mask"] is None else x * 3 + y * options["mask"]
+
+
+def test_a_none_between_tensor_inputs_leaves_each_input_its_own_shape() -> None:
+    """A None the program was traced with (Qwen2's prefill mask) is a placeholder, and convert_model
+    makes a Parameter of it: each tensor keeps its own shape and the converted model takes the
+    tensors alone. Before, `y`'s shape went to the None's Parameter and `y` got none, and a runner
+    fed two tensors to a model of three inputs; Qwen2's prefill failed to convert."""
+    x, y = torch.randn(4, 3), torch.randn(3)
+    program = torch.export.export(_NoneBetween().eval(), (x, {"mask": None}, y), dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=8)}, {"mask": None}, None)).run_decompositions({})
+    assert [type(s.arg).__name__ for s in program.graph_signature.input_specs] == ["TensorArgument", "ConstantArgument", "TensorArgument"]
+    converted = convert(program, OpenvinoOptions())
+    assert [i["shape"] for i in converted.metadata["inputs"]] == [["2..8", 3], [3]]
+    runner = load_runner(converted.output)
+    for rows in (2, 8):
+        x = torch.randn(rows, 3)
+        (out,) = runner([x, y])
+        torch.testing.assert_close(out, x * 3 + y)
+
+
 # --- the same program, the same bytes ----------------------------------------------------------
 
 
 _CONVERT_IN_A_PROCESS = """
 import hashlib, sys
 import torch
-from pt2flow.flows.builtin.openvino import OpenvinoOptions, convert
+from pt2flow.stages.openvino_target import convert
+from pt2flow.stages.target_options import OpenvinoOptions
 program = torch.export.load(sys.argv[1])
 torch.nn.Linear(3, 3)  # unrelated work first: the converter's counters move on
 print(hashlib.sha256(convert(program, OpenvinoOptions()).output).hexdigest())
@@ -146,8 +171,8 @@ def test_the_options_change_the_bytes_and_the_precision_is_recorded_for_the_runn
     half = convert(program, OpenvinoOptions(compress_to_fp16=True, inference_precision="bf16"))
     assert half.metadata["weights_bytes"] < plain.metadata["weights_bytes"]
     assert half.output != plain.output and half.metadata["inference_precision"] == "bf16"
-    assert target.OpenvinoRunner(plain.output).precision == "f32"
-    assert target.OpenvinoRunner(half.output).precision == "bf16"
+    assert runtime.OpenvinoRunner(plain.output).precision == "f32"
+    assert runtime.OpenvinoRunner(half.output).precision == "bf16"
     with pytest.raises(Exception):
         OpenvinoOptions(inference_precision="f64")
     with pytest.raises(Exception):

@@ -106,7 +106,7 @@ TARGET_KINDS = {"onnx": "onnx", "pte": "executorch", "openvino": "openvino"}  # 
 
 
 def _targets(name: str, fleet: Fleet) -> dict[str, TargetArtifact]:
-    from pt2flow.flows.builtin.openvino import load_runner
+    from pt2flow.stages.openvino_target import load_openvino as load_runner
     from pt2flow.stages.executorch_target import load_pte
     from pt2flow.stages.onnx_target import load_onnx
     from pt2flow.storage.store import ArtifactStore
