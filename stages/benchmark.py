@@ -15,6 +15,7 @@ the recommendation there; the stage fails only when no artifact could be timed a
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import os
@@ -35,7 +36,7 @@ from pt2flow.stages.options import BenchmarkOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.serialize import load_archive
-from pt2flow.stages.targets import FlatCandidate, TargetArtifact
+from pt2flow.stages.targets import TargetArtifact
 from pt2flow.stages.validate import plan_samples
 from pt2flow.stages.vocabulary import ErrorClass
 
@@ -227,7 +228,7 @@ def benchmark(
             if package is not None:
                 loaders.append(("compiled", len(package), lambda: load_runner(package, workdir, device)))
             for name, target in (targets or {}).items():
-                loaders.append((name, len(target.data), lambda target=target: FlatCandidate(target.load(target.data))))
+                loaders.append((name, len(target.data), target.candidate))
             for name, size, load in loaders:
                 measured.append(_time_artifact(name, size, load, points, inputs, options))
                 gc.collect()
@@ -254,7 +255,7 @@ def _time_eager(reference: torch.nn.Module, load_ms: float, peak_mb: float | Non
     with PeakMemory() as memory, torch.inference_mode():
         for point in points:
             bound = inputs[point.label]
-            _time_point(measured, point, lambda: bound.call(reference), options)
+            _time_point(measured, point, functools.partial(bound.call, reference), options)
     measured.peak_memory_mb = max((v for v in (peak_mb, memory.peak_mb) if v is not None), default=None)
     return measured
 
@@ -273,7 +274,7 @@ def _time_artifact(name: str, size: int, load: Callable[[], Callable[..., Any]],
         with torch.no_grad():
             for point in points:
                 bound = inputs[point.label]
-                _time_point(measured, point, lambda: bound.call(fn), options)
+                _time_point(measured, point, functools.partial(bound.call, fn), options)
         del fn
     measured.peak_memory_mb = memory.peak_mb
     return measured
@@ -287,7 +288,7 @@ def _time_point(measured: Measured, point: Point, call: Callable[[], Any], optio
 
 
 def _artifact_report(measured: Measured, points: list[Point]) -> dict[str, Any]:
-    per_point = {}
+    per_point: dict[str, dict[str, Any]] = {}
     for point in points:
         timing = measured.timings.get(point.label)
         if timing is None:

@@ -93,6 +93,7 @@ def bind_inputs(
     args_dynamic: list[Any] = []
     for name, value in bound.arguments.items():
         kind = signature.parameters[name].kind
+        dyn: Any
         if kind == inspect.Parameter.VAR_KEYWORD:
             dyn = {k: _aligned_dynamic(v, dynamic.get(k), str(k)) for k, v in value.items()}
         else:

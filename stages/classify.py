@@ -43,7 +43,7 @@ def _type_names(exc: BaseException) -> set[str]:
     return {cls.__name__ for cls in type(exc).__mro__}
 
 
-def classify_trace_error(exc: BaseException) -> str:
+def classify_trace_error(exc: BaseException) -> ErrorClass:
     """Error class of a failed torch.export.export call."""
     if isinstance(exc, StageError):
         return exc.error_class
@@ -67,7 +67,7 @@ def classify_trace_error(exc: BaseException) -> str:
     return ErrorClass.RUNTIME
 
 
-def classify_compile_error(exc: BaseException) -> str:
+def classify_compile_error(exc: BaseException) -> ErrorClass:
     """Error class of a failed AOTInductor compile: a compile error unless torch says otherwise."""
     if isinstance(exc, StageError):
         return exc.error_class
@@ -76,7 +76,7 @@ def classify_compile_error(exc: BaseException) -> str:
     return ErrorClass.COMPILE
 
 
-def classify_target_error(exc: BaseException) -> str:
+def classify_target_error(exc: BaseException) -> ErrorClass:
     """Error class of a failed deployment-target export (ONNX, ExecuTorch): the library refused
     the program (`lowering`) unless it is a StageError already or the process ran out of memory."""
     if isinstance(exc, StageError):
@@ -157,7 +157,8 @@ def _is_own(filename: str, framework: frozenset[str] = frozenset()) -> bool:
 def _module_for_file(filename: str) -> str:
     path = os.path.realpath(filename)
     for name, module in list(sys.modules.items()):
-        if getattr(module, "__file__", None) and os.path.realpath(module.__file__) == path:
+        file = getattr(module, "__file__", None)
+        if file and os.path.realpath(file) == path:
             return name
     return Path(filename).stem
 

@@ -93,7 +93,7 @@ def _run_samples(fn: Callable[..., Any], samples: Sequence[IOSample], atol: floa
         comparison = compare(pytree.tree_leaves(got), expected, atol, rtol)
         worst_abs, worst_rel = max(worst_abs, comparison.max_abs_err), max(worst_rel, comparison.max_rel_err)
         failures += [f"{sample.label}: {f}" for f in comparison.failures]
-    out = {"runs": True, "matches": not failures, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "samples": len(samples)}
+    out: dict[str, Any] = {"runs": True, "matches": not failures, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "samples": len(samples)}
     if failures:
         out.update(error_class=ErrorClass.NUMERIC_MISMATCH, error="; ".join(failures[:5]))
     return out

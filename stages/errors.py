@@ -34,9 +34,11 @@ class StageError(Exception):
         self.report = report
         self.details = details or {}
 
-    def __reduce__(self):  # keep keyword-only state across process boundaries (pickle)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # keep keyword-only state across process boundaries (pickle)
         return (_rebuild_stage_error, (self.error_class, self.message, self.attempts, self.report, self.details))
 
 
-def _rebuild_stage_error(error_class, message, attempts, report, details) -> StageError:
+def _rebuild_stage_error(
+    error_class: ErrorClass, message: str, attempts: Any, report: Any, details: dict[str, Any] | None
+) -> StageError:
     return StageError(error_class, message, attempts=attempts, report=report, details=details)

@@ -157,11 +157,11 @@ def materialize(tree: Any, dyn: Any, generator: torch.Generator, dim_sizes: Mapp
         shape = _resized(tuple(tree.shape), dyn, dim_sizes, path)
         return tree.clone() if shape == tuple(tree.shape) else _random_like(tree, shape, generator)
     if isinstance(tree, (list, tuple)):
-        subs = dyn if isinstance(dyn, (list, tuple)) else [None] * len(tree)
+        subs: Sequence[Any] = dyn if isinstance(dyn, (list, tuple)) else [None] * len(tree)
         return type(tree)(materialize(v, d, generator, dim_sizes, f"{path}[{i}]") for i, (v, d) in enumerate(zip(tree, subs)))
     if isinstance(tree, dict):
-        subs = dyn if isinstance(dyn, Mapping) else {}
-        return {k: materialize(v, subs.get(k), generator, dim_sizes, f"{path}.{k}") for k, v in tree.items()}
+        named: Mapping[Any, Any] = dyn if isinstance(dyn, Mapping) else {}
+        return {k: materialize(v, named.get(k), generator, dim_sizes, f"{path}.{k}") for k, v in tree.items()}
     return tree
 
 

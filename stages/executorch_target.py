@@ -53,7 +53,7 @@ def unbounded_dims(ep: ExportedProgram) -> list[str]:
     found = []
     for position, node in enumerate(program.user_tensor_inputs(ep)):
         val = node.meta.get("val") if node is not None else None
-        if not isinstance(val, torch.Tensor):
+        if node is None or not isinstance(val, torch.Tensor):
             continue
         for index, size in enumerate(val.shape):
             if not isinstance(size, torch.SymInt):

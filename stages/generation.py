@@ -31,10 +31,13 @@ import time
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.export import Dim, ExportedProgram
+
+if TYPE_CHECKING:
+    from pt2flow.stages.target_options import PartitionerName
 
 # The components transformers' decomposition returns for a text-only generative model, in call order.
 PREFILL = "prefill"
@@ -506,7 +509,7 @@ def archive_step(data: bytes) -> StepFn:
     return program_step(program)
 
 
-def pte_bytes(program: ExportedProgram, partitioners: tuple[str, ...] = ()) -> bytes:
+def pte_bytes(program: ExportedProgram, partitioners: tuple[PartitionerName, ...] = ()) -> bytes:
     """The component lowered by pt2flow's executorch stage: `()` the portable kernels only, `("xnnpack",)`.
     Every dynamic dim needs a maximum (a static cache bounds the prompt axis by `max_cache_len`)."""
     from pt2flow.stages.executorch_target import lower_executorch
@@ -706,11 +709,13 @@ def validate_generation(
         report["candidates"][name] = entry
         verdict: dict[str, Any] = {"passed": True, "error_class": None, "error": None}
         try:
-            steps = load()
+            steps: Mapping[str, StepFn] | None = load()
         except Exception as exc:  # noqa: BLE001 - a candidate that does not load fails on its own
             verdict = {"passed": False, "error_class": ErrorClass.SERIALIZATION.value, "error": f"{name}: does not load: {short_message(exc, 500)}"}
             steps = None
-        for length, prompt in prompts.items() if steps is not None else ():
+        for length, prompt in prompts.items():
+            if steps is None:
+                break
             try:
                 with _quiet():
                     got = greedy_tokens(model, steps, prompt, spec)

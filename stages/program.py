@@ -136,7 +136,7 @@ def effective_dims_of_leaves(ep: ExportedProgram, leaf_dims: Sequence[Mapping[in
                 expr = size.node.expr
                 vr = ranges.get(str(expr))
                 if vr is not None:
-                    entry = {"min": range_end(vr.lower), "max": range_end(vr.upper), "static": False, "value": None}
+                    entry: dict[str, Any] = {"min": range_end(vr.lower), "max": range_end(vr.upper), "static": False, "value": None}
                 else:  # a derived expression such as 2*s0: its range is implied by its root
                     entry = {"min": None, "max": None, "static": False, "value": None, "expr": str(expr)}
             else:

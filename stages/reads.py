@@ -38,6 +38,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Callable, Iterable, Iterator
 
 from pt2flow.stages.datafiles import is_inside
@@ -88,7 +89,7 @@ def interpreter_folders() -> tuple[str, ...]:
 
 def _importing_module() -> str | None:
     """The innermost module whose body is executing because it is being imported, if any."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "<module>":
             name = frame.f_globals.get("__name__")

@@ -121,8 +121,8 @@ def build_model(
     try:
         if checkpoint is None:
             model = factory(**dict(kwargs))
-        elif isinstance(factory, type) and callable(getattr(factory, "from_pretrained", None)):
-            model = factory.from_pretrained(checkpoint, **dict(kwargs))
+        elif isinstance(factory, type) and callable(from_pretrained := getattr(factory, "from_pretrained", None)):
+            model = from_pretrained(checkpoint, **dict(kwargs))
         else:
             model = factory(checkpoint, **dict(kwargs))
     except TypeError as exc:
@@ -195,13 +195,11 @@ class TrainingStep(torch.nn.Module):
 
 def training_step(model: torch.nn.Module, loss_output: int | None = None) -> TrainingStep:
     """A TrainingStep whose forward() carries the wrapped model's signature (for export's arg names)."""
-    step_cls = type("TrainingStep", (TrainingStep,), {})
-
     def forward(self: TrainingStep, *args: Any, **kwargs: Any) -> torch.Tensor:
         return TrainingStep.forward(self, *args, **kwargs)
 
     forward.__signature__ = inspect.signature(type(model).forward)  # type: ignore[attr-defined]
-    step_cls.forward = forward  # type: ignore[method-assign]
+    step_cls = type("TrainingStep", (TrainingStep,), {"forward": forward})
     step = step_cls(model, loss_output)
     step.train(model.training)
     return step

@@ -161,3 +161,7 @@ class TargetArtifact:
 
     data: bytes
     load: Callable[[bytes], FlatRunner]
+
+    def candidate(self) -> FlatCandidate:
+        """Its bytes loaded, as a candidate called like the model."""
+        return FlatCandidate(self.load(self.data))

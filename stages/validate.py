@@ -15,6 +15,7 @@ floating leaf of a candidate is judged against it (stages/comparison.py leaf_noi
 from __future__ import annotations
 
 import copy
+import functools
 import random
 import statistics
 import tempfile
@@ -64,8 +65,8 @@ def plan_samples(
         eff = dims.get(name, {})
         if eff.get("static"):
             continue
-        lo = eff.get("min") if eff.get("min") is not None else cmin
-        hi = eff.get("max") if eff.get("max") is not None else cmax
+        lo = eff["min"] if eff.get("min") is not None else cmin
+        hi = eff["max"] if eff.get("max") is not None else cmax
         lo, hi = max(int(lo), int(cmin)), min(int(hi), int(cmax))
         if lo <= hi:
             ranges[name] = (lo, hi)
@@ -195,22 +196,24 @@ class _Noise:
         widened = replace(bound, args=_widen(bound.args), kwargs=_widen(bound.kwargs))
         floating_state = any(t.is_floating_point() for t in [*self.model.parameters(), *self.model.buffers()])
         if not floating_state and not any(t.is_floating_point() for _, t, _ in bound.tensor_leaves()):
-            return self._give_up("nothing in the model or its inputs is floating point")
+            self._give_up("nothing in the model or its inputs is floating point")
+            return None
         start = time.perf_counter()
         try:
             observed = _observe_eager(self.model, widened, training, buffer_names)
         except Exception as exc:
-            return self._give_up(f"the float64 copy of the model raised on sample {sample.label}: {short_message(exc)}")
+            self._give_up(f"the float64 copy of the model raised on sample {sample.label}: {short_message(exc)}")
+            return None
         finally:
             self.seconds += time.perf_counter() - start
         for path, leaf in leaves_by_path(observed.output).items():
             if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.dtype != torch.float64:
-                return self._give_up(f"the float64 copy returns {str(leaf.dtype).removeprefix('torch.')} for output {path}: the model sets its own dtype")
+                self._give_up(f"the float64 copy returns {str(leaf.dtype).removeprefix('torch.')} for output {path}: the model sets its own dtype")
+                return None
         return observed
 
     def _give_up(self, why: str) -> None:
         self.model, self.fallback = None, why
-        return None
 
     def report(self) -> dict[str, Any]:
         return {
@@ -354,7 +357,7 @@ def _load_candidates(
     if package is not None:
         loaders.append(("compiled", lambda: load_runner(package, workdir, device)))
     for name, target in targets.items():
-        loaders.append((name, lambda target=target: FlatCandidate(target.load(target.data))))
+        loaders.append((name, target.candidate))
     for name, load in loaders:
         try:
             candidates[name] = load()
@@ -455,7 +458,7 @@ def _latency(
     """Median milliseconds per call: eager, then each candidate."""
     latency = {"eager": _median_ms(lambda: _run_eager(reference, bound.clone(), training), runs)}
     for name, fn in candidates.items():
-        latency[name] = _median_ms(lambda fn=fn: _run_candidate(fn, bound, training), runs)
+        latency[name] = _median_ms(functools.partial(_run_candidate, fn, bound, training), runs)
     return latency
 
 
@@ -467,6 +470,7 @@ def _verdicts(findings: _Findings, report: dict[str, Any]) -> set[str]:
     for name, entry in report["candidates"].items():
         raised = [text for who, text in findings.raised if who == name]
         differs = [text for who, text in findings.mismatches if who == name]
+        verdict: dict[str, Any]
         if name in findings.unloadable:
             error_class, text = findings.unloadable[name]
             verdict = {"passed": False, "error_class": error_class.value, "error": text}

@@ -39,7 +39,7 @@ class NotStorable(ValueError):
 
 
 def _leaves(values: Sequence[Any], prefix: str, tensors: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for j, leaf in enumerate(values):
         if isinstance(leaf, torch.Tensor):
             name = f"{prefix}/{j}"

@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import textwrap
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
 from pt2flow.flows.pipeline import Input, Stage
+
+if TYPE_CHECKING:  # a stage module's engine API, typed (mypy checks this file with it: tests/test_layout.py)
+    from pt2flow.flows.engine.stage_api import Produced, ReproJob, StageCall
 
 
 class OpCountOptions(BaseModel):
@@ -30,7 +33,7 @@ def count_ops(program: Any) -> dict[str, int]:
     return dict(sorted(Counter(str(n.target) for n in program.graph.nodes if n.op == "call_function").items()))
 
 
-def compute(call: Any) -> Any:
+def compute(call: StageCall) -> Produced:
     """Runs in a pt2flow worker: the StageCall gives the program and publishes the result."""
     from pt2flow.stages.errors import StageError
     from pt2flow.stages.vocabulary import ErrorClass
@@ -43,7 +46,7 @@ def compute(call: Any) -> Any:
     return call.publish(json.dumps(counts, sort_keys=True).encode(), details={"ops": len(counts), "calls": sum(counts.values())})
 
 
-def repro(job: Any) -> str:
+def repro(job: ReproJob) -> str:
     """The body of a torch-only script that raises what compute raised."""
     forbid = tuple(job.options.get("forbid") or ())
     return job.program() + textwrap.dedent(f"""\

@@ -11,8 +11,8 @@ from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.options import AotCompileOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.worker.compute import Produced, StageCall
-    from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.flows.config.models import ResolvedModel
+    from pt2flow.flows.engine.stage_api import Outcome, Produced, ReproJob, StageCall
     from pt2flow.stages.generation import StepContext, StepFn
 
 # 2: the program fingerprint covers every node's tensor metadata (stages/program.py)
@@ -30,25 +30,22 @@ def compute(call: StageCall) -> Produced:
     return call.publish_result(aot_compile(call.program(), call.options(AotCompileOptions)))
 
 
-def device(model: Any) -> str:
+def device(model: ResolvedModel) -> str:
     """The device the package is compiled for (its options' `device`)."""
-    from pt2flow.flows.engine.common.stage_options import stage_options
+    from pt2flow.flows.engine.stage_api import stage_options
 
     return stage_options(model, STAGE.name, AotCompileOptions).device
 
 
-def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
+def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
     """A package is native code: its key also covers what that code was built for and with
     (CPU vector ISA, C++ compiler and version; for CUDA the GPU architecture and CUDA version),
     so a store shared by different machines never hands one a package built for another."""
-    from pt2flow.flows.engine.environment import interpreter
-    from pt2flow.flows.engine.common.keys import derivation_key
-    from pt2flow.flows.engine.environment.toolchain import cache_dir, toolchain_identity
-    from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
+    from pt2flow.flows.engine.stage_api import cache_dir, current_interpreter, derivation_key, environment_part, options_json, toolchain_identity
 
     target = device(model)
     options = options_json(model, stage.name)
-    env = {**environment_part(target), "toolchain": toolchain_identity(target, cache_dir(), options.get("inductor_configs"), interpreter.current())}
+    env = {**environment_part(target), "toolchain": toolchain_identity(target, cache_dir(), options.get("inductor_configs"), current_interpreter())}
     return derivation_key(stage.name, [inputs["program"].fingerprint], options, env)
 
 

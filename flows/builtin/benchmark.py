@@ -20,7 +20,8 @@ from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE, TIMINGS, Input, Sta
 from pt2flow.stages.options import BenchmarkOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.worker.compute import Produced, StageCall
+    from pt2flow.flows.config.models import ResolvedModel
+    from pt2flow.flows.engine.stage_api import Outcome, Produced, StageCall
 
 STAGE = Stage(
     "benchmark", 1, compute=f"{__name__}:compute", inputs=(Input.of("source"), Input.of("trace"), Input.of("validate")),
@@ -41,7 +42,7 @@ def compute(call: StageCall) -> Produced:
         raise StageError(ErrorClass.CONFIG, "benchmark times inference, and this model is in training mode (functionalize.mode: training): leave benchmark out of its stages")
     passed = validated(json.loads(call.blob("validate")))
     own = {kind: pipeline.publisher_name(kind) for kind in LOADED_BY_VALIDATE}
-    blobs = {kind: call.artifact(name, kind) if name in call.inputs and _slot(name) in passed else None for kind, name in own.items()}
+    blobs = {kind: call.artifact(name, kind) if name and name in call.inputs and _slot(name) in passed else None for kind, name in own.items()}
     targets = {name: t for name, t in target_artifacts(call).items() if name in passed}
     with _one_at_a_time():
         result = benchmark(
@@ -73,7 +74,7 @@ def validated(report: Mapping[str, Any]) -> set[str]:
 def machine() -> dict[str, Any]:
     """The kind of machine timings depend on (not which one: no host name): architecture, CPU
     model and feature flags, and the cores this process may use. Torch-free, a few file reads."""
-    from pt2flow.flows.engine.environment.toolchain import toolchain_facts
+    from pt2flow.flows.engine.stage_api import toolchain_facts
 
     facts = toolchain_facts("cpu")
     return {"arch": facts["machine"], "cpu": _cpu_model(), "cpu_flags": facts["cpu_flags"], "cores": _cores()}
@@ -98,13 +99,12 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
+def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
     """Validate's key (which covers every candidate artifact and the source), the artifacts, the
     options, the candidates' libraries, and the machine (`machine`)."""
     from pt2flow.flows import pipeline
     from pt2flow.flows.builtin.validate import device
-    from pt2flow.flows.engine.common.keys import derivation_key
-    from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
+    from pt2flow.flows.engine.stage_api import derivation_key, environment_part, options_json
 
     present = [name for name in pipeline.candidates() if name in inputs]
     libraries = [lib for name in present for lib in pipeline.get(name).libraries]
@@ -121,7 +121,7 @@ def _one_at_a_time() -> Iterator[None]:
     except ImportError:
         yield
         return
-    from pt2flow.flows.engine.environment.interpreter import cache_dir
+    from pt2flow.flows.engine.stage_api import cache_dir
 
     os.makedirs(cache_dir(), exist_ok=True)
     with open(os.path.join(cache_dir(), "benchmark.lock"), "a") as handle:

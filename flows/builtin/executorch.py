@@ -11,8 +11,7 @@ from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.target_options import ExecutorchOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.worker.compute import Produced, StageCall
-    from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.flows.engine.stage_api import Produced, ReproJob, StageCall
     from pt2flow.stages.generation import StepContext, StepFn
 
 STAGE = Stage(

@@ -10,9 +10,7 @@ from pt2flow.flows.pipeline.stage import Input, Stage
 from pt2flow.stages.options import FunctionalizeOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.worker.compute import Produced, StageCall
-    from pt2flow.flows.engine.worker.rebuild import RebuildCall
-    from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.flows.engine.stage_api import Produced, RebuildCall, ReproJob, StageCall
 
 STAGE = Stage(
     "functionalize", 3, compute=f"{__name__}:compute", inputs=(Input("program", ("trace",)),), options=FunctionalizeOptions,

@@ -10,8 +10,7 @@ from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.target_options import OnnxOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.worker.compute import Produced, StageCall
-    from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.flows.engine.stage_api import Produced, ReproJob, StageCall
 
 STAGE = Stage(
     "onnx", 1, compute=f"{__name__}:compute", inputs=(FUNCTIONAL_PROGRAM,), options=OnnxOptions,

@@ -10,8 +10,7 @@ from pt2flow.flows.pipeline.stage import Input, Stage
 from pt2flow.stages.target_options import OpenvinoOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.worker.compute import Produced, StageCall
-    from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.flows.engine.stage_api import Produced, ReproJob, StageCall
 
 # 2: a constant user input (a None) no longer shifts the input shapes (_drop_constant_inputs)
 STAGE = Stage(

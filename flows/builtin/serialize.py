@@ -10,9 +10,7 @@ from pt2flow.flows.pipeline.stage import Stage
 from pt2flow.stages.options import SerializeOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.worker.compute import Produced, StageCall
-    from pt2flow.flows.engine.worker.rebuild import RebuildCall
-    from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.flows.engine.stage_api import Produced, RebuildCall, ReproJob, StageCall
     from pt2flow.stages.generation import StepContext, StepFn
 
 # 2: the archive names the modules its pytree types need; 3: the new fingerprint; 4: the same
@@ -27,7 +25,7 @@ STAGE = Stage(
 
 
 def compute(call: StageCall) -> Produced:
-    from pt2flow.flows.engine.common.keys import Environment
+    from pt2flow.flows.engine.stage_api import Environment
     from pt2flow.stages.serialize import serialize
 
     env = Environment.current()

@@ -10,9 +10,8 @@ from pt2flow.flows.pipeline.stage import Input, Stage
 from pt2flow.stages.options import FunctionalizeOptions, TraceOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.worker.compute import Produced, StageCall
-    from pt2flow.flows.engine.worker.rebuild import RebuildCall
-    from pt2flow.flows.engine.maintenance.repro import ReproJob
+    from pt2flow.flows.config.models import ResolvedModel
+    from pt2flow.flows.engine.stage_api import Outcome, Produced, RebuildCall, ReproJob, StageCall
 
 # 2: the program fingerprint covers every node's tensor metadata (stages/program.py); 3: a
 # program's identity is the program's as it loads back (stages.serialize.stored_program)
@@ -58,18 +57,16 @@ def trace_component(component: Any) -> Any:
     return StageResult(output=program, metadata=metadata)
 
 
-def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
+def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
     """The source's key, the trace options, and the training-mode settings trace exports for."""
-    from pt2flow.flows.engine.common.keys import derivation_key
-    from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
-    from pt2flow.flows.engine.common.stage_options import stage_options
+    from pt2flow.flows.engine.stage_api import derivation_key, environment_part, options_json, stage_options
     from pt2flow.flows.pipeline import configured_by
 
     functional = stage_options(model, configured_by(FunctionalizeOptions), FunctionalizeOptions)
     options = {**options_json(model, stage.name), "mode": functional.mode}
     if model.training:
         options["loss_output"] = functional.loss_output
-    if getattr(model, "component", None):  # a generative model's component: which one, exported how
+    if model.component:  # a generative model's component: which one, exported how
         options = {**options, "component": model.component, "exporter": "transformers.DynamoExporter",
                    "capture_prompt_len": CAPTURE_PROMPT_LEN}
     return derivation_key(stage.name, [inputs["source"].key], options, environment_part("cpu"))
@@ -83,7 +80,7 @@ def rebuild(call: RebuildCall) -> str | None:
     if call.model is None:
         return None
     if call.model.component:  # a generative model's component, exported as the run exported it
-        from pt2flow.flows.engine.worker.compute import model_component
+        from pt2flow.flows.engine.stage_api import model_component
 
         return stored_program(trace_component(model_component(call.model, call.eager)).output).fingerprint
     return stored_program(trace(call.eager(), call.example_inputs(), TraceOptions(**call.options)).output).fingerprint
@@ -93,13 +90,12 @@ def repro(job: ReproJob) -> str:
     """torch.export.export with the first strategy of the ladder, whose error is the one recorded."""
     import torch
 
-    from pt2flow.flows.engine.common.inputs import model_inputs
-    from pt2flow.flows.engine.maintenance.repro import build_model_code, dims_code, recorded_weights
+    from pt2flow.flows.engine.stage_api import build_model_code, dims_code, model_inputs, recorded_weights
     from pt2flow.stages.binding import bind_inputs, export_dynamic_shapes
     from pt2flow.stages.source import build_model, import_factory
 
     if job.model.component:  # a generative model's component: its decomposition and DynamoExporter's call
-        from pt2flow.flows.engine.maintenance import repro_component
+        from pt2flow.flows.engine.stage_api import repro_component
 
         return repro_component.trace(job)
     store, record, source, model, folder, files = job.store, job.record, job.source, job.model, job.folder, job.files

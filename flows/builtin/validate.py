@@ -6,13 +6,14 @@ a plugin's) through its stage's loader (Stage.candidate)."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE as LOADED_HERE, Input, Stage
 from pt2flow.stages.options import ValidateOptions
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.worker.compute import Produced, StageCall
+    from pt2flow.flows.config.models import GenerateConfig, ResolvedModel
+    from pt2flow.flows.engine.stage_api import Outcome, Produced, StageCall
 
 # the generative verdicts' version, in a generative model's key alone: 2, every candidate kind
 # generates through its step function (an OpenVINO model was skipped with a warning before)
@@ -29,15 +30,15 @@ STAGE = Stage(
 
 def compute(call: StageCall) -> Produced:
     from pt2flow.flows import pipeline
-    from pt2flow.flows.engine.worker.compute import validation_summary
+    from pt2flow.flows.engine.stage_api import validation_summary
     from pt2flow.stages.validate import validate
 
     model, store = call.model, call.store
-    if getattr(model, "generate", None) is not None:
-        return _compute_generation(call)
-    own = {kind: call.inputs.get(name) if (name := pipeline.publisher_name(kind)) else None for kind in LOADED_HERE}
-    archive = call.artifact(pipeline.publisher_name("archive"), "archive") if own["archive"] else None
-    package = call.artifact(pipeline.publisher_name("package"), "package") if own["package"] else None
+    if (generate := model.generate) is not None:
+        return _compute_generation(call, generate)
+    publishers = {kind: name for kind in LOADED_HERE if (name := pipeline.publisher_name(kind)) and name in call.inputs}
+    archive = call.artifact(publishers["archive"], "archive") if "archive" in publishers else None
+    package = call.artifact(publishers["package"], "package") if "package" in publishers else None
     result = validate(
         call.eager(),
         call.example_inputs(),
@@ -46,7 +47,7 @@ def compute(call: StageCall) -> Produced:
         archive=archive,
         package=package,
         training=model.training,
-        device=own["package"].details.get("device", "cpu") if own["package"] else "cpu",  # where the package was compiled for
+        device=call.inputs[publishers["package"]].details.get("device", "cpu") if package is not None else "cpu",  # where the package was compiled for
         targets=target_artifacts(call),
         required=required_candidates(model),
         kinds={name: kind for kind, name in candidate_names().items()},
@@ -61,7 +62,7 @@ def compute(call: StageCall) -> Produced:
     return call.publish(report, details=details, warnings=result.warnings)
 
 
-def _compute_generation(call: StageCall) -> Produced:
+def _compute_generation(call: StageCall, generate: GenerateConfig) -> Produced:
     """A generative model: its components' artifacts of every kind generate greedily against eager
     `generate()` (stages.generation.validate_generation), one verdict per artifact kind, each run
     by its kind's step function (Stage.step, else a flat runner's over Stage.candidate)."""
@@ -70,8 +71,7 @@ def _compute_generation(call: StageCall) -> Produced:
 
     from pt2flow.flows import pipeline
     from pt2flow.flows.config.models import components_of
-    from pt2flow.flows.engine.worker.artifacts import load_artifact
-    from pt2flow.flows.engine.worker.compute import _load_program, validation_summary
+    from pt2flow.flows.engine.stage_api import validation_summary
     from pt2flow.stages import generation as G
 
     G.register_cache_pytrees()
@@ -81,27 +81,25 @@ def _compute_generation(call: StageCall) -> Produced:
 
     def call_specs(component: str) -> Any:  # how a flat runtime calls it: the traced program's call spec
         if component not in specs:
-            traced = call.inputs[f"{component}/{pipeline.entry().name}"]
-            specs[component] = G.CallSpecs.of(_load_program(call.store, traced, call.model))
+            specs[component] = G.CallSpecs.of(call.program(f"{component}/{pipeline.entry().name}"))
         return specs[component]
 
     def blob(component: str, stage: str, what: str, zipped: bool | None) -> bytes:
-        outcome = call.inputs[f"{component}/{stage}"]
-        return load_artifact(call.store, outcome.artifact, outcome.size, (stage,), what, zipped=zipped)
+        return call.artifact(f"{component}/{stage}", what, zipped=zipped, stage=stage)
 
     with tempfile.TemporaryDirectory(prefix="pt2flow-generate-") as workdir:
-        def steps_of(stage: Stage) -> Any:
+        def steps_of(stage: Stage) -> Callable[[], dict[str, G.StepFn]]:
             # the kind's step function (Stage.step), else any flat runner's over its candidate loader
-            make = pipeline.resolve(stage.step) if stage.step else None
-            runner = pipeline.resolve(str(stage.candidate)) if make is None else None
+            make: Callable[[bytes, G.StepContext], G.StepFn] = (
+                pipeline.resolve(stage.step) if stage.step else functools.partial(_candidate_steps, pipeline.resolve(str(stage.candidate)))
+            )
             zipped = True if stage.publishes in LOADED_HERE else None
 
-            def load() -> dict[str, Any]:
+            def load() -> dict[str, G.StepFn]:
                 steps = {}
                 for c in order:
                     data = blob(c, stage.name, stage.publishes, zipped)
-                    context = G.StepContext(functools.partial(call_specs, c), tempfile.mkdtemp(dir=workdir))
-                    steps[c] = make(data, context) if make is not None else G.candidate_step(runner(data), context)
+                    steps[c] = make(data, G.StepContext(functools.partial(call_specs, c), tempfile.mkdtemp(dir=workdir)))
                 return steps
             return load
 
@@ -109,14 +107,21 @@ def _compute_generation(call: StageCall) -> Produced:
         for name in pipeline.candidates():
             stage = pipeline.get(name)
             if all(f"{c}/{name}" in call.inputs for c in order):
-                loaders[candidates.get(stage.artifact, name)] = steps_of(stage)
+                loaders[candidates.get(stage.artifact or name, name)] = steps_of(stage)
         result = G.validate_generation(
-            call.eager()(), call.generate_spec(), call.model.generate.prompt_lens, loaders,
+            call.eager()(), call.generate_spec(), generate.prompt_lens, loaders,
             required=required_candidates(call.model), kinds={name: kind for kind, name in candidates.items()},
         )
     output = dict(result.output)
     report = json.dumps(output, indent=1, default=str).encode()
     return call.publish(report, details={"validation": validation_summary(output)}, warnings=output["warnings"])
+
+
+def _candidate_steps(runner: Callable[[bytes], Any], data: bytes, context: Any) -> Any:
+    """The step function of a kind without one of its own: its flat runner's, over `data`."""
+    from pt2flow.stages.generation import candidate_step
+
+    return candidate_step(runner(data), context)
 
 
 def target_artifacts(call: StageCall) -> dict[str, Any]:
@@ -144,15 +149,15 @@ def candidate_names() -> dict[str, str]:
     return {stage.artifact: named.get(stage.publishes, stage.name) for stage in map(pipeline.get, pipeline.candidates()) if stage.artifact}
 
 
-def required_candidates(model: Any) -> list[str] | None:
+def required_candidates(model: ResolvedModel) -> list[str] | None:
     """The candidates a model's `require:` names (None: every candidate it has must pass)."""
-    if getattr(model, "require", None) is None:
+    if model.require is None:
         return None
     names = candidate_names()
     return sorted(names[kind] for kind in model.require if kind in names)
 
 
-def device(model: Any) -> str:
+def device(model: ResolvedModel) -> str:
     """Where the package it checks runs: the package's device (the CPU without a package stage)."""
     from pt2flow.flows import pipeline
 
@@ -160,28 +165,26 @@ def device(model: Any) -> str:
     return pipeline.resolve(package.device)(model) if package is not None and package.device else "cpu"
 
 
-def key(stage: Stage, model: Any, inputs: Mapping[str, Any]) -> str:
+def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
     """The source's key and every candidate's artifact, under the libraries of every candidate."""
     from pt2flow.flows import pipeline
-    from pt2flow.flows.engine.environment import interpreter
-    from pt2flow.flows.engine.common.keys import derivation_key
-    from pt2flow.flows.engine.orchestrator.stage_keys import environment_part, options_json
+    from pt2flow.flows.engine.stage_api import current_interpreter, derivation_key, environment_part, options_json
 
-    if getattr(model, "generate", None) is not None:  # a generative model: every component's candidates
+    if (generate := model.generate) is not None:  # a generative model: every component's candidates
         from pt2flow.flows.config.models import components_of
 
         order = components_of(inputs["source"].details)  # in call order; an encoder-decoder's encoder first
         names = [f"{c}/{name}" for name in pipeline.candidates() for c in order]
         candidates = [inputs[name].artifact for name in names if name in inputs]
         libraries = [lib for name in pipeline.candidates() if f"{order[0]}/{name}" in inputs for lib in pipeline.get(name).libraries]
-        options = {**_keyed_options(options_json(model, stage.name)), "generate": model.generate.model_dump(mode="json"), "steps": GENERATION_STEPS}
+        options = {**_keyed_options(options_json(model, stage.name)), "generate": generate.model_dump(mode="json"), "steps": GENERATION_STEPS}
         if (required := required_candidates(model)) is not None:
             options = {**options, "require": required}
-        env = {**environment_part(device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}
+        env = {**environment_part(device(model)), **{lib: current_interpreter().version(lib, "absent") for lib in libraries}}
         return derivation_key(stage.name, [inputs["source"].key, *candidates], options, env)
     candidates = [inputs[name].artifact for name in pipeline.candidates() if name in inputs]
     libraries = [lib for name in pipeline.candidates() if name in inputs for lib in pipeline.get(name).libraries]
-    env = {**environment_part(device(model)), **{lib: interpreter.current().version(lib, "absent") for lib in libraries}}
+    env = {**environment_part(device(model)), **{lib: current_interpreter().version(lib, "absent") for lib in libraries}}
     options = _keyed_options(options_json(model, stage.name))
     if (required := required_candidates(model)) is not None:  # it decides the stage's status; absent, the key is as before require existed
         options = {**options, "require": required}

@@ -69,7 +69,7 @@ def _environment_of(python: Any) -> Environment:
     )
 
 
-def derivation_key(stage: str, parents: Sequence[str], options: Any, env: Mapping[str, str]) -> str:
+def derivation_key(stage: str, parents: Sequence[str | None], options: Any, env: Mapping[str, Any]) -> str:
     payload = {
         "stage": stage,
         "version": pipeline.versions()[stage],

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from pt2flow.flows.engine.environment.interpreter import cache_dir, this_process  # noqa: F401  (cache_dir: re-exported)
+from pt2flow.flows.engine.environment.interpreter import this_process
 from pt2flow.flows.engine.common.keys import canonical_json
 
 # environment variables that inductor reads when it picks the compiler or the ISA

@@ -167,11 +167,13 @@ class StageCall:
         shapes (stages.generation.Component)."""
         return model_component(self.model, self.eager())
 
-    def artifact(self, name: str, what: str, *, zipped: bool | None = True) -> bytes:
+    def artifact(self, name: str, what: str, *, zipped: bool | None = True, stage: str | None = None) -> bytes:
         """The bytes of input `name`'s artifact (a blob of kind `what`), verified against an ok
-        record of the stage that made it."""
+        record of the stage that made it (`stage`: a component's input, `COMPONENT/STAGE`)."""
         outcome = self.inputs[name]
-        return load_artifact(self.store, outcome.artifact, outcome.size, (self._provider(name),), what, zipped=zipped)
+        if not outcome.artifact:
+            raise KeyError(f"input {name!r} of {self.stage} has no artifact")
+        return load_artifact(self.store, outcome.artifact, outcome.size, (stage or self._provider(name),), what, zipped=zipped)
 
     def _provider(self, name: str) -> str:
         item = next(i for i in pipeline.inputs_of(pipeline.get(self.stage)) if i.name == name)
