@@ -34,7 +34,7 @@ export PYTHONDONTWRITEBYTECODE :=
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-fast lint clean bench-torch-upgrade bench-exportdb-compile bench-generation
+.PHONY: install demo test test-fast lint fmt clean bench-torch-upgrade bench-exportdb-compile bench-generation
 
 install: $(STAMP)
 
@@ -73,8 +73,12 @@ demo: install
 # changes its mtime under a running fork server that imports from it (a stale server, started again)
 BYTECODE = $(BIN)/python -m compileall -q -j 0 $(wildcard flows stages storage tests bench configs docs) > /dev/null
 
+# ruff (pyproject's [tool.ruff]) on the folders a clone has: the lint, and the format the tree keeps
+RUFF_PATHS = $(wildcard flows stages storage tests bench configs docs)
+
 test: install
 	$(BIN)/lint-imports
+	$(BIN)/ruff check --quiet $(RUFF_PATHS)
 	$(BYTECODE)
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
@@ -106,6 +110,13 @@ bench-generation: install
 
 lint: install
 	$(BIN)/lint-imports
+	$(BIN)/ruff check $(RUFF_PATHS)
+	$(BIN)/ruff format --check $(RUFF_PATHS)
+
+# the tree's lint fixes and format, applied (what `make test` checks)
+fmt: install
+	$(BIN)/ruff check --fix $(RUFF_PATHS)
+	$(BIN)/ruff format $(RUFF_PATHS)
 
 # clean stops pt2flow's shared Prefect servers first: the one of ./.prefect (make's PREFECT_HOME), and
 # the one a `pt2flow run` outside make started under Prefect's default home, ~/.prefect, unless a run

@@ -7,7 +7,12 @@ CHECKOUT is a clone (never the working tree: its files are changed while a break
 VENV_PYTHON an interpreter with pt2flow's dependencies (the CHECKOUT is put first on PYTHONPATH,
 so another checkout's venv serves; CHECKOUT/.venv must exist for the tests' console scripts).
 Not part of `make test`: each break runs the files that should catch it, with two xdist workers."""
-import json, os, subprocess, sys, re, pathlib
+import json
+import os
+import subprocess
+import sys
+import re
+import pathlib
 
 BREAKS = [
     ("B1 program fingerprint omits a weight's bytes", "stages/program.py",

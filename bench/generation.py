@@ -37,7 +37,8 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -176,7 +177,7 @@ def build_artifacts(model: torch.nn.Module, spec: G.GenerateSpec, prompt: torch.
     return row, runners
 
 
-def measure(name: str, cache: str, tokens: int, kinds: list[str] = [], repeats: int = 3) -> dict[str, Any]:
+def measure(name: str, cache: str, tokens: int, kinds: list[str] | None = None, repeats: int = 3) -> dict[str, Any]:
     torch.manual_seed(0)
     model = builders()[name]().eval()
     model.generation_config.eos_token_id = None
@@ -200,7 +201,7 @@ def measure(name: str, cache: str, tokens: int, kinds: list[str] = [], repeats: 
     except Exception as exc:  # noqa: BLE001 - a model that does not decompose, export or run is a result
         return {**row, "error": f"{step}: {_reason(exc)}"}
     with tempfile.TemporaryDirectory(prefix="pt2flow-bench-") as workdir:
-        built, artifacts = build_artifacts(model, spec, prompt, eager, exported, kinds, workdir)
+        built, artifacts = build_artifacts(model, spec, prompt, eager, exported, kinds or [], workdir)
         row.update(built)
         runners: dict[str, dict[str, G.StepFn] | None] = {"eager": None, "program": program, **artifacts}
         row["loadavg_timing"] = [round(x, 2) for x in os.getloadavg()]
@@ -236,7 +237,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu, "arch": platform.machine(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "nice": os.nice(0), "python": platform.python_version(), "versions": versions,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE

@@ -3,7 +3,8 @@ config's; and UsageError, the error of an option or argument that cannot be used
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 
 class UsageError(ValueError):

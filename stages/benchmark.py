@@ -23,7 +23,8 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -156,7 +157,7 @@ class PeakMemory:
     """The peak resident memory a block adds, in MiB: Linux's high-water mark (VmHWM) reset
     through /proc/self/clear_refs before it, read after it; None where that is not possible."""
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self.start = _status_kib("VmRSS")
         try:
             with open("/proc/self/clear_refs", "w") as refs:

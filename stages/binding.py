@@ -9,7 +9,8 @@ torch.export's dynamic_shapes (one torch.export.Dim per dim name).
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import torch
 

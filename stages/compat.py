@@ -13,7 +13,8 @@ a CPU-only checker) is not checked at all: `skipped` says why, and nothing is cl
 from __future__ import annotations
 
 import tempfile
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.utils._pytree as pytree

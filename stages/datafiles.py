@@ -20,7 +20,7 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 RACY_NS = 2_000_000_000
 

@@ -53,7 +53,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
 
 from pt2flow.stages.datafiles import Hashed, changed_declared, changed_files, expand, file_key, is_inside
 from pt2flow.stages.datafiles import is_under as _is_under

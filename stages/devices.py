@@ -9,7 +9,8 @@ an input the package changed in place is copied back into the caller's tensor.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.utils._pytree as pytree

@@ -9,7 +9,8 @@ sizes; `check_inputs_call` checks what an inputs factory or an inputs file gives
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -75,7 +76,7 @@ class BoundInputs:
     def call(self, fn: Callable[..., Any]) -> Any:
         return fn(*self.args, **self.kwargs)
 
-    def clone(self) -> "BoundInputs":
+    def clone(self) -> BoundInputs:
         """The same inputs with every tensor copied: a call that mutates its inputs leaves these intact."""
         return replace(self, args=clone_tree(self.args), kwargs=clone_tree(self.kwargs))
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.export import ExportedProgram
@@ -51,7 +52,7 @@ def unbounded_dims(ep: ExportedProgram) -> list[str]:
     """`input 'name' dim d (symbol)` for every user input dim whose range has no upper bound."""
     ranges = {str(k): v for k, v in ep.range_constraints.items()}
     found = []
-    for position, node in enumerate(program.user_tensor_inputs(ep)):
+    for node in program.user_tensor_inputs(ep):
         val = node.meta.get("val") if node is not None else None
         if node is None or not isinstance(val, torch.Tensor):
             continue

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind

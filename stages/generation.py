@@ -425,7 +425,7 @@ class CallSpecs:
     out_constants: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, program: ExportedProgram) -> "CallSpecs":
+    def of(cls, program: ExportedProgram) -> CallSpecs:
         users = [spec for spec in program.graph_signature.output_specs if spec.kind.name == "USER_OUTPUT"]
         constants = {index: spec.arg.value for index, spec in enumerate(users) if type(spec.arg).__name__ == "ConstantArgument"}
         return cls(program.call_spec.in_spec, program.call_spec.out_spec, constants)
@@ -461,7 +461,7 @@ class CallSpecs:
                 "out_constants": {str(i): v for i, v in self.out_constants.items()}}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "CallSpecs":
+    def from_json(cls, data: Mapping[str, Any]) -> CallSpecs:
         register_cache_pytrees()
         loads = torch.utils._pytree.treespec_loads
         return cls(loads(data["in_spec"]), loads(data["out_spec"]), {int(i): v for i, v in data.get("out_constants", {}).items()})

@@ -31,7 +31,8 @@ import tempfile
 import zipfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 from pt2flow.stages.target_options import OpenvinoOptions
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -35,7 +35,7 @@ class TraceOptions(_Options):
 
     strict: bool = False
     fallback: Annotated[
-        Union[Annotated[bool, Tag(_BOOL_TAG)], Annotated[FallbackOptions, Tag(_RUNGS_TAG)]],
+        Annotated[bool, Tag(_BOOL_TAG)] | Annotated[FallbackOptions, Tag(_RUNGS_TAG)],
         Discriminator(lambda v: _RUNGS_TAG if isinstance(v, (dict, FallbackOptions)) else _BOOL_TAG),
     ] = True
 
@@ -116,7 +116,7 @@ class BenchmarkOptions(_Options):
     threads: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
-    def _runs_in_order(self) -> "BenchmarkOptions":
+    def _runs_in_order(self) -> BenchmarkOptions:
         if self.min_runs > self.max_runs:
             raise ValueError(f"min_runs ({self.min_runs}) is more than max_runs ({self.max_runs})")
         if any(not values for values in self.sizes.values()):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch.export import ExportedProgram
@@ -218,7 +219,7 @@ VOLATILE_NODE_METADATA = frozenset({"stack_trace", "from_node"})
 VOLATILE_PROGRAM_FIELDS = frozenset({"torch_version"})
 
 
-def _hash_tensor(h: "hashlib._Hash", name: str, value: Any) -> None:
+def _hash_tensor(h: hashlib._Hash, name: str, value: Any) -> None:
     """A state-dict entry or constant: its name, its tensor metadata and its bytes."""
     h.update(name.encode())
     if isinstance(value, torch.Tensor):

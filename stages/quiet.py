@@ -11,7 +11,7 @@ import contextlib
 import logging
 import re
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 # torch's own deprecation chatter (not about the user's model) is dropped from stage warnings.
 _NOISE = (

@@ -39,7 +39,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 from pt2flow.stages.datafiles import is_inside
 
@@ -48,7 +49,7 @@ CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyi", ".so", ".pyd", ".pth")
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"installed": False, "excluded": None}
-_active: list["Reads"] = []
+_active: list[Reads] = []
 _import_reads: dict[str, set[str]] = {}
 _native_wrappers: dict[int, Callable[..., Any]] = {}
 

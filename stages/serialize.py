@@ -11,7 +11,8 @@ import re
 import sys
 import zipfile
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch.export import ExportedProgram

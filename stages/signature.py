@@ -8,7 +8,8 @@ pass on numbers that agree by accident.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.utils._pytree as pytree

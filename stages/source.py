@@ -14,7 +14,8 @@ import importlib
 import inspect
 import io
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.utils._pytree as pytree

@@ -15,7 +15,8 @@ import sys
 import re
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.utils._pytree as pytree

@@ -13,7 +13,8 @@ import functools
 import os
 import platform
 import subprocess
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import torch
 

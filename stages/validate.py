@@ -21,7 +21,8 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Collection, Mapping
+from typing import Any
+from collections.abc import Callable, Collection, Mapping
 
 import torch
 import torch.utils._pytree as pytree
@@ -178,7 +179,7 @@ class _Noise:
     seconds: float = 0.0
 
     @classmethod
-    def start(cls, reference: torch.nn.Module, multiple: float) -> "_Noise":
+    def start(cls, reference: torch.nn.Module, multiple: float) -> _Noise:
         """A float64 copy of `reference` before any call (a stateful model's copy keeps in step)."""
         state = [*reference.parameters(), *reference.buffers()]
         if state and not any(t.is_floating_point() for t in state):

@@ -12,8 +12,9 @@ import contextlib
 import io
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterator, Mapping, Sequence
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -121,7 +122,7 @@ class MetadataIndex:
     def _write_new(self, table: pa.Table, prefix: str, **kwargs: Any) -> str:
         """Write `table` under a fresh name: never over another writer's file."""
         for _attempt in range(5):
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
             path = f"{self.root}/{prefix}-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
             try:
                 self._write_table(table, path, **kwargs)
@@ -277,7 +278,6 @@ class MetadataIndex:
 
         For one-shot queries on a large index (the CLI's ls, show, lineage).
         """
-        import pyarrow.dataset as ds
 
         cols = list(columns) if columns else list(COLUMNS)
         if "record_id" not in cols:
@@ -357,7 +357,6 @@ class MetadataIndex:
 
     def models_for_digest(self, prefix: str) -> set[str]:
         """Models having a record whose sha256 starts with `prefix` (to narrow a full scan)."""
-        import pyarrow.dataset as ds
 
         upper = prefix + "g"  # every hex digest with this prefix sorts below prefix + 'g'
         condition = (pc.field("sha256") >= prefix) & (pc.field("sha256") < upper)

@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from pt2flow.storage.errors import StorageError
@@ -68,7 +68,7 @@ class RunLease:
             "run_id": self.run_id,
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "renewed_at": datetime.now(timezone.utc).isoformat(),
+            "renewed_at": datetime.now(UTC).isoformat(),
             "ttl_seconds": self.ttl_seconds,
         }
         data = json.dumps(body, sort_keys=True).encode()
@@ -86,7 +86,7 @@ class RunLease:
             except StorageError:
                 pass  # tried again at the next tick; a lease that lapses only makes a gc wait less
 
-    def __enter__(self) -> "RunLease":
+    def __enter__(self) -> RunLease:
         self._write()
         self._thread = threading.Thread(target=self._renew, name=f"pt2flow-lease-{self.run_id}", daemon=True)
         self._thread.start()
@@ -118,7 +118,7 @@ def _alive_here(host: str, pid: int) -> bool:
 def read_leases(store: Any, *, now: datetime | None = None) -> list[LeaseInfo]:
     """Every lease in the store, live or not, by run id."""
     root = lease_root(store)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     try:
         store.fs.invalidate_cache(root)
         if not store.fs.exists(root):

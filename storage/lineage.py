@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,7 +22,7 @@ from pt2flow.storage.index import JSON_COLUMNS, MetadataIndex
 
 MIN_PREFIX = 8
 _HEX = re.compile(r"^[0-9a-f]+$")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def check_prefix(prefix: str, what: str = "ID") -> str:
@@ -188,6 +189,6 @@ def decode(record: Mapping[str, Any]) -> dict[str, Any]:
             except ValueError:
                 pass
         elif isinstance(value, datetime):
-            value = value.astimezone(timezone.utc).isoformat()
+            value = value.astimezone(UTC).isoformat()
         out[key] = value
     return out

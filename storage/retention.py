@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Mapping
+from datetime import datetime, timedelta, UTC
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from pt2flow.storage.faults import crash_point
 from pt2flow.storage.leases import LeaseInfo, live_leases
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 COLUMNS = ["record_id", "run_id", "model", "stage", "status", "cached", "key", "parent_keys", "sha256", "size",
            "weights_digest", "details", "started_at", "ended_at"]
 
@@ -136,7 +137,7 @@ def _when(row: Mapping[str, Any]) -> datetime:
 def plan_retention(rows: Iterable[Mapping[str, Any]], rule: RetentionRule, *, now: datetime | None = None) -> RetentionPlan:
     """Which records and blobs `rule` drops among `rows` (index records with COLUMNS)."""
     rows = list(rows)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     run_time: dict[str, datetime] = {}
     runs_of: dict[str, set[str]] = {}
     for row in rows:
@@ -252,7 +253,7 @@ def apply_retention(store: Any, rule: RetentionRule, *, dry_run: bool, grace_sec
     as the module says. Returns what went or would go: per run and in total; `deferred` names
     the runs whose live leases stopped it (records dropped and blobs deleted so far stay so)."""
     exclude = frozenset(exclude_runs)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     rows = store.index.read(COLUMNS).to_pylist()
     plan = plan_retention(rows, rule, now=now)
     result: dict[str, Any] = {
@@ -282,7 +283,7 @@ def apply_retention(store: Any, rule: RetentionRule, *, dry_run: bool, grace_sec
         _check_leases(store, exclude)
         # records appended since the plan (a run of an older pt2flow that takes no lease) keep theirs
         now_named = {d for row in store.index.read(COLUMNS).to_pylist() for d, _, _ in blobs_of(row)}
-        cutoff = datetime.now(timezone.utc) - timedelta(seconds=grace_seconds)
+        cutoff = datetime.now(UTC) - timedelta(seconds=grace_seconds)
         present = {blob.digest: blob for blob in store.list_blobs()}
         for digest in sorted(plan.free):
             blob = present.get(digest)

@@ -9,7 +9,8 @@ import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import pyarrow.compute as pc
 

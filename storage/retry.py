@@ -10,7 +10,8 @@ import logging
 import random
 import re
 import time
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 from pt2flow.storage.errors import FULL_ERRNOS, StorageError, StorageFull, TransientStorageError
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator, Mapping
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
 
 from pt2flow.storage.errors import BlobNotFound, IntegrityError, InvalidId, StorageError
 from pt2flow.storage.faults import crash_point
@@ -247,9 +248,9 @@ def _modified(info: Mapping[str, Any]) -> datetime | None:
         if value is None:
             continue
         if isinstance(value, datetime):
-            return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+            return value if value.tzinfo else value.replace(tzinfo=UTC)
         try:
-            return datetime.fromtimestamp(float(value), tz=timezone.utc)
+            return datetime.fromtimestamp(float(value), tz=UTC)
         except (TypeError, ValueError):
             continue
     return None

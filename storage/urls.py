@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem

@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 import yaml

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "test-envs"

@@ -90,7 +90,7 @@ class Run:
     stderr: str
 
     @classmethod
-    def of(cls, proc: subprocess.CompletedProcess[str]) -> "Run":
+    def of(cls, proc: subprocess.CompletedProcess[str]) -> Run:
         return cls(proc.returncode, proc.stdout, proc.stderr)
 
     @property

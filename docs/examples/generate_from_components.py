@@ -33,7 +33,8 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.fx._pytree as fx_pytree

@@ -32,7 +32,8 @@ nor Prefect.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from pt2flow.flows.api.running import run
 from pt2flow.flows.api.upgrade import upgrade_check

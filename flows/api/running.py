@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
 
 from pt2flow.flows.options import UsageError, merge_options
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from pt2flow.storage import ArtifactStore
 
 # progress(store, run_id, model names, stages) -> a context manager shown while the fleet runs
-Progress = Callable[["ArtifactStore", str, list[str], Sequence[str]], ContextManager[Any]]
+Progress = Callable[["ArtifactStore", str, list[str], Sequence[str]], contextlib.AbstractContextManager[Any]]
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Mapping, cast
+from datetime import datetime, UTC
+from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Mapping
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.api.documents import BuiltFromWeights, Lineage, Record, RecordDiff, RunEntry, VerifyReport
@@ -67,7 +68,7 @@ def parse_time(text: str, what: str) -> datetime:
         value = datetime.fromisoformat(text)
     except ValueError as exc:
         raise UsageError(f"{what}: {text!r} is not an ISO date or time (e.g. 2026-11-01 or 2026-11-01T03:00)") from exc
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def record_filter(*, model: str | None = None, stage: str | None = None, status: str | None = None, torch: str | None = None,

@@ -21,7 +21,8 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows.options import UsageError
 from pt2flow.stages.distributions import normalize_name

@@ -5,8 +5,9 @@ drop the records of runs it does not keep and free the blobs only they named). U
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Iterable
+from datetime import datetime, timedelta, UTC
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
 
 from pt2flow.flows.api.documents import CorruptBlob, MissingBlob, VerifyReport
 
@@ -64,7 +65,7 @@ def collect_garbage(store: ArtifactStore, *, dry_run: bool, grace_seconds: float
         rule = RetentionRule(keep_runs=keep_runs, keep_days=keep_days)
         retention = apply_retention(store, rule, dry_run=dry_run, grace_seconds=grace_seconds, exclude_runs=exclude_runs)
     refs = referenced(store)
-    cutoff = datetime.now(timezone.utc) - timedelta(seconds=grace_seconds)
+    cutoff = datetime.now(UTC) - timedelta(seconds=grace_seconds)
     unreferenced, kept_young = [], 0
     for blob in store.list_blobs():
         if blob.digest in refs:

@@ -4,7 +4,8 @@ for the configured device."""
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from pt2flow.flows.builtin._programs import NEWEST_PROGRAM
 from pt2flow.flows.pipeline.stage import Stage

@@ -14,7 +14,8 @@ import contextlib
 import json
 import os
 import platform
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
 
 from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE, TIMINGS, Input, Stage
 from pt2flow.stages.options import BenchmarkOptions

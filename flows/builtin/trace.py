@@ -3,7 +3,8 @@ dynamic-shape ladder), the training IR every other stage starts from."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from pt2flow.flows.config.models import CAPTURE_PROMPT_LEN
 from pt2flow.flows.pipeline.stage import Input, Stage

@@ -6,7 +6,8 @@ a plugin's) through its stage's loader (Stage.candidate)."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
 
 from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE as LOADED_HERE, Input, Stage
 from pt2flow.stages.options import ValidateOptions

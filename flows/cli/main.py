@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import click
 

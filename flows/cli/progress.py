@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -37,7 +38,7 @@ class FleetProgress:
         )
         self._task = self._progress.add_task("export", total=len(self.models), detail="starting")
 
-    def __enter__(self) -> "FleetProgress":
+    def __enter__(self) -> FleetProgress:
         self._progress.start()
         self._thread = threading.Thread(target=self._loop, name="pt2flow-progress", daemon=True)
         self._thread.start()

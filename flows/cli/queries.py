@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Mapping
 
 import click
 
@@ -29,7 +30,7 @@ def _short(digest: Any, n: int = 12) -> str:
 
 def _when(value: Any) -> str:
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
     return str(value or "-")
 
 

@@ -9,7 +9,8 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
 
 import click
 
@@ -123,7 +124,7 @@ def stdout_to_stderr() -> Iterator[Any]:
         os.close(saved)
 
 
-def terminal_progress(store: ArtifactStore, run_id: str, models: list[str], stages: Sequence[str]) -> ContextManager[Any]:
+def terminal_progress(store: ArtifactStore, run_id: str, models: list[str], stages: Sequence[str]) -> contextlib.AbstractContextManager[Any]:
     """The live progress bar of a fleet run, on stderr."""
     from rich.console import Console
 

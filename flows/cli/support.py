@@ -11,7 +11,8 @@ import json
 import os
 import sys
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import click
 

@@ -8,7 +8,8 @@ the config loader reports them with its file, YAML line and key path, all in one
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Literal, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -43,7 +44,7 @@ class InputConfig(BaseModel):
         return shape
 
     @model_validator(mode="after")
-    def _fits_the_dtype(self) -> "InputConfig":
+    def _fits_the_dtype(self) -> InputConfig:
         """A narrow integer dtype (uint8, int8, int16) holds value, low and high (exclusive)."""
         if self.dtype not in INTEGER_RANGES:
             return self

@@ -12,7 +12,8 @@ and reports every problem with its file and line.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from pydantic import BaseModel
 

@@ -4,7 +4,8 @@ much memory its worker processes may hold before the supervisor stops them (docs
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -47,7 +48,7 @@ class Limits:
         return self.stage_timeout_s.get(stage)
 
 
-def resolve_limits(defaults: Mapping[str, Any], model: "LimitsConfig | None") -> Limits:
+def resolve_limits(defaults: Mapping[str, Any], model: LimitsConfig | None) -> Limits:
     """Model limits over the config's defaults, field by field; stage limits merged."""
     own = model.model_dump(exclude_unset=True) if model is not None else {}
     timeout = own.get("timeout_s", defaults.get("timeout_s"))

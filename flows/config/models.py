@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -146,7 +147,7 @@ class ResolvedModel:
     component: str | None = None
     parent: str | None = None
 
-    def of_component(self, component: str) -> "ResolvedModel":
+    def of_component(self, component: str) -> ResolvedModel:
         """The component-scoped model `M/component`: keyed, cached and recorded under that name
         ('/' is no character of a configured name, so it cannot collide)."""
         from dataclasses import replace

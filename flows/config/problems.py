@@ -10,7 +10,8 @@ schema (flows/config/reading.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 import yaml
 

@@ -20,7 +20,7 @@ class RetentionConfig(BaseModel):
     grace_seconds: float = Field(default=DEFAULT_GRACE_SECONDS, ge=0, description="never delete a blob younger than this")
 
     @model_validator(mode="after")
-    def _keeps_something(self) -> "RetentionConfig":
+    def _keeps_something(self) -> RetentionConfig:
         if self.keep_runs is None and self.keep_days is None:
             raise ValueError("retention needs keep_runs, keep_days or both")
         return self

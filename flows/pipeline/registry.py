@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 from importlib.metadata import entry_points
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from pt2flow.flows.pipeline.stage import Input, Stage
 

@@ -3,7 +3,8 @@ Markdown), a one-line recommendation for the run summary and a latency-vs-size p
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows.report.plot import line_chart, line_chart_svg
 

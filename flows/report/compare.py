@@ -5,8 +5,9 @@ view renders, as the dict compare_runs() returns."""
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.report.drift import (
@@ -144,7 +145,7 @@ def _stages_of(state: ModelState | None) -> set[str]:
 
 def _newest_per_stage(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """model -> stage -> the newest record of that stage in the run."""
-    floor = datetime.min.replace(tzinfo=timezone.utc)
+    floor = datetime.min.replace(tzinfo=UTC)
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for row in sorted(rows, key=lambda r: r.get("ended_at") or floor):
         out.setdefault(row["model"], {})[row["stage"]] = dict(row)
@@ -163,7 +164,7 @@ def _original_compile_records(index: Any, cached: Sequence[Mapping[str, Any]]) -
     condition = pc.field("stage") == _kind("package")
     condition = condition & (pc.field("key").isin(keys) | pc.field("sha256").isin(digests))
     table = index.scan(["record_id", "run_id", "key", "sha256", "status", "cached", "seconds", "ended_at"], filter=condition)
-    floor = datetime.min.replace(tzinfo=timezone.utc)
+    floor = datetime.min.replace(tzinfo=UTC)
     originals = [r for r in table.to_pylist() if r["status"] == "ok" and not r["cached"] and r["seconds"] is not None]
     originals.sort(key=lambda r: r["ended_at"] or floor, reverse=True)
     found: dict[str, dict[str, Any]] = {}

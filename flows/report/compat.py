@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from pt2flow.flows.report.templating import environment
 

@@ -4,7 +4,8 @@ Each view renders the JSON dict of a FailureReport (or its `groups`)."""
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 _STATUS_STYLE = {"new": "bold red", "persisting": "red", "gone": "green"}
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 import hashlib
 import shlex
 import re
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -349,7 +350,7 @@ class FailureReport(Fact):
 def first_failures(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """model -> the record of its first failed stage (pipeline order, source first), from one
     run's records (the newest record of each stage counts)."""
-    floor = datetime.min.replace(tzinfo=timezone.utc)
+    floor = datetime.min.replace(tzinfo=UTC)
     newest: dict[str, dict[str, dict[str, Any]]] = {}
     for row in sorted(rows, key=lambda r: r.get("ended_at") or floor):
         newest.setdefault(row["model"], {})[row["stage"]] = dict(row)

@@ -7,7 +7,8 @@ import functools
 import json
 import re
 from html import escape
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.report.compare import REPORT_VERSION

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows.report.rules import flagged_fields, regressions, row_order
 from pt2flow.flows.report.text import arrow, artifact_rows, compile_text, err, format_size, latency_text, ops_text, pct, ranges_text, signature_text, status_text, torch_line, when

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 from html import escape
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 COLOR_BEFORE, COLOR_AFTER, COLOR_BAD = "#9aa5b1", "#2f6fde", "#d64545"
 MUTED, INK, GRID = "#66707d", "#1d2430", "#e3e6ea"

@@ -3,7 +3,8 @@ models in (regressed first)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows.report.text import err, format_size, secs
 

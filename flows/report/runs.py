@@ -18,9 +18,10 @@ choose). Every answer says which runs it took and why (RunSelection).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from pt2flow.storage.errors import AmbiguousId, RecordNotFound
 
@@ -32,7 +33,7 @@ class NotEnoughRuns(RecordNotFound):
 def iso(value: Any) -> str | None:
     """A timestamp as an ISO string in UTC (None stays None)."""
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).isoformat()
+        return value.astimezone(UTC).isoformat()
     return None if value is None else str(value)
 
 
@@ -50,7 +51,7 @@ def list_runs(index: Any) -> list[dict[str, Any]]:
     for row in grouped.to_pylist():
         start = row["started_at_min"] or row["ended_at_min"]
         runs.append({"run_id": row["run_id"], "started_at": start, "ended_at": row["ended_at_max"], "records": row["count_all"]})
-    floor = datetime.min.replace(tzinfo=timezone.utc)
+    floor = datetime.min.replace(tzinfo=UTC)
     runs.sort(key=lambda r: (r["started_at"] or floor, r["ended_at"] or floor, r["run_id"]))
     return [{**r, "started_at": iso(r["started_at"]), "ended_at": iso(r["ended_at"])} for r in runs]
 

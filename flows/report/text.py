@@ -5,8 +5,9 @@ range constraints, op changes, latency, and the torch line."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 def decoded(value: Any) -> Any:
     """An index field stored as JSON text, decoded (anything else, or text that is not JSON, as it is)."""
@@ -43,7 +44,7 @@ def when(iso: Any) -> str:
     if not iso:
         return "?"
     try:
-        return datetime.fromisoformat(str(iso)).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return datetime.fromisoformat(str(iso)).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     except ValueError:
         return str(iso)
 

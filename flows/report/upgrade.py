@@ -12,7 +12,8 @@ matches under the candidate), only_in_baseline, only_in_candidate.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any
+from collections.abc import Collection, Mapping, Sequence
 
 from pydantic import Field
 
@@ -42,7 +43,7 @@ class VersionChange(Fact):
     used_by: list[str]  # the models whose dependency manifest names it (torch: every model)
     # torch only: the changed distributions torch's own Requires-Dist brought (its CUDA and
     # runtime wheels, triton...), folded under it instead of listed beside it (added compatibly)
-    came_with: list["VersionChange"] = Field(default_factory=list)
+    came_with: list[VersionChange] = Field(default_factory=list)
 
 
 class Failure(Fact):

@@ -18,14 +18,14 @@ from pt2flow.flows.config.issues import ConfigError, ConfigIssue
 from pt2flow.flows.config.load import apply_overrides, load_config, parse_config
 from pt2flow.flows.config.models import Pipeline
 from pt2flow.flows import pipeline
+from pt2flow.flows.config.reading import read_store_settings
+from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
+from tests.conftest import ROOT, run_cli, write_config
 
 KNOWN = list(pipeline.names())  # the built-in stages and the targets, in pipeline order
 # every candidate stage registered, in order: serialize or aot_compile or onnx or executorch...
 CANDIDATES = " or ".join(pipeline.candidates())
 STAGES = pipeline.default_stages()
-from pt2flow.flows.config.reading import read_store_settings
-from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
-from tests.conftest import ROOT, run_cli, write_config
 
 CONFIGS = ROOT / "configs"
 ALL_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")

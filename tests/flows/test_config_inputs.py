@@ -185,7 +185,7 @@ def test_example_size_of_a_dim_inside_a_container_is_checked() -> None:
 
 def test_inputs_factory_is_resolved_without_importing(tmp_path: Path) -> None:
     (tmp_path / "my_inputs.py").write_text("raise RuntimeError('imported at load time')\n\ndef make():\n    return (), {}\n")
-    good = f"version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs_factory: my_inputs:make\n    dynamic_shapes: {{x: {{0: b}}}}\n    dims: {{b: {{min: 1, max: 4}}}}\n"
+    good = "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs_factory: my_inputs:make\n    dynamic_shapes: {x: {0: b}}\n    dims: {b: {min: 1, max: 4}}\n"
     model = parse(good, tmp_path).models[0]
     assert model.inputs_factory == "my_inputs:make" and model.inputs == {} and model.dynamic_shapes == {"x": {0: "b"}}
     issue = only_issue(good.replace("my_inputs:make", "my_inputs:missing"), tmp_path)

@@ -24,7 +24,7 @@ from pt2flow.flows import report
 from pt2flow.flows.report import compare_runs, regressions, resolve_run, to_html, to_markdown
 from pt2flow.storage import AmbiguousId, ArtifactStore, RecordNotFound
 from tests.conftest import ROOT, run_cli, run_in_process, run_json, write_config
-from tests.records import T0, h, make_chain
+from tests.records import h, make_chain
 
 HIST = {"aten.addmm.default": 2, "aten.permute.default": 2, "aten.relu.default": 1}
 

@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import sysconfig
-import textwrap
 from pathlib import Path
 from typing import Any
 

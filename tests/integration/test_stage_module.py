@@ -17,7 +17,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import pytest
 from pydantic import BaseModel, ConfigDict
@@ -167,8 +168,8 @@ def test_get_hands_out_its_artifact_which_loads_in_a_plain_script(fleet: dict[st
     out = tmp_path / "mlp.optimized.pt2"
     got = run_cli(["get", "--model", "mlp", "--artifact", "optimized", "-o", str(out), "--store", fleet["store"], "--json"], env=env)
     assert got.returncode == 0, got.stderr
-    script = ("import torch; ep = torch.export.load(%r); ops = {str(n.target) for n in ep.graph.nodes if n.op == 'call_function'}; "
-              "print(sorted(ops)); assert 'aten.linear.default' not in ops; print(ep.module()(torch.randn(5, 8)).shape)") % str(out)
+    script = (f"import torch; ep = torch.export.load({str(out)!r}); ops = {{str(n.target) for n in ep.graph.nodes if n.op == 'call_function'}}; "
+              "print(sorted(ops)); assert 'aten.linear.default' not in ops; print(ep.module()(torch.randn(5, 8)).shape)")
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "torch.Size([5" in ran.stdout  # the dynamic batch kept

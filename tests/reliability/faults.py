@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 ERRORS = {
@@ -142,7 +142,7 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         self.thread.start()
         return self
 

@@ -76,7 +76,8 @@ def test_sixteen_concurrent_writers_lose_nothing_and_corrupt_nothing(backend: st
         while not done.is_set():
             for digest, payload in expected_blobs.items():
                 try:
-                    data = store.get_blob(digest, len(payload))
+                    if store.get_blob(digest, len(payload)) != payload:
+                        torn.append(f"{digest}: other bytes than were written")
                     reads["whole"] += 1
                 except BlobNotFound:
                     reads["absent"] += 1

@@ -18,7 +18,7 @@ import io
 import logging
 import time
 import uuid
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow.parquet as pq
 import pytest

@@ -19,7 +19,8 @@ import sys
 import textwrap
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 import yaml

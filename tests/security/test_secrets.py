@@ -16,7 +16,8 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pyarrow.parquet as pq
 import pytest

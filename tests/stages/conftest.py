@@ -4,7 +4,8 @@ when a test marked `compile` asks for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 import torch

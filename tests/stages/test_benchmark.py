@@ -7,7 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import torch

@@ -14,7 +14,7 @@ import textwrap
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

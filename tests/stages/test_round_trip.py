@@ -10,7 +10,7 @@ import sys
 import textwrap
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,7 +20,6 @@ from pt2flow.stages.serialize import (
     PYTREE_MODULES,
     archive_metadata,
     check_round_trip,
-    load_archive,
     program_bytes,
     program_bytes_checked,
     pytree_modules,

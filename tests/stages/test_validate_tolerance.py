@@ -8,9 +8,10 @@ nondeterminism check are judged as before; the fixed tolerance's key is unchange
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -38,14 +39,14 @@ def _archive(ep: torch.export.ExportedProgram) -> bytes:
     return serialize(ep, {}).output
 
 
-@lru_cache(maxsize=None)
+@cache
 def _demo() -> dict[str, Any]:
     """configs/demo.yaml's models by name, with targets.yaml's options for the ones it has."""
     targets = {m.name: m for m in load_config(ROOT / "configs" / "targets.yaml").models}
     return {m.name: (m, targets.get(m.name)) for m in load_config(ROOT / "configs" / "demo.yaml").models}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _demo_case(name: str) -> dict[str, Any]:
     """A demo model's builder, inputs, trace dims, functional program (what targets take) and archive."""
     from pt2flow.stages.decompose import decompose

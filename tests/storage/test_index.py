@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,7 +14,7 @@ import pytest
 from pt2flow.storage import ArtifactStore, StorageError
 from pt2flow.storage.index import COLUMNS, SCHEMA, SCHEMA_VERSION, sidecar_of
 
-T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 def record(model: str = "m", stage: str = "trace", **fields) -> dict:

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 import pytest
@@ -16,7 +16,7 @@ import pytest
 from pt2flow.storage.leases import RunLease, lease_root, live_leases, read_leases
 from pt2flow.storage.retention import RetentionRule, plan_retention
 
-NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 
 
 def test_a_lease_is_live_while_held_renewed_and_gone_after(store: Any) -> None:
@@ -32,9 +32,9 @@ def test_leases_of_dead_runs_stop_nothing(store: Any) -> None:
     old = (NOW - timedelta(hours=1)).isoformat()
     store.fs.makedirs(lease_root(store), exist_ok=True)
     for run_id, body in {
-        "killed-here": {"host": socket.gethostname(), "pid": int(dead.stdout), "renewed_at": datetime.now(timezone.utc).isoformat()},
+        "killed-here": {"host": socket.gethostname(), "pid": int(dead.stdout), "renewed_at": datetime.now(UTC).isoformat()},
         "lapsed-elsewhere": {"host": "another-host", "pid": 1, "renewed_at": old},
-        "live-elsewhere": {"host": "another-host", "pid": 1, "renewed_at": datetime.now(timezone.utc).isoformat()},
+        "live-elsewhere": {"host": "another-host", "pid": 1, "renewed_at": datetime.now(UTC).isoformat()},
     }.items():
         store.fs.pipe_file(f"{lease_root(store)}/{run_id}.json", json.dumps({"run_id": run_id, "ttl_seconds": 600, **body}).encode())
     assert [lease.run_id for lease in live_leases(store)] == ["live-elsewhere"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from pt2flow.flows.config.limits import Limits  # noqa: F401  (re-exported: the engine's view of a model's limits)
 from pt2flow.flows.engine.common.documents import Outcome  # noqa: F401  (re-exported: what every stage returns)
@@ -36,5 +36,5 @@ class TransientStageError(Exception):
 
 
 def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
 

@@ -13,7 +13,8 @@ import hashlib
 import json
 import socket
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows import pipeline
 
@@ -46,7 +47,7 @@ class Environment:
     host: str
 
     @classmethod
-    def current(cls) -> "Environment":
+    def current(cls) -> Environment:
         """The environment the workers run in (flows/engine/environment/interpreter.py: this interpreter unless
         the fleet runs under another one), read once per interpreter."""
         from pt2flow.flows.engine.environment import interpreter

@@ -6,7 +6,8 @@ WORKER_PROTOCOL (protocol.py). Both sides import this module; it imports neither
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, Mapping, TypeVar, Union
+from typing import Any, Generic, TypeVar
+from collections.abc import Mapping
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common.context import Outcome, RunContext
@@ -42,7 +43,7 @@ class Failure:
 
 
 # a reply: ("ok", payload) or ("failed", why); its payload's type is the request's to say
-StageReply = tuple[str, Union[Produced, Failure]]
+StageReply = tuple[str, Produced | Failure]
 Reply = tuple[str, dict[str, Any]]
 
 

@@ -8,7 +8,7 @@ interpreter can be asked for it without torch."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 WORKER_PROTOCOL = 4  # 2: the engine's modules moved into subpackages (the worker's entry point and the pickled messages' classes); 3: every message a dataclass of engine/common/messages.py; 4: workers forked from a fork server (flows/engine/worker/forkserver.py)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 _OPTIONS_ENV = "PT2FLOW_STORAGE_OPTIONS"
 

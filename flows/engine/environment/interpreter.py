@@ -24,7 +24,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Mapping
 
 from pt2flow.flows.engine.common.protocol import WORKER_PROTOCOL
 from pt2flow.flows.options import UsageError

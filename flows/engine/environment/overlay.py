@@ -25,7 +25,8 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from pt2flow.flows.engine.common.keys import canonical_json
 from pt2flow.flows.options import UsageError

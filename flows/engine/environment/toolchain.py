@@ -19,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from pt2flow.flows.engine.environment.interpreter import this_process
 from pt2flow.flows.engine.common.keys import canonical_json

@@ -32,8 +32,9 @@ import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 logger = logging.getLogger("pt2flow.openlineage")
@@ -70,7 +71,7 @@ def fleet_run_id(run_id: str) -> str:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 class _Silence(logging.Filter):

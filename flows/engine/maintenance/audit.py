@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel

@@ -15,7 +15,8 @@ import os
 import shlex
 import sys
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.engine.common.messages import CheckArtifact

@@ -41,7 +41,8 @@ import json
 import os
 import textwrap
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from pt2flow.flows import pipeline
 from pt2flow.storage.errors import RecordNotFound

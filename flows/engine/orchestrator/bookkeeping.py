@@ -7,8 +7,9 @@ that dies mid-stage still gets its failure recorded (docs/architecture.md, "Isol
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Mapping
+from datetime import datetime, UTC
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from pt2flow.flows.engine.common import stores
 from pt2flow.flows.config import ResolvedModel
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class StageRun:

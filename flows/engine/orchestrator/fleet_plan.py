@@ -11,7 +11,8 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 from pt2flow.flows.engine.common import stores
 from pt2flow.flows.config import ResolvedModel, apply_overrides, load_config, resolve_store_url

@@ -40,7 +40,8 @@ import tempfile
 import threading
 import time
 from importlib.machinery import all_suffixes
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from pt2flow.flows.engine.common.protocol import FORK_SERVER_PROTOCOL, fork_server_lock
 

@@ -13,8 +13,9 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Mapping
 
 from pt2flow.flows.engine.common import stores
 from pt2flow.flows.config import ResolvedModel
@@ -41,7 +42,7 @@ def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str,
 
     condition = (pc.field("model") == model.name) & (pc.field("stage") == "source") & (pc.field("status") == "ok")
     rows = store.index.read(["key", "details", "ended_at"], filter=condition).to_pylist()
-    for row in sorted(rows, key=lambda r: r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc), reverse=True):
+    for row in sorted(rows, key=lambda r: r["ended_at"] or datetime.min.replace(tzinfo=UTC), reverse=True):
         details = json.loads(row["details"] or "{}")
         if details.get("request") != request:
             continue
@@ -83,7 +84,7 @@ def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bo
         table = filtered(table, pc.field("run_id") == run_id)
     if table.num_rows == 0:
         return None
-    rows = sorted(table.to_pylist(), key=lambda r: (r["model"] == model, r["ended_at"] or datetime.min.replace(tzinfo=timezone.utc)), reverse=True)
+    rows = sorted(table.to_pylist(), key=lambda r: (r["model"] == model, r["ended_at"] or datetime.min.replace(tzinfo=UTC)), reverse=True)
     for row in rows:
         if row["status"] == "ok":
             if not row["sha256"]:

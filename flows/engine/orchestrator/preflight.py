@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common.inputs import declared_problems, resolve_model_url

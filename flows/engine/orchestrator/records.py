@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common.documents import Outcome

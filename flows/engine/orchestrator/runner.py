@@ -17,7 +17,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.orchestrator.bookkeeping import StageRun

@@ -7,12 +7,12 @@ Torch-free: keys are computed by the orchestrator and by the fully-cached check 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common.context import Outcome
-from pt2flow.flows.engine.common.stage_options import stage_options
 from pt2flow.flows.engine.common.keys import Environment, derivation_key
 from pt2flow.flows.pipeline import Stage
 from pt2flow.flows.engine.environment import interpreter

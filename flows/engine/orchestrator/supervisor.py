@@ -24,7 +24,8 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import psutil
 
@@ -321,7 +322,7 @@ class WorkerPool:
         self.python = python or sys.executable
         self.threads = threads
         self.env = dict(env or {})
-        self._idle: "queue.Queue[Worker]" = queue.Queue()
+        self._idle: queue.Queue[Worker] = queue.Queue()
         self._all: list[Worker] = []
         self._lock = threading.Lock()
         self._closed = False

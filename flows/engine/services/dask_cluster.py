@@ -18,7 +18,8 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from pt2flow.stages.vocabulary import ErrorClass
 

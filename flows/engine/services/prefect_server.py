@@ -31,6 +31,7 @@ import threading
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 WATCH_SECONDS = 2.0
 DATABASE = "prefect.db"  # Prefect's default database in PREFECT_HOME (sqlite+aiosqlite)
@@ -79,14 +80,14 @@ def _superseded(state: Path) -> bool:
         return False
 
 
-def _watch(server: object, folder: Path, idle: float, state: Path) -> None:
+def _watch(server: Any, folder: Path, idle: float, state: Path) -> None:
     last = time.monotonic()
-    while not getattr(server, "should_exit"):
+    while not server.should_exit:
         time.sleep(WATCH_SECONDS)
         if live_leases(folder):
             last = time.monotonic()
         elif time.monotonic() - last > idle or _superseded(state):
-            setattr(server, "should_exit", True)
+            server.should_exit = True
             _remove_state(state)
 
 

@@ -13,10 +13,11 @@ import json
 import sys
 import traceback
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
@@ -36,7 +37,7 @@ from pt2flow.stages.vocabulary import ErrorClass
 
 
 # programs this worker built or loaded recently (saves a reload from the store for the next stage)
-_PROGRAMS: "OrderedDict[str, Any]" = OrderedDict()
+_PROGRAMS: OrderedDict[str, Any] = OrderedDict()
 _MEMO_SIZE = 4
 
 

@@ -6,7 +6,8 @@ device, else CPU) and the configured input names checked against its `forward()`
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from pt2flow.flows.config import ResolvedModel
 

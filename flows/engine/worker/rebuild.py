@@ -12,7 +12,8 @@ model from the config). Imports torch; runs only in a worker process.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
