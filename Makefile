@@ -79,6 +79,7 @@ RUFF_PATHS = $(wildcard flows stages storage tests bench configs docs)
 test: install
 	$(BIN)/lint-imports
 	$(BIN)/ruff check --quiet $(RUFF_PATHS)
+	$(BIN)/ruff format --check --quiet $(RUFF_PATHS)
 	$(BYTECODE)
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 

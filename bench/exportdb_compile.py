@@ -45,7 +45,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pt2flow-exportdb-compile-") as folder:
         config = exportdb.write_fleet(Path(folder), names=names, stages=STAGES)
         start = time.perf_counter()
-        document = json.loads(json.dumps(execute(prepare_run(config, store=str(Path(folder) / "store"), workers=args.workers)), default=str))
+        document = json.loads(
+            json.dumps(
+                execute(prepare_run(config, store=str(Path(folder) / "store"), workers=args.workers)), default=str
+            )
+        )
         seconds = time.perf_counter() - start
         outcomes: dict[str, dict[str, object]] = {}
         for model in document["models"]:
@@ -54,14 +58,23 @@ def main() -> int:
             if validate.get("artifact"):
                 digest = validate["artifact"]
                 report = json.loads((Path(folder) / "store" / "blobs" / "sha256" / digest[:2] / digest).read_text())
-            compiled_ok = bool(report) and "compiled" in report["candidates"] and all(s["ok"] for s in report["candidates"]["compiled"]["samples"])
+            compiled_ok = (
+                bool(report)
+                and "compiled" in report["candidates"]
+                and all(s["ok"] for s in report["candidates"]["compiled"]["samples"])
+            )
             outcomes[model["name"]] = {
-                "status": model["status"], "error_class": model.get("error_class"), "compiled": bool(model["artifacts"].get("compiled")),
-                "compiled_matches_eager": compiled_ok, "supported": model["name"] in known and known[model["name"]].support_level.name == "SUPPORTED",
+                "status": model["status"],
+                "error_class": model.get("error_class"),
+                "compiled": bool(model["artifacts"].get("compiled")),
+                "compiled_matches_eager": compiled_ok,
+                "supported": model["name"] in known and known[model["name"]].support_level.name == "SUPPORTED",
             }
     bad = []
     for name, o in outcomes.items():
-        print(f"{name:<40} {o['status']:<8} {o['error_class'] or '':<16} compiled={o['compiled']} matches_eager={o['compiled_matches_eager']}")
+        print(
+            f"{name:<40} {o['status']:<8} {o['error_class'] or '':<16} compiled={o['compiled']} matches_eager={o['compiled_matches_eager']}"
+        )
         if o["supported"] and not (o["status"] == "ok" and o["compiled_matches_eager"]):
             bad.append(name)
     print(f"{len(outcomes)} cases in {seconds:.0f} s; supported but not ok: {len(bad)} {bad if bad else ''}")

@@ -68,17 +68,61 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 # (name, factory in configs/demo_models.py, kwargs, inputs, dynamic shapes, dims)
-FLEET: list[tuple[str, str, dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[int, str]], dict[str, tuple[int, int]]]] = [
+FLEET: list[
+    tuple[str, str, dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[int, str]], dict[str, tuple[int, int]]]
+] = [
     ("mlp-s", "mlp", {"hidden": 32}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}),
     ("mlp-m", "mlp", {"hidden": 64}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}),
-    ("mlp-l", "mlp", {"hidden": 128, "out_features": 8}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}),
-    ("cnn-8", "small_cnn", {"channels": 8}, {"image": {"shape": [2, 3, 16, 16]}}, {"image": {0: "batch"}}, {"batch": (1, 8)}),
-    ("cnn-16", "small_cnn", {"channels": 16}, {"image": {"shape": [2, 3, 16, 16]}}, {"image": {0: "batch"}}, {"batch": (1, 8)}),
-    ("encoder", "tiny_encoder", {}, {"input_ids": {"shape": [2, 12], "dtype": "int64", "low": 0, "high": 100}}, {"input_ids": {0: "batch", 1: "seq"}}, {"batch": (1, 8), "seq": (2, 64)}),
+    (
+        "mlp-l",
+        "mlp",
+        {"hidden": 128, "out_features": 8},
+        {"x": {"shape": [4, 16]}},
+        {"x": {0: "batch"}},
+        {"batch": (1, 32)},
+    ),
+    (
+        "cnn-8",
+        "small_cnn",
+        {"channels": 8},
+        {"image": {"shape": [2, 3, 16, 16]}},
+        {"image": {0: "batch"}},
+        {"batch": (1, 8)},
+    ),
+    (
+        "cnn-16",
+        "small_cnn",
+        {"channels": 16},
+        {"image": {"shape": [2, 3, 16, 16]}},
+        {"image": {0: "batch"}},
+        {"batch": (1, 8)},
+    ),
+    (
+        "encoder",
+        "tiny_encoder",
+        {},
+        {"input_ids": {"shape": [2, 12], "dtype": "int64", "low": 0, "high": 100}},
+        {"input_ids": {0: "batch", 1: "seq"}},
+        {"batch": (1, 8), "seq": (2, 64)},
+    ),
     ("normalizer", "running_normalizer", {}, {"x": {"shape": [4, 8]}}, {"x": {0: "batch"}}, {"batch": (1, 16)}),
-    ("multi-head", "multi_head", {}, {"x": {"shape": [3, 6, 12]}, "mask": {"shape": [3, 6], "value": 1}}, {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}, {"batch": (1, 8), "seq": (2, 32)}),
+    (
+        "multi-head",
+        "multi_head",
+        {},
+        {"x": {"shape": [3, 6, 12]}, "mask": {"shape": [3, 6], "value": 1}},
+        {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}},
+        {"batch": (1, 8), "seq": (2, 32)},
+    ),
     ("mlp-xl", "mlp", {"hidden": 256}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}),
-    ("cnn-32", "small_cnn", {"channels": 32}, {"image": {"shape": [2, 3, 16, 16]}}, {"image": {0: "batch"}}, {"batch": (1, 8)}),
+    (
+        "cnn-32",
+        "small_cnn",
+        {"channels": 32},
+        {"image": {"shape": [2, 3, 16, 16]}},
+        {"image": {0: "batch"}},
+        {"batch": (1, 8)},
+    ),
 ]
 
 # models that fail at trace, every night, until their code changes (known failures: cached)
@@ -93,11 +137,33 @@ TARGET_STAGES = ["trace", "functionalize", "onnx", "executorch"]
 # (name, factory, kwargs, inputs, dynamic shapes, dims, executorch partitioners)
 TARGET_FLEET = [
     ("mlp", "mlp", {"hidden": 64}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}, ["xnnpack"]),
-    ("cnn", "small_cnn", {"channels": 16}, {"image": {"shape": [2, 3, 16, 16]}}, {"image": {0: "batch"}}, {"batch": (1, 8)}, ["xnnpack"]),
-    ("encoder", "tiny_encoder", {}, {"input_ids": {"shape": [2, 12], "dtype": "int64", "low": 0, "high": 100}},
-     {"input_ids": {0: "batch", 1: "seq"}}, {"batch": (1, 8), "seq": (2, 64)}, ["xnnpack"]),
-    ("multi-head", "multi_head", {}, {"x": {"shape": [3, 6, 12]}, "mask": {"shape": [3, 6], "value": 1}},
-     {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}, {"batch": (1, 8), "seq": (2, 32)}, []),
+    (
+        "cnn",
+        "small_cnn",
+        {"channels": 16},
+        {"image": {"shape": [2, 3, 16, 16]}},
+        {"image": {0: "batch"}},
+        {"batch": (1, 8)},
+        ["xnnpack"],
+    ),
+    (
+        "encoder",
+        "tiny_encoder",
+        {},
+        {"input_ids": {"shape": [2, 12], "dtype": "int64", "low": 0, "high": 100}},
+        {"input_ids": {0: "batch", 1: "seq"}},
+        {"batch": (1, 8), "seq": (2, 64)},
+        ["xnnpack"],
+    ),
+    (
+        "multi-head",
+        "multi_head",
+        {},
+        {"x": {"shape": [3, 6, 12]}, "mask": {"shape": [3, 6], "value": 1}},
+        {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}},
+        {"batch": (1, 8), "seq": (2, 32)},
+        [],
+    ),
 ]
 
 
@@ -108,7 +174,14 @@ def _ids(seq: int) -> dict[str, Any]:
 # each architecture at two sequence lengths (two programs), and GPT-2, which fails at decompose
 TRANSFORMERS = [
     *[
-        (f"{arch}-s{seq}", f"hf_models:{arch}_tiny", {}, {"input_ids": _ids(seq), "attention_mask": {**_ids(seq), "value": 1}}, {}, {})
+        (
+            f"{arch}-s{seq}",
+            f"hf_models:{arch}_tiny",
+            {},
+            {"input_ids": _ids(seq), "attention_mask": {**_ids(seq), "value": 1}},
+            {},
+            {},
+        )
         for arch in ("bert", "distilbert", "roberta")
         for seq in (8, 16)
     ],
@@ -116,12 +189,21 @@ TRANSFORMERS = [
 ]
 
 
-def small_fleet(count: int) -> list[tuple[str, str, dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[int, str]], dict[str, tuple[int, int]]]]:
-    return [(f"mlp-{i:03d}", "mlp", {"hidden": 8 + i}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)}) for i in range(count)]
+def small_fleet(
+    count: int,
+) -> list[
+    tuple[str, str, dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[int, str]], dict[str, tuple[int, int]]]
+]:
+    return [
+        (f"mlp-{i:03d}", "mlp", {"hidden": 8 + i}, {"x": {"shape": [4, 16]}}, {"x": {0: "batch"}}, {"batch": (1, 32)})
+        for i in range(count)
+    ]
 
 
 # the demo models first: with one worker, each transformers model is built by a worker that compiled before
-HF_COMPILE = [FLEET[0], FLEET[3]] + [entry for entry in TRANSFORMERS if entry[0].endswith("-s8") and not entry[0].startswith("gpt2")]
+HF_COMPILE = [FLEET[0], FLEET[3]] + [
+    entry for entry in TRANSFORMERS if entry[0].endswith("-s8") and not entry[0].startswith("gpt2")
+]
 
 
 def fleet_models(kind: str, count: int) -> list[Any]:
@@ -146,15 +228,20 @@ def write_config(folder: Path, kind: str, count: int) -> Path:
     models = []
     partitioners = {entry[0]: entry[6] for entry in TARGET_FLEET}
     for name, factory, kwargs, inputs, dynamic, dims in fleet_models(kind, count):
-        models.append({
-            "name": name,
-            "factory": factory if ":" in factory else f"demo_models:{factory}",
-            "kwargs": kwargs,
-            "inputs": inputs,
-            "dynamic_shapes": dynamic,
-            "dims": {d: {"min": lo, "max": hi} for d, (lo, hi) in dims.items()},
-            "stages": {"validate": {"atol": 1e-4}, **({"executorch": {"partitioners": partitioners[name]}} if kind == "targets" else {})},
-        })
+        models.append(
+            {
+                "name": name,
+                "factory": factory if ":" in factory else f"demo_models:{factory}",
+                "kwargs": kwargs,
+                "inputs": inputs,
+                "dynamic_shapes": dynamic,
+                "dims": {d: {"min": lo, "max": hi} for d, (lo, hi) in dims.items()},
+                "stages": {
+                    "validate": {"atol": 1e-4},
+                    **({"executorch": {"partitioners": partitioners[name]}} if kind == "targets" else {}),
+                },
+            }
+        )
     path = folder / "fleet.yaml"
     stages = {"compile": STAGES, "hf-compile": STAGES, "targets": TARGET_STAGES}.get(kind, SMALL_STAGES)
     path.write_text(yaml.safe_dump({"version": 1, "stages": stages, "models": models}, sort_keys=False))
@@ -193,7 +280,9 @@ def bare_loop(kind: str, count: int, workdir: Path) -> dict[str, Any]:
     sys.path.insert(0, str(workdir))
     compile_ = kind != "small"
     seconds: dict[str, float] = {}
-    steps = dict.fromkeys(["trace", "functionalize", "decompose", "serialize", *(["aot_compile"] if compile_ else []), "validate"], 0.0)
+    steps = dict.fromkeys(
+        ["trace", "functionalize", "decompose", "serialize", *(["aot_compile"] if compile_ else []), "validate"], 0.0
+    )
     for name, factory, kwargs, inputs, dynamic, dims in fleet_models(kind, count):
         started = step = time.perf_counter()
 
@@ -264,7 +353,9 @@ def bare_targets(workdir: Path) -> dict[str, float]:
         objects = {d: Dim(d.replace("-", "_"), min=lo, max=hi) for d, (lo, hi) in dims.items()}
         example = {k: _tensor(v, None, dynamic.get(k, {})) for k, v in inputs.items()}
         shapes = {k: {axis: objects[d] for axis, d in dynamic.get(k, {}).items()} for k in inputs}
-        program = torch.export.export(model, (), kwargs=example, dynamic_shapes=shapes or None, strict=False).run_decompositions({})
+        program = torch.export.export(
+            model, (), kwargs=example, dynamic_shapes=shapes or None, strict=False
+        ).run_decompositions({})
         started = time.perf_counter()
         onnx_program = torch.onnx.export(program, dynamo=True, optimize=True, verbose=False)
         onnx_program.model_proto.SerializeToString()
@@ -297,12 +388,14 @@ def _env(workdir: Path, arm: str) -> dict[str, str]:
     shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir(parents=True)
     env = dict(os.environ)
-    env.update({
-        "TORCHINDUCTOR_CACHE_DIR": str(cache),
-        "PREFECT_HOME": str(workdir / "prefect-home"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "1",
-    })
+    env.update(
+        {
+            "TORCHINDUCTOR_CACHE_DIR": str(cache),
+            "PREFECT_HOME": str(workdir / "prefect-home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DO_NOT_TRACK": "1",
+        }
+    )
     env.pop("PREFECT_API_URL", None)
     return env
 
@@ -337,15 +430,36 @@ def _check(out: str, ok: int, cached: bool = False, failed: int = 0) -> dict[str
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=int, default=8, help=f"compile fleet size (at most {len(FLEET)}; default 8; 0 skips it), plus {len(FAILING)} failing models")
+    parser.add_argument(
+        "--models",
+        type=int,
+        default=8,
+        help=f"compile fleet size (at most {len(FLEET)}; default 8; 0 skips it), plus {len(FAILING)} failing models",
+    )
     parser.add_argument("--small", type=int, default=100, help="small fleet size (default 100; 0 skips it)")
-    parser.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=True, help="run the transformers fleet (cold, warm)")
-    parser.add_argument("--hf-compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="run the transformers + aot_compile fleet (cold, warm, warm --verify-sources)")
-    parser.add_argument("--targets", action=argparse.BooleanOptionalAction, default=True, help="run the deployment targets fleet (bare, cold)")
+    parser.add_argument(
+        "--transformers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the transformers fleet (cold, warm)",
+    )
+    parser.add_argument(
+        "--hf-compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the transformers + aot_compile fleet (cold, warm, warm --verify-sources)",
+    )
+    parser.add_argument(
+        "--targets",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the deployment targets fleet (bare, cold)",
+    )
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "pt2-bench-fleet"))
     parser.add_argument("--json-out", metavar="FILE")
-    parser.add_argument("--bare", choices=["compile", "small", "targets"], help=argparse.SUPPRESS)  # a bare arm's child process
+    parser.add_argument(
+        "--bare", choices=["compile", "small", "targets"], help=argparse.SUPPRESS
+    )  # a bare arm's child process
     args = parser.parse_args()
     workdir = Path(args.workdir)
     count = min(args.models, len(FLEET))
@@ -361,38 +475,69 @@ def main() -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     pt2flow = str(Path(sys.executable).parent / "pt2flow")
     figures: dict[str, Any] = {"models": count, "failing": len(FAILING), "small": args.small, "cores": os.cpu_count()}
-    print(f"{count} + {len(FAILING)} failing compile models, {args.small} small models, {os.cpu_count()} cores; each arm a fresh process", file=sys.stderr)
+    print(
+        f"{count} + {len(FAILING)} failing compile models, {args.small} small models, {os.cpu_count()} cores; each arm a fresh process",
+        file=sys.stderr,
+    )
 
     # A machine that ran pt2flow in the last 15 minutes has its shared Prefect server up (the
     # default, flows/engine/services/prefect_server.py): start it once, as such a run did, before the arms.
-    subprocess.run([sys.executable, "-c", "from pt2flow.flows.engine.services import prefect_runtime\nwith prefect_runtime.prefect_api(): pass"],
-                   env=_env(workdir, "server"), check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from pt2flow.flows.engine.services import prefect_runtime\nwith prefect_runtime.prefect_api(): pass",
+        ],
+        env=_env(workdir, "server"),
+        check=True,
+        capture_output=True,
+    )
     figures["ratios"] = {}
-    bare = [sys.executable, __file__, "--models", str(count), "--small", str(args.small), "--workdir", str(workdir), "--bare"]
+    bare = [
+        sys.executable,
+        __file__,
+        "--models",
+        str(count),
+        "--small",
+        str(args.small),
+        "--workdir",
+        str(workdir),
+        "--bare",
+    ]
     if count:  # --models 0 skips the compile fleet
         config = write_config(workdir / "compile", "compile", count)
         figures["bare_s"], out = _arm("bare", [*bare, "compile"], _env(workdir, "bare"), ROOT)
         bare_figures = json.loads(out.strip().splitlines()[-1])
         figures["bare_per_model_s"], figures["bare_stage_s"] = bare_figures["models"], bare_figures["steps"]
         run = [pt2flow, "run", str(config), "--json"]
-        figures["cold1_s"], out = _arm("cold-1", [*run, "--store", str(workdir / "store-1"), "--workers", "1"], _env(workdir, "cold1"), workdir)
+        figures["cold1_s"], out = _arm(
+            "cold-1", [*run, "--store", str(workdir / "store-1"), "--workers", "1"], _env(workdir, "cold1"), workdir
+        )
         figures["cold1_stage_s"] = _stage_totals(_check(out, count, failed=len(FAILING)))
-        figures["warm_s"], out = _arm("warm", [*run, "--store", str(workdir / "store-1")], _env(workdir, "warm"), workdir)
+        figures["warm_s"], out = _arm(
+            "warm", [*run, "--store", str(workdir / "store-1")], _env(workdir, "warm"), workdir
+        )
         _check(out, count, cached=True, failed=len(FAILING))
-        figures["cold2_s"], out = _arm("cold-2", [*run, "--store", str(workdir / "store-2"), "--workers", "2"], _env(workdir, "cold2"), workdir)
+        figures["cold2_s"], out = _arm(
+            "cold-2", [*run, "--store", str(workdir / "store-2"), "--workers", "2"], _env(workdir, "cold2"), workdir
+        )
         figures["cold2_stage_s"] = _stage_totals(_check(out, count, failed=len(FAILING)))
-        figures["ratios"].update({
-            "cold1_over_bare": round(figures["cold1_s"] / figures["bare_s"], 3),
-            "cold2_over_cold1": round(figures["cold2_s"] / figures["cold1_s"], 3),
-            "warm_over_cold1": round(figures["warm_s"] / figures["cold1_s"], 4),
-        })
+        figures["ratios"].update(
+            {
+                "cold1_over_bare": round(figures["cold1_s"] / figures["bare_s"], 3),
+                "cold2_over_cold1": round(figures["cold2_s"] / figures["cold1_s"], 3),
+                "warm_over_cold1": round(figures["warm_s"] / figures["cold1_s"], 4),
+            }
+        )
 
     if args.small:
         small = write_config(workdir / "small", "small", args.small)
         figures["bare_small_s"], out = _arm("bare-small", [*bare, "small"], _env(workdir, "bare-small"), ROOT)
         figures["bare_small_stage_s"] = json.loads(out.strip().splitlines()[-1])["steps"]
         run = [pt2flow, "run", str(small), "--json", "--store", str(workdir / "store-small")]
-        figures["cold_small_s"], out = _arm("cold-small", [*run, "--workers", "1"], _env(workdir, "cold-small"), workdir)
+        figures["cold_small_s"], out = _arm(
+            "cold-small", [*run, "--workers", "1"], _env(workdir, "cold-small"), workdir
+        )
         figures["cold_small_stage_s"] = _stage_totals(_check(out, args.small))
         figures["warm_small_s"], out = _arm("warm-small", run, _env(workdir, "warm-small"), workdir)
         _check(out, args.small, cached=True)
@@ -415,15 +560,24 @@ def main() -> int:
         _check(out, len(HF_COMPILE))
         figures["warm_hfc_s"], out = _arm("warm-hfc", run, _env(workdir, "warm-hfc"), workdir)
         _check(out, len(HF_COMPILE), cached=True)
-        figures["verify_hfc_s"], out = _arm("verify-hfc", [*run, "--verify-sources"], _env(workdir, "verify-hfc"), workdir)
+        figures["verify_hfc_s"], out = _arm(
+            "verify-hfc", [*run, "--verify-sources"], _env(workdir, "verify-hfc"), workdir
+        )
         document = json.loads(out.strip().splitlines()[-1])
-        rebuilt = [m["name"] for m in document["models"] if not all(s["cached"] for n, s in m["stages"].items() if n != "source")]
+        rebuilt = [
+            m["name"]
+            for m in document["models"]
+            if not all(s["cached"] for n, s in m["stages"].items() if n != "source")
+        ]
         if rebuilt:
             raise SystemExit(f"verify-hfc: --verify-sources re-exported unchanged models: {rebuilt}")
         figures["ratios"]["warm_hfc_over_cold_hfc"] = round(figures["warm_hfc_s"] / figures["cold_hfc_s"], 4)
         figures["verify_hfc_over_warm_hfc"] = round(figures["verify_hfc_s"] / figures["warm_hfc_s"], 2)
-        print(f"  --verify-sources: {figures['verify_hfc_s']:.1f} s against {figures['warm_hfc_s']:.1f} s warm "
-              f"({figures['verify_hfc_over_warm_hfc']:.1f} x), {figures['verify_hfc_s'] / figures['cold_hfc_s']:.2f} of cold", file=sys.stderr)
+        print(
+            f"  --verify-sources: {figures['verify_hfc_s']:.1f} s against {figures['warm_hfc_s']:.1f} s warm "
+            f"({figures['verify_hfc_over_warm_hfc']:.1f} x), {figures['verify_hfc_s'] / figures['cold_hfc_s']:.2f} of cold",
+            file=sys.stderr,
+        )
 
     if args.targets:
         targets = write_config(workdir / "targets", "targets", len(TARGET_FLEET))
@@ -443,8 +597,11 @@ def main() -> int:
     for arm in ("bare", "cold1", "cold2", "bare_small", "cold_small"):
         if f"{arm}_stage_s" in figures:
             totals = figures[f"{arm}_stage_s"]
-            print(f"{arm + ' stage seconds':25s} (sum over models, total {sum(totals.values()):5.1f}): "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()), file=sys.stderr)
+            print(
+                f"{arm + ' stage seconds':25s} (sum over models, total {sum(totals.values()):5.1f}): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()),
+                file=sys.stderr,
+            )
     line = json.dumps(figures)
     print(line)
     if args.json_out:

@@ -48,8 +48,13 @@ sys.path.insert(0, str(ROOT))
 from pt2flow.stages import generation as G  # noqa: E402
 
 DECODER = dict(
-    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=512,
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
 )
 # each model's own cache kind (`--caches default`): static for the decoders (configs/generative.yaml);
 # an encoder-decoder's static cache does not export (architecture.md, "What works")
@@ -79,14 +84,27 @@ def builders() -> dict[str, Callable[[], torch.nn.Module]]:
         "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**DECODER)),
         "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(pad_token_id=0, **DECODER)),
         "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(head_dim=8, **DECODER)),
-        "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(
-            vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0,
-        )),
+        "t5": lambda: T.T5ForConditionalGeneration(
+            T.T5Config(
+                vocab_size=128,
+                d_model=32,
+                d_kv=8,
+                d_ff=64,
+                num_layers=2,
+                num_heads=4,
+                decoder_start_token_id=0,
+            )
+        ),
     }
 
 
-def decode_rates(model: torch.nn.Module, spec: G.GenerateSpec, prompt: torch.Tensor,
-                 runners: dict[str, dict[str, G.StepFn] | None], repeats: int = 3) -> dict[str, float]:
+def decode_rates(
+    model: torch.nn.Module,
+    spec: G.GenerateSpec,
+    prompt: torch.Tensor,
+    runners: dict[str, dict[str, G.StepFn] | None],
+    repeats: int = 3,
+) -> dict[str, float]:
     """Decode tokens/s per runner (None: eager `generate()`): (N - 1) decode steps over (best time of
     N tokens - best time of 1 token). Every runner is warmed up once, then the timed generations go
     round-robin over the runners, `repeats` rounds, so that a burst of load on a shared machine
@@ -152,9 +170,15 @@ def artifact_steps(kind: str, program: torch.export.ExportedProgram, workdir: st
     raise ValueError(f"unknown artifact kind {kind!r} ({', '.join(KINDS)})")
 
 
-def build_artifacts(model: torch.nn.Module, spec: G.GenerateSpec, prompt: torch.Tensor, eager: G.Generation,
-                    exported: dict[str, G.ExportedComponent], kinds: list[str], workdir: str
-                    ) -> tuple[dict[str, Any], dict[str, dict[str, G.StepFn]]]:
+def build_artifacts(
+    model: torch.nn.Module,
+    spec: G.GenerateSpec,
+    prompt: torch.Tensor,
+    eager: G.Generation,
+    exported: dict[str, G.ExportedComponent],
+    kinds: list[str],
+    workdir: str,
+) -> tuple[dict[str, Any], dict[str, dict[str, G.StepFn]]]:
     """Per artifact kind: build seconds per component and same tokens as eager; the step functions
     of the kinds that generated (timed later, with the others), loaded under `workdir`."""
     row: dict[str, Any] = {}
@@ -235,8 +259,13 @@ def machine() -> dict[str, Any]:
         except metadata.PackageNotFoundError:  # an absent runtime is reported as such
             versions[package] = None
     return {
-        "cpu": cpu, "arch": platform.machine(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "nice": os.nice(0), "python": platform.python_version(), "versions": versions,
+        "cpu": cpu,
+        "arch": platform.machine(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "nice": os.nice(0),
+        "python": platform.python_version(),
+        "versions": versions,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
@@ -262,11 +291,17 @@ def kind_rows(row: dict[str, Any], kinds: list[str]) -> list[dict[str, Any]]:
     out = [{"kind": "eager", "build": "–", "same": "reference", "tok_s": eager, "ratio": 1.0 if eager else None}]
     for kind, prefix, build_prefix in [("program", "program_", "export_")] + [(k, f"{k}_", f"{k}_") for k in kinds]:
         tok_s = row.get(f"{prefix}tok_s")
-        out.append({
-            "kind": kind, "build": _build(row, build_prefix), "same": _same(row, prefix), "tok_s": tok_s,
-            "ratio": round(tok_s / eager, 2) if tok_s and eager else None, "error": row.get(f"{prefix}error"),
-            "same_tokens": row.get(f"{prefix}same_tokens"),
-        })
+        out.append(
+            {
+                "kind": kind,
+                "build": _build(row, build_prefix),
+                "same": _same(row, prefix),
+                "tok_s": tok_s,
+                "ratio": round(tok_s / eager, 2) if tok_s and eager else None,
+                "error": row.get(f"{prefix}error"),
+                "same_tokens": row.get(f"{prefix}same_tokens"),
+            }
+        )
     return out
 
 
@@ -300,9 +335,12 @@ def markdown(rows: list[dict[str, Any]], kinds: list[str], env: dict[str, Any], 
         "",
     ]
     summary_kinds = ["program", *kinds]
-    lines += ["## Summary: decode tok/s relative to eager", "",
-              "| model | cache | eager tok/s | " + " | ".join(KIND_NAMES[k].split(" (")[0] for k in summary_kinds) + " |",
-              "|---|---|---:|" + "---:|" * len(summary_kinds)]
+    lines += [
+        "## Summary: decode tok/s relative to eager",
+        "",
+        "| model | cache | eager tok/s | " + " | ".join(KIND_NAMES[k].split(" (")[0] for k in summary_kinds) + " |",
+        "|---|---|---:|" + "---:|" * len(summary_kinds),
+    ]
     for row in rows:
         entries = {e["kind"]: e for e in kind_rows(row, kinds)}
         cells = []
@@ -317,19 +355,27 @@ def markdown(rows: list[dict[str, Any]], kinds: list[str], env: dict[str, Any], 
         lines.append(f"| {row['model']} | {row['cache']} | {row.get('eager_tok_s', '–')} | " + " | ".join(cells) + " |")
     lines += [""]
     for row in rows:
-        lines += [f"## {row['model']}", "",
-                  f"{row['cache']} cache; decomposition (finding the components) {row.get('decompose_s', '–')} s; "
-                  f"load average when timed {row.get('loadavg_timing', '–')}."]
+        lines += [
+            f"## {row['model']}",
+            "",
+            f"{row['cache']} cache; decomposition (finding the components) {row.get('decompose_s', '–')} s; "
+            f"load average when timed {row.get('loadavg_timing', '–')}.",
+        ]
         if row.get("error"):
             lines += ["", f"Failed at {row['error']}", ""]
             continue
-        lines += ["", "| kind | build s (prefill / decode) | same tokens as eager | decode tok/s | × eager |",
-                  "|---|---|---|---:|---:|"]
+        lines += [
+            "",
+            "| kind | build s (prefill / decode) | same tokens as eager | decode tok/s | × eager |",
+            "|---|---|---|---:|---:|",
+        ]
         for e in kind_rows(row, kinds):
             if e.get("error"):
                 verb = "refused" if e["error"].startswith("build") else "failed"
                 reason = e["error"].replace("|", "\\|")
-                lines.append(f"| {KIND_NAMES[e['kind']]} | {e['build'] if e['build'] != '– / –' else '–'} | {verb} at {reason} | – | – |")
+                lines.append(
+                    f"| {KIND_NAMES[e['kind']]} | {e['build'] if e['build'] != '– / –' else '–'} | {verb} at {reason} | – | – |"
+                )
                 continue
             ratio = f"{e['ratio']:.2f}" if e["ratio"] is not None else "–"
             lines.append(f"| {KIND_NAMES[e['kind']]} | {e['build']} | {e['same']} | {e['tok_s']} | {ratio} |")
@@ -340,15 +386,26 @@ def markdown(rows: list[dict[str, Any]], kinds: list[str], env: dict[str, Any], 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="llama,qwen2,phi3,gemma,t5")
-    parser.add_argument("--caches", default="default", help="`default` (each model's own: static, T5 dynamic) or a comma-separated list of dynamic,static")
+    parser.add_argument(
+        "--caches",
+        default="default",
+        help="`default` (each model's own: static, T5 dynamic) or a comma-separated list of dynamic,static",
+    )
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed generations after the warm-up; the best is kept")
-    parser.add_argument("--artifacts", default="", help=f"comma-separated: {','.join(KINDS)} (pt2flow's stages; pte needs a static cache)")
+    parser.add_argument(
+        "--artifacts",
+        default="",
+        help=f"comma-separated: {','.join(KINDS)} (pt2flow's stages; pte needs a static cache)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the report (machine, versions, tables) here")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 when a model fails, or an artifact fails to build or generates other tokens than eager "
-                             "(a .pte of a dynamic cache, which ExecuTorch refuses, excepted): `make bench-generation`")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a model fails, or an artifact fails to build or generates other tokens than eager "
+        "(a .pte of a dynamic cache, which ExecuTorch refuses, excepted): `make bench-generation`",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
@@ -358,13 +415,27 @@ def main() -> None:
         parser.error(f"--artifacts: unknown {sorted(unknown)} ({', '.join(KINDS)})")
     env = {**machine(), "repeats": args.repeats}
     models = args.models.split(",")
-    plan = [(name, cache) for name in models
-            for cache in ([DEFAULT_CACHE.get(name, "static")] if args.caches == "default" else args.caches.split(","))]
+    plan = [
+        (name, cache)
+        for name in models
+        for cache in ([DEFAULT_CACHE.get(name, "static")] if args.caches == "default" else args.caches.split(","))
+    ]
     rows = [measure(name, cache, args.tokens, kinds, args.repeats) for name, cache in plan]
     env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    columns = ["model", "cache", "decompose_s", "export_prefill_s", "export_decode_s", "eager_tok_s",
-               "program_same_tokens", "program_tok_s", "error"]
-    columns += [f"{kind}_{suffix}" for kind in kinds for suffix in ("prefill_s", "decode_s", "same_tokens", "tok_s", "error")]
+    columns = [
+        "model",
+        "cache",
+        "decompose_s",
+        "export_prefill_s",
+        "export_decode_s",
+        "eager_tok_s",
+        "program_same_tokens",
+        "program_tok_s",
+        "error",
+    ]
+    columns += [
+        f"{kind}_{suffix}" for kind in kinds for suffix in ("prefill_s", "decode_s", "same_tokens", "tok_s", "error")
+    ]
     print(" | ".join(columns))
     for row in rows:
         print(" | ".join(str(row.get(column, "")) for column in columns))
@@ -379,7 +450,10 @@ def main() -> None:
         problems = [problem for row in rows for problem in check(row, kinds)]
         for problem in problems:
             print(f"FAILED {problem}", file=sys.stderr)
-        print(f"{len(rows)} model/cache pairs, {len(kinds)} artifact kinds: {len(problems) or 'no'} problems", file=sys.stderr)
+        print(
+            f"{len(rows)} model/cache pairs, {len(kinds)} artifact kinds: {len(problems) or 'no'} problems",
+            file=sys.stderr,
+        )
         if problems:
             sys.exit(1)
 
@@ -394,11 +468,15 @@ def check(row: dict[str, Any], kinds: list[str]) -> list[str]:
     problems = [] if row.get("program_same_tokens") else [f"{where}: the exported program's tokens differ from eager's"]
     for kind in kinds:
         if row.get(f"{kind}_error"):
-            expected = any(k == kind and m in (None, row["model"]) and c in (None, row["cache"]) for k, m, c in EXPECTED_REFUSALS)
+            expected = any(
+                k == kind and m in (None, row["model"]) and c in (None, row["cache"]) for k, m, c in EXPECTED_REFUSALS
+            )
             if not expected:
                 problems.append(f"{where} {kind}: {row[f'{kind}_error']}")
         elif not row.get(f"{kind}_same_tokens"):
-            problems.append(f"{where} {kind}: tokens differ from eager's (first at {row.get(f'{kind}_first_divergence')})")
+            problems.append(
+                f"{where} {kind}: tokens differ from eager's (first at {row.get(f'{kind}_first_divergence')})"
+            )
     return problems
 
 

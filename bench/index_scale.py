@@ -39,7 +39,9 @@ def write_index_file(store: ArtifactStore, table: pa.Table) -> None:
     """Write synthetic records as one new file of the store's index, as MetadataIndex.append
     would write them, without building a million IndexRecord objects first."""
     table = table.append_column("schema_version", pa.array([SCHEMA_VERSION] * table.num_rows, pa.int16()))
-    columns = [table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in SCHEMA]
+    columns = [
+        table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in SCHEMA
+    ]
     index = store.index
     index.fs.makedirs(index.root, exist_ok=True)
     with index.fs.open(f"{index.root}/part-bench-{uuid.uuid4().hex[:12]}.parquet", "wb") as out:
@@ -63,10 +65,18 @@ def build_index(store: ArtifactStore, records: int, seed: int = 0) -> dict[str, 
         keys = _hex_digests(rng, n)
         shas = _hex_digests(rng, n)
         key_list = keys.to_pylist()
-        parents = [[] if s == 0 else ([key_list[i - s]] if s < 6 else [key_list[i - 6], key_list[i - 2], key_list[i - 1]]) for i, s in enumerate(stage_idx)]
+        parents = [
+            [] if s == 0 else ([key_list[i - s]] if s < 6 else [key_list[i - 6], key_list[i - 2], key_list[i - 1]])
+            for i, s in enumerate(stage_idx)
+        ]
         weights = _hex_digests(rng, count).to_pylist()
         weights_col = [weights[i // per_model] if s == 0 else None for i, s in enumerate(stage_idx)]
-        ended = pa.array((np.datetime64("2026-01-01T00:00:00") + (np.arange(n) + start * per_model).astype("timedelta64[s]")).astype("datetime64[us]"), pa.timestamp("us", tz="UTC"))
+        ended = pa.array(
+            (np.datetime64("2026-01-01T00:00:00") + (np.arange(n) + start * per_model).astype("timedelta64[s]")).astype(
+                "datetime64[us]"
+            ),
+            pa.timestamp("us", tz="UTC"),
+        )
         table = pa.table(
             {
                 "record_id": _hex_digests(rng, n),
@@ -96,7 +106,15 @@ def build_index(store: ArtifactStore, records: int, seed: int = 0) -> dict[str, 
     t0 = time.perf_counter()
     result = store.index.compact()
     compacted = time.perf_counter() - t0
-    return {"models": models, "records": models * per_model, "write_s": round(written, 2), "compact_s": round(compacted, 2), "index_files": len(store.index.files()), "merged": result.merged_files, **sample}
+    return {
+        "models": models,
+        "records": models * per_model,
+        "write_s": round(written, 2),
+        "compact_s": round(compacted, 2),
+        "index_files": len(store.index.files()),
+        "merged": result.merged_files,
+        **sample,
+    }
 
 
 def time_cli(args: list[str], repeat: int) -> dict[str, float]:
@@ -135,7 +153,10 @@ def main() -> None:
     }
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", "pass"], check=True)
-    results["python -c pass"] = {"median_s": round(time.perf_counter() - start, 3), "min_s": round(time.perf_counter() - start, 3)}
+    results["python -c pass"] = {
+        "median_s": round(time.perf_counter() - start, 3),
+        "min_s": round(time.perf_counter() - start, 3),
+    }
     print(json.dumps({"index": info, "cli": results}, indent=1))
 
 

@@ -46,8 +46,16 @@ def _config(workdir: Path) -> Path:
     config = {
         "version": 1,
         "stages": STAGES,
-        "models": [{"name": "mlp", "factory": "demo_models:mlp", "kwargs": {"hidden": 32}, "inputs": {"x": {"shape": [4, 16]}},
-                    "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 32}}}],
+        "models": [
+            {
+                "name": "mlp",
+                "factory": "demo_models:mlp",
+                "kwargs": {"hidden": 32},
+                "inputs": {"x": {"shape": [4, 16]}},
+                "dynamic_shapes": {"x": {0: "batch"}},
+                "dims": {"batch": {"min": 1, "max": 32}},
+            }
+        ],
     }
     path = workdir / "one.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -69,8 +77,12 @@ def one_run(config: Path, store: Path, env: dict[str, str]) -> dict[str, float]:
     """One cold run of the config; seconds from the process's start to each mark."""
     shutil.rmtree(store, ignore_errors=True)
     launched = time.time()
-    proc = subprocess.run([str(BIN / "pt2flow"), "run", str(config), "--store", str(store), "--workers", "1", "--json"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [str(BIN / "pt2flow"), "run", str(config), "--store", str(store), "--workers", "1", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     ended = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"pt2flow run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -98,17 +110,29 @@ def main() -> None:
     print(f"{'':22}{'source':>9}{'trace':>9}{'end':>9}{'summary':>9}   (seconds from process start)")
     for mode in ("private", "shared"):  # a Prefect server per run (the old way), the shared one (the default)
         home = workdir / f"prefect-home-{mode}"
-        env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
-               "PT2FLOW_CACHE_DIR": str(workdir / "cache"), "PT2FLOW_PREFECT_SERVER": mode, "PT2FLOW_PREFECT_SERVER_IDLE_S": "120"}
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(home),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DO_NOT_TRACK": "1",
+            "PT2FLOW_CACHE_DIR": str(workdir / "cache"),
+            "PT2FLOW_PREFECT_SERVER": mode,
+            "PT2FLOW_PREFECT_SERVER_IDLE_S": "120",
+        }
         env.pop("PREFECT_API_URL", None)
         first = one_run(config, workdir / "store-first", env)  # the machine's first run
         runs = [one_run(config, workdir / f"store-{i}", env) for i in range(args.runs)]
         median = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
         results[mode] = {"first": first, "runs": runs, "median": median}
         print(f"{mode + ', first run':22}" + "".join(f"{first[k]:9.2f}" for k in ("source", "trace", "end", "summary")))
-        print(f"{mode + ', cold, median':22}" + "".join(f"{median[k]:9.2f}" for k in ("source", "trace", "end", "summary")))
+        print(
+            f"{mode + ', cold, median':22}"
+            + "".join(f"{median[k]:9.2f}" for k in ("source", "trace", "end", "summary"))
+        )
         stop_shared_server(home)
-    print(f"goal: trace <= 3 s (shared server, the default): {'met' if results['shared']['median']['trace'] <= 3.0 else 'NOT met'}")
+    print(
+        f"goal: trace <= 3 s (shared server, the default): {'met' if results['shared']['median']['trace'] <= 3.0 else 'NOT met'}"
+    )
     line = json.dumps(results)
     print(line)
     if args.json_out:

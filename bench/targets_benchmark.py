@@ -48,7 +48,9 @@ def main() -> int:
         bin_dir = Path(sys.executable).parent
         command = [str(bin_dir / "pt2flow"), "run", str(config), "--store", store, "--json"]
         # the artifacts first, then the benchmark alone, one worker: no compile shares the cores with a timing
-        build = subprocess.run([*command, "--stages", STAGES.removesuffix(",benchmark")], capture_output=True, text=True, cwd=ROOT)
+        build = subprocess.run(
+            [*command, "--stages", STAGES.removesuffix(",benchmark")], capture_output=True, text=True, cwd=ROOT
+        )
         if build.returncode not in (0, 1):
             print(build.stderr[-4000:], file=sys.stderr)
             return build.returncode
@@ -61,10 +63,16 @@ def main() -> int:
         for model in document["models"]:
             stage = model["stages"].get("benchmark") or {}
             if not stage.get("artifact"):
-                sections.append(f"**{model['name']}**: not benchmarked ({model['status']} at {model['failed_stage']}: {model['error']})")
+                sections.append(
+                    f"**{model['name']}**: not benchmarked ({model['status']} at {model['failed_stage']}: {model['error']})"
+                )
                 continue
-            shown = subprocess.run([str(bin_dir / "pt2flow"), "show", stage["artifact"], "--store", store, "--json"],
-                                   capture_output=True, text=True, check=True)
+            shown = subprocess.run(
+                [str(bin_dir / "pt2flow"), "show", stage["artifact"], "--store", store, "--json"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             report = json.loads(shown.stdout)["report"]
             machine = report["machine"]
             sections.append(markdown(report, title=model["name"]))
@@ -72,9 +80,15 @@ def main() -> int:
             svg.parent.mkdir(parents=True, exist_ok=True)
             svg.write_text(plot_file(model["timings"], f"{model['name']}: p50 latency by size (log scale)") + "\n")
             print(f"wrote {svg}")
-    head = ["# Benchmark of configs/targets.yaml", "",
-            f"`{' '.join(['python', 'bench/targets_benchmark.py'])}` on {machine['cpu']} ({machine['arch']}), "
-            f"{machine['cores']} cores, {machine['threads']} torch threads; p50 / p90 in ms, * the fastest artifact at that size." if machine else "", ""]
+    head = [
+        "# Benchmark of configs/targets.yaml",
+        "",
+        f"`{' '.join(['python', 'bench/targets_benchmark.py'])}` on {machine['cpu']} ({machine['arch']}), "
+        f"{machine['cores']} cores, {machine['threads']} torch threads; p50 / p90 in ms, * the fastest artifact at that size."
+        if machine
+        else "",
+        "",
+    ]
     out = Path(f"{args.out}.md")
     out.write_text("\n".join(head) + "\n" + "\n\n".join(sections) + "\n")
     print(f"wrote {out}")

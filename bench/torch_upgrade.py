@@ -38,15 +38,28 @@ TEXT = {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}
 FLEET: list[dict[str, Any]] = [
     {"name": "bert", "factory": "tests.hf_models:bert_tiny", "inputs": TEXT},
     {"name": "distilbert", "factory": "tests.hf_models:distilbert_tiny", "inputs": TEXT},
-    {"name": "roberta", "factory": "tests.hf_models:roberta_tiny", "inputs": {"input_ids": {**IDS, "low": 3}, "attention_mask": {**IDS, "value": 1}}},
+    {
+        "name": "roberta",
+        "factory": "tests.hf_models:roberta_tiny",
+        "inputs": {"input_ids": {**IDS, "low": 3}, "attention_mask": {**IDS, "value": 1}},
+    },
     {"name": "gpt2", "factory": "tests.hf_models:gpt2_tiny", "inputs": {"input_ids": IDS}},
     {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}},
     {"name": "counter", "factory": "tests.models:buffer_counter", "inputs": {"x": {"shape": [2, 8]}}},
-    {"name": "dict-out", "factory": "tests.models:dict_out", "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}}},
+    {
+        "name": "dict-out",
+        "factory": "tests.models:dict_out",
+        "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
+    },
     # known failures: each fails the same way under both torches
     {"name": "data-dependent", "factory": "tests.models:data_dependent", "inputs": {"x": {"shape": [2, 8]}}},
     {"name": "python-object-out", "factory": "tests.models:python_object_out", "inputs": {"x": {"shape": [2, 8]}}},
-    {"name": "noisy", "factory": "tests.models:noisy", "inputs": {"x": {"shape": [2, 8]}}, "stages": {"validate": {"samples": 2}}},
+    {
+        "name": "noisy",
+        "factory": "tests.models:noisy",
+        "inputs": {"x": {"shape": [2, 8]}},
+        "stages": {"validate": {"samples": 2}},
+    },
 ]
 
 
@@ -60,7 +73,9 @@ def _env() -> dict[str, str]:
 
 
 def _pip(python: Path, *args: str) -> None:
-    subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", *args], check=True, cwd=ROOT)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", *args], check=True, cwd=ROOT
+    )
 
 
 def build_candidate(venv: Path) -> tuple[Path, float]:
@@ -73,14 +88,23 @@ def build_candidate(venv: Path) -> tuple[Path, float]:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     _pip(python, f"torch=={CANDIDATE_TORCH}")
     # the lock's pins for everything the candidate's torch did not install itself
-    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True).stdout
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True
+    ).stdout
     have = {entry["name"].lower().replace("_", "-") for entry in json.loads(listed)}
-    pins = [line for line in (ROOT / "requirements.lock").read_text().splitlines()
-            if line.strip() and not line.startswith("#") and line.split("==")[0].strip().lower().replace("_", "-") not in have | {"torch", "torchao"}]
+    pins = [
+        line
+        for line in (ROOT / "requirements.lock").read_text().splitlines()
+        if line.strip()
+        and not line.startswith("#")
+        and line.split("==")[0].strip().lower().replace("_", "-") not in have | {"torch", "torchao"}
+    ]
     constraints = venv / "constraints.txt"
     constraints.write_text("\n".join(pins) + "\n")
     _pip(python, "-c", str(constraints), "-e", str(ROOT), f"transformers=={TRANSFORMERS}")
-    version = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], check=True, capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(
+        [str(python), "-c", "import torch; print(torch.__version__)"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     if not version.startswith(CANDIDATE_TORCH):
         sys.exit(f"the candidate has torch {version}, not {CANDIDATE_TORCH}")
     (venv / "ready").write_text(version + "\n")
@@ -89,8 +113,14 @@ def build_candidate(venv: Path) -> tuple[Path, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--venv", default=str(ROOT / ".cache" / f"torch-{CANDIDATE_TORCH}"), help="the candidate virtualenv (built once)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "torch_upgrade"), help="folder for the store and the reports")
+    parser.add_argument(
+        "--venv",
+        default=str(ROOT / ".cache" / f"torch-{CANDIDATE_TORCH}"),
+        help="the candidate virtualenv (built once)",
+    )
+    parser.add_argument(
+        "--out", default=str(ROOT / "bench" / "results" / "torch_upgrade"), help="folder for the store and the reports"
+    )
     args = parser.parse_args()
     out = Path(args.out).resolve()
     shutil.rmtree(out / "store", ignore_errors=True)
@@ -100,10 +130,14 @@ def main() -> int:
     candidate, built_s = build_candidate(Path(args.venv).resolve())
     config = out / "fleet.yaml"
     stages = ["trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"]
-    config.write_text(yaml.safe_dump({"version": 1, "store": str(out / "store"), "stages": stages, "models": FLEET}, sort_keys=False))
+    config.write_text(
+        yaml.safe_dump({"version": 1, "store": str(out / "store"), "stages": stages, "models": FLEET}, sort_keys=False)
+    )
 
     start = time.monotonic()
-    baseline = subprocess.run([*pt2flow, "run", str(config), "--json"], capture_output=True, text=True, env=_env(), cwd=ROOT)
+    baseline = subprocess.run(
+        [*pt2flow, "run", str(config), "--json"], capture_output=True, text=True, env=_env(), cwd=ROOT
+    )
     baseline_s = time.monotonic() - start
     if baseline.returncode not in (0, 1):
         sys.stderr.write(baseline.stderr[-4000:])
@@ -111,9 +145,26 @@ def main() -> int:
     baseline_run = json.loads(baseline.stdout)["run_id"]
 
     start = time.monotonic()
-    check = subprocess.run([*pt2flow, "upgrade-check", str(config), "--python", str(candidate), "--baseline", baseline_run,
-                            "--repro-dir", str(out / "repro"), "--html", str(out / "report.html"), "--json"],
-                           capture_output=True, text=True, env=_env(), cwd=ROOT)
+    check = subprocess.run(
+        [
+            *pt2flow,
+            "upgrade-check",
+            str(config),
+            "--python",
+            str(candidate),
+            "--baseline",
+            baseline_run,
+            "--repro-dir",
+            str(out / "repro"),
+            "--html",
+            str(out / "report.html"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
     check_s = time.monotonic() - start
     if check.returncode not in (0, 1):
         sys.stderr.write(check.stderr[-4000:])
@@ -124,9 +175,17 @@ def main() -> int:
 
     text = render_text(UpgradeReport.model_validate(report))  # the terminal view of the same report
     (out / "report.txt").write_text(text + "\n")
-    timing = {"candidate_build_s": round(built_s, 1), "baseline_run_s": round(baseline_s, 1), "upgrade_check_s": round(check_s, 1),
-              "upgrade_check_exit": check.returncode, "baseline_run": baseline_run, "candidate_run": report["candidate"]["run_id"],
-              "baseline_torch": report["baseline"]["torch"], "candidate_torch": report["candidate"]["torch"], "summary": report["summary"]}
+    timing = {
+        "candidate_build_s": round(built_s, 1),
+        "baseline_run_s": round(baseline_s, 1),
+        "upgrade_check_s": round(check_s, 1),
+        "upgrade_check_exit": check.returncode,
+        "baseline_run": baseline_run,
+        "candidate_run": report["candidate"]["run_id"],
+        "baseline_torch": report["baseline"]["torch"],
+        "candidate_torch": report["candidate"]["torch"],
+        "summary": report["summary"],
+    }
     (out / "timing.json").write_text(json.dumps(timing, indent=1) + "\n")
     print(text)
     print(json.dumps(timing))

@@ -34,7 +34,13 @@ from pt2flow.flows.engine.common.inputs import model_inputs  # noqa: E402
 from pt2flow.stages.decompose import decompose  # noqa: E402
 from pt2flow.stages.example_inputs import InputSpec, ModelInputs  # noqa: E402
 from pt2flow.stages.functionalize import functionalize  # noqa: E402
-from pt2flow.stages.options import AotCompileOptions, DecomposeOptions, FunctionalizeOptions, TraceOptions, ValidateOptions  # noqa: E402
+from pt2flow.stages.options import (  # noqa: E402
+    AotCompileOptions,
+    DecomposeOptions,
+    FunctionalizeOptions,
+    TraceOptions,
+    ValidateOptions,
+)
 from pt2flow.stages.serialize import serialize  # noqa: E402
 from pt2flow.stages.source import build_model, import_factory, training_step  # noqa: E402
 from pt2flow.stages.targets import TargetArtifact  # noqa: E402
@@ -42,7 +48,9 @@ from pt2flow.stages.trace import trace  # noqa: E402
 from pt2flow.stages.validate import validate  # noqa: E402
 
 
-def _builder(factory: Callable[..., torch.nn.Module], kwargs: dict[str, Any], training: bool, loss_output: int | None) -> Callable[[], torch.nn.Module]:
+def _builder(
+    factory: Callable[..., torch.nn.Module], kwargs: dict[str, Any], training: bool, loss_output: int | None
+) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         module = build_model(factory, kwargs, training=training)
         return training_step(module, loss_output) if training else module
@@ -70,8 +78,16 @@ def _targets(program: torch.export.ExportedProgram, options: dict[str, Any]) -> 
     return made
 
 
-def measure(name: str, build: Callable[[], torch.nn.Module], inputs: ModelInputs, fixed: ValidateOptions, *, training: bool,
-            compile_: bool, target_options: dict[str, Any] | None) -> dict[str, Any]:
+def measure(
+    name: str,
+    build: Callable[[], torch.nn.Module],
+    inputs: ModelInputs,
+    fixed: ValidateOptions,
+    *,
+    training: bool,
+    compile_: bool,
+    target_options: dict[str, Any] | None,
+) -> dict[str, Any]:
     tr = trace(build(), inputs, TraceOptions())
     fn = functionalize(tr.output, FunctionalizeOptions(mode="training" if training else "inference"))
     dec = decompose(fn.output, DecomposeOptions())
@@ -99,16 +115,27 @@ def measure(name: str, build: Callable[[], torch.nn.Module], inputs: ModelInputs
         worst: dict[str, dict[str, Any]] = {}
         for sample in entry["samples"]:
             for leaf, row in sample.get("noise", {}).items():
-                if leaf not in worst or (row["err"] / max(row["allowed"], 1e-300)) > (worst[leaf]["err"] / max(worst[leaf]["allowed"], 1e-300)):
+                if leaf not in worst or (row["err"] / max(row["allowed"], 1e-300)) > (
+                    worst[leaf]["err"] / max(worst[leaf]["allowed"], 1e-300)
+                ):
                     worst[leaf] = {**row, "sample": sample["label"]}
         for leaf, row in worst.items():
             rows.append({"candidate": cand, "leaf": leaf, **row, "fixed_max_abs_err": entry["max_abs_err"]})
-    return {"model": name, "fixed_passed": fixed_passed, "fixed_s": fixed_s, "auto_s": auto_s,
-            "reference_ms": report["tolerance"]["reference_ms"], "applied": report["tolerance"]["applied"],
-            "fallback": report["tolerance"]["fallback"], "rows": rows}
+    return {
+        "model": name,
+        "fixed_passed": fixed_passed,
+        "fixed_s": fixed_s,
+        "auto_s": auto_s,
+        "reference_ms": report["tolerance"]["reference_ms"],
+        "applied": report["tolerance"]["applied"],
+        "fallback": report["tolerance"]["fallback"],
+        "rows": rows,
+    }
 
 
-def _demo_models(targets: bool) -> list[tuple[str, Callable[[], torch.nn.Module], ModelInputs, ValidateOptions, bool, dict[str, Any] | None]]:
+def _demo_models(
+    targets: bool,
+) -> list[tuple[str, Callable[[], torch.nn.Module], ModelInputs, ValidateOptions, bool, dict[str, Any] | None]]:
     found = []
     target_models = {m.name: m for m in load_config(ROOT / "configs" / "targets.yaml").models} if targets else {}
     for model in load_config(ROOT / "configs" / "demo.yaml").models:
@@ -125,14 +152,30 @@ def _hf_models() -> list[tuple[str, Callable[[], torch.nn.Module], ModelInputs, 
 
     from tests import hf_models
 
-    ids = ModelInputs({"input_ids": InputSpec((2, 8), dtype="int64", low=0, high=100), "attention_mask": InputSpec((2, 8), dtype="int64", value=1)})
-    roberta_ids = ModelInputs({"input_ids": InputSpec((2, 8), dtype="int64", low=3, high=100), "attention_mask": InputSpec((2, 8), dtype="int64", value=1)})
+    ids = ModelInputs(
+        {
+            "input_ids": InputSpec((2, 8), dtype="int64", low=0, high=100),
+            "attention_mask": InputSpec((2, 8), dtype="int64", value=1),
+        }
+    )
+    roberta_ids = ModelInputs(
+        {
+            "input_ids": InputSpec((2, 8), dtype="int64", low=3, high=100),
+            "attention_mask": InputSpec((2, 8), dtype="int64", value=1),
+        }
+    )
 
     def deep_bert(layers: int, hidden: int) -> Callable[[], torch.nn.Module]:
         def build() -> torch.nn.Module:
             torch.manual_seed(0)
-            config = BertConfig(vocab_size=100, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                                intermediate_size=4 * hidden, max_position_embeddings=64)
+            config = BertConfig(
+                vocab_size=100,
+                hidden_size=hidden,
+                num_hidden_layers=layers,
+                num_attention_heads=4,
+                intermediate_size=4 * hidden,
+                max_position_embeddings=64,
+            )
             return BertModel(config).eval()
 
         return build
@@ -149,7 +192,9 @@ def _hf_models() -> list[tuple[str, Callable[[], torch.nn.Module], ModelInputs, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile", action="store_true", help="also the AOTInductor package")
-    parser.add_argument("--targets", action="store_true", help="also ONNX, ExecuTorch, OpenVINO (targets.yaml's models)")
+    parser.add_argument(
+        "--targets", action="store_true", help="also ONNX, ExecuTorch, OpenVINO (targets.yaml's models)"
+    )
     parser.add_argument("--hf", action="store_true", help="also the tiny transformers models and a deeper BERT")
     parser.add_argument("--only", action="append", default=[], help="only these models")
     parser.add_argument("--json", type=Path, help="write every number here")
@@ -160,15 +205,22 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         print(f"== {name}", flush=True)
-        found = measure(name, build, inputs, fixed, training=training, compile_=args.compile, target_options=target_options)
+        found = measure(
+            name, build, inputs, fixed, training=training, compile_=args.compile, target_options=target_options
+        )
         results.append(found)
-        print(f"   validate fixed {found['fixed_s']:.2f} s (passed: {found['fixed_passed']}), auto {found['auto_s']:.2f} s "
-              f"(float64 reference {found['reference_ms']:.0f} ms), applied {found['applied']} {found['fallback'] or ''}")
+        print(
+            f"   validate fixed {found['fixed_s']:.2f} s (passed: {found['fixed_passed']}), auto {found['auto_s']:.2f} s "
+            f"(float64 reference {found['reference_ms']:.0f} ms), applied {found['applied']} {found['fallback'] or ''}"
+        )
         for row in found["rows"]:
             ratio = "exact" if row["ratio"] is None else f"{row['ratio']:.3g}"
-            print(f"   {row['candidate']:<11} {row['leaf']:<34} eager {row['eager_err']:.3g} ({row['eager_rel_err']:.2g} rel)  "
-                  f"candidate {row['err']:.3g} ({row['rel_err']:.2g} rel)  ratio {ratio}  "
-                  f"vs eager {row['fixed_max_abs_err']:.3g}  [{row['sample']}]", flush=True)
+            print(
+                f"   {row['candidate']:<11} {row['leaf']:<34} eager {row['eager_err']:.3g} ({row['eager_rel_err']:.2g} rel)  "
+                f"candidate {row['err']:.3g} ({row['rel_err']:.2g} rel)  ratio {ratio}  "
+                f"vs eager {row['fixed_max_abs_err']:.3g}  [{row['sample']}]",
+                flush=True,
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
 

@@ -27,12 +27,21 @@ from pt2flow.flows.engine.common.context import RunContext
 from pt2flow.flows.engine.common.documents import ModelResult, RunDocument, RunSummary
 from pt2flow.stages.vocabulary import ErrorClass
 from pt2flow.storage import StorageError
-from pt2flow.flows.engine.orchestrator.fleet_plan import RunParameters, fleet_context, loaded_for, plan_fleet, resolve_workers, run_document, settle_from_index
+from pt2flow.flows.engine.orchestrator.fleet_plan import (
+    RunParameters,
+    fleet_context,
+    loaded_for,
+    plan_fleet,
+    resolve_workers,
+    run_document,
+    settle_from_index,
+)
 from pt2flow.flows.engine.orchestrator.model_flow import STAGE_TASKS
 from pt2flow.flows.engine.orchestrator.planner import Plan
 from pt2flow.flows.engine.orchestrator.runner import run_logger, run_model
 
 WATCH_SECONDS = 1.0  # how often the orchestrator looks at a Dask cluster's workers and the models' clocks
+
 
 def _model_result(state: Any, model: ResolvedModel) -> ModelResult:
     try:
@@ -77,7 +86,12 @@ def _task_runner(runner: str, workers: int, dask_address: str | None) -> Any:
 
 
 def _run_models(
-    models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext, runner: str, workers: int, dask_address: str | None,
+    models: Sequence[ResolvedModel],
+    plans: dict[str, Plan],
+    ctx: RunContext,
+    runner: str,
+    workers: int,
+    dask_address: str | None,
     no_worker_timeout_s: float = DEFAULT_NO_WORKER_TIMEOUT_S,
 ) -> list[ModelResult]:
     results: dict[str, ModelResult] = {}
@@ -87,7 +101,10 @@ def _run_models(
         start_pool(workers, ctx.python)
     with _task_runner(runner, workers, dask_address) as task_runner:
         try:
-            futures = {m.name: (m, task_runner.submit(model_task, parameters={"model": m, "ctx": ctx, "plan": plans[m.name]})) for m in models}
+            futures = {
+                m.name: (m, task_runner.submit(model_task, parameters={"model": m, "ctx": ctx, "plan": plans[m.name]}))
+                for m in models
+            }
             if runner == "dask":
                 _wait_on_cluster(futures, results, task_runner.client, ctx, no_worker_timeout_s)
             for model, future in futures.values():
@@ -112,13 +129,21 @@ def _settled(model: ResolvedModel, future: Any) -> ModelResult:
         return ModelResult.crashed(model.name, f"worker failed: {type(exc).__name__}: {exc}")
 
 
-def _wait_on_cluster(futures: dict[str, tuple[ResolvedModel, Any]], results: dict[str, ModelResult], client: Any, ctx: RunContext, no_worker_timeout_s: float) -> None:
+def _wait_on_cluster(
+    futures: dict[str, tuple[ResolvedModel, Any]],
+    results: dict[str, ModelResult],
+    client: Any,
+    ctx: RunContext,
+    no_worker_timeout_s: float,
+) -> None:
     """Wait for the models given to a Dask cluster, enforcing here what their Dask workers
     enforce while they exist: each model's time limit, and a cluster with no worker for
     `no_worker_timeout_s` fails every model not done (flows/engine/services/dask_cluster.py)."""
     from pt2flow.flows.engine.services.dask_cluster import ClusterWatch
 
-    watch = ClusterWatch(client, ctx.run_id, {name: m.limits.timeout_s for name, (m, _) in futures.items()}, no_worker_timeout_s)
+    watch = ClusterWatch(
+        client, ctx.run_id, {name: m.limits.timeout_s for name, (m, _) in futures.items()}, no_worker_timeout_s
+    )
     try:
         with client.as_current():  # distributed.wait finds its client as the current one
             _watch(futures, results, watch)
@@ -132,7 +157,9 @@ def _watch(futures: dict[str, tuple[ResolvedModel, Any]], results: dict[str, Mod
     pending = dict(futures)
     while pending:
         try:
-            distributed.wait([f.wrapped_future for _, f in pending.values()], timeout=WATCH_SECONDS, return_when="FIRST_COMPLETED")
+            distributed.wait(
+                [f.wrapped_future for _, f in pending.values()], timeout=WATCH_SECONDS, return_when="FIRST_COMPLETED"
+            )
         except distributed.TimeoutError:  # none done in this while: look at the clocks
             pass
         for name, (model, future) in list(pending.items()):
@@ -142,7 +169,9 @@ def _watch(futures: dict[str, tuple[ResolvedModel, Any]], results: dict[str, Mod
         for name, gave_up in watch.check(list(pending)).items():
             model, future = pending.pop(name)
             future.wrapped_future.cancel()
-            results[name] = ModelResult(name=name, status="failed", error_class=gave_up.error_class, error=gave_up.message)
+            results[name] = ModelResult(
+                name=name, status="failed", error_class=gave_up.error_class, error=gave_up.message
+            )
             run_logger().warning("%s: %s", name, gave_up.message)
 
 
@@ -150,21 +179,25 @@ def _fleet_rows(document: RunDocument) -> list[dict[str, Any]]:
     rows = []
     for m in document.models:
         stages = m.stages.values()
-        rows.append({
-            "model": m.name,
-            "status": m.status,
-            "failed_stage": m.failed_stage or "",
-            "error_class": m.error_class or "",
-            "stages_run": sum(1 for s in stages if not s.cached),
-            "stages_cached": sum(1 for s in stages if s.cached),
-            "seconds": round(sum(float(s.seconds or 0) for s in stages), 2),
-            "max_abs_err": m.validation.max_abs_err if m.validation else None,
-            "compiled": m.artifacts.compiled or "",
-        })
+        rows.append(
+            {
+                "model": m.name,
+                "status": m.status,
+                "failed_stage": m.failed_stage or "",
+                "error_class": m.error_class or "",
+                "stages_run": sum(1 for s in stages if not s.cached),
+                "stages_cached": sum(1 for s in stages if s.cached),
+                "seconds": round(sum(float(s.seconds or 0) for s in stages), 2),
+                "max_abs_err": m.validation.max_abs_err if m.validation else None,
+                "compiled": m.artifacts.compiled or "",
+            }
+        )
     return rows
 
 
-def fleet_markdown(document: RunDocument, comparison: str | None = None, groups: list[dict[str, Any]] | None = None) -> str:
+def fleet_markdown(
+    document: RunDocument, comparison: str | None = None, groups: list[dict[str, Any]] | None = None
+) -> str:
     """The fleet run as markdown: totals, the failures grouped by root cause (new, persisting,
     gone against the previous run), failed models with their class and stage, then the drift
     against the previous run when there is one."""
@@ -174,13 +207,17 @@ def fleet_markdown(document: RunDocument, comparison: str | None = None, groups:
     lines = [
         f"# pt2flow run `{document.run_id}`",
         "",
-        f"**{summary.ok} ok**, " + (f"**{summary.partial} partial**, " if summary.partial else "") + f"**{summary.failed} failed**, {cached} fully cached, {summary.seconds:.1f} s; store `{document.store}`",
+        f"**{summary.ok} ok**, "
+        + (f"**{summary.partial} partial**, " if summary.partial else "")
+        + f"**{summary.failed} failed**, {cached} fully cached, {summary.seconds:.1f} s; store `{document.store}`",
         "",
     ]
     if groups:
         from pt2flow.flows.report.failure_views import groups_markdown
 
-        lines += groups_markdown(groups, title=f"## Failure groups ({sum(1 for g in groups if g['status'] != 'gone')} by root cause)")
+        lines += groups_markdown(
+            groups, title=f"## Failure groups ({sum(1 for g in groups if g['status'] != 'gone')} by root cause)"
+        )
     failed = [m for m in document.models if m.status == "failed"]
     if failed:
         lines += ["## Failed models", "", "| model | stage | error class | error |", "|---|---|---|---|"]
@@ -229,14 +266,26 @@ def _publish_artifacts(document: RunDocument, store_obj: Any, comparison: str | 
 
     try:
         groups = _failure_groups(store_obj, document.run_id)
-        create_table_artifact(table=_fleet_rows(document), key="pt2flow-fleet-models", description=f"pt2flow run {document.run_id}: one row per model")
-        create_markdown_artifact(markdown=fleet_markdown(document, comparison, groups), key="pt2flow-fleet-summary", description=f"pt2flow run {document.run_id}")
+        create_table_artifact(
+            table=_fleet_rows(document),
+            key="pt2flow-fleet-models",
+            description=f"pt2flow run {document.run_id}: one row per model",
+        )
+        create_markdown_artifact(
+            markdown=fleet_markdown(document, comparison, groups),
+            key="pt2flow-fleet-summary",
+            description=f"pt2flow run {document.run_id}",
+        )
     except Exception as exc:  # the API being unreachable must not fail an otherwise finished fleet
         run_logger().warning("could not publish the fleet artifacts: %s", exc)
 
 
 def run_fleet(
-    config: Pipeline, ctx: RunContext, runner: str = "local", workers: int | None = None, dask_address: str | None = None,
+    config: Pipeline,
+    ctx: RunContext,
+    runner: str = "local",
+    workers: int | None = None,
+    dask_address: str | None = None,
     no_worker_timeout_s: float | None = None,
 ) -> RunDocument:
     """The run document of docs/architecture.md §4. Models the planner settles from the index need
@@ -254,7 +303,9 @@ def run_fleet(
         for m, r in zip(to_run, _run_models(to_run, plans, ctx, runner, used, dask_address, no_worker)):
             results[m.name] = r
     document = run_document(ctx, [results[m.name] for m in models], started, used)
-    _publish_artifacts(document, stores.open_store(ctx.store_url), _drift_markdown(stores.open_store(ctx.store_url), ctx.run_id))
+    _publish_artifacts(
+        document, stores.open_store(ctx.store_url), _drift_markdown(stores.open_store(ctx.store_url), ctx.run_id)
+    )
     return document
 
 
@@ -265,17 +316,27 @@ def retain(store_obj: Any, retention: Any, run_id: str) -> dict[str, Any] | None
 
     rule = RetentionRule(keep_runs=retention.keep_runs, keep_days=retention.keep_days)
     try:
-        result = apply_retention(store_obj, rule, dry_run=False, grace_seconds=retention.grace_seconds, exclude_runs={run_id})
+        result = apply_retention(
+            store_obj, rule, dry_run=False, grace_seconds=retention.grace_seconds, exclude_runs={run_id}
+        )
     except Exception as exc:  # noqa: BLE001 - the fleet is done; the next run tries again
         run_logger().warning("retention (%s) failed: %s: %s", rule.describe(), type(exc).__name__, exc)
         return None
     if result["deferred"] and not result["records_dropped"]:
-        run_logger().info("retention (%s) deferred: run(s) in progress: %s", rule.describe(), ", ".join(result["deferred"]))
+        run_logger().info(
+            "retention (%s) deferred: run(s) in progress: %s", rule.describe(), ", ".join(result["deferred"])
+        )
     else:
         run_logger().info(
             "retention (%s): dropped %d record(s) of %d run(s), freed %d blob(s) (%d bytes)%s",
-            rule.describe(), result["records_dropped"], len(result["dropped_runs"]), len(result["deleted"]), result["deleted_bytes"],
-            f"; {len(result['kept_within_grace'])} blob(s) within the grace period stay" if result["kept_within_grace"] else "",
+            rule.describe(),
+            result["records_dropped"],
+            len(result["dropped_runs"]),
+            len(result["deleted"]),
+            result["deleted_bytes"],
+            f"; {len(result['kept_within_grace'])} blob(s) within the grace period stay"
+            if result["kept_within_grace"]
+            else "",
         )
     return result
 
@@ -285,8 +346,16 @@ def unwritable_store(config: Pipeline, ctx: RunContext, message: str) -> RunDocu
     every model failed with class storage and the store's own words."""
     error = f"the store cannot be written, so nothing ran: {message}"
     run_logger().error("%s", error)
-    results = [ModelResult(name=m.name, status="failed", error_class=ErrorClass.STORAGE, error=error) for m in config.models]
-    return RunDocument(run_id=ctx.run_id, store=ctx.store_url, summary=RunSummary(ok=0, failed=len(results), seconds=0.0), models=results, workers=0)
+    results = [
+        ModelResult(name=m.name, status="failed", error_class=ErrorClass.STORAGE, error=error) for m in config.models
+    ]
+    return RunDocument(
+        run_id=ctx.run_id,
+        store=ctx.store_url,
+        summary=RunSummary(ok=0, failed=len(results), seconds=0.0),
+        models=results,
+        workers=0,
+    )
 
 
 @flow(name="pt2flow-fleet", validate_parameters=False, persist_result=False)
@@ -315,9 +384,20 @@ def fleet_flow(
     from pt2flow.storage.leases import RunLease
 
     parameters = RunParameters(
-        config_path=config_path, store=store, only=tuple(only) if only is not None else None, stages=tuple(stages) if stages is not None else None,
-        force=force, runner=runner, workers=workers, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, run_id=run_id,
-        retry_failed=retry_failed, apply_retention=apply_retention, python=python, verify_sources=verify_sources,
+        config_path=config_path,
+        store=store,
+        only=tuple(only) if only is not None else None,
+        stages=tuple(stages) if stages is not None else None,
+        force=force,
+        runner=runner,
+        workers=workers,
+        dask_address=dask_address,
+        no_worker_timeout_s=no_worker_timeout_s,
+        run_id=run_id,
+        retry_failed=retry_failed,
+        apply_retention=apply_retention,
+        python=python,
+        verify_sources=verify_sources,
     )
     loaded = loaded_for(run_id) if run_id else None
     config, ctx = fleet_context(parameters, loaded)

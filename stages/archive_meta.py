@@ -37,5 +37,8 @@ def recorded_pytree_modules(data: bytes) -> list[str] | None:
         return None
     if named is None:
         return None
-    return [n for n in named if isinstance(n, str) and MODULE_NAME_PATTERN.fullmatch(n)] if isinstance(named, list) else None
-
+    return (
+        [n for n in named if isinstance(n, str) and MODULE_NAME_PATTERN.fullmatch(n)]
+        if isinstance(named, list)
+        else None
+    )

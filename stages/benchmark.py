@@ -92,7 +92,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def time_calls(call: Callable[[], Any], options: BenchmarkOptions, clock: Callable[[], float] = time.perf_counter) -> Timing:
+def time_calls(
+    call: Callable[[], Any], options: BenchmarkOptions, clock: Callable[[], float] = time.perf_counter
+) -> Timing:
     """Warm up, then time `call` until the median is stable (see the module's docstring)."""
     for _ in range(options.warmup):
         call()
@@ -116,7 +118,9 @@ def time_calls(call: Callable[[], Any], options: BenchmarkOptions, clock: Callab
     return Timing(tuple(times), stable)
 
 
-def plan_points(dims: Mapping[str, Mapping[str, Any]], model_inputs: ModelInputs, example: BoundInputs, options: BenchmarkOptions) -> list[Point]:
+def plan_points(
+    dims: Mapping[str, Mapping[str, Any]], model_inputs: ModelInputs, example: BoundInputs, options: BenchmarkOptions
+) -> list[Point]:
     """The sizes to time at: the configured ones (every combination; other dims at their example
     size), else validate's min and max samples beside the example (duplicates dropped).
     StageError(config) for a configured dim the model does not have or a size outside its range."""
@@ -124,13 +128,25 @@ def plan_points(dims: Mapping[str, Mapping[str, Any]], model_inputs: ModelInputs
     ranges = {s.label: s.sizes for s in plan_samples(dims, model_inputs.dims, 3, 0)}
     bounds = {d: (ranges["min"][d], ranges["max"][d]) for d in ranges.get("min", {})}
     if options.sizes:
-        problems = [f"{d}: not a dynamic dim of this model (dims: {sorted(bounds) or 'none'})" for d in options.sizes if d not in bounds]
-        problems += [f"{d}={v}: outside the program's range {bounds[d][0]}..{bounds[d][1]}"
-                     for d, values in options.sizes.items() if d in bounds for v in values if not bounds[d][0] <= v <= bounds[d][1]]
+        problems = [
+            f"{d}: not a dynamic dim of this model (dims: {sorted(bounds) or 'none'})"
+            for d in options.sizes
+            if d not in bounds
+        ]
+        problems += [
+            f"{d}={v}: outside the program's range {bounds[d][0]}..{bounds[d][1]}"
+            for d, values in options.sizes.items()
+            if d in bounds
+            for v in values
+            if not bounds[d][0] <= v <= bounds[d][1]
+        ]
         if problems:
             raise StageError(ErrorClass.CONFIG, "benchmark.sizes: " + "; ".join(problems))
         names = list(options.sizes)
-        wanted = [{**example_sizes, **dict(zip(names, combo))} for combo in itertools.product(*(options.sizes[d] for d in names))]
+        wanted = [
+            {**example_sizes, **dict(zip(names, combo))}
+            for combo in itertools.product(*(options.sizes[d] for d in names))
+        ]
     else:
         wanted = [{**example_sizes, **ranges.get("min", {})}, example_sizes, {**example_sizes, **ranges.get("max", {})}]
     points: dict[str, Point] = {}
@@ -249,8 +265,14 @@ def benchmark(
     return StageResult(output=report, metadata={"summary": summary(report)}, warnings=tuple(sink.items))
 
 
-def _time_eager(reference: torch.nn.Module, load_ms: float, peak_mb: float | None, points: list[Point],
-                inputs: Mapping[str, BoundInputs], options: BenchmarkOptions) -> Measured:
+def _time_eager(
+    reference: torch.nn.Module,
+    load_ms: float,
+    peak_mb: float | None,
+    points: list[Point],
+    inputs: Mapping[str, BoundInputs],
+    options: BenchmarkOptions,
+) -> Measured:
     state = sum(t.numel() * t.element_size() for t in [*reference.parameters(), *reference.buffers()])
     measured = Measured(EAGER, state, load_ms, peak_mb)
     with PeakMemory() as memory, torch.inference_mode():
@@ -261,8 +283,14 @@ def _time_eager(reference: torch.nn.Module, load_ms: float, peak_mb: float | Non
     return measured
 
 
-def _time_artifact(name: str, size: int, load: Callable[[], Callable[..., Any]], points: list[Point],
-                   inputs: Mapping[str, BoundInputs], options: BenchmarkOptions) -> Measured:
+def _time_artifact(
+    name: str,
+    size: int,
+    load: Callable[[], Callable[..., Any]],
+    points: list[Point],
+    inputs: Mapping[str, BoundInputs],
+    options: BenchmarkOptions,
+) -> Measured:
     measured = Measured(name, size)
     with PeakMemory() as memory:
         start = time.perf_counter()
@@ -296,11 +324,19 @@ def _artifact_report(measured: Measured, points: list[Point]) -> dict[str, Any]:
             per_point[point.label] = {"error": measured.errors.get(point.label, measured.error)}
             continue
         per_point[point.label] = {
-            "p50_ms": timing.p50, "p90_ms": timing.p90, "runs": len(timing.times_ms), "stable": timing.stable,
+            "p50_ms": timing.p50,
+            "p90_ms": timing.p90,
+            "runs": len(timing.times_ms),
+            "stable": timing.stable,
             "throughput": point.batch / (timing.p50 / 1000.0) if timing.p50 > 0 else None,
         }
-    return {"size_bytes": measured.size_bytes, "load_ms": measured.load_ms, "peak_memory_mb": measured.peak_memory_mb,
-            "error": measured.error, "points": per_point}
+    return {
+        "size_bytes": measured.size_bytes,
+        "load_ms": measured.load_ms,
+        "peak_memory_mb": measured.peak_memory_mb,
+        "error": measured.error,
+        "points": per_point,
+    }
 
 
 def recommend(measured: Sequence[Measured], points: Sequence[Point]) -> dict[str, Any]:
@@ -315,7 +351,11 @@ def recommend(measured: Sequence[Measured], points: Sequence[Point]) -> dict[str
             continue
         p50, name = min(timed)
         base = eager.timings[point.label].p50 if eager is not None and point.label in eager.timings else None
-        per_point[point.label] = {"artifact": name, "p50_ms": p50, "speedup_vs_eager": base / p50 if base and p50 > 0 else None}
+        per_point[point.label] = {
+            "artifact": name,
+            "p50_ms": p50,
+            "speedup_vs_eager": base / p50 if base and p50 > 0 else None,
+        }
     wins: dict[str, int] = {}
     for choice in per_point.values():
         if choice is not None:
@@ -331,8 +371,17 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "recommended": report["recommendation"]["artifact"],
         "points": [p["label"] for p in report["points"]],
-        "best": {label: choice["artifact"] if choice else None for label, choice in report["recommendation"]["points"].items()},
-        "speedup_vs_eager": {label: choice["speedup_vs_eager"] if choice else None for label, choice in report["recommendation"]["points"].items()},
-        "p50_ms": {name: {label: entry.get("p50_ms") for label, entry in a["points"].items()} for name, a in report["artifacts"].items()},
+        "best": {
+            label: choice["artifact"] if choice else None
+            for label, choice in report["recommendation"]["points"].items()
+        },
+        "speedup_vs_eager": {
+            label: choice["speedup_vs_eager"] if choice else None
+            for label, choice in report["recommendation"]["points"].items()
+        },
+        "p50_ms": {
+            name: {label: entry.get("p50_ms") for label, entry in a["points"].items()}
+            for name, a in report["artifacts"].items()
+        },
         "threads": report["machine"]["threads"],
     }

@@ -26,7 +26,9 @@ def forward_signature(model: torch.nn.Module) -> inspect.Signature:
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def _arrange(signature: inspect.Signature, positional: Sequence[Any], values: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def _arrange(
+    signature: inspect.Signature, positional: Sequence[Any], values: Mapping[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
     """(args, kwargs) for forward(): named inputs go positionally while they can, the *args
     parameter's list is spliced in, keyword-only and unknown names (for **kwargs) by keyword."""
     args, kwargs = list(positional), {}
@@ -50,9 +52,14 @@ def _arrange(signature: inspect.Signature, positional: Sequence[Any], values: Ma
             if param.name in remaining:
                 extra = remaining.pop(param.name)
                 if not isinstance(extra, (list, tuple)):
-                    raise StageError(ErrorClass.CONFIG, f"input {param.name!r} is forward()'s *{param.name}: give it a list of the extra positional arguments")
+                    raise StageError(
+                        ErrorClass.CONFIG,
+                        f"input {param.name!r} is forward()'s *{param.name}: give it a list of the extra positional arguments",
+                    )
                 if not open_:
-                    raise StageError(ErrorClass.CONFIG, f"*{param.name} needs every positional parameter before it to be given")
+                    raise StageError(
+                        ErrorClass.CONFIG, f"*{param.name} needs every positional parameter before it to be given"
+                    )
                 args.extend(extra)
         elif param.kind == inspect.Parameter.KEYWORD_ONLY:
             if param.name in remaining:
@@ -77,11 +84,19 @@ def bind_inputs(
     dynamic = model_inputs.dynamic
     unknown = sorted(set(dynamic) - set(model_inputs.inputs))
     if unknown and not model_inputs.positional:
-        raise StageError(ErrorClass.CONFIG, f"dynamic_shapes names {unknown}, which are not inputs (inputs: {sorted(model_inputs.inputs)})")
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"dynamic_shapes names {unknown}, which are not inputs (inputs: {sorted(model_inputs.inputs)})",
+        )
     signature = forward_signature(model)
     try:
-        positional = [materialize(v, None, generator, None, f"args[{i}]") for i, v in enumerate(model_inputs.positional)]
-        values = {name: materialize(spec, dynamic.get(name), generator, dim_sizes, str(name)) for name, spec in model_inputs.inputs.items()}
+        positional = [
+            materialize(v, None, generator, None, f"args[{i}]") for i, v in enumerate(model_inputs.positional)
+        ]
+        values = {
+            name: materialize(spec, dynamic.get(name), generator, dim_sizes, str(name))
+            for name, spec in model_inputs.inputs.items()
+        }
         args, kwargs = _arrange(signature, positional, values)
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
@@ -128,7 +143,9 @@ def export_dynamic_shapes(model_inputs: ModelInputs, bound: BoundInputs) -> tupl
     }
     missing = sorted({d for _, _, per in bound.tensor_leaves() for d in (per or {}).values()} - set(dims))
     if missing:
-        raise StageError(ErrorClass.CONFIG, f"dims {missing} are used in dynamic_shapes but have no definition under dims")
+        raise StageError(
+            ErrorClass.CONFIG, f"dims {missing} are used in dynamic_shapes but have no definition under dims"
+        )
 
     def convert(dyn: Any) -> Any:
         if dyn is None:
@@ -150,7 +167,6 @@ def _dim_identifier(name: str) -> str:
     return ident if ident and not ident[0].isdigit() else f"d_{ident}"
 
 
-
 def _aligned_dynamic(value: Any, dyn: Any, path: str) -> Any:
     """The dims tree `dyn` checked against the input `value` and shaped like it (tuple for a
     tuple, list for a list, dict for a dict, {index: name} for a tensor, None elsewhere).
@@ -164,18 +180,30 @@ def _aligned_dynamic(value: Any, dyn: Any, path: str) -> Any:
     if isinstance(value, (InputSpec, torch.Tensor)):
         rank = len(value.shape)
         if not isinstance(dyn, Mapping) or not all(isinstance(k, int) and isinstance(v, str) for k, v in dyn.items()):
-            raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: a tensor input takes {{dim index: dim name}}, got {dyn!r}")
+            raise StageError(
+                ErrorClass.CONFIG, f"dynamic_shapes.{path}: a tensor input takes {{dim index: dim name}}, got {dyn!r}"
+            )
         for index in dyn:
             if not 0 <= index < rank:
-                raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: dim index {index} is out of range for a rank-{rank} input")
+                raise StageError(
+                    ErrorClass.CONFIG,
+                    f"dynamic_shapes.{path}: dim index {index} is out of range for a rank-{rank} input",
+                )
         return dict(dyn) or None
     if isinstance(value, (list, tuple)):
         if not isinstance(dyn, (list, tuple)) or len(dyn) != len(value):
-            raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: a {type(value).__name__} of {len(value)} takes a list of {len(value)} dims trees (null where static), got {dyn!r}")
+            raise StageError(
+                ErrorClass.CONFIG,
+                f"dynamic_shapes.{path}: a {type(value).__name__} of {len(value)} takes a list of {len(value)} dims trees (null where static), got {dyn!r}",
+            )
         return type(value)(_aligned_dynamic(v, d, f"{path}[{i}]") for i, (v, d) in enumerate(zip(value, dyn)))
     if isinstance(value, dict):
         if not isinstance(dyn, Mapping) or set(dyn) - set(value):
-            raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: a dict input takes a mapping of its keys {sorted(map(str, value))} to dims trees, got {dyn!r}")
+            raise StageError(
+                ErrorClass.CONFIG,
+                f"dynamic_shapes.{path}: a dict input takes a mapping of its keys {sorted(map(str, value))} to dims trees, got {dyn!r}",
+            )
         return {k: _aligned_dynamic(v, dyn.get(k), f"{path}.{k}") for k, v in value.items()}
-    raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: a {type(value).__name__} input has no dims to make dynamic")
-
+    raise StageError(
+        ErrorClass.CONFIG, f"dynamic_shapes.{path}: a {type(value).__name__} input has no dims to make dynamic"
+    )

@@ -115,9 +115,17 @@ def strip_ansi(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # where a failure happened: the first frame in the model's own code (flows/report/failures.py)
 
-_PT2FLOW_DIRS = tuple(str(Path(__file__).resolve().parents[1] / part) + os.sep for part in ("stages", "flows", "storage"))
+_PT2FLOW_DIRS = tuple(
+    str(Path(__file__).resolve().parents[1] / part) + os.sep for part in ("stages", "flows", "storage")
+)
 _LIBRARY_DIRS = tuple(
-    sorted({os.path.realpath(p) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))})
+    sorted(
+        {
+            os.path.realpath(p) + os.sep
+            for key in ("stdlib", "platstdlib", "purelib", "platlib")
+            if (p := sysconfig.get_paths().get(key))
+        }
+    )
 )
 _USER_FRAME = re.compile(r'File "([^"\n]+)", line (\d+), in ([\w<>.]+)\n\s+(\S.*)')
 
@@ -125,10 +133,23 @@ _USER_FRAME = re.compile(r'File "([^"\n]+)", line (\d+), in ([\w<>.]+)\n\s+(\S.*
 # the framework a failure is raised in, never the model's code: torch and what it calls into (and
 # the libraries the stages declare, which the caller adds: Stage.libraries). A model's own code may
 # be installed (transformers, timm): a frame there is the model's.
-FRAMEWORK_PACKAGES = frozenset({
-    "torch", "functorch", "torchgen", "sympy", "mpmath", "triton", "numpy", "optree", "onnx_ir", "safetensors",
-    "typing_extensions", "_pytest", "pluggy",
-})
+FRAMEWORK_PACKAGES = frozenset(
+    {
+        "torch",
+        "functorch",
+        "torchgen",
+        "sympy",
+        "mpmath",
+        "triton",
+        "numpy",
+        "optree",
+        "onnx_ir",
+        "safetensors",
+        "typing_extensions",
+        "_pytest",
+        "pluggy",
+    }
+)
 
 
 def _distribution_package(path: str) -> str | None:
@@ -181,13 +202,23 @@ def failure_origin(exc: BaseException, framework: frozenset[str] = frozenset()) 
     for error in reversed(chain):  # the first error first
         frames = _frames(error)
         own = [f for f in frames if _is_own(f["file"], framework)]
-        named = [(path, int(line), function, code) for path, line, function, code in _USER_FRAME.findall(str(error)) if _is_own(path, framework)]
+        named = [
+            (path, int(line), function, code)
+            for path, line, function, code in _USER_FRAME.findall(str(error))
+            if _is_own(path, framework)
+        ]
         if named:  # torch names the user frame it stopped at (the traceback of a strict export has none)
             path, line, function, code = named[-1]
             same = [f for f in own if os.path.realpath(f["file"]) == os.path.realpath(path) and f["line"] == line]
             if same:
                 return {**_public(same[-1]), "own": True}
-            return {"module": _module_for_file(path), "function": function, "line": line, "code": code.strip(), "own": True}
+            return {
+                "module": _module_for_file(path),
+                "function": function,
+                "line": line,
+                "code": code.strip(),
+                "own": True,
+            }
         if own:
             return {**_public(own[-1]), "own": True}
         if library is None:
@@ -205,12 +236,24 @@ def _frames(error: BaseException) -> list[dict[str, Any]]:
     tb = error.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
-        out.append({"file": code.co_filename, "line": tb.tb_lineno, "function": getattr(code, "co_qualname", code.co_name),
-                    "module": tb.tb_frame.f_globals.get("__name__"), "code": linecache.getline(code.co_filename, tb.tb_lineno).strip()})
+        out.append(
+            {
+                "file": code.co_filename,
+                "line": tb.tb_lineno,
+                "function": getattr(code, "co_qualname", code.co_name),
+                "module": tb.tb_frame.f_globals.get("__name__"),
+                "code": linecache.getline(code.co_filename, tb.tb_lineno).strip(),
+            }
+        )
         tb = tb.tb_next
     return out
 
 
 def _public(frame: dict[str, Any]) -> dict[str, Any]:
     """A frame as a failure's origin records it: no file path (it differs between machines)."""
-    return {"module": frame["module"] or _module_for_file(frame["file"]), "function": frame["function"], "line": frame["line"], "code": frame["code"]}
+    return {
+        "module": frame["module"] or _module_for_file(frame["file"]),
+        "function": frame["function"],
+        "line": frame["line"],
+        "code": frame["code"],
+    }

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+
 def leaves_by_path(tree: Any) -> dict[str, Any]:
     flat, _ = pytree.tree_flatten_with_path(tree)
     return {pytree.keystr(path) or "output": leaf for path, leaf in flat}
@@ -75,17 +76,25 @@ class LeafNoise:
         over the leaf's largest |reference|; ratio: err / eager_err; allowed: the bound on err."""
         scale = self.scale if self.scale > 0 else 1.0
         return {
-            "err": self.err, "eager_err": self.eager_err, "ratio": self.ratio,
-            "rel_err": self.err / scale, "eager_rel_err": self.eager_err / scale,
-            "allowed": self.allowed, "ok": self.ok,
+            "err": self.err,
+            "eager_err": self.eager_err,
+            "ratio": self.ratio,
+            "rel_err": self.err / scale,
+            "eager_rel_err": self.eager_err / scale,
+            "allowed": self.allowed,
+            "ok": self.ok,
         }
 
     def describe(self) -> str:
         if self.ratio is None:
-            return (f"error vs float64 {self.err:.3g} where eager {self.dtype} is exact "
-                    f"(allowed: the floor, {self.floor:.3g})")
-        return (f"error vs float64 {self.err:.3g} is {self.ratio:.3g}x eager {self.dtype}'s {self.eager_err:.3g} "
-                f"(allowed {self.multiple:g}x, floor {self.floor:.3g})")
+            return (
+                f"error vs float64 {self.err:.3g} where eager {self.dtype} is exact "
+                f"(allowed: the floor, {self.floor:.3g})"
+            )
+        return (
+            f"error vs float64 {self.err:.3g} is {self.ratio:.3g}x eager {self.dtype}'s {self.eager_err:.3g} "
+            f"(allowed {self.multiple:g}x, floor {self.floor:.3g})"
+        )
 
 
 def _max_abs_diff(a64: torch.Tensor, b64: torch.Tensor) -> float:
@@ -98,7 +107,9 @@ def _max_abs_diff(a64: torch.Tensor, b64: torch.Tensor) -> float:
     return float("inf") if err != err else err
 
 
-def leaf_noise(candidate: torch.Tensor, eager: torch.Tensor, exact: Any, multiple: float, floor_ulps: float) -> LeafNoise | None:
+def leaf_noise(
+    candidate: torch.Tensor, eager: torch.Tensor, exact: Any, multiple: float, floor_ulps: float
+) -> LeafNoise | None:
     """The noise comparison of one floating leaf (shapes and dtypes already match eager's); None
     where it cannot judge it (no float64 counterpart, or eager itself is not finite against it:
     the fixed tolerance then judges that leaf)."""
@@ -118,7 +129,9 @@ def leaf_noise(candidate: torch.Tensor, eager: torch.Tensor, exact: Any, multipl
     return LeafNoise(err, eager_err, scale, multiple, floor, str(eager.dtype).removeprefix("torch."))
 
 
-def compare(candidate: Any, reference: Any, atol: float, rtol: float, noise: NoiseReference | None = None) -> Comparison:
+def compare(
+    candidate: Any, reference: Any, atol: float, rtol: float, noise: NoiseReference | None = None
+) -> Comparison:
     """Structure, shape, dtype, then allclose, for every output leaf. Collects every failure.
 
     max_rel_err is max |a-b| / max(|b|, atol), so that near-zero references do not explode it.
@@ -180,8 +193,14 @@ class Observed:
 
 
 def compare_observed(
-    candidate: Observed, reference: Observed, atol: float, rtol: float, *, buffers: bool = True,
-    exact: Observed | None = None, multiple: float = 0.0,
+    candidate: Observed,
+    reference: Observed,
+    atol: float,
+    rtol: float,
+    *,
+    buffers: bool = True,
+    exact: Observed | None = None,
+    multiple: float = 0.0,
 ) -> Comparison:
     """Outputs (paths as compare() names them), then user inputs and buffers after the call.
     exact (tolerance: auto): the float64 copy's observation, floating leaves judged against it."""
@@ -193,7 +212,9 @@ def compare_observed(
     if reference.inputs:
         parts.append((compare(candidate.inputs, reference.inputs, atol, rtol, noise(exact and exact.inputs)), "input "))
     if buffers and reference.buffers:
-        parts.append((compare(candidate.buffers, reference.buffers, atol, rtol, noise(exact and exact.buffers)), "buffer "))
+        parts.append(
+            (compare(candidate.buffers, reference.buffers, atol, rtol, noise(exact and exact.buffers)), "buffer ")
+        )
     failures = [prefix + f for result, prefix in parts for f in result.failures]
     return Comparison(
         not failures,

@@ -30,8 +30,16 @@ from pt2flow.stages.targets import flat_tensor_inputs
 from pt2flow.stages.validation_io import IOSample
 from pt2flow.stages.vocabulary import ErrorClass
 
-def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str], flat: Callable[[bytes], Any] | None,
-          modules: Sequence[str] | None) -> Callable[..., Any]:
+
+def _load(
+    kind: str,
+    data: bytes,
+    workdir: str,
+    device: str,
+    imported: list[str],
+    flat: Callable[[bytes], Any] | None,
+    modules: Sequence[str] | None,
+) -> Callable[..., Any]:
     """The artifact, callable, loaded as a serving process would: first the modules registering
     the program's pytree types (an archive names them itself; a package or target gets them from
     `modules`, its model's archive's); `imported` gets the modules loading it imported."""
@@ -46,8 +54,17 @@ def _load(kind: str, data: bytes, workdir: str, device: str, imported: list[str]
 
 
 def check_artifact(
-    kind: str, data: bytes, samples: Sequence[IOSample] | None, atol: float, rtol: float, device: str = "cpu",
-    *, flat: Callable[[bytes], Any] | None = None, target: str | None = None, modules: Sequence[str] | None = None, lacking: str | None = None,
+    kind: str,
+    data: bytes,
+    samples: Sequence[IOSample] | None,
+    atol: float,
+    rtol: float,
+    device: str = "cpu",
+    *,
+    flat: Callable[[bytes], Any] | None = None,
+    target: str | None = None,
+    modules: Sequence[str] | None = None,
+    lacking: str | None = None,
 ) -> dict[str, Any]:
     """{loads, runs, matches, max_abs_err, max_rel_err, samples, error_class, error, skipped,
     imported} of one artifact; runs/matches are None without stored samples, all three None when
@@ -58,8 +75,18 @@ def check_artifact(
     stage; lacking: why its libraries are missing here (the check is then skipped). modules: for a
     package or target, the pytree modules its model's archive records (imported first, as a
     serving process must; one that does not import here is `import`, not `incompatible`)."""
-    result: dict[str, Any] = {"loads": False, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None,
-                              "samples": 0, "error_class": None, "error": None, "skipped": None, "imported": []}
+    result: dict[str, Any] = {
+        "loads": False,
+        "runs": None,
+        "matches": None,
+        "max_abs_err": None,
+        "max_rel_err": None,
+        "samples": 0,
+        "error_class": None,
+        "error": None,
+        "skipped": None,
+        "imported": [],
+    }
     why = missing_device(device) if kind == "compiled" else None
     if why is not None:
         return {**result, "loads": None, "skipped": f"compiled for {device}, and {why}: not checked"}
@@ -69,18 +96,30 @@ def check_artifact(
         try:
             fn = _load(kind, data, workdir, device, result["imported"], flat, modules)
         except StageError as exc:
-            if exc.error_class == ErrorClass.IMPORT:  # a module the archive names does not import here: not torch's doing
+            if (
+                exc.error_class == ErrorClass.IMPORT
+            ):  # a module the archive names does not import here: not torch's doing
                 return {**result, "loads": None, "error_class": ErrorClass.IMPORT, "error": exc.message}
-            return {**result, "error_class": ErrorClass.INCOMPATIBLE, "error": f"{kind} does not load with this torch: {exc.message}"}
+            return {
+                **result,
+                "error_class": ErrorClass.INCOMPATIBLE,
+                "error": f"{kind} does not load with this torch: {exc.message}",
+            }
         except Exception as exc:  # noqa: BLE001 - whatever torch raises, the artifact does not load here
-            return {**result, "error_class": ErrorClass.INCOMPATIBLE, "error": f"{kind} does not load with this torch: {short_message(exc, 1000)}"}
+            return {
+                **result,
+                "error_class": ErrorClass.INCOMPATIBLE,
+                "error": f"{kind} does not load with this torch: {short_message(exc, 1000)}",
+            }
         result["loads"] = True
         if not samples:
             return result
         return {**result, **_run_samples(fn, samples, atol, rtol, flat=flat is not None)}
 
 
-def _run_samples(fn: Callable[..., Any], samples: Sequence[IOSample], atol: float, rtol: float, *, flat: bool = False) -> dict[str, Any]:
+def _run_samples(
+    fn: Callable[..., Any], samples: Sequence[IOSample], atol: float, rtol: float, *, flat: bool = False
+) -> dict[str, Any]:
     """flat: fn is a target's runner (flat input tensors in, output tensors out); the stored
     outputs' non-tensor leaves, constants a target does not return, are left out of the comparison."""
     worst_abs = worst_rel = 0.0
@@ -89,12 +128,23 @@ def _run_samples(fn: Callable[..., Any], samples: Sequence[IOSample], atol: floa
         try:
             got = fn(flat_tensor_inputs(sample.args, sample.kwargs)) if flat else fn(*sample.args, **sample.kwargs)
         except Exception as exc:  # noqa: BLE001
-            return {"runs": False, "samples": len(samples), "error_class": ErrorClass.RUNTIME, "error": f"raised on sample {sample.label}: {short_message(exc, 1000)}"}
+            return {
+                "runs": False,
+                "samples": len(samples),
+                "error_class": ErrorClass.RUNTIME,
+                "error": f"raised on sample {sample.label}: {short_message(exc, 1000)}",
+            }
         expected = [o for o in sample.outputs if isinstance(o, torch.Tensor)] if flat else list(sample.outputs)
         comparison = compare(pytree.tree_leaves(got), expected, atol, rtol)
         worst_abs, worst_rel = max(worst_abs, comparison.max_abs_err), max(worst_rel, comparison.max_rel_err)
         failures += [f"{sample.label}: {f}" for f in comparison.failures]
-    out: dict[str, Any] = {"runs": True, "matches": not failures, "max_abs_err": worst_abs, "max_rel_err": worst_rel, "samples": len(samples)}
+    out: dict[str, Any] = {
+        "runs": True,
+        "matches": not failures,
+        "max_abs_err": worst_abs,
+        "max_rel_err": worst_rel,
+        "samples": len(samples),
+    }
     if failures:
         out.update(error_class=ErrorClass.NUMERIC_MISMATCH, error="; ".join(failures[:5]))
     return out

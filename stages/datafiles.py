@@ -114,7 +114,9 @@ class Hashed:
         return {k: self.digests[k] for k in sorted(keys)}
 
 
-def changed_files(recorded: Mapping[str, str], search_path: str | None, stats: Mapping[str, str] | None, taken_ns: int | None) -> list[str]:
+def changed_files(
+    recorded: Mapping[str, str], search_path: str | None, stats: Mapping[str, str] | None, taken_ns: int | None
+) -> list[str]:
     """What differs between recorded {file key: sha256} and the files now, one line each."""
     changes = []
     for key, digest in sorted(recorded.items()):
@@ -131,8 +133,12 @@ def changed_files(recorded: Mapping[str, str], search_path: str | None, stats: M
     return changes
 
 
-def changed_declared(recorded: Mapping[str, Mapping[str, str]], search_path: str | None, stats: Mapping[str, str] | None,
-                     taken_ns: int | None) -> list[str]:
+def changed_declared(
+    recorded: Mapping[str, Mapping[str, str]],
+    search_path: str | None,
+    stats: Mapping[str, str] | None,
+    taken_ns: int | None,
+) -> list[str]:
     """Declared entries (spec -> {file key: sha256}) re-expanded and compared: files added or
     removed under a folder or glob, then each file's content."""
     changes = []

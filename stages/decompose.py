@@ -18,8 +18,6 @@ from pt2flow.stages.result import StageResult
 from pt2flow.stages.vocabulary import ErrorClass
 
 
-
-
 def resolve_op(name: str) -> torch._ops.OpOverload:
     """`aten.linear.default` -> torch.ops.aten.linear.default."""
     parts = name.split(".")
@@ -36,7 +34,9 @@ def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=No
     """aten.empty_permuted (left in backward graphs, not core ATen) as aten.empty + aten.permute."""
     physical = [size[i] for i in physical_layout]
     inverse = [list(physical_layout).index(i) for i in range(len(size))]
-    return torch.empty(physical, dtype=dtype, layout=layout, device=device, pin_memory=bool(pin_memory)).permute(inverse)
+    return torch.empty(physical, dtype=dtype, layout=layout, device=device, pin_memory=bool(pin_memory)).permute(
+        inverse
+    )
 
 
 def _like(factory):  # type: ignore[no-untyped-def]
@@ -117,6 +117,8 @@ def decompose(ep: ExportedProgram, options: DecomposeOptions) -> StageResult:
             + ("" if missing == stray else f"; torch's registry was tried for {', '.join(registry_used)}"),
         )
     if registry_used:
-        warnings.append(f"decomposed with torch's full registry (torch._decomp), beyond the default table: {', '.join(sorted(set(registry_used)))}")
+        warnings.append(
+            f"decomposed with torch's full registry (torch._decomp), beyond the default table: {', '.join(sorted(set(registry_used)))}"
+        )
     metadata = {**program.describe(out), "table": options.table, "preserved": sorted(options.preserve)}
     return StageResult(output=out, metadata=metadata, warnings=tuple(warnings) + sink.items)

@@ -59,7 +59,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from pt2flow.stages.datafiles import Hashed, changed_declared, changed_files, expand, file_key, is_inside
 from pt2flow.stages.datafiles import is_under as _is_under
 from pt2flow.stages.reads import import_reads, interpreter_folders
-from pt2flow.stages.distributions import import_path, installed_distributions, normalize_name, requirements, top_level_owners
+from pt2flow.stages.distributions import (
+    import_path,
+    installed_distributions,
+    normalize_name,
+    requirements,
+    top_level_owners,
+)
 
 OWN_PACKAGE = "pt2flow"  # its changes reach the keys through the stage versions, not the manifest
 ALWAYS_DISTRIBUTIONS = ("torch",)
@@ -155,7 +161,9 @@ def _locate(name: str, roots: tuple[str, ...]) -> Located | None:
     return Located(os.path.abspath(origin) if origin else None, tuple(spec.submodule_search_locations or ()))
 
 
-def _classify(name: str, path: str | None, roots: tuple[str, ...], owners: Mapping[tuple[str, str], list[str]]) -> ModuleKind:
+def _classify(
+    name: str, path: str | None, roots: tuple[str, ...], owners: Mapping[tuple[str, str], list[str]]
+) -> ModuleKind:
     top = name.partition(".")[0]
     if name in _SKIPPED_NAMES or top in sys.stdlib_module_names or top.startswith("__editable__"):
         return ModuleKind("skip")
@@ -279,8 +287,14 @@ def dependency_modules(seeds: Iterable[Any], search_path: str | None = None) -> 
 # the manifest and its check
 
 
-def manifest(seeds: Iterable[Any], search_path: str | None = None, *, reads: Iterable[str] | None = None,
-             declared: Iterable[str] = (), hashed: Hashed | None = None) -> dict[str, Any]:
+def manifest(
+    seeds: Iterable[Any],
+    search_path: str | None = None,
+    *,
+    reads: Iterable[str] | None = None,
+    declared: Iterable[str] = (),
+    hashed: Hashed | None = None,
+) -> dict[str, Any]:
     """{"files": {name: sha256}, "distributions": {canonical name: version}}, plus "reads" (data
     files the build read: {name: sha256}) and "declared" (a checkpoint folder or `depends_on`
     glob -> {name: sha256} of the files it names) when given: deterministic, JSON-able.
@@ -306,7 +320,9 @@ def manifest(seeds: Iterable[Any], search_path: str | None = None, *, reads: Ite
     found: dict[str, Any] = {"files": files, "distributions": dict(sorted(distributions.items()))}
     specs = {spec: expand(spec) for spec in declared}
     if specs:
-        found["declared"] = {file_key(spec, search_path): hashed.table(paths, search_path) for spec, paths in sorted(specs.items())}
+        found["declared"] = {
+            file_key(spec, search_path): hashed.table(paths, search_path) for spec, paths in sorted(specs.items())
+        }
     if reads is not None:
         local = {name: kind.value for name, kind in kinds.items() if kind.kind == "file"}
         everything = {os.path.abspath(p) for p in reads} | import_reads(local)
@@ -315,9 +331,13 @@ def manifest(seeds: Iterable[Any], search_path: str | None = None, *, reads: Ite
     return found
 
 
-def changed_entries(recorded: Mapping[str, Any], search_path: str | None = None,
-                    versions: Mapping[str, str] | None = None, stats: Mapping[str, str] | None = None,
-                    taken_ns: int | None = None) -> list[str]:
+def changed_entries(
+    recorded: Mapping[str, Any],
+    search_path: str | None = None,
+    versions: Mapping[str, str] | None = None,
+    stats: Mapping[str, str] | None = None,
+    taken_ns: int | None = None,
+) -> list[str]:
     """What differs between a recorded manifest and this machine now, one line per entry (empty:
     unchanged). Looks the versions up and checks the files, imports nothing. `versions`
     (canonical name -> version): another environment's distributions, instead of this one's.

@@ -177,5 +177,7 @@ def _top_levels(info: str) -> set[str]:
     for line in record.splitlines():
         first = line.split(",", 1)[0].split("/", 1)[0]
         if first and not first.endswith((".dist-info", ".data")) and first != "..":
-            tops.add(first[:-3] if first.endswith(".py") else first.split(".", 1)[0] if first.endswith(".so") else first)
+            tops.add(
+                first[:-3] if first.endswith(".py") else first.split(".", 1)[0] if first.endswith(".so") else first
+            )
     return tops

@@ -7,7 +7,6 @@ from typing import Any
 from pt2flow.stages.vocabulary import ERROR_CLASSES, ErrorClass  # noqa: F401  (ERROR_CLASSES re-exported)
 
 
-
 class StageError(Exception):
     """A stage failed for a reason the user can act on.
 

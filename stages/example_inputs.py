@@ -108,7 +108,6 @@ def _walk_tensors(value: Any, dyn: Any, path: str, out: list[Any]) -> None:
             _walk_tensors(item, sub, f"{path}[{key!r}]", out)
 
 
-
 def make_tensor(spec: InputSpec, shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
     dtype = DTYPES[spec.dtype]
     if spec.value is not None:
@@ -143,7 +142,10 @@ def _resized(shape: tuple[int, ...], dyn: Any, dim_sizes: Mapping[str, int] | No
     out = list(shape)
     for index, dim in (dyn or {}).items():
         if not isinstance(index, int) or not 0 <= index < len(out):
-            raise StageError(ErrorClass.CONFIG, f"dynamic_shapes.{path}: dim index {index!r} is out of range for a rank-{len(out)} input")
+            raise StageError(
+                ErrorClass.CONFIG,
+                f"dynamic_shapes.{path}: dim index {index!r} is out of range for a rank-{len(out)} input",
+            )
         if dim_sizes and dim in dim_sizes:
             out[index] = int(dim_sizes[dim])
     return tuple(out)
@@ -159,7 +161,9 @@ def materialize(tree: Any, dyn: Any, generator: torch.Generator, dim_sizes: Mapp
         return tree.clone() if shape == tuple(tree.shape) else _random_like(tree, shape, generator)
     if isinstance(tree, (list, tuple)):
         subs: Sequence[Any] = dyn if isinstance(dyn, (list, tuple)) else [None] * len(tree)
-        return type(tree)(materialize(v, d, generator, dim_sizes, f"{path}[{i}]") for i, (v, d) in enumerate(zip(tree, subs)))
+        return type(tree)(
+            materialize(v, d, generator, dim_sizes, f"{path}[{i}]") for i, (v, d) in enumerate(zip(tree, subs))
+        )
     if isinstance(tree, dict):
         named: Mapping[Any, Any] = dyn if isinstance(dyn, Mapping) else {}
         return {k: materialize(v, named.get(k), generator, dim_sizes, f"{path}.{k}") for k, v in tree.items()}
@@ -174,19 +178,29 @@ def _check_input_leaves(tree: Any, path: str) -> None:
         for key, item in tree.items():
             _check_input_leaves(item, f"{path}[{key!r}]")
     elif not (tree is None or isinstance(tree, (torch.Tensor, bool, int, float, str))):
-        raise StageError(ErrorClass.CONFIG, f"{path}: {type(tree).__name__} is not a forward() input pt2flow can pass (tensors, scalars, str, None, containers of these)")
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"{path}: {type(tree).__name__} is not a forward() input pt2flow can pass (tensors, scalars, str, None, containers of these)",
+        )
 
 
 def check_inputs_call(result: Any, what: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """(args, kwargs) from an inputs factory's return value or an inputs file, checked."""
     if isinstance(result, dict):
         args, kwargs = (), result
-    elif isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], (tuple, list)) and isinstance(result[1], dict):
+    elif (
+        isinstance(result, (tuple, list))
+        and len(result) == 2
+        and isinstance(result[0], (tuple, list))
+        and isinstance(result[1], dict)
+    ):
         args, kwargs = tuple(result[0]), result[1]
     else:
-        raise StageError(ErrorClass.CONFIG, f"{what} must give (args, kwargs) for forward(), or a dict of arguments by name; got {type(result).__name__}")
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"{what} must give (args, kwargs) for forward(), or a dict of arguments by name; got {type(result).__name__}",
+        )
     if not all(isinstance(k, str) for k in kwargs):
         raise StageError(ErrorClass.CONFIG, f"{what}: keyword argument names must be strings")
     _check_input_leaves((args, kwargs), what)
     return tuple(args), dict(kwargs)
-

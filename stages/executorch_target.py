@@ -30,7 +30,14 @@ from pt2flow.stages.vocabulary import ErrorClass
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import ExecutorchOptions
-from pt2flow.stages.targets import FlatRunner, innermost_reason, native_stderr, ops_named_in, refuse_training, with_runtime_log
+from pt2flow.stages.targets import (
+    FlatRunner,
+    innermost_reason,
+    native_stderr,
+    ops_named_in,
+    refuse_training,
+    with_runtime_log,
+)
 
 
 def _xnnpack() -> Any:
@@ -43,9 +50,11 @@ def _xnnpack() -> Any:
 PARTITIONERS: dict[str, Callable[[], Any]] = {"xnnpack": _xnnpack}
 # the import line and constructor call of each, for the repro script
 _PARTITIONER_SOURCE: dict[str, tuple[str, str]] = {
-    "xnnpack": ("from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner", "XnnpackPartitioner()"),
+    "xnnpack": (
+        "from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner",
+        "XnnpackPartitioner()",
+    ),
 }
-
 
 
 def unbounded_dims(ep: ExportedProgram) -> list[str]:
@@ -89,7 +98,9 @@ def _edge_op_name(target: Any) -> str:
 
 def _is_bookkeeping(name: str) -> bool:
     """Nodes that are not kernels: tuple indexing, the delegate call, symbolic-size arithmetic."""
-    return name.startswith(("operator.", "_operator.", "higher_order.executorch_call_delegate", *program.ALWAYS_ALLOWED_PREFIXES))
+    return name.startswith(
+        ("operator.", "_operator.", "higher_order.executorch_call_delegate", *program.ALWAYS_ALLOWED_PREFIXES)
+    )
 
 
 def delegation(edge_program: ExportedProgram) -> Delegation:
@@ -107,10 +118,17 @@ def delegation(edge_program: ExportedProgram) -> Delegation:
                 if node.op == "call_function" and not _is_bookkeeping(name := _edge_op_name(node.target)):
                     delegated[name] += 1
     portable = Counter(
-        name for node in edge_program.graph.nodes
+        name
+        for node in edge_program.graph.nodes
         if node.op == "call_function" and not _is_bookkeeping(name := _edge_op_name(node.target))
     )
-    return Delegation(tuple(sorted(backends)), partitions, sum(delegated.values()), dict(sorted(delegated.items())), dict(sorted(portable.items())))
+    return Delegation(
+        tuple(sorted(backends)),
+        partitions,
+        sum(delegated.values()),
+        dict(sorted(delegated.items())),
+        dict(sorted(portable.items())),
+    )
 
 
 def lower_executorch(ep: ExportedProgram, options: ExecutorchOptions) -> StageResult:
@@ -119,13 +137,17 @@ def lower_executorch(ep: ExportedProgram, options: ExecutorchOptions) -> StageRe
     dim, config for a training program, no partitioner without portable fallback, or no extra."""
     refuse_training(ep, "executorch")
     if not options.partitioners and not options.portable_fallback:
-        raise StageError(ErrorClass.CONFIG, "executorch: portable_fallback false needs at least one partitioner (partitioners: [xnnpack])")
+        raise StageError(
+            ErrorClass.CONFIG,
+            "executorch: portable_fallback false needs at least one partitioner (partitioners: [xnnpack])",
+        )
     open_dims = unbounded_dims(ep)
     if open_dims:
         raise StageError(
             ErrorClass.DYNAMIC_SHAPE,
             "ExecuTorch plans memory for the largest input, so every dynamic dim needs a maximum; unbounded: "
-            + ", ".join(open_dims) + ". Set the dim's max in the config (dims: NAME: [min, max])",
+            + ", ".join(open_dims)
+            + ". Set the dim's max in the config (dims: NAME: [min, max])",
         )
     from executorch.exir import to_edge_transform_and_lower
 
@@ -136,8 +158,11 @@ def lower_executorch(ep: ExportedProgram, options: ExecutorchOptions) -> StageRe
             raise lowering_error(exc, "ExecuTorch lowering") from exc
         split = delegation(edge.exported_program())
         if not options.portable_fallback and split.portable_ops:
-            raise StageError(ErrorClass.LOWERING, not_delegated_message(split.portable_ops, options.partitioners),
-                             details={"ops": sorted(split.portable_ops), "portable_ops": split.portable_ops})
+            raise StageError(
+                ErrorClass.LOWERING,
+                not_delegated_message(split.portable_ops, options.partitioners),
+                details={"ops": sorted(split.portable_ops), "portable_ops": split.portable_ops},
+            )
         try:
             data = bytes(edge.to_executorch().buffer)
         except Exception as exc:
@@ -164,7 +189,9 @@ def lowering_error(exc: BaseException, what: str) -> StageError:
     ops = ops_named_in(exc)
     named = f" at {', '.join(ops)}" if ops else ""
     reason, outer = innermost_reason(exc), short_message(exc, 500)
-    said = reason if reason.split(":", 1)[-1].strip() in outer else f"{reason} ({outer})"  # the outer message only when it says more
+    said = (
+        reason if reason.split(":", 1)[-1].strip() in outer else f"{reason} ({outer})"
+    )  # the outer message only when it says more
     return StageError(classify_target_error(exc), f"{what} failed{named}: {said}", details={"ops": ops})
 
 
@@ -178,7 +205,9 @@ class PteRunner:
         self.module = _load_for_executorch_from_buffer(data)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        flat = tuple(t.detach().cpu().contiguous() if isinstance(t, torch.Tensor) else t for t in inputs)  # a None input stays None
+        flat = tuple(
+            t.detach().cpu().contiguous() if isinstance(t, torch.Tensor) else t for t in inputs
+        )  # a None input stays None
         try:
             outputs = self.module.forward(flat)
         except RuntimeError as exc:  # "error: 0x10": the reason is in the runtime's log, so call again to hear it
@@ -200,16 +229,16 @@ def load_pte(data: bytes) -> FlatRunner:
     return PteRunner(data)
 
 
-REPRO_BODY = '''{partitioner_imports}from executorch.exir import to_edge_transform_and_lower
+REPRO_BODY = """{partitioner_imports}from executorch.exir import to_edge_transform_and_lower
 
 edge = to_edge_transform_and_lower(program, partitioner=[{partitioners}])
 {fallback_check}executorch_program = edge.to_executorch()
 with open("model.pte", "wb") as f:
     f.write(executorch_program.buffer)
 print("lowered model.pte: the failure did not reproduce with torch", torch.__version__)
-'''
+"""
 
-FALLBACK_CHECK = '''# pt2flow's portable_fallback: false: every compute op must sit inside a delegated partition
+FALLBACK_CHECK = """# pt2flow's portable_fallback: false: every compute op must sit inside a delegated partition
 def op_name(target):
     return str(target._op if type(target).__name__ == "EdgeOpOverload" else target)
 
@@ -223,14 +252,17 @@ left = sorted({{
 }})
 if left:
     raise RuntimeError("ops no partitioner ({names}) takes, and portable_fallback is false: " + ", ".join(left))
-'''
+"""
 
 
 def executorch_repro_body(options: ExecutorchOptions) -> str:
     """The script's lines after `program` is loaded: the lowering (and the fallback check) written out."""
     sources = [_PARTITIONER_SOURCE[name] for name in options.partitioners]
-    fallback = "" if options.portable_fallback else FALLBACK_CHECK.format(
-        bookkeeping=program.ALWAYS_ALLOWED_PREFIXES, names=", ".join(options.partitioners))
+    fallback = (
+        ""
+        if options.portable_fallback
+        else FALLBACK_CHECK.format(bookkeeping=program.ALWAYS_ALLOWED_PREFIXES, names=", ".join(options.partitioners))
+    )
     return REPRO_BODY.format(
         partitioner_imports="".join(f"{imp}\n" for imp, _ in dict.fromkeys(sources)),
         partitioners=", ".join(call for _, call in sources),

@@ -16,8 +16,6 @@ from pt2flow.stages.result import StageResult
 from pt2flow.stages.vocabulary import ErrorClass
 
 
-
-
 def _joint(ep: ExportedProgram) -> ExportedProgram:
     from torch.export.experimental import _export_forward_backward
 
@@ -29,7 +27,9 @@ def _joint(ep: ExportedProgram) -> ExportedProgram:
     spec = pytree.tree_structure((0, {g: 0 for g in grads}))
     entry = joint.module_call_graph[0]
     if entry.signature is None:
-        raise StageError(ErrorClass.DECOMPOSITION, "joint program has no call signature to attach the gradient outputs to")
+        raise StageError(
+            ErrorClass.DECOMPOSITION, "joint program has no call signature to attach the gradient outputs to"
+        )
     entry.signature.out_spec = spec
     return joint
 
@@ -58,6 +58,8 @@ def functionalize(ep: ExportedProgram, options: FunctionalizeOptions) -> StageRe
         )
     kinds = [s.kind.name for s in out.graph_signature.output_specs]
     if training and ("LOSS_OUTPUT" not in kinds or "GRADIENT_TO_PARAMETER" not in kinds):
-        raise StageError(ErrorClass.DECOMPOSITION, f"joint program lacks LOSS_OUTPUT/GRADIENT_TO_PARAMETER outputs: {kinds}")
+        raise StageError(
+            ErrorClass.DECOMPOSITION, f"joint program lacks LOSS_OUTPUT/GRADIENT_TO_PARAMETER outputs: {kinds}"
+        )
     metadata = {**program.describe(out), "mode": options.mode, "mutated_buffers": sorted(lifted)}
     return StageResult(output=out, metadata=metadata, warnings=sink.items)

@@ -123,7 +123,9 @@ def component_names(model: torch.nn.Module) -> tuple[str, ...]:
     return ENCODER_DECODER_COMPONENTS if encoder_of(model) is not None else COMPONENTS
 
 
-def components(model: torch.nn.Module, generate: GenerateSpec, prompt_ids: torch.Tensor | None = None) -> dict[str, Component]:
+def components(
+    model: torch.nn.Module, generate: GenerateSpec, prompt_ids: torch.Tensor | None = None
+) -> dict[str, Component]:
     """The components of `model` in call order (component_names): `{prefill, decode}` from
     transformers' `decompose_for_generation` under `generate`, and an encoder-decoder's `encoder`
     (transformers decomposes only the decoder's steps): `model.get_encoder()` with the kwargs
@@ -149,7 +151,9 @@ def components(model: torch.nn.Module, generate: GenerateSpec, prompt_ids: torch
         )
     if encoder is not None:
         if len(encoder_calls) != 1:
-            raise RuntimeError(f"generate() called {type(model).__name__}'s encoder {len(encoder_calls)} times, not once")
+            raise RuntimeError(
+                f"generate() called {type(model).__name__}'s encoder {len(encoder_calls)} times, not once"
+            )
         # a shallow copy, as transformers' decomposition returns the model: greedy_tokens swaps the
         # encoder's own forward, which must not reach the eager reference's module
         decomposed = {ENCODER: (copy.copy(encoder), encoder_calls[0]), **decomposed}
@@ -183,7 +187,9 @@ def _calls_of(module: torch.nn.Module | None) -> Iterator[list[dict[str, Any]]]:
 
 
 @contextmanager
-def _forward_replaced(module: torch.nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+def _forward_replaced(
+    module: torch.nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> Iterator[None]:
     """`module.forward` replaced by `make(original)` (functools.wraps: generate() reads the
     signature), then restored as it was (an instance attribute removed again)."""
     had = "forward" in vars(module)
@@ -427,7 +433,9 @@ class CallSpecs:
     @classmethod
     def of(cls, program: ExportedProgram) -> CallSpecs:
         users = [spec for spec in program.graph_signature.output_specs if spec.kind.name == "USER_OUTPUT"]
-        constants = {index: spec.arg.value for index, spec in enumerate(users) if type(spec.arg).__name__ == "ConstantArgument"}
+        constants = {
+            index: spec.arg.value for index, spec in enumerate(users) if type(spec.arg).__name__ == "ConstantArgument"
+        }
         return cls(program.call_spec.in_spec, program.call_spec.out_spec, constants)
 
     @property
@@ -449,25 +457,38 @@ class CallSpecs:
         updates in place first (a static cache's layers), the user outputs last: the last ones are taken."""
         wanted = self.out_spec.num_leaves - len(self.out_constants)
         if len(outputs) < wanted:
-            raise RuntimeError(f"the runtime returned {len(outputs)} outputs; the program's out_spec has {wanted} tensors")
+            raise RuntimeError(
+                f"the runtime returned {len(outputs)} outputs; the program's out_spec has {wanted} tensors"
+            )
         tensors = iter(outputs[len(outputs) - wanted :])
-        leaves = [self.out_constants[i] if i in self.out_constants else next(tensors) for i in range(self.out_spec.num_leaves)]
+        leaves = [
+            self.out_constants[i] if i in self.out_constants else next(tensors) for i in range(self.out_spec.num_leaves)
+        ]
         return torch.utils._pytree.tree_unflatten(leaves, self.out_spec)
 
     def to_json(self) -> dict[str, Any]:
         """For a manifest beside the artifact (treespec_dumps; the cache classes by their import path)."""
         dumps = torch.utils._pytree.treespec_dumps
-        return {"in_spec": dumps(self.in_spec), "out_spec": dumps(self.out_spec),
-                "out_constants": {str(i): v for i, v in self.out_constants.items()}}
+        return {
+            "in_spec": dumps(self.in_spec),
+            "out_spec": dumps(self.out_spec),
+            "out_constants": {str(i): v for i, v in self.out_constants.items()},
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CallSpecs:
         register_cache_pytrees()
         loads = torch.utils._pytree.treespec_loads
-        return cls(loads(data["in_spec"]), loads(data["out_spec"]), {int(i): v for i, v in data.get("out_constants", {}).items()})
+        return cls(
+            loads(data["in_spec"]),
+            loads(data["out_spec"]),
+            {int(i): v for i, v in data.get("out_constants", {}).items()},
+        )
 
 
-def flat_step(runner: Callable[[list[torch.Tensor]], list[Any]], specs: CallSpecs, *, keep_none: bool = False) -> StepFn:
+def flat_step(
+    runner: Callable[[list[torch.Tensor]], list[Any]], specs: CallSpecs, *, keep_none: bool = False
+) -> StepFn:
     """A step function of a runner taking and returning flat tensors (stages.targets.FlatRunner)."""
 
     def step(**kwargs: Any) -> Any:
@@ -562,7 +583,9 @@ def aoti_step(data: bytes, workdir: str) -> StepFn:
         # compiled code indexes its inputs by the strides they were traced with (contiguous), and
         # the prefill package returns a dynamic cache's tensors non-contiguous: the decode package
         # read them wrongly (tokens diverged from the second one) until they were made contiguous
-        contiguous = torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.contiguous, {name: kwargs.get(name) for name in names})
+        contiguous = torch.utils._pytree.tree_map_only(
+            torch.Tensor, torch.Tensor.contiguous, {name: kwargs.get(name) for name in names}
+        )
         with torch.no_grad():
             return runner(**contiguous)
 
@@ -658,11 +681,8 @@ def compare_generation(
     if first is None and len(eager_ids) != len(got_ids):
         first = min(len(eager_ids), len(got_ids))
     steps = min(len(eager_logits), len(got_logits))
-    errors = [
-        float((got_logits[i].float() - eager_logits[i].float()).abs().max()) for i in range(steps)
-    ]
+    errors = [float((got_logits[i].float() - eager_logits[i].float()).abs().max()) for i in range(steps)]
     return GenerationComparison(first, errors)
-
 
 
 # ── Validation by generation ─────────────────────────────────────────────────
@@ -691,27 +711,44 @@ def validate_generation(
     from pt2flow.stages.vocabulary import ErrorClass
 
     if not loaders:
-        raise StageError(ErrorClass.CONFIG, "validate needs serialize, aot_compile or a target to have produced the components' artifacts")
+        raise StageError(
+            ErrorClass.CONFIG,
+            "validate needs serialize, aot_compile or a target to have produced the components' artifacts",
+        )
     model = model.eval()
     prompts = {length: example_prompt(model, length, seed=length) for length in prompt_lens}
     with _quiet():
         eager = {length: eager_generation(model, spec, prompt) for length, prompt in prompts.items()}
     must = set(loaders) if required is None else set(required) & set(loaders)
     report: dict[str, Any] = {
-        "passed": False, "nondeterministic": False, "generation": True, "samples": len(prompts),
+        "passed": False,
+        "nondeterministic": False,
+        "generation": True,
+        "samples": len(prompts),
         "generate": dataclasses.asdict(spec) | {"prompt_lens": list(prompt_lens)},
         "eager": {str(length): g.tokens for length, g in eager.items()},
-        "candidates": {}, "required": sorted(must), "warnings": [],
+        "candidates": {},
+        "required": sorted(must),
+        "warnings": [],
     }
     failed = set()
     for name, load in loaders.items():
-        entry: dict[str, Any] = {"artifact": (kinds or {}).get(name, name), "max_abs_err": 0.0, "max_rel_err": None, "prompts": {}}
+        entry: dict[str, Any] = {
+            "artifact": (kinds or {}).get(name, name),
+            "max_abs_err": 0.0,
+            "max_rel_err": None,
+            "prompts": {},
+        }
         report["candidates"][name] = entry
         verdict: dict[str, Any] = {"passed": True, "error_class": None, "error": None}
         try:
             steps: Mapping[str, StepFn] | None = load()
         except Exception as exc:  # noqa: BLE001 - a candidate that does not load fails on its own
-            verdict = {"passed": False, "error_class": ErrorClass.SERIALIZATION.value, "error": f"{name}: does not load: {short_message(exc, 500)}"}
+            verdict = {
+                "passed": False,
+                "error_class": ErrorClass.SERIALIZATION.value,
+                "error": f"{name}: does not load: {short_message(exc, 500)}",
+            }
             steps = None
         for length, prompt in prompts.items():
             if steps is None:
@@ -720,14 +757,25 @@ def validate_generation(
                 with _quiet():
                     got = greedy_tokens(model, steps, prompt, spec)
             except Exception as exc:  # noqa: BLE001
-                verdict = {"passed": False, "error_class": ErrorClass.RUNTIME.value, "error": f"{name}: generation failed (prompt {length}): {short_message(exc, 500)}"}
+                verdict = {
+                    "passed": False,
+                    "error_class": ErrorClass.RUNTIME.value,
+                    "error": f"{name}: generation failed (prompt {length}): {short_message(exc, 500)}",
+                }
                 break
             comparison = compare_generation(eager[length].tokens, eager[length].logits, got.tokens, got.logits)
-            entry["prompts"][str(length)] = {"first_divergence": comparison.first_divergence, "max_error": comparison.max_error, "tokens": got.tokens}
+            entry["prompts"][str(length)] = {
+                "first_divergence": comparison.first_divergence,
+                "max_error": comparison.max_error,
+                "tokens": got.tokens,
+            }
             entry["max_abs_err"] = max([entry["max_abs_err"], *comparison.max_error])
             if not comparison.ok and verdict["passed"]:
-                verdict = {"passed": False, "error_class": ErrorClass.NUMERIC_MISMATCH.value,
-                           "error": f"{entry['artifact']}: generated tokens diverge from eager at position {comparison.first_divergence} (prompt {length})"}
+                verdict = {
+                    "passed": False,
+                    "error_class": ErrorClass.NUMERIC_MISMATCH.value,
+                    "error": f"{entry['artifact']}: generated tokens diverge from eager at position {comparison.first_divergence} (prompt {length})",
+                }
         entry["verdict"] = verdict
         if not verdict["passed"]:
             failed.add(name)
@@ -736,12 +784,16 @@ def validate_generation(
     report["passed"] = not failed
     for name in sorted(failed - must):
         verdict = report["candidates"][name]["verdict"]
-        report["warnings"].append(f"{name} (not required) failed validation, {verdict['error_class']}: {verdict['error']}")
+        report["warnings"].append(
+            f"{name} (not required) failed validation, {verdict['error_class']}: {verdict['error']}"
+        )
     blocking = [report["candidates"][name]["verdict"] for name in sorted(failed & must)]
     if blocking:
         order = [ErrorClass.SERIALIZATION.value, ErrorClass.RUNTIME.value, ErrorClass.NUMERIC_MISMATCH.value]
         worst = min(blocking, key=lambda v: order.index(v["error_class"]))
         more = f" (+{len(blocking) - 5} more)" if len(blocking) > 5 else ""
-        raise StageError(ErrorClass(worst["error_class"]), " | ".join(v["error"] for v in blocking[:5]) + more, details=report)
+        raise StageError(
+            ErrorClass(worst["error_class"]), " | ".join(v["error"] for v in blocking[:5]) + more, details=report
+        )
     metadata = {"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": None}
     return StageResult(output=report, metadata=metadata, warnings=tuple(report["warnings"]))

@@ -40,7 +40,6 @@ _ZIP_MAGIC = b"PK\x03\x04"  # a serialized ModelProto starts with its ir_version
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same model gives the same bytes
 
 
-
 def export_onnx(
     ep: ExportedProgram,
     options: OnnxOptions,
@@ -78,7 +77,11 @@ def export_onnx(
 
 def refuse_state(ep: ExportedProgram) -> None:
     """StageError(lowering) for a program that updates buffers: an ONNX model has no state."""
-    refuse_stateful(ep, "ONNX models are stateless", "ONNX Runtime would start each call from their initial values (executorch and aot_compile keep state)")
+    refuse_stateful(
+        ep,
+        "ONNX models are stateless",
+        "ONNX Runtime would start each call from their initial values (executorch and aot_compile keep state)",
+    )
 
 
 def lowering_error(exc: BaseException) -> StageError:
@@ -171,9 +174,14 @@ class OnnxRunner:
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if len(inputs) != len(self.input_names):
-            raise ValueError(f"the ONNX model takes {len(self.input_names)} tensors ({self.input_names}), got {len(inputs)}")
+            raise ValueError(
+                f"the ONNX model takes {len(self.input_names)} tensors ({self.input_names}), got {len(inputs)}"
+            )
         feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, inputs)}
-        return [torch.from_numpy(out.copy()) if hasattr(out, "copy") else torch.tensor(out) for out in self.session.run(None, feeds)]
+        return [
+            torch.from_numpy(out.copy()) if hasattr(out, "copy") else torch.tensor(out)
+            for out in self.session.run(None, feeds)
+        ]
 
 
 def load_onnx(data: bytes) -> FlatRunner:
@@ -181,10 +189,10 @@ def load_onnx(data: bytes) -> FlatRunner:
     return OnnxRunner(data)
 
 
-REPRO_BODY = '''onnx_program = torch.onnx.export(program, dynamo=True, optimize={optimize!r}, verbose=False{opset})
+REPRO_BODY = """onnx_program = torch.onnx.export(program, dynamo=True, optimize={optimize!r}, verbose=False{opset})
 onnx_program.save("model.onnx", external_data=True)
 print("exported model.onnx: the failure did not reproduce with torch", torch.__version__)
-'''
+"""
 
 
 def onnx_repro_body(options: OnnxOptions) -> str:

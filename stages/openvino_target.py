@@ -176,20 +176,28 @@ def _drop_constant_inputs(model: Any, program: Any) -> None:
     parameters = list(model.get_parameters())
     specs = _user_inputs(program)
     if len(parameters) != len(specs):
-        raise StageError(ErrorClass.LOWERING, f"OpenVINO made {len(parameters)} inputs of the program's {len(specs)} user inputs")
+        raise StageError(
+            ErrorClass.LOWERING, f"OpenVINO made {len(parameters)} inputs of the program's {len(specs)} user inputs"
+        )
     for parameter, spec in reversed(list(zip(parameters, specs))):
         if type(spec.arg).__name__ == "TensorArgument":
             continue
         if parameter.output(0).get_target_inputs():
-            raise StageError(ErrorClass.LOWERING, f"the converted model reads the constant input {spec.arg.name} ({spec.arg.value!r}) as a tensor")
+            raise StageError(
+                ErrorClass.LOWERING,
+                f"the converted model reads the constant input {spec.arg.name} ({spec.arg.value!r}) as a tensor",
+            )
         model.remove_parameter(parameter)
 
 
 def _refuse_state(program: Any) -> None:
     from pt2flow.stages.targets import refuse_state
 
-    refuse_state(program, "an OpenVINO model is stateless",
-                 "the converted model would drop the updates and start each call from their initial values")
+    refuse_state(
+        program,
+        "an OpenVINO model is stateless",
+        "the converted model would drop the updates and start each call from their initial values",
+    )
 
 
 # the frontend's report of what it could not convert (src/frontends/common_translators/src/unconverted_ops_report.cpp)
@@ -245,7 +253,9 @@ def _name_deterministically(model: Any) -> None:
     converted before."""
     model.set_friendly_name(_NETWORK_NAME)
     ops = model.get_ordered_ops()
-    automatic = [op for op in ops if op.get_type_name() != "Parameter" and _AUTOMATIC_NAME.fullmatch(op.get_friendly_name())]
+    automatic = [
+        op for op in ops if op.get_type_name() != "Parameter" and _AUTOMATIC_NAME.fullmatch(op.get_friendly_name())
+    ]
     taken = {op.get_friendly_name() for op in ops} - {op.get_friendly_name() for op in automatic}
     counters: Counter[str] = Counter()
     for op in automatic:
@@ -314,7 +324,9 @@ class OpenvinoRunner:
         xml, weights = _unzip(data)
         core = openvino.Core()
         model = core.read_model(model=xml, weights=openvino.Tensor(numpy.frombuffer(weights, dtype=numpy.uint8)))
-        precision = model.get_rt_info(list(PRECISION_KEY)).astype(str) if model.has_rt_info(list(PRECISION_KEY)) else "f32"
+        precision = (
+            model.get_rt_info(list(PRECISION_KEY)).astype(str) if model.has_rt_info(list(PRECISION_KEY)) else "f32"
+        )
         self.compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
         self.request = self.compiled.create_infer_request()
         self.input_names = [p.get_any_name() if p.get_names() else str(i) for i, p in enumerate(self.compiled.inputs)]
@@ -324,11 +336,15 @@ class OpenvinoRunner:
         import torch
 
         if len(inputs) != len(self.input_names):
-            raise ValueError(f"the OpenVINO model takes {len(self.input_names)} tensors ({self.input_names}), got {len(inputs)}")
+            raise ValueError(
+                f"the OpenVINO model takes {len(self.input_names)} tensors ({self.input_names}), got {len(inputs)}"
+            )
         feeds = [t.detach().cpu().contiguous().numpy() for t in inputs]
         self.request.infer(feeds)
         # the request's output tensors are overwritten by its next call: copied out
-        return [torch.from_numpy(self.request.get_output_tensor(i).data.copy()) for i in range(len(self.compiled.outputs))]
+        return [
+            torch.from_numpy(self.request.get_output_tensor(i).data.copy()) for i in range(len(self.compiled.outputs))
+        ]
 
 
 def load_openvino(data: bytes) -> Any:
@@ -341,7 +357,7 @@ def load_openvino(data: bytes) -> Any:
 # repro
 
 
-REPRO_BODY = '''import openvino
+REPRO_BODY = """import openvino
 
 # the user inputs' shapes, as the stage gives them: static dims, dynamic ones with their range
 from torch.export.graph_signature import InputKind, TensorArgument
@@ -376,7 +392,7 @@ if program.example_inputs is not None:  # one run on the inputs the program was 
     outputs = compiled([t.numpy() for t in flat])
     print("ran it:", [tuple(o.shape) for o in outputs.values()])
 print("converted model.xml: the failure did not reproduce with torch", torch.__version__, "and openvino", openvino.__version__)
-'''
+"""
 
 
 def openvino_repro_body(options: OpenvinoOptions) -> str:

@@ -110,10 +110,16 @@ def user_outputs(ep: ExportedProgram) -> list[torch.fx.Node | None]:
     """The nodes of the program's user outputs, in order (None for a constant output)."""
     output_node = next(n for n in ep.graph.nodes if n.op == "output")
     values = {a.name: a for a in output_node.args[0] if isinstance(a, torch.fx.Node)}
-    return [values.get(getattr(s.arg, "name", None)) for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+    return [
+        values.get(getattr(s.arg, "name", None))
+        for s in ep.graph_signature.output_specs
+        if s.kind.name == "USER_OUTPUT"
+    ]
 
 
-def effective_dims_of_leaves(ep: ExportedProgram, leaf_dims: Sequence[Mapping[int, str] | None]) -> dict[str, dict[str, Any]]:
+def effective_dims_of_leaves(
+    ep: ExportedProgram, leaf_dims: Sequence[Mapping[int, str] | None]
+) -> dict[str, dict[str, Any]]:
     """For each configured dim name, what the exported program really accepts.
 
     leaf_dims: for each tensor input in torch's flattening order (nested containers included),
@@ -137,7 +143,12 @@ def effective_dims_of_leaves(ep: ExportedProgram, leaf_dims: Sequence[Mapping[in
                 expr = size.node.expr
                 vr = ranges.get(str(expr))
                 if vr is not None:
-                    entry: dict[str, Any] = {"min": range_end(vr.lower), "max": range_end(vr.upper), "static": False, "value": None}
+                    entry: dict[str, Any] = {
+                        "min": range_end(vr.lower),
+                        "max": range_end(vr.upper),
+                        "static": False,
+                        "value": None,
+                    }
                 else:  # a derived expression such as 2*s0: its range is implied by its root
                     entry = {"min": None, "max": None, "static": False, "value": None, "expr": str(expr)}
             else:
@@ -224,7 +235,15 @@ def _hash_tensor(h: hashlib._Hash, name: str, value: Any) -> None:
     h.update(name.encode())
     if isinstance(value, torch.Tensor):
         t = value.detach()
-        meta = (t.dtype, tuple(t.shape), tuple(t.stride()), t.layout, t.device.type, value.requires_grad, type(value).__name__)
+        meta = (
+            t.dtype,
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.layout,
+            t.device.type,
+            value.requires_grad,
+            type(value).__name__,
+        )
         h.update(repr(meta).encode())
         if t.numel():
             t = t.contiguous().cpu()
@@ -251,7 +270,9 @@ def _strip_volatile(value: Any) -> Any:
             # a dim of size 1 is never stepped along: its stride says nothing, and fake tensors
             # give it whatever the process computed before (tiny T5's decode program differed
             # by one [1, 1, 32] stride, [32, 32, 1] or [32, 8, 1], with the export before it)
-            out["strides"] = [{"as_int": 0} if size == {"as_int": 1} else stride for size, stride in zip(sizes, strides)]
+            out["strides"] = [
+                {"as_int": 0} if size == {"as_int": 1} else stride for size, stride in zip(sizes, strides)
+            ]
         return out
     if isinstance(value, list):
         return [_strip_volatile(item) for item in value]
@@ -281,7 +302,9 @@ def _fallback_form(ep: ExportedProgram) -> bytes:
     for node in ep.graph.nodes:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            parts.append(f"{node.name}:{val.dtype}:{tuple(val.shape)}:{val.stride()}:{val.device}:{val.requires_grad}:{val.layout}")
+            parts.append(
+                f"{node.name}:{val.dtype}:{tuple(val.shape)}:{val.stride()}:{val.device}:{val.requires_grad}:{val.layout}"
+            )
         else:
             parts.append(f"{node.name}:{val!r}")
     return "\n".join(parts).encode()

@@ -64,7 +64,9 @@ class Reads:
 
     def files(self) -> list[str]:
         """The model inputs: read, not written by the recorded code, still there, not excluded."""
-        return sorted(p for p in self.read if p not in self.written and os.path.isfile(p) and not is_inside(p, self.excluded))
+        return sorted(
+            p for p in self.read if p not in self.written and os.path.isfile(p) and not is_inside(p, self.excluded)
+        )
 
 
 def _real(path: str) -> str:
@@ -171,6 +173,7 @@ def _wrap_native_loaders() -> None:
     original = getattr(original, "__wrapped__", original)
     wrapper = _native_wrappers.get(id(original))
     if wrapper is None:
+
         def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
             _note(filename)
             return original(filename, *args, **kwargs)

@@ -83,8 +83,11 @@ def pickled_classes(data: bytes) -> list[type]:
         try:
             named = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(pickled))
         except Exception as exc:  # noqa: BLE001 - any pickle the scan cannot read is refused
-            raise StageError(ErrorClass.SERIALIZATION, f"the archive's {name} is not a pickle torch's weights_only unpickler reads "
-                             f"({short_message(exc)}); refused, as unpickling it could run code") from exc
+            raise StageError(
+                ErrorClass.SERIALIZATION,
+                f"the archive's {name} is not a pickle torch's weights_only unpickler reads "
+                f"({short_message(exc)}); refused, as unpickling it could run code",
+            ) from exc
         refused = []
         for global_name in named:
             found = _defined_class(global_name, modules)
@@ -93,9 +96,12 @@ def pickled_classes(data: bytes) -> list[type]:
             elif found not in allowed:
                 allowed.append(found)
         if refused:
-            raise StageError(ErrorClass.SERIALIZATION, f"the archive's {name} pickles {', '.join(sorted(refused))}: not a tensor subclass "
-                             f"nor a class of a module that registers the program's pytree types ({', '.join(modules) or 'none'}); "
-                             "refused, as unpickling it could run code (torch.load weights_only=False)")
+            raise StageError(
+                ErrorClass.SERIALIZATION,
+                f"the archive's {name} pickles {', '.join(sorted(refused))}: not a tensor subclass "
+                f"nor a class of a module that registers the program's pytree types ({', '.join(modules) or 'none'}); "
+                "refused, as unpickling it could run code (torch.load weights_only=False)",
+            )
     return allowed
 
 
@@ -114,11 +120,17 @@ def _pickles(data: bytes) -> list[tuple[str, bytes]]:
                 try:
                     config = json.loads(archive.read(name)).get("config") or {}
                 except ValueError as exc:
-                    raise StageError(ErrorClass.SERIALIZATION, f"the archive's {name} is not JSON: {short_message(exc)}") from exc
+                    raise StageError(
+                        ErrorClass.SERIALIZATION, f"the archive's {name} is not JSON: {short_message(exc)}"
+                    ) from exc
                 folder = name.rpartition("/")[0]
                 for meta in config.values():
                     path = f"{folder}/{meta.get('path_name')}"
-                    if meta.get("use_pickle") and not str(meta.get("path_name")).startswith("custom_obj_") and path in names:
+                    if (
+                        meta.get("use_pickle")
+                        and not str(meta.get("path_name")).startswith("custom_obj_")
+                        and path in names
+                    ):
                         found.append((path, archive.read(path)))
     return found
 
@@ -188,11 +200,16 @@ def import_pytree_modules(names: Any) -> list[str]:
 def _import_modules(names: Any) -> None:
     for name in names if isinstance(names, list) else []:
         if not isinstance(name, str) or not MODULE_NAME_PATTERN.fullmatch(name):
-            raise StageError(ErrorClass.SERIALIZATION, f"archive names {name!r} as a module to import; not a module name")
+            raise StageError(
+                ErrorClass.SERIALIZATION, f"archive names {name!r} as a module to import; not a module name"
+            )
         try:
             importlib.import_module(name)
         except Exception as exc:
-            raise StageError(ErrorClass.IMPORT, f"importing {name!r} (it registers a pytree type the program uses) failed: {short_message(exc)}") from exc
+            raise StageError(
+                ErrorClass.IMPORT,
+                f"importing {name!r} (it registers a pytree type the program uses) failed: {short_message(exc)}",
+            ) from exc
 
 
 def _spec_type_names(data: bytes) -> set[str]:
@@ -323,10 +340,16 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
         raise StageError(ErrorClass.SERIALIZATION, "pt2flow metadata did not survive the round trip")
     changed = roundtrip_differences(ep, reloaded)
     if changed:
-        raise StageError(ErrorClass.SERIALIZATION, f"the reloaded program differs from the saved one: {'; '.join(changed)}")
+        raise StageError(
+            ErrorClass.SERIALIZATION, f"the reloaded program differs from the saved one: {'; '.join(changed)}"
+        )
     # the identity is the archive's program as it loads (stored_program): the same for a parent
     # computed in this worker and one read from the store
-    result_meta = {**program.describe(ep, identity_of=reloaded), "size": len(data), "archive_version": archive_version(data)}
+    result_meta = {
+        **program.describe(ep, identity_of=reloaded),
+        "size": len(data),
+        "archive_version": archive_version(data),
+    }
     return StageResult(output=data, metadata=result_meta, warnings=sink.items)
 
 
@@ -441,13 +464,18 @@ def roundtrip_differences(saved: ExportedProgram, loaded: ExportedProgram) -> li
     before = {k: v for k, v in program.op_histogram(saved).items() if k != "operator.getitem"}
     after = {k: v for k, v in program.op_histogram(loaded).items() if k != "operator.getitem"}
     if before != after:
-        diff = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)}
+        diff = {
+            k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)
+        }
         problems.append(f"op histogram {diff}")
     if program.signature_summary(saved) != program.signature_summary(loaded):
         problems.append("graph signature")
     if program.range_constraints(saved) != program.range_constraints(loaded):
         problems.append("range constraints")
-    for label, a, b in (("state_dict", saved.state_dict, loaded.state_dict), ("constants", saved.constants, loaded.constants)):
+    for label, a, b in (
+        ("state_dict", saved.state_dict, loaded.state_dict),
+        ("constants", saved.constants, loaded.constants),
+    ):
         if set(a) != set(b):
             problems.append(f"{label} keys")
             continue

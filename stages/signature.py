@@ -29,7 +29,15 @@ def _range_of(ep: ExportedProgram, size: torch.SymInt) -> tuple[int | None, int 
     return None if vr is None else (range_end(vr.lower), range_end(vr.upper))
 
 
-def _dim_mismatch(ep: ExportedProgram, where: str, index: int, size: Any, configured: int, dim: str | None, dims: Mapping[str, Mapping[str, Any]]) -> str | None:
+def _dim_mismatch(
+    ep: ExportedProgram,
+    where: str,
+    index: int,
+    size: Any,
+    configured: int,
+    dim: str | None,
+    dims: Mapping[str, Mapping[str, Any]],
+) -> str | None:
     """One dim: dynamic where the config (as the trace settled it) has it dynamic, with the same
     range; static and of the configured size elsewhere."""
     effective = dims.get(dim, {}) if dim else {}
@@ -52,13 +60,15 @@ def _dim_mismatch(ep: ExportedProgram, where: str, index: int, size: Any, config
 def _named(path: str, bound: BoundInputs) -> str:
     """`args[0][1]` as the config names it (`x[1]`): positional arguments by their parameter name."""
     if path.startswith("args["):
-        index, _, rest = path[len("args["):].partition("]")
+        index, _, rest = path[len("args[") :].partition("]")
         if index.isdigit() and int(index) < len(bound.order):
             return bound.order[int(index)] + rest
     return path
 
 
-def _leaf_mismatches(where: str, val: torch.Tensor, other: torch.Tensor, verb: str, theirs: str) -> tuple[list[str], bool]:
+def _leaf_mismatches(
+    where: str, val: torch.Tensor, other: torch.Tensor, verb: str, theirs: str
+) -> tuple[list[str], bool]:
     """dtype and rank of one artifact leaf against the configured or eager one: (problems,
     whether the ranks agree, so that the dims can be compared)."""
     problems = []
@@ -66,7 +76,9 @@ def _leaf_mismatches(where: str, val: torch.Tensor, other: torch.Tensor, verb: s
         problems.append(f"{where}: the artifact {verb} {_dtype(val.dtype)}, {theirs} {_dtype(other.dtype)}")
     same_rank = val.dim() == other.dim()
     if not same_rank:
-        problems.append(f"{where}: the artifact {verb} {val.dim()} dims {list(val.shape)}, {theirs} {list(other.shape)}")
+        problems.append(
+            f"{where}: the artifact {verb} {val.dim()} dims {list(val.shape)}, {theirs} {list(other.shape)}"
+        )
     return problems, same_rank
 
 
@@ -107,7 +119,9 @@ def output_mismatches(ep: ExportedProgram, eager_output: Any) -> list[str]:
         problems += found
         for index, size in enumerate(val.shape) if same_rank else ():
             if not isinstance(size, torch.SymInt) and int(size) != int(leaf.shape[index]):
-                problems.append(f"output {i}: dim {index} is {int(size)} in the artifact, {int(leaf.shape[index])} from eager")
+                problems.append(
+                    f"output {i}: dim {index} is {int(size)} in the artifact, {int(leaf.shape[index])} from eager"
+                )
     return problems
 
 

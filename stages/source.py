@@ -77,7 +77,9 @@ def load_state_dict(data: bytes, filename: str) -> dict[str, torch.Tensor]:
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise StageError(ErrorClass.WEIGHTS, f"{filename}: expected a state_dict of tensors, got {type(state).__name__}")
+        raise StageError(
+            ErrorClass.WEIGHTS, f"{filename}: expected a state_dict of tensors, got {type(state).__name__}"
+        )
     return state
 
 
@@ -196,6 +198,7 @@ class TrainingStep(torch.nn.Module):
 
 def training_step(model: torch.nn.Module, loss_output: int | None = None) -> TrainingStep:
     """A TrainingStep whose forward() carries the wrapped model's signature (for export's arg names)."""
+
     def forward(self: TrainingStep, *args: Any, **kwargs: Any) -> torch.Tensor:
         return TrainingStep.forward(self, *args, **kwargs)
 
@@ -215,5 +218,8 @@ def load_example_inputs(data: bytes, filename: str) -> tuple[tuple[Any, ...], di
     try:
         loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise StageError(ErrorClass.CONFIG, f"{filename}: refused to load example inputs (torch.load with weights_only=True): {_unpickling_reason(exc)}") from exc
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"{filename}: refused to load example inputs (torch.load with weights_only=True): {_unpickling_reason(exc)}",
+        ) from exc
     return check_inputs_call(loaded, filename)

@@ -20,6 +20,7 @@ import torch
 
 from pt2flow.stages.devices import missing_device
 from pt2flow.stages.distributions import installed_version
+
 UNKNOWN = "unknown"  # the vector ISA could not be probed (no working compiler): not worth caching
 # inductor options that change which compiler or ISA is used, and so the key's identity
 _CONFIG_KEYS = ("cpp.cxx", "cpp.simdlen", "cpp.march")
@@ -92,4 +93,3 @@ def _compiler() -> tuple[str, str]:
         return cxx, ""
     first = next((line.strip() for line in out.splitlines() if line.strip()), "")
     return cxx, first
-

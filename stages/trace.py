@@ -87,8 +87,15 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
                 ep = _export(model, bound, dyn, strict)
         except Exception as exc:
             error_class = classify_trace_error(exc)
-            attempts.append(_attempt_record(strategy, strict, dyn, error_class, short_message(exc, 1000), failure_origin(exc)))
-            if error_class == ErrorClass.DYNAMIC_SHAPE and not fixes_tried and dyn is not None and options.allows("suggested_fixes"):
+            attempts.append(
+                _attempt_record(strategy, strict, dyn, error_class, short_message(exc, 1000), failure_origin(exc))
+            )
+            if (
+                error_class == ErrorClass.DYNAMIC_SHAPE
+                and not fixes_tried
+                and dyn is not None
+                and options.allows("suggested_fixes")
+            ):
                 fixes_tried = True
                 refined = _suggested_fixes(exc, dyn)
                 if refined is not None:
@@ -101,10 +108,23 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
     raise _failure(model, bound, dynamic, options, attempts)
 
 
-def _attempt_record(strategy: str, strict: bool, dynamic: Any, error_class: ErrorClass | None, error: str | None, origin: dict[str, Any] | None = None) -> dict[str, Any]:
+def _attempt_record(
+    strategy: str,
+    strict: bool,
+    dynamic: Any,
+    error_class: ErrorClass | None,
+    error: str | None,
+    origin: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One rung of the ladder as metadata records it; a failed one with where it failed (the
     frame in the model's own code, classify.failure_origin) when there is one."""
-    record = {"strategy": strategy, "strict": strict, "dynamic_shapes": _describe_dynamic(dynamic), "error_class": error_class, "error": error}
+    record = {
+        "strategy": strategy,
+        "strict": strict,
+        "dynamic_shapes": _describe_dynamic(dynamic),
+        "error_class": error_class,
+        "error": error,
+    }
     if origin is not None:
         record["origin"] = origin
     return record
@@ -141,7 +161,9 @@ def _exported(
     return StageResult(output=ep, metadata=metadata, warnings=tuple(warnings))
 
 
-def _failure(model: torch.nn.Module, bound: BoundInputs, dynamic: Any, options: TraceOptions, attempts: list[dict[str, Any]]) -> StageError:
+def _failure(
+    model: torch.nn.Module, bound: BoundInputs, dynamic: Any, options: TraceOptions, attempts: list[dict[str, Any]]
+) -> StageError:
     """Every strategy failed: the most specific class, with torch's draft_export report."""
     classes = [a["error_class"] for a in attempts]
     error_class = next((c for c in classes if c != "runtime"), classes[0])
@@ -157,7 +179,10 @@ def _failure(model: torch.nn.Module, bound: BoundInputs, dynamic: Any, options: 
             with quiet_torch(), torch.no_grad():
                 bound.call(model)
         except Exception as exc:
-            first = {**first, "error": f"the model fails in eager mode on its example inputs: {short_message(exc, 1000)}"}
+            first = {
+                **first,
+                "error": f"the model fails in eager mode on its example inputs: {short_message(exc, 1000)}",
+            }
     tried = ", ".join(a["strategy"] for a in attempts)
     return StageError(
         error_class,

@@ -183,7 +183,11 @@ class _Noise:
         """A float64 copy of `reference` before any call (a stateful model's copy keeps in step)."""
         state = [*reference.parameters(), *reference.buffers()]
         if state and not any(t.is_floating_point() for t in state):
-            return cls(None, multiple, "the model holds no floating-point parameter or buffer: a float64 copy would compute the same")
+            return cls(
+                None,
+                multiple,
+                "the model holds no floating-point parameter or buffer: a float64 copy would compute the same",
+            )
         try:
             return cls(copy.deepcopy(reference).double(), multiple)
         except Exception as exc:
@@ -209,7 +213,9 @@ class _Noise:
             self.seconds += time.perf_counter() - start
         for path, leaf in leaves_by_path(observed.output).items():
             if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.dtype != torch.float64:
-                self._give_up(f"the float64 copy returns {str(leaf.dtype).removeprefix('torch.')} for output {path}: the model sets its own dtype")
+                self._give_up(
+                    f"the float64 copy returns {str(leaf.dtype).removeprefix('torch.')} for output {path}: the model sets its own dtype"
+                )
                 return None
         return observed
 
@@ -218,15 +224,20 @@ class _Noise:
 
     def report(self) -> dict[str, Any]:
         return {
-            "mode": "auto", "applied": "fixed" if self.fallback else "auto",
-            "noise_multiple": self.multiple, "floor_ulps": FLOOR_ULPS,
-            "fallback": self.fallback, "reference_ms": self.seconds * 1000.0,
+            "mode": "auto",
+            "applied": "fixed" if self.fallback else "auto",
+            "noise_multiple": self.multiple,
+            "floor_ulps": FLOOR_ULPS,
+            "fallback": self.fallback,
+            "reference_ms": self.seconds * 1000.0,
         }
 
 
 def _widen(tree: Any) -> Any:
     """Floating tensors in float64 (fresh copies), everything else as it is."""
-    return pytree.tree_map(lambda x: x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree)
+    return pytree.tree_map(
+        lambda x: x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree
+    )
 
 
 def validate(
@@ -254,9 +265,14 @@ def validate(
     kinds: candidate name -> the artifact kind the caller calls it, recorded as its `artifact`."""
     targets = dict(targets or {})
     if archive is None and package is None and not targets:
-        raise StageError(ErrorClass.CONFIG, "validate needs serialize, aot_compile or a target to have produced a candidate")
+        raise StageError(
+            ErrorClass.CONFIG, "validate needs serialize, aot_compile or a target to have produced a candidate"
+        )
     if training and targets:
-        raise StageError(ErrorClass.CONFIG, f"deployment targets ({', '.join(targets)}) take inference programs: nothing to validate in training mode")
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"deployment targets ({', '.join(targets)}) take inference programs: nothing to validate in training mode",
+        )
     plan = plan_samples(dims, model_inputs.dims, options.samples, options.seed)
     with tempfile.TemporaryDirectory(prefix="pt2flow-validate-") as workdir, quiet_torch() as sink:
         reference = build_reference()
@@ -269,20 +285,37 @@ def validate(
         report: dict[str, Any] = {
             "passed": False,
             "nondeterministic": False,
-            "training": training, "device": device,
+            "training": training,
+            "device": device,
             "atol": options.atol,
             "rtol": options.rtol,
             "tolerance": noise.report() if noise is not None else {"mode": "fixed", "applied": "fixed"},
             "samples": len(plan),
             "plan": [{"label": s.label, "sizes": s.sizes} for s in plan],
-            "candidates": {name: {"artifact": (kinds or {}).get(name, name), "max_abs_err": 0.0, "max_rel_err": 0.0, "samples": []} for name in names},
+            "candidates": {
+                name: {"artifact": (kinds or {}).get(name, name), "max_abs_err": 0.0, "max_rel_err": 0.0, "samples": []}
+                for name in names
+            },
             "required": sorted(must),
         }
         for i, sample in enumerate(plan):
             bound = bind_inputs(reference, model_inputs, seed=options.seed + i, dim_sizes=sample.sizes)
             if i == 0:  # before any number: do the artifacts take these inputs at all?
                 _check_signature(archived, candidates.get("compiled"), bound, dims, report)
-            _check_sample(sample, bound, reference, twin, noise, candidates, archived, buffer_names, training, options, report, findings)
+            _check_sample(
+                sample,
+                bound,
+                reference,
+                twin,
+                noise,
+                candidates,
+                archived,
+                buffer_names,
+                training,
+                options,
+                report,
+                findings,
+            )
 
         _judge(findings, report, auto=noise is not None and noise.model is not None)
         report["max_abs_err"] = max((c["max_abs_err"] for c in report["candidates"].values()), default=0.0)
@@ -297,18 +330,24 @@ def validate(
         report["warnings"] = list(sink.items)
         for name in sorted(failed - must):
             verdict = report["candidates"][name]["verdict"]
-            report["warnings"].append(f"{name} (not required) failed validation, {verdict['error_class']}: {verdict['error']}")
+            report["warnings"].append(
+                f"{name} (not required) failed validation, {verdict['error_class']}: {verdict['error']}"
+            )
         if noise is not None:
             report["tolerance"] = noise.report()
             if noise.fallback:
-                report["warnings"].append(f"tolerance: auto fell back to atol={options.atol:g}, rtol={options.rtol:g}: {noise.fallback}")
+                report["warnings"].append(
+                    f"tolerance: auto fell back to atol={options.atol:g}, rtol={options.rtol:g}: {noise.fallback}"
+                )
 
     _raise_findings(findings, report, options, must)
     io, skipped = _stored_io(findings, training)
     if skipped:
         report["io_skipped"] = skipped
     metadata = {"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": report["max_rel_err"]}
-    return StageResult(output=report, metadata=metadata, warnings=tuple(report["warnings"]), side={"io": io} if io else {})
+    return StageResult(
+        output=report, metadata=metadata, warnings=tuple(report["warnings"]), side={"io": io} if io else {}
+    )
 
 
 def _stored_io(findings: _Findings, training: bool) -> tuple[bytes | None, str | None]:
@@ -322,7 +361,9 @@ def _stored_io(findings: _Findings, training: bool) -> tuple[bytes | None, str |
         return None, str(exc)
 
 
-def _check_signature(archived: Any, compiled: Any, bound: BoundInputs, dims: Mapping[str, Mapping[str, Any]], report: dict[str, Any]) -> None:
+def _check_signature(
+    archived: Any, compiled: Any, bound: BoundInputs, dims: Mapping[str, Mapping[str, Any]], report: dict[str, Any]
+) -> None:
     """StageError(numeric_mismatch) naming every input the archive does not take as configured
     (dtype, rank, which dims are dynamic and their ranges, static sizes), or a package whose
     input/output structure is not the archive's (stages/signature.py)."""
@@ -338,7 +379,12 @@ def _check_signature(archived: Any, compiled: Any, bound: BoundInputs, dims: Map
 
 
 def _load_candidates(
-    archive: bytes | None, package: bytes | None, workdir: str, device: str, targets: Mapping[str, TargetArtifact], findings: _Findings,
+    archive: bytes | None,
+    package: bytes | None,
+    workdir: str,
+    device: str,
+    targets: Mapping[str, TargetArtifact],
+    findings: _Findings,
 ) -> tuple[dict[str, Callable[..., Any]], list[str], Any]:
     """The candidates that load, by name ("archive", "compiled", then each target's), the buffers
     the program mutates, and the archive's ExportedProgram (None without a loadable archive); why
@@ -348,6 +394,7 @@ def _load_candidates(
     archived = None
     loaders: list[tuple[str, Callable[[], Callable[..., Any]]]] = []
     if archive is not None:
+
         def load_archived() -> Callable[..., Any]:
             nonlocal archived, buffer_names
             archived = load_archive(archive)[0]
@@ -390,14 +437,18 @@ def _check_sample(
         expected = _observe_eager(reference, bound, training, buffer_names)
         again = _observe_eager(twin, bound, training, buffer_names)
     except Exception as exc:
-        raise StageError(ErrorClass.RUNTIME, f"eager model failed on sample {sample.label}: {short_message(exc)}") from exc
+        raise StageError(
+            ErrorClass.RUNTIME, f"eager model failed on sample {sample.label}: {short_message(exc)}"
+        ) from exc
     exact = noise.observe(sample, bound, training, buffer_names) if noise is not None else None
     findings.io.append(IOSample(sample.label, bound.args, dict(bound.kwargs), pytree.tree_leaves(expected.output)))
     if archived is not None and not training and sample.label == "example":
         problems = signature.output_mismatches(archived, expected.output)
         if problems:
             report["signature"] = [*report.get("signature", []), *problems]
-            raise StageError(ErrorClass.NUMERIC_MISMATCH, "signature mismatch: " + " | ".join(problems[:5]), details=report)
+            raise StageError(
+                ErrorClass.NUMERIC_MISMATCH, "signature mismatch: " + " | ".join(problems[:5]), details=report
+            )
     self_check = compare_observed(again, expected, options.atol, options.rtol)
     if not self_check.ok:
         findings.nondeterministic.append(f"{sample.label}: " + "; ".join(self_check.failures[:3]))
@@ -416,7 +467,9 @@ def _check_sample(
         result = compare_observed(got, expected, options.atol, options.rtol, buffers=buffers)
         noisy = None
         if exact is not None:
-            noisy = compare_observed(got, expected, options.atol, options.rtol, buffers=buffers, exact=exact, multiple=options.noise_multiple)
+            noisy = compare_observed(
+                got, expected, options.atol, options.rtol, buffers=buffers, exact=exact, multiple=options.noise_multiple
+            )
         done = {
             "label": sample.label,
             "sizes": sample.sizes,
@@ -442,7 +495,9 @@ def _judge(findings: _Findings, report: dict[str, Any], *, auto: bool) -> None:
         if auto and noisy is not None:
             done["noise"] = noisy.noise
             entry = report["candidates"][name]
-            ratios = [leaf["ratio"] for leaf in noisy.noise.values() if leaf["ratio"] is not None]  # None: eager exact, the floor judged it
+            ratios = [
+                leaf["ratio"] for leaf in noisy.noise.values() if leaf["ratio"] is not None
+            ]  # None: eager exact, the floor judged it
             entry["max_noise_ratio"] = max([entry.get("max_noise_ratio", 0.0), *ratios])
     if auto:
         ratios = [c["max_noise_ratio"] for c in report["candidates"].values() if "max_noise_ratio" in c]
@@ -479,7 +534,11 @@ def _verdicts(findings: _Findings, report: dict[str, Any]) -> set[str]:
             verdict = {"passed": False, "error_class": ErrorClass.RUNTIME.value, "error": " | ".join(raised[:2])}
         elif differs:
             more = f" (+{len(differs) - 3} more)" if len(differs) > 3 else ""
-            verdict = {"passed": False, "error_class": ErrorClass.NUMERIC_MISMATCH.value, "error": " | ".join(differs[:3]) + more}
+            verdict = {
+                "passed": False,
+                "error_class": ErrorClass.NUMERIC_MISMATCH.value,
+                "error": " | ".join(differs[:3]) + more,
+            }
         else:
             verdict = {"passed": True, "error_class": None, "error": None}
         entry["verdict"] = verdict
@@ -488,7 +547,9 @@ def _verdicts(findings: _Findings, report: dict[str, Any]) -> set[str]:
     return failed
 
 
-def _raise_findings(findings: _Findings, report: dict[str, Any], options: ValidateOptions, required: Collection[str]) -> None:
+def _raise_findings(
+    findings: _Findings, report: dict[str, Any], options: ValidateOptions, required: Collection[str]
+) -> None:
     """The StageError for the findings about required candidates (and eager disagreeing with
     itself), the report attached; nothing when there are none."""
     unloadable = [found for name, found in findings.unloadable.items() if name in required]

@@ -65,12 +65,14 @@ def pack(samples: Sequence[IOSample]) -> bytes:
             spec_text = pytree.treespec_dumps(spec)
         except Exception as exc:  # noqa: BLE001 - a container only the model's code knows
             raise NotStorable(f"sample {sample.label}: the inputs' structure cannot be stored: {exc}") from exc
-        described.append({
-            "label": sample.label,
-            "spec": spec_text,
-            "inputs": _leaves(leaves, f"{i}/in", tensors),
-            "outputs": _leaves(list(sample.outputs), f"{i}/out", tensors),
-        })
+        described.append(
+            {
+                "label": sample.label,
+                "spec": spec_text,
+                "inputs": _leaves(leaves, f"{i}/in", tensors),
+                "outputs": _leaves(list(sample.outputs), f"{i}/out", tensors),
+            }
+        )
     return save(tensors, metadata={"pt2flow": json.dumps({"format": FORMAT, "samples": described})})
 
 
@@ -91,7 +93,9 @@ def unpack(data: bytes) -> list[IOSample]:
 
     samples = []
     for sample in header["samples"]:
-        args, kwargs = pytree.tree_unflatten([value(e) for e in sample["inputs"]], pytree.treespec_loads(sample["spec"]))
+        args, kwargs = pytree.tree_unflatten(
+            [value(e) for e in sample["inputs"]], pytree.treespec_loads(sample["spec"])
+        )
         samples.append(IOSample(sample["label"], tuple(args), dict(kwargs), [value(e) for e in sample["outputs"]]))
     return samples
 

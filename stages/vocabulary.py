@@ -41,13 +41,33 @@ ERROR_CLASSES: tuple[str, ...] = tuple(c.value for c in ErrorClass)
 # that produced them are all in the key): reported again from the index instead of re-run.
 # The others depend on things outside the key (a file appearing, a busy machine, a flaky store,
 # a pt2flow fix) and always re-run.
-DETERMINISTIC_FAILURES: frozenset[str] = frozenset({
-    ErrorClass.DATA_DEPENDENT, ErrorClass.DYNAMIC_SHAPE, ErrorClass.UNSUPPORTED_OP, ErrorClass.PYTREE,
-    ErrorClass.DECOMPOSITION, ErrorClass.SERIALIZATION, ErrorClass.COMPILE, ErrorClass.LOWERING,
-    ErrorClass.NUMERIC_MISMATCH, ErrorClass.NONDETERMINISTIC,
-})
+DETERMINISTIC_FAILURES: frozenset[str] = frozenset(
+    {
+        ErrorClass.DATA_DEPENDENT,
+        ErrorClass.DYNAMIC_SHAPE,
+        ErrorClass.UNSUPPORTED_OP,
+        ErrorClass.PYTREE,
+        ErrorClass.DECOMPOSITION,
+        ErrorClass.SERIALIZATION,
+        ErrorClass.COMPILE,
+        ErrorClass.LOWERING,
+        ErrorClass.NUMERIC_MISMATCH,
+        ErrorClass.NONDETERMINISTIC,
+    }
+)
 
-DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+DTYPE_NAMES: tuple[str, ...] = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 # the values the narrow integer dtypes hold (inclusive): a config's value, low and high must fit
 # (random values are drawn from [low, high), so high may be one past the largest)

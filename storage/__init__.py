@@ -3,7 +3,15 @@
 Knows fsspec and pyarrow only; never imports torch, Prefect or the stages.
 """
 
-from pt2flow.storage.errors import AmbiguousId, BlobNotFound, IntegrityError, InvalidId, RecordNotFound, StorageError, UnsafeArchive
+from pt2flow.storage.errors import (
+    AmbiguousId,
+    BlobNotFound,
+    IntegrityError,
+    InvalidId,
+    RecordNotFound,
+    StorageError,
+    UnsafeArchive,
+)
 from pt2flow.storage.store import ArtifactStore, BlobRef, sha256_hex
 
 __all__ = [

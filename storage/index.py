@@ -28,7 +28,17 @@ from pt2flow.storage.retry import DEFAULT_RETRY, RetryPolicy
 from pt2flow.storage.urls import is_local
 
 # The schema, its columns and its JSON columns follow from the one definition of a record.
-__all__ = ["COLUMNS", "JSON_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "CompactResult", "IndexRecord", "MetadataIndex", "dedupe", "records_to_table"]
+__all__ = [
+    "COLUMNS",
+    "JSON_COLUMNS",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "CompactResult",
+    "IndexRecord",
+    "MetadataIndex",
+    "dedupe",
+    "records_to_table",
+]
 
 
 class _NameTaken(StorageError):
@@ -144,7 +154,9 @@ class MetadataIndex:
         data = sink.getvalue()
         crash_point("before_index_append")
         try:
-            written = self.retry.call("index append", lambda: atomic_write(self.fs, path, data, exclusive=True, kind="index"))
+            written = self.retry.call(
+                "index append", lambda: atomic_write(self.fs, path, data, exclusive=True, kind="index")
+            )
             if not written:
                 existing = self.retry.call("index read", lambda: self.fs.cat_file(path))
                 if existing != data:

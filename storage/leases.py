@@ -54,7 +54,9 @@ class RunLease:
     expire). Writing it fails loudly (StorageError): a run that cannot announce itself must not
     start behind a retention's back."""
 
-    def __init__(self, store: Any, run_id: str, *, ttl_seconds: float = LEASE_TTL_SECONDS, renew_seconds: float = RENEW_SECONDS) -> None:
+    def __init__(
+        self, store: Any, run_id: str, *, ttl_seconds: float = LEASE_TTL_SECONDS, renew_seconds: float = RENEW_SECONDS
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.path = _lease_path(store, run_id)
@@ -73,7 +75,9 @@ class RunLease:
         }
         data = json.dumps(body, sort_keys=True).encode()
         try:
-            self.store.retry.call("lease", lambda: atomic_write(self.store.fs, self.path, data, exclusive=False, kind="lease"))
+            self.store.retry.call(
+                "lease", lambda: atomic_write(self.store.fs, self.path, data, exclusive=False, kind="lease")
+            )
         except StorageError:
             raise
         except Exception as exc:
@@ -148,6 +152,8 @@ def read_leases(store: Any, *, now: datetime | None = None) -> list[LeaseInfo]:
     return found
 
 
-def live_leases(store: Any, *, exclude: frozenset[str] | set[str] = frozenset(), now: datetime | None = None) -> list[LeaseInfo]:
+def live_leases(
+    store: Any, *, exclude: frozenset[str] | set[str] = frozenset(), now: datetime | None = None
+) -> list[LeaseInfo]:
     """The leases of runs that may be running now (other than `exclude`)."""
     return [lease for lease in read_leases(store, now=now) if lease.live and lease.run_id not in exclude]

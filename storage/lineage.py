@@ -38,7 +38,7 @@ def check_prefix(prefix: str, what: str = "ID") -> str:
 
 def newest_first(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Records as dicts, the newest (by ended_at) first."""
-    return sorted((dict(r) for r in rows), key=lambda r: (r.get("ended_at") or _EPOCH), reverse=True)
+    return sorted((dict(r) for r in rows), key=lambda r: r.get("ended_at") or _EPOCH, reverse=True)
 
 
 def _prefix_filter(column: str, prefix: str) -> Any:
@@ -170,7 +170,9 @@ def by_weights(index: MetadataIndex, prefix: str, order: Sequence[str] = ()) -> 
         raise RecordNotFound(f"no source record uses weights {prefix!r}")
     digests = sorted({r["weights_digest"] for r in sources})
     if len(digests) > 1:
-        raise AmbiguousId(f"weights prefix {prefix!r} matches {len(digests)} checkpoints: {', '.join(d[:16] + '…' for d in digests[:5])}")
+        raise AmbiguousId(
+            f"weights prefix {prefix!r} matches {len(digests)} checkpoints: {', '.join(d[:16] + '…' for d in digests[:5])}"
+        )
     graph = _graph_for(index, sorted({r["model"] for r in sources}))
     unique_sources: dict[str, dict[str, Any]] = {}
     for row in sources:

@@ -36,14 +36,22 @@ def s3_multipart_upload(fs: Any, path: str, data: bytes, exclusive: bool) -> boo
             if number > 1:
                 crash_point("mid_multipart_upload")
             out = fs.call_s3(
-                "upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                "upload_part",
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=number,
                 Body=data[start : start + MULTIPART_PART_SIZE],
             )
             parts.append({"PartNumber": number, "ETag": out["ETag"]})
         match = {"IfNoneMatch": "*"} if exclusive else {}
         fs.call_s3(
-            "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
-            MultipartUpload={"Parts": parts}, **match,
+            "complete_multipart_upload",
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": parts},
+            **match,
         )
     except BaseException as exc:
         try:

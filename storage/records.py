@@ -69,8 +69,12 @@ class IndexRecord:
     code_hash: str | None = column(pa.string())
     weights_digest: str | None = column(pa.string())
     details: str | None = column(pa.string(), json=True)  # stage-specific metadata (dims, attempts, sizes...)
-    blob_stat: str | None = column(pa.string())  # the blob's stat signature when it was last verified (see ArtifactStore.blob_signature)
-    archive_version: str | None = column(pa.string())  # serialize: the torch.export serializer schema version of the archive ("8.20")
+    blob_stat: str | None = column(
+        pa.string()
+    )  # the blob's stat signature when it was last verified (see ArtifactStore.blob_signature)
+    archive_version: str | None = column(
+        pa.string()
+    )  # serialize: the torch.export serializer schema version of the archive ("8.20")
 
     def row(self) -> dict[str, Any]:
         """The record as one row for pyarrow, schema_version first."""

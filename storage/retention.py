@@ -34,8 +34,22 @@ from pt2flow.storage.faults import crash_point
 from pt2flow.storage.leases import LeaseInfo, live_leases
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-COLUMNS = ["record_id", "run_id", "model", "stage", "status", "cached", "key", "parent_keys", "sha256", "size",
-           "weights_digest", "details", "started_at", "ended_at"]
+COLUMNS = [
+    "record_id",
+    "run_id",
+    "model",
+    "stage",
+    "status",
+    "cached",
+    "key",
+    "parent_keys",
+    "sha256",
+    "size",
+    "weights_digest",
+    "details",
+    "started_at",
+    "ended_at",
+]
 
 
 @dataclass(frozen=True)
@@ -95,8 +109,14 @@ class RunSummary:
     bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "ended_at": self.ended_at.isoformat() if self.ended_at else None,
-                "models": sorted(self.models), "records": self.records, "blobs": self.blobs, "bytes": self.bytes}
+        return {
+            "run_id": self.run_id,
+            "ended_at": self.ended_at.isoformat() if self.ended_at else None,
+            "models": sorted(self.models),
+            "records": self.records,
+            "blobs": self.blobs,
+            "bytes": self.bytes,
+        }
 
 
 @dataclass
@@ -111,8 +131,14 @@ class KindSummary:
     runs: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "stage": self.stage, "records": self.records, "blobs": self.blobs, "bytes": self.bytes,
-                "runs": self.runs}
+        return {
+            "model": self.model,
+            "stage": self.stage,
+            "records": self.records,
+            "blobs": self.blobs,
+            "bytes": self.bytes,
+            "runs": self.runs,
+        }
 
 
 @dataclass
@@ -125,7 +151,9 @@ class RetentionPlan:
     drop: set[str]  # record ids
     dropped_runs: list[RunSummary]  # runs some of whose records go, newest first
     free: dict[str, int]  # digest -> size, the blobs only dropped records name
-    kept_newest: dict[str, dict[str, str]] = field(default_factory=dict)  # model -> stage -> run of its newest artifact of that kind
+    kept_newest: dict[str, dict[str, str]] = field(
+        default_factory=dict
+    )  # model -> stage -> run of its newest artifact of that kind
     dropped_kinds: list[KindSummary] = field(default_factory=list)  # what goes, by model and kind
 
 
@@ -134,7 +162,9 @@ def _when(row: Mapping[str, Any]) -> datetime:
     return value if isinstance(value, datetime) else _EPOCH
 
 
-def plan_retention(rows: Iterable[Mapping[str, Any]], rule: RetentionRule, *, now: datetime | None = None) -> RetentionPlan:
+def plan_retention(
+    rows: Iterable[Mapping[str, Any]], rule: RetentionRule, *, now: datetime | None = None
+) -> RetentionPlan:
     """Which records and blobs `rule` drops among `rows` (index records with COLUMNS)."""
     rows = list(rows)
     now = now or datetime.now(UTC)
@@ -176,7 +206,9 @@ def plan_retention(rows: Iterable[Mapping[str, Any]], rule: RetentionRule, *, no
         needed.add(key)
         candidates = by_key.get(key, [])
         if not any(r["record_id"] in kept and r.get("status") == "ok" and not r.get("cached") for r in candidates):
-            builders = sorted(candidates, key=lambda r: (r.get("status") == "ok", not r.get("cached"), _when(r)), reverse=True)
+            builders = sorted(
+                candidates, key=lambda r: (r.get("status") == "ok", not r.get("cached"), _when(r)), reverse=True
+            )
             if builders:
                 kept[builders[0]["record_id"]] = builders[0]
         for row in candidates:
@@ -206,7 +238,12 @@ def plan_retention(rows: Iterable[Mapping[str, Any]], rule: RetentionRule, *, no
                 counted.bytes += int(size or 0)
     ordered_runs = sorted(summaries.values(), key=lambda s: (s.ended_at or _EPOCH, s.run_id), reverse=True)
     return RetentionPlan(
-        rule, kept_runs, len(kept), {row["record_id"] for row in dropped}, ordered_runs, free,
+        rule,
+        kept_runs,
+        len(kept),
+        {row["record_id"] for row in dropped},
+        ordered_runs,
+        free,
         kept_newest=_by_model(newest),
         dropped_kinds=[kinds[k] for k in sorted(kinds)],
     )
@@ -219,7 +256,9 @@ def _by_model(newest: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, 
     return out
 
 
-def _newest_of_each_kind(rows: Iterable[Mapping[str, Any]], models: set[str]) -> dict[tuple[str, str], Mapping[str, Any]]:
+def _newest_of_each_kind(
+    rows: Iterable[Mapping[str, Any]], models: set[str]
+) -> dict[tuple[str, str], Mapping[str, Any]]:
     """(model, stage) -> the newest ok record with an artifact of that stage, for `models`."""
     newest: dict[tuple[str, str], Mapping[str, Any]] = {}
     for row in rows:
@@ -247,8 +286,15 @@ def _check_leases(store: Any, exclude: frozenset[str]) -> None:
         raise Deferred(live)
 
 
-def apply_retention(store: Any, rule: RetentionRule, *, dry_run: bool, grace_seconds: float,
-                    exclude_runs: Iterable[str] = (), now: datetime | None = None) -> dict[str, Any]:
+def apply_retention(
+    store: Any,
+    rule: RetentionRule,
+    *,
+    dry_run: bool,
+    grace_seconds: float,
+    exclude_runs: Iterable[str] = (),
+    now: datetime | None = None,
+) -> dict[str, Any]:
     """Plan `rule` on the store's index and (unless dry_run) drop the records and free the blobs,
     as the module says. Returns what went or would go: per run and in total; `deferred` names
     the runs whose live leases stopped it (records dropped and blobs deleted so far stay so)."""

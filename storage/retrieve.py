@@ -46,18 +46,26 @@ def find_by_id(index: MetadataIndex, prefix: str, kind: str | None = None, *, ki
     rows = records_for_id(index, prefix)
     ok = [r for r in rows if r.get("status") == "ok"]
     if not ok:
-        raise RecordNotFound(f"the index vouches for no artifact with ID {prefix!r}: its only records are failures (see `pt2flow show {prefix}`)")
+        raise RecordNotFound(
+            f"the index vouches for no artifact with ID {prefix!r}: its only records are failures (see `pt2flow show {prefix}`)"
+        )
     record = newest_first(ok)[0]
     have = kinds.of(record["stage"])
     if have is None:
-        raise ArtifactRequestError(f"ID {prefix!r} is the {record['stage']} record of {record['model']}, which has no artifact to get ({', '.join(kinds.stages)})")
+        raise ArtifactRequestError(
+            f"ID {prefix!r} is the {record['stage']} record of {record['model']}, which has no artifact to get ({', '.join(kinds.stages)})"
+        )
     if kind is not None and kind != have:
-        raise ArtifactRequestError(f"ID {prefix!r} is the {have} artifact of {record['model']}, not its {kind} artifact")
+        raise ArtifactRequestError(
+            f"ID {prefix!r} is the {have} artifact of {record['model']}, not its {kind} artifact"
+        )
     refuse_failed_verdict(index, record, have, kinds)
     return record
 
 
-def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | None = None, *, kinds: ArtifactKinds) -> dict[str, Any]:
+def find_for_model(
+    index: MetadataIndex, model: str, kind: str, run_id: str | None = None, *, kinds: ArtifactKinds
+) -> dict[str, Any]:
     """The newest ok `kind` artifact of `model` (in run `run_id` if given)."""
     if kind not in kinds.stages:
         raise ArtifactRequestError(f"unknown artifact {kind!r}: choose from {', '.join(kinds.stages)}")
@@ -67,12 +75,20 @@ def find_for_model(index: MetadataIndex, model: str, kind: str, run_id: str | No
     rows = [r for r in index.scan(None, filter=condition).to_pylist() if r.get("sha256")]
     if not rows:
         where = f" in run {run_id}" if run_id else ""
-        if "/" in model:  # a generative model's component: its stage, or a sibling's, failed and the model did without the kind
-            _refuse_failed_component(index, model.split("/", 1)[0], kinds.stages[kind], run_id, f"the {kind} artifact of {model}")
+        if (
+            "/" in model
+        ):  # a generative model's component: its stage, or a sibling's, failed and the model did without the kind
+            _refuse_failed_component(
+                index, model.split("/", 1)[0], kinds.stages[kind], run_id, f"the {kind} artifact of {model}"
+            )
         components = _components_of(index, model, kinds.stages[kind])
         if components:  # a generative model: its artifacts are its components'
-            raise GenerativeModel(model, components, f"{model!r} is a generative model whose {kind} artifacts are its components' "
-                                  f"({', '.join(components)}): give --component NAME, or a folder to write them all into")
+            raise GenerativeModel(
+                model,
+                components,
+                f"{model!r} is a generative model whose {kind} artifacts are its components' "
+                f"({', '.join(components)}): give --component NAME, or a folder to write them all into",
+            )
         raise RecordNotFound(f"the index holds no ok {kind} artifact of model {model!r}{where}")
     record = newest_first(rows)[0]
     refuse_failed_verdict(index, record, kind, kinds)
@@ -87,8 +103,20 @@ class GenerativeModel(RecordNotFound):
         self.model, self.components = model, components
 
 
-def component_set(store: Any, model: str, components: list[str], kind: str, folder: str, run_id: str | None, *,
-                  kinds: ArtifactKinds, suffix: str, entry: str, source: str, order: tuple[str, ...] = ()) -> dict[str, Any]:
+def component_set(
+    store: Any,
+    model: str,
+    components: list[str],
+    kind: str,
+    folder: str,
+    run_id: str | None,
+    *,
+    kinds: ArtifactKinds,
+    suffix: str,
+    entry: str,
+    source: str,
+    order: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """Every component's `kind` artifact of a generative model written into `folder` (created) as
     `<component><suffix>`, verified as `get` verifies one, with `manifest.json`: the model, the
     artifact kind, the call order, its `generate:` (from the source record) and per component its
@@ -105,24 +133,44 @@ def component_set(store: Any, model: str, components: list[str], kind: str, fold
     source_details = (decode(sources[0]).get("details") or {}) if sources else {}
     order = tuple(source_details.get("components") or order)  # the call order the source recorded from the model
     named = [c for c in order if c in components] + [c for c in components if c not in order]
-    records = {component: find_for_model(store.index, f"{model}/{component}", kind, run_id, kinds=kinds) for component in named}
+    records = {
+        component: find_for_model(store.index, f"{model}/{component}", kind, run_id, kinds=kinds) for component in named
+    }
     os.makedirs(target, exist_ok=True)  # every component's artifact is there: a refused set writes nothing
     entries: dict[str, Any] = {}
     for component in named:
         record = records[component]
         copy_out(store, record, os.path.join(target, component + suffix), kinds=kinds)
-        condition = (pc.field("model") == f"{model}/{component}") & (pc.field("stage") == entry) & (pc.field("status") == "ok") & (pc.field("run_id") == record["run_id"])
+        condition = (
+            (pc.field("model") == f"{model}/{component}")
+            & (pc.field("stage") == entry)
+            & (pc.field("status") == "ok")
+            & (pc.field("run_id") == record["run_id"])
+        )
         traced = newest_first(store.index.scan(None, filter=condition).to_pylist())
         specs = (decode(traced[0]).get("details") or {}).get("call_specs") if traced else None
-        entries[component] = {"file": component + suffix, "sha256": record["sha256"], "size": record["size"], "run_id": record["run_id"],
-                              "call_specs": specs}
+        entries[component] = {
+            "file": component + suffix,
+            "sha256": record["sha256"],
+            "size": record["size"],
+            "run_id": record["run_id"],
+            "call_specs": specs,
+        }
     generate = (source_details.get("manifest") or {}).get("generate")
-    manifest: dict[str, Any] = {"model": model, "artifact": kind, "order": named, "generate": generate, "components": entries}
+    manifest: dict[str, Any] = {
+        "model": model,
+        "artifact": kind,
+        "order": named,
+        "generate": generate,
+        "components": entries,
+    }
     unspecified = [name for name, entry in entries.items() if not entry["call_specs"]]
     if unspecified:  # traced by a pt2flow that did not record them: a flat runtime cannot be fed from this manifest
-        manifest["warnings"] = [f"{', '.join(unspecified)}: no call specs recorded with the trace (an older pt2flow); "
-                                "a runtime taking flat tensors (.pte, ONNX) cannot be called from this manifest: "
-                                "`pt2flow run CONFIG --force` traces again and records them"]
+        manifest["warnings"] = [
+            f"{', '.join(unspecified)}: no call specs recorded with the trace (an older pt2flow); "
+            "a runtime taking flat tensors (.pte, ONNX) cannot be called from this manifest: "
+            "`pt2flow run CONFIG --force` traces again and records them"
+        ]
     with open(os.path.join(target, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     return {**manifest, "path": target}
@@ -149,9 +197,18 @@ def refuse_failed_verdict(index: MetadataIndex, record: Mapping[str, Any], kind:
     # a generative model's component (`M/decode`) is judged by its model's validate
     judged_model = str(record["model"]).split("/", 1)[0]
     if judged_model != record["model"]:
-        _refuse_failed_component(index, judged_model, record["stage"], record["run_id"],
-                                 f"the {kind} artifact of {record['model']} ({str(record['sha256'])[:12]})")
-    condition = (pc.field("model") == judged_model) & (pc.field("stage") == kinds.judge) & (pc.field("run_id") == record["run_id"])
+        _refuse_failed_component(
+            index,
+            judged_model,
+            record["stage"],
+            record["run_id"],
+            f"the {kind} artifact of {record['model']} ({str(record['sha256'])[:12]})",
+        )
+    condition = (
+        (pc.field("model") == judged_model)
+        & (pc.field("stage") == kinds.judge)
+        & (pc.field("run_id") == record["run_id"])
+    )
     for judged in newest_first(index.scan(None, filter=condition).to_pylist()):
         verdict = ((decode(judged).get("validation") or {}).get("verdicts") or {}).get(kind)
         if verdict is not None and not verdict.get("passed"):
@@ -224,4 +281,13 @@ def copy_out(store: Any, record: Mapping[str, Any], destination: str, *, kinds: 
     return result
 
 
-__all__ = ["ArtifactKinds", "ArtifactRequestError", "FailedVerdict", "IntegrityError", "check_destination", "copy_out", "find_by_id", "find_for_model"]
+__all__ = [
+    "ArtifactKinds",
+    "ArtifactRequestError",
+    "FailedVerdict",
+    "IntegrityError",
+    "check_destination",
+    "copy_out",
+    "find_by_id",
+    "find_for_model",
+]

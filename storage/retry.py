@@ -81,8 +81,14 @@ class RetryPolicy:
                 if attempt >= self.attempts or not is_transient(exc):
                     raise
             delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-            _log.info("%s: attempt %d of %d failed with a transient error; retrying in %.2f s", what, attempt, self.attempts, delay,
-                      extra={"attempt": attempt, "delay": delay, "what": what})
+            _log.info(
+                "%s: attempt %d of %d failed with a transient error; retrying in %.2f s",
+                what,
+                attempt,
+                self.attempts,
+                delay,
+                extra={"attempt": attempt, "delay": delay, "what": what},
+            )
             time.sleep(delay)
         raise AssertionError("unreachable")
 

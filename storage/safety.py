@@ -145,9 +145,7 @@ def _data_span(data: bytes, info: zipfile.ZipInfo, what: str) -> tuple[int, int]
     local_name = data[name_start : name_start + name_len]
     expected = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437", errors="replace")
     if local_name != expected:
-        raise UnsafeArchive(
-            f"unsafe {what}: entry {info.orig_filename!r} is named {local_name!r} in its local header"
-        )
+        raise UnsafeArchive(f"unsafe {what}: entry {info.orig_filename!r} is named {local_name!r} in its local header")
     end = name_start + name_len + extra_len + info.compress_size
     if end > len(data):
         raise UnsafeArchive(f"unsafe {what}: entry {info.orig_filename!r} runs past the end of the file")

@@ -68,7 +68,9 @@ class ArtifactStore:
     the redacted URL).
     """
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(
+        self, url: str, storage_options: Mapping[str, Any] | None = None, *, retry: RetryPolicy = DEFAULT_RETRY
+    ) -> None:
         self.url = redact_url(str(url))
         self.fs, self.root = open_filesystem(str(url), storage_options)
         self.retry = retry

@@ -31,13 +31,17 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
-def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+def open_filesystem(
+    url: str, storage_options: Mapping[str, Any] | None = None
+) -> tuple[fsspec.AbstractFileSystem, str]:
     """(filesystem, root path) for a local path, file://, memory:// or s3://bucket/prefix URL."""
     options = dict(storage_options or {})
     try:
         fs, root = fsspec.core.url_to_fs(url, **options)
     except Exception as exc:
-        raise StorageError(f"cannot open store {redact_url(url)!r}: {type(exc).__name__}: {_scrub(str(exc), options)}") from exc
+        raise StorageError(
+            f"cannot open store {redact_url(url)!r}: {type(exc).__name__}: {_scrub(str(exc), options)}"
+        ) from exc
     if is_local(fs):
         root = os.path.abspath(root)
     return fs, root.rstrip("/") or "/"
@@ -58,7 +62,9 @@ def url_exists(url: str, storage_options: Mapping[str, Any] | None = None) -> bo
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         return bool(DEFAULT_RETRY.call("exists", lambda: fs.isfile(path)))
     except Exception as exc:
-        raise StorageError(f"cannot ask {redact_url(url)}: {type(exc).__name__}: {_scrub(str(exc), storage_options or {})}") from exc
+        raise StorageError(
+            f"cannot ask {redact_url(url)}: {type(exc).__name__}: {_scrub(str(exc), storage_options or {})}"
+        ) from exc
 
 
 def read_url(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
@@ -69,4 +75,6 @@ def read_url(url: str, storage_options: Mapping[str, Any] | None = None) -> byte
     except FileNotFoundError:
         raise
     except Exception as exc:
-        raise StorageError(f"cannot read {redact_url(url)}: {type(exc).__name__}: {_scrub(str(exc), storage_options or {})}") from exc
+        raise StorageError(
+            f"cannot read {redact_url(url)}: {type(exc).__name__}: {_scrub(str(exc), storage_options or {})}"
+        ) from exc

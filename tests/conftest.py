@@ -21,8 +21,17 @@ BIN = Path(sys.executable).parent
 def _prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every test (and every subprocess it starts) uses a throwaway PREFECT_HOME, telemetry off."""
     home = tmp_path_factory.mktemp("prefect-home")
-    saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK", "PREFECT_API_URL",
-                                            "PT2FLOW_PREFECT_SERVER_IDLE_S", "PYTHONPATH")}
+    saved = {
+        k: os.environ.get(k)
+        for k in (
+            "PREFECT_HOME",
+            "PREFECT_SERVER_ANALYTICS_ENABLED",
+            "DO_NOT_TRACK",
+            "PREFECT_API_URL",
+            "PT2FLOW_PREFECT_SERVER_IDLE_S",
+            "PYTHONPATH",
+        )
+    }
     os.environ["PREFECT_HOME"] = str(home)
     # the import path every subprocess gets (cli_env), here too: the workers of runs in this process
     # and of commands run in it are forked from one fork server (its environment is its identity)
@@ -78,11 +87,33 @@ def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 # start no Prefect (audit, check-compat and repro do their torch work in worker processes of their
 # own, as from the console script); each start of the console script costs about a second of CPU
 # (Python, click, pyarrow, the stage plugins), and the suite runs a few hundred of them
-IN_PROCESS = frozenset({"ls", "show", "lineage", "diff", "report", "failures", "get", "schema", "validate", "verify", "gc",
-                        "audit", "check-compat", "repro"})
+IN_PROCESS = frozenset(
+    {
+        "ls",
+        "show",
+        "lineage",
+        "diff",
+        "report",
+        "failures",
+        "get",
+        "schema",
+        "validate",
+        "verify",
+        "gc",
+        "audit",
+        "check-compat",
+        "repro",
+    }
+)
 
 
-def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 900,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """`pt2flow ARGS`: the installed console script in a real subprocess (killed after `timeout`),
     or, for a query or maintenance command (IN_PROCESS) on a local store with no variables of its
     own, the same `main(ARGS)` called in this process with its stdout and stderr captured
@@ -100,7 +131,9 @@ def run_cli(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeou
     )
 
 
-def cli_in_process(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli_in_process(
+    args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`main(ARGS)` of pt2flow's CLI in this process, as the console script runs it: the same
     variables a subprocess would get (cli_env, plus `env`), in the same folder (the repository's unless `cwd`),
     its stdout and stderr captured (bytes written to stdout.buffer, as `get -o -` writes, decoded
@@ -132,7 +165,9 @@ def cli_in_process(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = 
     return subprocess.CompletedProcess(["pt2flow", *args], code, stdout, err.getvalue())
 
 
-def run_cli_into_closed_pipe(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def run_cli_into_closed_pipe(
+    args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
     """`pt2flow ARGS` writing into a pipe whose reader, a real process (`true`), has already
     exited, as `pt2flow ls --json | head` meets once head has read its lines: every write fails."""
     read_end, write_end = os.pipe()
@@ -141,8 +176,15 @@ def run_cli_into_closed_pipe(args: Sequence[str], *, env: Mapping[str, str] | No
     finally:
         os.close(read_end)  # now no process holds the read end
     try:
-        proc = subprocess.run([str(BIN / "pt2flow"), *args], stdout=write_end, stderr=subprocess.PIPE, text=True,
-                              timeout=timeout, env=cli_env(env), cwd=str(ROOT))
+        proc = subprocess.run(
+            [str(BIN / "pt2flow"), *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            env=cli_env(env),
+            cwd=str(ROOT),
+        )
     finally:
         os.close(write_end)
     return subprocess.CompletedProcess(proc.args, proc.returncode, "", proc.stderr)
@@ -158,11 +200,15 @@ def json_result(proc: subprocess.CompletedProcess[str]) -> tuple[int, dict[str, 
     try:
         document = json.loads(proc.stdout)
     except json.JSONDecodeError as exc:
-        raise AssertionError(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}\n--- stderr ---\n{proc.stderr[-4000:]}") from exc
+        raise AssertionError(
+            f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+        ) from exc
     return proc.returncode, document, proc.stderr
 
 
-def run_in_process(config: str | os.PathLike[str], *, env: Mapping[str, str] | None = None, **options: Any) -> tuple[int, dict[str, Any]]:
+def run_in_process(
+    config: str | os.PathLike[str], *, env: Mapping[str, str] | None = None, **options: Any
+) -> tuple[int, dict[str, Any]]:
     """`pt2flow run CONFIG --json` with the fleet run from this process, as the CLI runs it
     (pt2flow.flows.api.running: prepare_run, then execute; the stage work in worker processes):
     the exit code the CLI would give (0, 1; 2 for a config or usage error, nothing run) and the
@@ -216,6 +262,11 @@ def cli() -> Any:
 from tests.s3 import moto_s3  # noqa: E402,F401  (session fixture shared by storage and integration tests)
 from tests.fleets import _generative_fleet, _targets_fleet, generative_fleet, targets_fleet  # noqa: E402,F401  (built once per session)
 from tests.session import (  # noqa: E402,F401  (the suite's plumbing: inductor cache, xdist groups, time per tier)
-    pytest_collection_modifyitems, pytest_configure, pytest_sessionfinish, pytest_terminal_summary, pytest_testnodedown,
-    pytest_unconfigure, pytest_xdist_make_scheduler,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+    pytest_unconfigure,
+    pytest_xdist_make_scheduler,
 )

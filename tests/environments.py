@@ -51,14 +51,35 @@ def overlay_env(name: str, requirements: Sequence[str]) -> str:
             return str(python)
         shutil.rmtree(folder, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=300)
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
-        Path(site, "_runner_site.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+        site = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        Path(site, "_runner_site.pth").write_text(
+            f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+        )
         for requirement in requirements:
             source = FIXTURES / requirement
             spec = [str(source), "--no-build-isolation"] if source.is_dir() else [requirement]
             build = Path(os.environ.get("TMPDIR", "/tmp"))
-            subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--disable-pip-version-check",
-                            "--no-deps", *spec], check=True, timeout=600, cwd=build)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "--python",
+                    str(python),
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--no-deps",
+                    *spec,
+                ],
+                check=True,
+                timeout=600,
+                cwd=build,
+            )
         (folder / "ready").write_text("ok\n")
     return str(python)

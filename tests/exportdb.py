@@ -21,8 +21,13 @@ def make(case):
 '''
 
 DTYPE_NAMES = {
-    torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64",
-    torch.int64: "int64", torch.int32: "int32", torch.bool: "bool",
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.bool: "bool",
 }
 
 
@@ -87,7 +92,12 @@ def entry(name: str, case: Any) -> tuple[dict[str, Any], dict[str, Any]]:
             size = bound.arguments[arg].shape[index]
             dims[dim.__name__] = {"min": max(1, _finite(dim.min, 1)), "max": max(size, min(_finite(dim.max, 8), 8))}
             dynamic[arg][index] = dim.__name__
-    config: dict[str, Any] = {"name": name, "factory": "exportdb_models:make", "kwargs": {"case": name}, "inputs": inputs}
+    config: dict[str, Any] = {
+        "name": name,
+        "factory": "exportdb_models:make",
+        "kwargs": {"case": name},
+        "inputs": inputs,
+    }
     if dynamic:
         config["dynamic_shapes"] = dynamic
         config["dims"] = dims
@@ -107,7 +117,11 @@ def write_fleet(
     (folder / "exportdb_models.py").write_text(FACTORY_MODULE)
     models = [entry(name, case)[0] for name, case in cases().items() if names is None or name in names]
     models += extra or []
-    config = {"version": 1, "stages": stages or ["trace", "functionalize", "decompose", "serialize", "validate"], "models": models}
+    config = {
+        "version": 1,
+        "stages": stages or ["trace", "functionalize", "decompose", "serialize", "validate"],
+        "models": models,
+    }
     path = folder / "exportdb.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -133,10 +147,28 @@ def write_escape_hatches(folder: Path) -> list[dict[str, Any]]:
     pytree_case = all_cases["pytree_flatten"]
     torch.save((pytree_case.example_args, {}), folder / "pytree_flatten_inputs.pt")
     dictionary = all_cases["dictionary"]
-    save_file({"x": dictionary.example_args[0].contiguous(), "y": dictionary.example_args[1].contiguous()}, str(folder / "dictionary_inputs.safetensors"))
+    save_file(
+        {"x": dictionary.example_args[0].contiguous(), "y": dictionary.example_args[1].contiguous()},
+        str(folder / "dictionary_inputs.safetensors"),
+    )
     base = {"factory": "exportdb_models:make"}
     return [
-        {**base, "name": "fn_with_kwargs-inputs-factory", "kwargs": {"case": "fn_with_kwargs"}, "inputs_factory": "exportdb_inputs:fn_with_kwargs"},
-        {**base, "name": "pytree_flatten-inputs-file", "kwargs": {"case": "pytree_flatten"}, "inputs_file": "pytree_flatten_inputs.pt"},
-        {**base, "name": "dictionary-safetensors", "kwargs": {"case": "dictionary"}, "inputs_file": "dictionary_inputs.safetensors"},
+        {
+            **base,
+            "name": "fn_with_kwargs-inputs-factory",
+            "kwargs": {"case": "fn_with_kwargs"},
+            "inputs_factory": "exportdb_inputs:fn_with_kwargs",
+        },
+        {
+            **base,
+            "name": "pytree_flatten-inputs-file",
+            "kwargs": {"case": "pytree_flatten"},
+            "inputs_file": "pytree_flatten_inputs.pt",
+        },
+        {
+            **base,
+            "name": "dictionary-safetensors",
+            "kwargs": {"case": "dictionary"},
+            "inputs_file": "dictionary_inputs.safetensors",
+        },
     ]

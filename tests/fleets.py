@@ -71,6 +71,7 @@ def group_of(nodeid: str) -> str:
             return MEMBERS[key]
     return f"{path}[{param}]" if path in BY_PARAMETER and param is not None else path
 
+
 # generative models generate with one torch thread each (2 workers on 2 cores)
 GENERATIVE_ENV = {"OMP_NUM_THREADS": "1"}
 BAD_DECODE = "tiny-llama-bad-decode"
@@ -98,7 +99,9 @@ class Run:
         try:
             return dict(json.loads(self.stdout))
         except json.JSONDecodeError as exc:
-            raise AssertionError(f"not one JSON document ({exc}): {self.stdout[-2000:]}\n--- stderr ---\n{self.stderr[-4000:]}") from exc
+            raise AssertionError(
+                f"not one JSON document ({exc}): {self.stdout[-2000:]}\n--- stderr ---\n{self.stderr[-4000:]}"
+            ) from exc
 
     def models(self) -> dict[str, dict[str, Any]]:
         return {m["name"]: m for m in self.document["models"]}
@@ -127,7 +130,9 @@ def in_group(request: pytest.FixtureRequest, group: str) -> None:
 
     if not grouped(request.config):
         return
-    assert group_of(request.node.nodeid) == group, f"{request.node.nodeid} uses the {group!r} fleet: list it in tests/fleets.py MEMBERS"
+    assert group_of(request.node.nodeid) == group, (
+        f"{request.node.nodeid} uses the {group!r} fleet: list it in tests/fleets.py MEMBERS"
+    )
 
 
 def build_generative(folder: Path) -> Fleet:
@@ -145,7 +150,13 @@ def build_generative(folder: Path) -> Fleet:
     config["models"].append({**llama, "name": BAD_DECODE, "factory": "generative_faults:tiny_llama_bad_decode"})
     with_fault = folder / "generative-with-fault.yaml"
     with_fault.write_text(yaml.safe_dump(config, sort_keys=False))
-    cold = Run.of(run_cli(["run", str(shipped), "--stages", ",".join(GENERATIVE_COLD_STAGES), "--json"], env=GENERATIVE_ENV, timeout=1800))
+    cold = Run.of(
+        run_cli(
+            ["run", str(shipped), "--stages", ",".join(GENERATIVE_COLD_STAGES), "--json"],
+            env=GENERATIVE_ENV,
+            timeout=1800,
+        )
+    )
     # the other runs from this process (their documents and exit codes are what tests read; the
     # cold run's stderr is read too: the binary's)
     full = Run.of(run_as_cli(shipped, only=GENERATIVE_FULL, env=GENERATIVE_ENV))

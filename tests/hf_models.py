@@ -11,7 +11,14 @@ def bert_tiny() -> nn.Module:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     return BertModel(config).eval()
 
 
@@ -35,7 +42,14 @@ def roberta_tiny() -> nn.Module:
     from transformers import RobertaConfig, RobertaModel
 
     torch.manual_seed(0)
-    config = RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=72)
+    config = RobertaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=72,
+    )
     return RobertaModel(config).eval()
 
 

@@ -244,4 +244,3 @@ class Spectrum(nn.Module):
 
 def spectrum() -> nn.Module:
     return Spectrum()
-

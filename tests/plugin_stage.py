@@ -43,7 +43,9 @@ def compute(call: StageCall) -> Produced:
     found = sorted(set(options.forbid) & set(counts))
     if found:
         raise StageError(ErrorClass.UNSUPPORTED_OP, f"forbidden operators in the program: {', '.join(found)}")
-    return call.publish(json.dumps(counts, sort_keys=True).encode(), details={"ops": len(counts), "calls": sum(counts.values())})
+    return call.publish(
+        json.dumps(counts, sort_keys=True).encode(), details={"ops": len(counts), "calls": sum(counts.values())}
+    )
 
 
 def repro(job: ReproJob) -> str:

@@ -30,7 +30,13 @@ def make_chain(
     bytes and return (sha256, size)."""
     rows: dict[str, dict] = {}
     keys = {stage: h(f"key/{model}/{salt}/{stage}") for stage in CHAIN}
-    program = {"trace": "source", "functionalize": "trace", "decompose": "functionalize", "serialize": "decompose", "aot_compile": "decompose"}
+    program = {
+        "trace": "source",
+        "functionalize": "trace",
+        "decompose": "functionalize",
+        "serialize": "decompose",
+        "aot_compile": "decompose",
+    }
     for i, stage in enumerate(CHAIN):
         if stage == "source":
             parents = []

@@ -93,9 +93,11 @@ def host_line(before: dict[str, int], after: dict[str, int], cores: int, ticks: 
     total = busy + idle + spent["steal"]
     if total <= 0:
         return f"host: {cores} cores, no CPU time passed"
-    return (f"host: {cores} cores for {total / cores:.0f} s: busy {busy:.0f} CPU-s ({100 * busy / total:.0f} %), "
-            f"idle {idle:.0f} ({100 * idle / total:.0f} %), steal {spent['steal']:.0f} "
-            f"({100 * spent['steal'] / total:.0f} %: the VM's host running other work)")
+    return (
+        f"host: {cores} cores for {total / cores:.0f} s: busy {busy:.0f} CPU-s ({100 * busy / total:.0f} %), "
+        f"idle {idle:.0f} ({100 * idle / total:.0f} %), steal {spent['steal']:.0f} "
+        f"({100 * spent['steal'] / total:.0f} %: the VM's host running other work)"
+    )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -117,7 +119,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # the longest work first, so that neither worker is left with a long group at the end: the
     # fleets' groups, then every group with an end-to-end test, then the fast tier's, each in
     # collection order (the scheduler keeps this order)
-    slow = {group_of(item.nodeid) for item in items if item.get_closest_marker("integration") or item.get_closest_marker("compile")}
+    slow = {
+        group_of(item.nodeid)
+        for item in items
+        if item.get_closest_marker("integration") or item.get_closest_marker("compile")
+    }
 
     def rank(item: pytest.Item) -> int:
         group = group_of(item.nodeid)
@@ -191,7 +197,9 @@ def _time_per_tier(terminalreporter: Any) -> None:
     if not tiers:
         return
     write = terminalreporter.write_line
-    terminalreporter.section("time per tier and per file (setup + call + teardown; under xdist, summed over the workers)")
+    terminalreporter.section(
+        "time per tier and per file (setup + call + teardown; under xdist, summed over the workers)"
+    )
     for tier in TIERS:
         if counts[tier]:
             write(f"{tier:<12} {len(counts[tier]):>5} tests {tiers[tier]:>9.1f} s")

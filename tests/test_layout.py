@@ -36,7 +36,16 @@ def test_the_python_and_stage_apis_type_check(tmp_path) -> None:
         (package / top).symlink_to(ROOT / top, target_is_directory=True)
     (tmp_path / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy", *(f"--package=pt2flow.{name}" for name in TYPE_CHECKED), "--module=tests.plugin_stage"], cwd=ROOT, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            *(f"--package=pt2flow.{name}" for name in TYPE_CHECKED),
+            "--module=tests.plugin_stage",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         env={**os.environ, "MYPYPATH": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -68,10 +77,26 @@ def test_the_wheel_installs_only_pt2flow_with_every_package_and_the_report_templ
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "stages", "storage", "flows"):
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
-        copy(ROOT / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if (ROOT / name).is_dir() else {}))
+        copy(
+            ROOT / name,
+            source / name,
+            **({"ignore": shutil.ignore_patterns("__pycache__")} if (ROOT / name).is_dir() else {}),
+        )
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = tmp_path.glob("pt2flow-*.whl")
@@ -83,13 +108,21 @@ def test_the_wheel_installs_only_pt2flow_with_every_package_and_the_report_templ
     }
     assert expected and expected <= names, sorted(expected - names)
     assert "pt2flow/flows/report/templates/report.html.j2" in names
-    assert {"pt2flow/flows/py.typed", "pt2flow/stages/py.typed", "pt2flow/storage/py.typed"} <= names  # PEP 561: typed for users
+    assert {
+        "pt2flow/flows/py.typed",
+        "pt2flow/stages/py.typed",
+        "pt2flow/storage/py.typed",
+    } <= names  # PEP 561: typed for users
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"pt2flow"}
     assert pathlib.Path(wheel).stat().st_size < 2_000_000
 
     # installed on its own (no .pth of the editable install: python -S), from a folder that is not the checkout
     target = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     installed = {p.name for p in target.iterdir() if not p.name.endswith(".dist-info")}
     assert installed - {"bin"} == {"pt2flow"}, installed  # bin/: the `pt2flow` script
@@ -101,7 +134,10 @@ def test_the_wheel_installs_only_pt2flow_with_every_package_and_the_report_templ
         " 'shadowing': [n for n in ('stages', 'storage', 'flows') if importlib.util.find_spec(n)]}))"
     )
     proc = subprocess.run(
-        [sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+        [sys.executable, "-S", "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join([str(target), site_packages])},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

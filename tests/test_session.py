@@ -14,7 +14,16 @@ STAT = "cpu  1000 20 300 5000 40 0 10 70 0 0\ncpu0 500 10 150 2500 20 0 5 35 0 0
 def test_cpu_times_reads_the_machines_line(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text(STAT)
-    assert cpu_times(str(stat)) == {"user": 1000, "nice": 20, "system": 300, "idle": 5000, "iowait": 40, "irq": 0, "softirq": 10, "steal": 70}
+    assert cpu_times(str(stat)) == {
+        "user": 1000,
+        "nice": 20,
+        "system": 300,
+        "idle": 5000,
+        "iowait": 40,
+        "irq": 0,
+        "softirq": 10,
+        "steal": 70,
+    }
     stat.write_text("intr 1 2 3\n")
     assert cpu_times(str(stat)) is None
     assert cpu_times(str(tmp_path / "missing")) is None

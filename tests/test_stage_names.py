@@ -54,7 +54,11 @@ def _docstrings(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 ids.add(id(first.value))
     return ids
 
@@ -68,16 +72,26 @@ def stage_literals() -> list[tuple[str, int, str]]:
             tree = ast.parse(path.read_text(), str(path))
             prose = _docstrings(tree)
             for node in ast.walk(tree):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names and id(node) not in prose:
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and node.value in names
+                    and id(node) not in prose
+                ):
                     found.append((str(path.relative_to(ROOT)), node.lineno, node.value))
     return found
 
 
 def test_stage_names_are_quoted_only_in_stage_modules() -> None:
     own = stage_modules()
-    elsewhere = [f"{file}:{line}: {literal!r}" for file, line, literal in stage_literals()
-                 if file not in own and (file, literal) not in NOT_STAGES]
-    assert elsewhere == [], "stage names quoted outside the stages' own modules (ask flows/pipeline instead):\n" + "\n".join(elsewhere)
+    elsewhere = [
+        f"{file}:{line}: {literal!r}"
+        for file, line, literal in stage_literals()
+        if file not in own and (file, literal) not in NOT_STAGES
+    ]
+    assert elsewhere == [], (
+        "stage names quoted outside the stages' own modules (ask flows/pipeline instead):\n" + "\n".join(elsewhere)
+    )
 
 
 def test_the_scan_sees_the_literals_it_allows() -> None:

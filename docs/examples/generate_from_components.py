@@ -92,12 +92,16 @@ def load_step(kind: str, path: Path, specs: dict[str, Any]) -> Callable[..., Any
             outputs = run(flat)
         wanted = out_spec.num_leaves - len(constants)
         tensors = iter(outputs[len(outputs) - wanted :])
-        return pytree.tree_unflatten([constants[i] if i in constants else next(tensors) for i in range(out_spec.num_leaves)], out_spec)
+        return pytree.tree_unflatten(
+            [constants[i] if i in constants else next(tensors) for i in range(out_spec.num_leaves)], out_spec
+        )
 
     return step
 
 
-def generate(model: torch.nn.Module, prompt: torch.Tensor, settings: dict[str, Any], steps: dict[str, Callable[..., Any]] | None) -> list[int]:
+def generate(
+    model: torch.nn.Module, prompt: torch.Tensor, settings: dict[str, Any], steps: dict[str, Callable[..., Any]] | None
+) -> list[int]:
     """Greedy new tokens of `model.generate()`; with `steps`, every forward call goes to a component."""
     config = copy.deepcopy(model.generation_config)
     config.do_sample, config.num_beams, config.max_new_tokens = False, 1, settings["max_new_tokens"]
@@ -106,6 +110,7 @@ def generate(model: torch.nn.Module, prompt: torch.Tensor, settings: dict[str, A
     calls: list[str] = []
     replaced = []  # (module, whether forward was its own attribute, the original forward)
     if steps is not None:
+
         def swap(module: torch.nn.Module, name: Callable[[], str]) -> None:
             original = module.forward
 
@@ -122,15 +127,22 @@ def generate(model: torch.nn.Module, prompt: torch.Tensor, settings: dict[str, A
             swap(model.get_encoder(), lambda: "encoder")
     try:
         with torch.no_grad():
-            out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), generation_config=config,
-                                 return_dict_in_generate=True, output_logits=True)
+            out = model.generate(
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                generation_config=config,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
     finally:
         for module, own, original in replaced:
             if own:
                 module.forward = original
             else:
                 del module.forward
-    if steps is not None and (calls.count("decode") != len(out.logits) - 1 or calls.count("encoder") != ("encoder" in steps)):
+    if steps is not None and (
+        calls.count("decode") != len(out.logits) - 1 or calls.count("encoder") != ("encoder" in steps)
+    ):
         raise SystemExit(f"generate() made {len(calls)} calls for {len(out.logits)} tokens")
     return out.sequences[0, out.sequences.shape[1] - len(out.logits) :].tolist()
 
@@ -148,8 +160,10 @@ def main() -> None:
 
     register_cache_pytrees_for_model(torch.nn.Module())  # the call specs name the cache classes
     manifest = json.loads((args.folder / "manifest.json").read_text())
-    steps = {name: load_step(manifest["artifact"], args.folder / entry["file"], entry["call_specs"])
-             for name, entry in manifest["components"].items()}
+    steps = {
+        name: load_step(manifest["artifact"], args.folder / entry["file"], entry["call_specs"])
+        for name, entry in manifest["components"].items()
+    }
     if args.path:
         sys.path.insert(0, args.path)
     module, _, attr = args.factory.partition(":")
@@ -161,7 +175,10 @@ def main() -> None:
     result = {}
     for length in lengths:
         prompt = torch.randint(3, vocab, (1, length), generator=generator)
-        result[length] = {"eager": generate(model, prompt, settings, None), "components": generate(model, prompt, settings, steps)}
+        result[length] = {
+            "eager": generate(model, prompt, settings, None),
+            "components": generate(model, prompt, settings, steps),
+        }
     print(json.dumps(result))
 
 

@@ -43,7 +43,12 @@ from pt2flow.flows.options import UsageError
 from pt2flow.storage.errors import AmbiguousId, IntegrityError, InvalidId, RecordNotFound, StorageError
 
 
-def open_store(url: str | None = None, storage_options: Mapping[str, Any] | None = None, *, config: str | os.PathLike[str] | None = None) -> Store:
+def open_store(
+    url: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    config: str | os.PathLike[str] | None = None,
+) -> Store:
     """A store to query: a local path, file://, memory:// or s3://bucket/prefix; without `url`,
     `config`'s store, else $PT2FLOW_STORE, else ./pt2-store (locate_store). UsageError for a
     local path that is not a folder (a typo would otherwise answer every query with nothing)."""
@@ -91,7 +96,11 @@ def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[st
     def reported(path: str) -> bool:
         return any(i.path == path or i.path.startswith((path + ".", path + "[")) for i in issues)
 
-    code = [i for i in checked.models if not any(reported(f"models[{i}].{key}") for key in ("factory", "inputs_factory", "inputs"))]
+    code = [
+        i
+        for i in checked.models
+        if not any(reported(f"models[{i}].{key}") for key in ("factory", "inputs_factory", "inputs"))
+    ]
     found = preflight(checked.models, imports=imports, code=code)
     lines = YamlLines(read_config_file(config)[0])
     # a key the config's checks already refused is not reported again (a malformed weights URL is not also "not found")
@@ -101,12 +110,18 @@ def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[st
     valid = checked.pipeline
     notes: list[ConfigIssue] = [lines.issue(f.path, f.message) for f in found.notes]
     return {
-        "config": str(config), "valid": True, "models": [m.name for m in valid.models], "stages": list(valid.stages),
-        "imported": found.imported, "notes": [{"path": n.path, "line": n.line, "message": n.message} for n in notes],
+        "config": str(config),
+        "valid": True,
+        "models": [m.name for m in valid.models],
+        "stages": list(valid.stages),
+        "imported": found.imported,
+        "notes": [{"path": n.path, "line": n.line, "message": n.message} for n in notes],
     }
 
 
-def audit(store: Store, run: str | None = None, *, sample: float = 1.0, seed: int = 0, config: str | None = None) -> dict[str, Any]:
+def audit(
+    store: Store, run: str | None = None, *, sample: float = 1.0, seed: int = 0, config: str | None = None
+) -> dict[str, Any]:
     """`pt2flow audit --json`: a sample (`sample`, a fraction, drawn with `seed`) of `run`'s
     source and program records (default: the newest run) checked in fresh worker processes (of
     the config's `python:` when it names one): each record's blob must hold the program its
@@ -146,6 +161,20 @@ def config_schema() -> dict[str, Any]:
 
 
 __all__ = [
-    "AmbiguousId", "ConfigError", "IntegrityError", "InvalidId", "RecordNotFound", "StorageError", "Store", "UsageError",
-    "StoreLocation", "check_compat", "config_schema", "locate_store", "open_store", "repro", "run", "upgrade_check",
+    "AmbiguousId",
+    "ConfigError",
+    "IntegrityError",
+    "InvalidId",
+    "RecordNotFound",
+    "StorageError",
+    "Store",
+    "UsageError",
+    "StoreLocation",
+    "check_compat",
+    "config_schema",
+    "locate_store",
+    "open_store",
+    "repro",
+    "run",
+    "upgrade_check",
 ]

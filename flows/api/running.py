@@ -45,8 +45,16 @@ class PreparedRun:
     store: ArtifactStore
 
 
-def load_for_run(config: str, *, only: Sequence[str] = (), stages: Sequence[str] | None = None, workers: int | None = None,
-                 runner: str = "local", dask_address: str | None = None, no_worker_timeout_s: float | None = None) -> Pipeline:
+def load_for_run(
+    config: str,
+    *,
+    only: Sequence[str] = (),
+    stages: Sequence[str] | None = None,
+    workers: int | None = None,
+    runner: str = "local",
+    dask_address: str | None = None,
+    no_worker_timeout_s: float | None = None,
+) -> Pipeline:
     """The config with `only`/`stages` applied; raises ConfigError or UsageError."""
     from pt2flow.flows.config import apply_overrides, load_config
 
@@ -104,7 +112,9 @@ def check_cluster(runner: str, dask_address: str | None) -> None:
         waited = time.monotonic() - started
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         if isinstance(exc, ValueError):  # distributed could not parse it
-            raise UsageError(f"--dask-address {dask_address} is not the address of a Dask scheduler (tcp://HOST:PORT): {reason}") from None
+            raise UsageError(
+                f"--dask-address {dask_address} is not the address of a Dask scheduler (tcp://HOST:PORT): {reason}"
+            ) from None
         raise UsageError(
             f"no Dask scheduler answered at --dask-address {dask_address} within {waited:.1f} s "
             f"(limit {timeout:g} s, ${DASK_CONNECT_TIMEOUT_ENV}): {type(exc).__name__}: {reason}"
@@ -176,7 +186,13 @@ def prepare_run(
     from pt2flow.flows.engine.orchestrator.fleet_plan import RunParameters
 
     loaded = load_for_run(
-        str(config), only=only, stages=stages, workers=workers, runner=runner, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s
+        str(config),
+        only=only,
+        stages=stages,
+        workers=workers,
+        runner=runner,
+        dask_address=dask_address,
+        no_worker_timeout_s=no_worker_timeout_s,
     )
     store_url = resolve_store_url(store or loaded.store)
     refuse_credentials(store_url)
@@ -184,9 +200,19 @@ def prepare_run(
     check_cluster(runner, dask_address)
     opened = open_checked_store(store_url, loaded, storage_options)
     parameters = RunParameters(
-        config_path=os.path.abspath(config), store=store_url, only=tuple(only) or None, stages=tuple(loaded.stages), force=force,
-        runner=runner, workers=workers, dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, run_id=new_run_id(),
-        retry_failed=retry_failed, python=chosen_python, verify_sources=verify_sources,
+        config_path=os.path.abspath(config),
+        store=store_url,
+        only=tuple(only) or None,
+        stages=tuple(loaded.stages),
+        force=force,
+        runner=runner,
+        workers=workers,
+        dask_address=dask_address,
+        no_worker_timeout_s=no_worker_timeout_s,
+        run_id=new_run_id(),
+        retry_failed=retry_failed,
+        python=chosen_python,
+        verify_sources=verify_sources,
     )
     return PreparedRun(parameters, loaded, opened)
 
@@ -217,9 +243,19 @@ def run(
     from pt2flow.flows.engine.common.documents import RunDocument
 
     prepared = prepare_run(
-        config, store=store, storage_options=storage_options, only=only, stages=stages, workers=workers, runner=runner,
-        dask_address=dask_address, no_worker_timeout_s=no_worker_timeout_s, force=force, verify_sources=verify_sources,
-        retry_failed=retry_failed, python=python,
+        config,
+        store=store,
+        storage_options=storage_options,
+        only=only,
+        stages=stages,
+        workers=workers,
+        runner=runner,
+        dask_address=dask_address,
+        no_worker_timeout_s=no_worker_timeout_s,
+        force=force,
+        verify_sources=verify_sources,
+        retry_failed=retry_failed,
+        python=python,
     )
     return RunDocument.model_validate(execute(prepared, progress=progress))
 
@@ -242,12 +278,18 @@ def execute(prepared: PreparedRun, *, progress: Progress | None = None) -> dict[
         from pt2flow.flows.fleet import fleet_flow
 
         run_id = str(parameters.run_id)
-        shown = progress(store, run_id, [m.name for m in config.models], config.stages) if progress else contextlib.nullcontext()
+        shown = (
+            progress(store, run_id, [m.name for m in config.models], config.stages)
+            if progress
+            else contextlib.nullcontext()
+        )
         with shown, loaded_config(run_id, config):
             state: State[Any] = fleet_flow(**parameters.flow_parameters(), return_state=True)  # type: ignore[assignment]  # sync flow: a State, not an Awaitable
         result = state.result(raise_on_failure=False)
     if isinstance(result, OSError) and parameters.runner == "dask":  # the cluster went away after check_cluster
-        raise UsageError(f"the Dask cluster ({parameters.dask_address or 'a LocalCluster'}) could not be used: {result}")
+        raise UsageError(
+            f"the Dask cluster ({parameters.dask_address or 'a LocalCluster'}) could not be used: {result}"
+        )
     if not isinstance(result, dict):
         raise RuntimeError(f"the fleet flow ended without a result: {result!r}")
     return with_failure_groups(result, store)

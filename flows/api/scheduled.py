@@ -32,8 +32,15 @@ def upgrade_check_flow(
     from pt2flow.flows.api.upgrade import upgrade_check
     from pt2flow.flows.report.upgrade import render_html, render_text
 
-    report = upgrade_check(config_path, python=python, baseline_python=baseline_python, store=store, attribute=attribute, workers=workers,
-                           repro_dir=os.path.join(report_dir, "repro"))
+    report = upgrade_check(
+        config_path,
+        python=python,
+        baseline_python=baseline_python,
+        store=store,
+        attribute=attribute,
+        workers=workers,
+        repro_dir=os.path.join(report_dir, "repro"),
+    )
     name = f"upgrade-check-{report.candidate.run_id}"
     folder = Path(report_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -41,10 +48,15 @@ def upgrade_check_flow(
     (folder / f"{name}.html").write_text(render_html(report))
     text = render_text(report)
     logger = get_run_logger()
-    logger.info("upgrade check: %s; report %s", "REGRESSED" if report.regressed else "no regression", folder / f"{name}.json")
+    logger.info(
+        "upgrade check: %s; report %s", "REGRESSED" if report.regressed else "no regression", folder / f"{name}.json"
+    )
     try:
-        create_markdown_artifact(markdown=f"# pt2flow upgrade check `{report.candidate.run_id}`\n\n```\n{text}\n```\n", key="pt2flow-upgrade-check",
-                                 description=f"candidate {report.candidate.python}")
+        create_markdown_artifact(
+            markdown=f"# pt2flow upgrade check `{report.candidate.run_id}`\n\n```\n{text}\n```\n",
+            key="pt2flow-upgrade-check",
+            description=f"candidate {report.candidate.python}",
+        )
     except Exception as exc:  # the UI being unreachable must not fail a finished check
         logger.warning("could not publish the upgrade report: %s", exc)
     data = report.model_dump(mode="json")

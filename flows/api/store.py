@@ -32,12 +32,20 @@ class StoreLocation:
         would otherwise answer every query with nothing."""
         if "://" in self.url or os.path.isdir(self.url):
             return None
-        hint = "" if self.origin == "--store" else f" ({self.origin}; give --store URL, --config CONFIG or set PT2FLOW_STORE)"
+        hint = (
+            ""
+            if self.origin == "--store"
+            else f" ({self.origin}; give --store URL, --config CONFIG or set PT2FLOW_STORE)"
+        )
         return f"no store at {self.url}{hint}"
 
 
-def locate_store(store: str | None = None, *, config: str | os.PathLike[str] | None = None,
-                 storage_options: Mapping[str, Any] | None = None) -> StoreLocation:
+def locate_store(
+    store: str | None = None,
+    *,
+    config: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> StoreLocation:
     """The store a query command reads (README "Which store"): `store`, else `config`'s `store:`
     (resolved against the config's folder, as `run` resolves it), else $PT2FLOW_STORE, else
     ./pt2-store. A config's storage_options apply (as in `run`), `storage_options` over them.
@@ -55,6 +63,7 @@ def locate_store(store: str | None = None, *, config: str | os.PathLike[str] | N
         url, origin = DEFAULT_STORE, "the default"
     return StoreLocation(resolve_store_url(url), merge_options(options, dict(storage_options or {})), origin)
 
+
 if TYPE_CHECKING:
     import pyarrow.compute as pc
 
@@ -71,8 +80,17 @@ def parse_time(text: str, what: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def record_filter(*, model: str | None = None, stage: str | None = None, status: str | None = None, torch: str | None = None,
-                  archive_version: str | None = None, run: str | None = None, since: str | None = None, until: str | None = None) -> pc.Expression | None:
+def record_filter(
+    *,
+    model: str | None = None,
+    stage: str | None = None,
+    status: str | None = None,
+    torch: str | None = None,
+    archive_version: str | None = None,
+    run: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+) -> pc.Expression | None:
     """The pyarrow filter of `ls`'s filters (all must hold); None without any. `run` is a full run
     ID (Store.run_id resolves a prefix); `torch` without a local part (`2.13.0`) matches every
     local build of that version (`2.13.0+cpu`, `2.13.0+cu126`), with one (`2.13.0+cpu`) only it."""
@@ -82,7 +100,9 @@ def record_filter(*, model: str | None = None, stage: str | None = None, status:
     conditions = [pc.field(column) == value for column, value in equal.items() if value]
     if torch:
         same = pc.field("torch_version") == torch
-        conditions.append(same if "+" in torch else same | pc.starts_with(pc.field("torch_version"), pattern=torch + "+"))
+        conditions.append(
+            same if "+" in torch else same | pc.starts_with(pc.field("torch_version"), pattern=torch + "+")
+        )
     if since:
         conditions.append(pc.field("ended_at") >= parse_time(since, "--since"))
     if until:
@@ -97,18 +117,28 @@ def histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]
     from pt2flow.flows.report.text import op_changes
 
     added, removed, changed = op_changes(a, b)
-    return {"added": added, "removed": removed, "changed": changed, "counts": {"added": len(added), "removed": len(removed), "changed": len(changed)}}
+    return {
+        "added": added,
+        "removed": removed,
+        "changed": changed,
+        "counts": {"added": len(added), "removed": len(removed), "changed": len(changed)},
+    }
 
 
 def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> RecordDiff:
     """What differs between two decoded records (the fields `pt2flow diff` compares)."""
+
     def pair(key: str) -> dict[str, Any]:
         return {"a": a.get(key), "b": b.get(key), "same": a.get(key) == b.get(key)}
 
     def timing() -> dict[str, Any]:
         """A cached record's seconds time the index lookup, not the stage: not compared (same: None)."""
         cached = {"a": bool(a.get("cached")), "b": bool(b.get("cached"))}
-        return {**pair("seconds"), "same": None if any(cached.values()) else a.get("seconds") == b.get("seconds"), "cached": cached}
+        return {
+            **pair("seconds"),
+            "same": None if any(cached.values()) else a.get("seconds") == b.get("seconds"),
+            "cached": cached,
+        }
 
     va, vb = a.get("validation") or {}, b.get("validation") or {}
     return {
@@ -120,7 +150,12 @@ def diff_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> RecordDiff:
         "range_constraints": pair("range_constraints"),
         "size": pair("size"),
         "fingerprint": pair("fingerprint"),
-        "validation": {"a": va.get("max_abs_err"), "b": vb.get("max_abs_err"), "a_passed": va.get("passed"), "b_passed": vb.get("passed")},
+        "validation": {
+            "a": va.get("max_abs_err"),
+            "b": vb.get("max_abs_err"),
+            "a_passed": va.get("passed"),
+            "b_passed": vb.get("passed"),
+        },
         "seconds": timing(),
     }
 
@@ -131,7 +166,9 @@ def report_of(store: ArtifactStore, record: Mapping[str, Any]) -> dict[str, Any]
 
     from pt2flow.flows.pipeline.stage import TIMINGS
 
-    if record.get("stage") not in {pipeline.publisher_name("report"), pipeline.publisher_name(TIMINGS)} - {None} or not record.get("sha256"):
+    if record.get("stage") not in {pipeline.publisher_name("report"), pipeline.publisher_name(TIMINGS)} - {
+        None
+    } or not record.get("sha256"):
         return None
     try:
         return json.loads(store.get_blob(record["sha256"], record.get("size")))
@@ -159,7 +196,9 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
 
-    def ls(self, *, limit: int | None = 100, columns: tuple[str, ...] | None = None, **filters: str | None) -> list[Record]:
+    def ls(
+        self, *, limit: int | None = 100, columns: tuple[str, ...] | None = None, **filters: str | None
+    ) -> list[Record]:
         """Records, newest first, filtered like `pt2flow ls` (model, stage, status, torch,
         archive_version, run: an ID or unique prefix, since, until); `limit` None or 0 for all."""
         from pt2flow.storage.lineage import decode
@@ -198,16 +237,29 @@ class Store:
         record = lineage.resolve(self.artifacts.index, id)
         chain = lineage.ancestors(self.artifacts.index, record, pipeline.lineage_order())
         below = lineage.descendants(self.artifacts.index, record, pipeline.lineage_order()) if descendants else []
-        return cast(Lineage, {"id": record["sha256"], "ancestors": [lineage.decode(r) for r in chain[:-1]], "record": lineage.decode(record),
-                              "descendants": [lineage.decode(r) for r in below]})
+        return cast(
+            Lineage,
+            {
+                "id": record["sha256"],
+                "ancestors": [lineage.decode(r) for r in chain[:-1]],
+                "record": lineage.decode(record),
+                "descendants": [lineage.decode(r) for r in below],
+            },
+        )
 
     def built_from_weights(self, digest: str) -> BuiltFromWeights:
         """{weights, sources, descendants}: everything built from a checkpoint."""
         from pt2flow.storage import lineage
 
         result = lineage.by_weights(self.artifacts.index, digest, pipeline.lineage_order())
-        return cast(BuiltFromWeights, {"weights": result["weights"], "sources": [lineage.decode(r) for r in result["sources"]],
-                                       "descendants": [lineage.decode(r) for r in result["descendants"]]})
+        return cast(
+            BuiltFromWeights,
+            {
+                "weights": result["weights"],
+                "sources": [lineage.decode(r) for r in result["sources"]],
+                "descendants": [lineage.decode(r) for r in result["descendants"]],
+            },
+        )
 
     def diff(self, id_a: str, id_b: str) -> RecordDiff:
         from pt2flow.storage import lineage
@@ -242,7 +294,9 @@ class Store:
         if run_a and run_b:
             return dict(compare_runs(self.artifacts.index, self.run_id(run_a), self.run_id(run_b)))
         if run_a or run_b:
-            raise UsageError("give both runs, or neither for the newest run and the earlier one that covered its models")
+            raise UsageError(
+                "give both runs, or neither for the newest run and the earlier one that covered its models"
+            )
         return dict(compare_default(self.artifacts.index))
 
     def failures(self, run: str | None = None, *, against: str | None = None) -> dict[str, Any]:
@@ -253,11 +307,26 @@ class Store:
 
         return failures_of(self.artifacts, run, against)
 
-    def get(self, output: str, id: str | None = None, *, model: str | None = None, run: str | None = None, artifact: str | None = None,
-            component: str | None = None) -> Record:
+    def get(
+        self,
+        output: str,
+        id: str | None = None,
+        *,
+        model: str | None = None,
+        run: str | None = None,
+        artifact: str | None = None,
+        component: str | None = None,
+    ) -> Record:
         """Copy a verified artifact to the file `output`, as `pt2flow get`; returns its record with
         `path`. `component`: of a generative model, that component's artifact (model `M/component`)."""
-        from pt2flow.storage.retrieve import ArtifactRequestError, GenerativeModel, component_set, copy_out, find_by_id, find_for_model
+        from pt2flow.storage.retrieve import (
+            ArtifactRequestError,
+            GenerativeModel,
+            component_set,
+            copy_out,
+            find_by_id,
+            find_for_model,
+        )
 
         kinds = artifact_kinds()
         if bool(id) == bool(model):
@@ -273,15 +342,35 @@ class Store:
                 record = find_by_id(self.artifacts.index, id, artifact, kinds=kinds)
             else:
                 try:
-                    record = find_for_model(self.artifacts.index, str(model), artifact or "serialized", self.run_id(run) if run else None, kinds=kinds)
+                    record = find_for_model(
+                        self.artifacts.index,
+                        str(model),
+                        artifact or "serialized",
+                        self.run_id(run) if run else None,
+                        kinds=kinds,
+                    )
                 except GenerativeModel as generative:  # every component into the folder `output`, with a manifest
-                    from pt2flow.flows.config.models import ENCODER_DECODER_COMPONENTS as COMPONENTS  # call order, when the source names none
+                    from pt2flow.flows.config.models import (
+                        ENCODER_DECODER_COMPONENTS as COMPONENTS,
+                    )  # call order, when the source names none
 
                     kind = artifact or "serialized"
-                    return cast(Record, component_set(
-                        self.artifacts, generative.model, generative.components, kind, output, self.run_id(run) if run else None,
-                        kinds=kinds, suffix=pipeline.get(kinds.stages[kind]).suffix or "", entry=pipeline.entry().name, source=pipeline.SOURCE_NAME, order=COMPONENTS,
-                    ))
+                    return cast(
+                        Record,
+                        component_set(
+                            self.artifacts,
+                            generative.model,
+                            generative.components,
+                            kind,
+                            output,
+                            self.run_id(run) if run else None,
+                            kinds=kinds,
+                            suffix=pipeline.get(kinds.stages[kind]).suffix or "",
+                            entry=pipeline.entry().name,
+                            source=pipeline.SOURCE_NAME,
+                            order=COMPONENTS,
+                        ),
+                    )
             return cast(Record, copy_out(self.artifacts, record, output, kinds=kinds))
         except ArtifactRequestError as exc:
             raise UsageError(str(exc)) from None
@@ -299,6 +388,7 @@ def artifact_kinds() -> ArtifactKinds:
     from pt2flow.storage.retrieve import ArtifactKinds
 
     return ArtifactKinds(
-        pipeline.artifact_kinds(), frozenset(s.name for s in pipeline.stages() if s.publishes in ("archive", "package", "program")),
+        pipeline.artifact_kinds(),
+        frozenset(s.name for s in pipeline.stages() if s.publishes in ("archive", "package", "program")),
         judge=pipeline.publisher_name("report"),
     )

@@ -65,8 +65,17 @@ def upgrade_check(
     from pt2flow.flows.engine.environment import interpreter
     from pt2flow.flows.engine.maintenance.compat import check_compat
     from pt2flow.flows.report.compare import build_report
-    from pt2flow.flows.report.upgrade import (LATENCY_GROWTH, REGRESSING, Side, UpgradeReport, model_verdicts, summarize,
-                                              ordered, timing_only, version_changes)
+    from pt2flow.flows.report.upgrade import (
+        LATENCY_GROWTH,
+        REGRESSING,
+        Side,
+        UpgradeReport,
+        model_verdicts,
+        summarize,
+        ordered,
+        timing_only,
+        version_changes,
+    )
 
     loaded = load_for_run(str(config), only=only, stages=stages, workers=workers)
     store_url = resolve_store_url(store or loaded.store)
@@ -85,14 +94,31 @@ def upgrade_check(
     baseline_run, baseline_why = _baseline_run(opened, baseline, names, base)
 
     try:
-        document = run(config, store=store_url, storage_options=storage_options, only=only, stages=stages, workers=workers,
-                       python=candidate.python, progress=progress)
+        document = run(
+            config,
+            store=store_url,
+            storage_options=storage_options,
+            only=only,
+            stages=stages,
+            workers=workers,
+            python=candidate.python,
+            progress=progress,
+        )
         candidate_run = document.run_id
-        drift = build_report(opened.index, baseline_run, candidate_run, selection=_checked(opened.index, baseline_run, candidate_run, names))
+        drift = build_report(
+            opened.index,
+            baseline_run,
+            candidate_run,
+            selection=_checked(opened.index, baseline_run, candidate_run, names),
+        )
         compat = check_compat(opened, baseline_run, python=candidate.python)
         used = _used_distributions(opened, baseline_run, candidate_run)
-        relevant, other = version_changes(base.distributions, candidate.distributions, used,
-                                          with_torch=requirement_closure("torch", base) | requirement_closure("torch", candidate))
+        relevant, other = version_changes(
+            base.distributions,
+            candidate.distributions,
+            used,
+            with_torch=requirement_closure("torch", base) | requirement_closure("torch", candidate),
+        )
         models = model_verdicts(drift, compat, latency_growth or LATENCY_GROWTH)
         timed = [m for m in models if timing_only(m)]
         if timed and retime:
@@ -101,12 +127,16 @@ def upgrade_check(
         folder = os.path.abspath(repro_dir or f"pt2flow-upgrade-{candidate_run}")
         for entry in models:
             if entry.verdict == "newly_failing":
-                entry.repro, entry.repro_error = _repro_in(candidate.python, store_url, entry.model, os.path.join(folder, entry.model))
+                entry.repro, entry.repro_error = _repro_in(
+                    candidate.python, store_url, entry.model, os.path.join(folder, entry.model)
+                )
                 if entry.repro and entry.regressions:
                     entry.regressions[0].evidence = f"{candidate.python} {os.path.join(entry.repro, 'repro.py')}"
         report = UpgradeReport(
             store=opened.url,
-            baseline=Side(run_id=baseline_run, python=base.python, torch=base.version("torch", None), chosen=baseline_why),
+            baseline=Side(
+                run_id=baseline_run, python=base.python, torch=base.version("torch", None), chosen=baseline_why
+            ),
             candidate=Side(run_id=candidate_run, python=candidate.python, torch=candidate.version("torch", None)),
             versions=relevant,
             other_version_changes=other,
@@ -118,7 +148,9 @@ def upgrade_check(
         )
         regressed = [m for m in models if m.verdict in REGRESSING]
         if attribute and regressed:
-            _attribute(report, regressed, base, candidate, config, opened, storage_options, workers, baseline_run, stages)
+            _attribute(
+                report, regressed, base, candidate, config, opened, storage_options, workers, baseline_run, stages
+            )
         return report
     finally:
         interpreter.activate(None)
@@ -130,8 +162,16 @@ def _checked(index: Any, baseline_run: str, candidate_run: str, names: Sequence[
     from pt2flow.flows.report.runs import RunSelection, run_models
 
     left_out = sorted(run_models(index).get(baseline_run, set()) - set(names))
-    reason = "named by the caller" + (f"; {len(left_out)} model(s) of the baseline outside the selection are not compared" if left_out else "")
-    return RunSelection("given", (baseline_run, candidate_run), reason, models={n: candidate_run for n in names}, not_compared=tuple(left_out))
+    reason = "named by the caller" + (
+        f"; {len(left_out)} model(s) of the baseline outside the selection are not compared" if left_out else ""
+    )
+    return RunSelection(
+        "given",
+        (baseline_run, candidate_run),
+        reason,
+        models={n: candidate_run for n in names},
+        not_compared=tuple(left_out),
+    )
 
 
 _REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
@@ -178,8 +218,14 @@ def requirement_closure(root: str, python: Interpreter) -> set[str]:
     return found
 
 
-def _retime(models: Sequence[Any], config: Any, stages: Sequence[str] | None, baseline_python: str, candidate_python: str,
-            latency_growth: float) -> None:
+def _retime(
+    models: Sequence[Any],
+    config: Any,
+    stages: Sequence[str] | None,
+    baseline_python: str,
+    candidate_python: str,
+    latency_growth: float,
+) -> None:
     """Measure the timing regressions of `models` again, where both sides meet the same machine
     load: the models built into a scratch store under the baseline and then the candidate, one
     worker each, every compile cold (a fresh TORCHINDUCTOR_CACHE_DIR per run: a compile the
@@ -227,10 +273,16 @@ def _baseline_run(store: Any, baseline: str | None, names: Sequence[str], base: 
     wanted = set(names)
     full = [r["run_id"] for r in list_runs(store.index) if wanted <= covered.get(r["run_id"], set())]
     if not full:
-        raise UsageError("no run in the store covers all of this config's models: run the fleet first (pt2flow run CONFIG), or give --baseline RUN")
+        raise UsageError(
+            "no run in the store covers all of this config's models: run the fleet first (pt2flow run CONFIG), or give --baseline RUN"
+        )
     for run_id in reversed(full):
         built_with = _manifest_versions(store, [run_id])
-        if built_with and all(base.version(name, None) == version for versions in built_with.values() for name, version in versions.items()):
+        if built_with and all(
+            base.version(name, None) == version
+            for versions in built_with.values()
+            for name, version in versions.items()
+        ):
             return run_id, "the newest run that built every model with the baseline's versions"
     return full[-1], "the newest run of every model (none was built with exactly the baseline environment's versions)"
 
@@ -241,8 +293,10 @@ def _manifest_versions(store: Any, runs: Sequence[str]) -> dict[tuple[str, str],
     import pyarrow.compute as pc
 
     found: dict[tuple[str, str], dict[str, str]] = {}
-    rows = store.index.scan(["model", "stage", "status", "sha256", "size", "run_id", "ended_at"],
-                            filter=(pc.field("stage") == "source") & pc.field("run_id").isin(list(runs))).to_pylist()
+    rows = store.index.scan(
+        ["model", "stage", "status", "sha256", "size", "run_id", "ended_at"],
+        filter=(pc.field("stage") == "source") & pc.field("run_id").isin(list(runs)),
+    ).to_pylist()
     for row in sorted(rows, key=lambda r: str(r["ended_at"] or "")):
         if row["status"] != "ok" or not row["sha256"]:
             continue
@@ -277,8 +331,18 @@ def _repro_in(python: str, store_url: str, model: str, folder: str) -> tuple[str
     return folder, None
 
 
-def _attribute(report: Any, regressed: Sequence[Any], base: Any, candidate: Any, config: Any, store: Any,
-               storage_options: Any, workers: int | None, baseline_run: str, stages: Sequence[str] | None = None) -> None:
+def _attribute(
+    report: Any,
+    regressed: Sequence[Any],
+    base: Any,
+    candidate: Any,
+    config: Any,
+    store: Any,
+    storage_options: Any,
+    workers: int | None,
+    baseline_run: str,
+    stages: Sequence[str] | None = None,
+) -> None:
     """Run the regressed models in one overlay per differing distribution; a model's regression
     is caused by each distribution whose overlay reproduces it (the same rule, and for a failure
     the same stage and class)."""
@@ -295,21 +359,36 @@ def _attribute(report: Any, regressed: Sequence[Any], base: Any, candidate: Any,
     index = store.index
     for dist in suspects:
         python = overlay_environment(base, candidate, [dist], os.path.join(cache_dir(), "overlays"))
-        document = run(config, store=store.url, storage_options=storage_options, only=names, stages=stages, workers=workers, python=python)
+        document = run(
+            config,
+            store=store.url,
+            storage_options=storage_options,
+            only=names,
+            stages=stages,
+            workers=workers,
+            python=python,
+        )
         report.attribution_runs[dist] = document.run_id
         drift = build_report(index, baseline_run, document.run_id, selection=given((baseline_run, document.run_id)))
         found = {r.model: r.rule for r in drift.regressions}
         for entry in drift.models:
             state = entry.status.b
-            outcome = "ok" if state is None or state.status == "ok" else f"failed at {state.failed_stage} ({state.error_class})"
+            outcome = (
+                "ok"
+                if state is None or state.status == "ok"
+                else f"failed at {state.failed_stage} ({state.error_class})"
+            )
             if entry.model in found and found[entry.model] != "stopped_exporting":
                 outcome = f"regressed ({found[entry.model]})"
             results.setdefault(entry.model, {})[dist] = outcome
     for m in regressed:
         tried = results.get(m.model, {})
         expected = f"failed at {m.failure.stage} ({m.failure.error_class})" if m.failure else None
-        culprits = [d for d, outcome in tried.items() if (expected is not None and outcome == expected)
-                    or (expected is None and outcome.startswith("regressed"))]
+        culprits = [
+            d
+            for d, outcome in tried.items()
+            if (expected is not None and outcome == expected) or (expected is None and outcome.startswith("regressed"))
+        ]
         if culprits:
             note = f"the baseline with only {' and '.join(culprits)} from the candidate reproduces it"
         elif tried:

@@ -53,8 +53,15 @@ def verify_store(store: ArtifactStore) -> VerifyReport:
     return {"checked": len(set(refs) | set(present)), "missing": missing, "corrupt": corrupt}
 
 
-def collect_garbage(store: ArtifactStore, *, dry_run: bool, grace_seconds: float, keep_runs: int | None = None,
-                    keep_days: float | None = None, exclude_runs: Iterable[str] = ()) -> dict[str, Any]:
+def collect_garbage(
+    store: ArtifactStore,
+    *,
+    dry_run: bool,
+    grace_seconds: float,
+    keep_runs: int | None = None,
+    keep_days: float | None = None,
+    exclude_runs: Iterable[str] = (),
+) -> dict[str, Any]:
     """Delete blobs no record references and older than the grace period (a running export may
     have published a blob whose record is not written yet). With keep_runs and/or keep_days,
     first apply that retention rule (storage/retention.py: the records of runs it does not keep
@@ -63,7 +70,9 @@ def collect_garbage(store: ArtifactStore, *, dry_run: bool, grace_seconds: float
     retention = None
     if keep_runs is not None or keep_days is not None:
         rule = RetentionRule(keep_runs=keep_runs, keep_days=keep_days)
-        retention = apply_retention(store, rule, dry_run=dry_run, grace_seconds=grace_seconds, exclude_runs=exclude_runs)
+        retention = apply_retention(
+            store, rule, dry_run=dry_run, grace_seconds=grace_seconds, exclude_runs=exclude_runs
+        )
     refs = referenced(store)
     cutoff = datetime.now(UTC) - timedelta(seconds=grace_seconds)
     unreferenced, kept_young = [], 0

@@ -18,10 +18,22 @@ if TYPE_CHECKING:
 
 # 2: the program fingerprint covers every node's tensor metadata (stages/program.py)
 STAGE = Stage(
-    "aot_compile", 2, compute=f"{__name__}:compute", inputs=(NEWEST_PROGRAM,), options=AotCompileOptions,
-    publishes="package", artifact="compiled", suffix=".pt2", key=f"{__name__}:key",
-    candidate="pt2flow.stages.aot_compile:load_runner", repro=f"{__name__}:repro", device=f"{__name__}:device",
-    step=f"{__name__}:step", default=True, position=50, description="AOTInductor package",
+    "aot_compile",
+    2,
+    compute=f"{__name__}:compute",
+    inputs=(NEWEST_PROGRAM,),
+    options=AotCompileOptions,
+    publishes="package",
+    artifact="compiled",
+    suffix=".pt2",
+    key=f"{__name__}:key",
+    candidate="pt2flow.stages.aot_compile:load_runner",
+    repro=f"{__name__}:repro",
+    device=f"{__name__}:device",
+    step=f"{__name__}:step",
+    default=True,
+    position=50,
+    description="AOTInductor package",
 )
 
 
@@ -42,11 +54,21 @@ def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> st
     """A package is native code: its key also covers what that code was built for and with
     (CPU vector ISA, C++ compiler and version; for CUDA the GPU architecture and CUDA version),
     so a store shared by different machines never hands one a package built for another."""
-    from pt2flow.flows.engine.stage_api import cache_dir, current_interpreter, derivation_key, environment_part, options_json, toolchain_identity
+    from pt2flow.flows.engine.stage_api import (
+        cache_dir,
+        current_interpreter,
+        derivation_key,
+        environment_part,
+        options_json,
+        toolchain_identity,
+    )
 
     target = device(model)
     options = options_json(model, stage.name)
-    env = {**environment_part(target), "toolchain": toolchain_identity(target, cache_dir(), options.get("inductor_configs"), current_interpreter())}
+    env = {
+        **environment_part(target),
+        "toolchain": toolchain_identity(target, cache_dir(), options.get("inductor_configs"), current_interpreter()),
+    }
     return derivation_key(stage.name, [inputs["program"].fingerprint], options, env)
 
 

@@ -25,9 +25,18 @@ if TYPE_CHECKING:
     from pt2flow.flows.engine.stage_api import Outcome, Produced, StageCall
 
 STAGE = Stage(
-    "benchmark", 1, compute=f"{__name__}:compute", inputs=(Input.of("source"), Input.of("trace"), Input.of("validate")),
-    options=BenchmarkOptions, publishes=TIMINGS, artifact="benchmark", suffix=".json", key=f"{__name__}:key",
-    checks_candidates=True, accepts_training=False, position=110,
+    "benchmark",
+    1,
+    compute=f"{__name__}:compute",
+    inputs=(Input.of("source"), Input.of("trace"), Input.of("validate")),
+    options=BenchmarkOptions,
+    publishes=TIMINGS,
+    artifact="benchmark",
+    suffix=".json",
+    key=f"{__name__}:key",
+    checks_candidates=True,
+    accepts_training=False,
+    position=110,
     description="latency of every validated artifact at each size, and the fastest (JSON)",
 )
 
@@ -40,17 +49,34 @@ def compute(call: StageCall) -> Produced:
     from pt2flow.stages.vocabulary import ErrorClass
 
     if call.model.training:
-        raise StageError(ErrorClass.CONFIG, "benchmark times inference, and this model is in training mode (functionalize.mode: training): leave benchmark out of its stages")
+        raise StageError(
+            ErrorClass.CONFIG,
+            "benchmark times inference, and this model is in training mode (functionalize.mode: training): leave benchmark out of its stages",
+        )
     passed = validated(json.loads(call.blob("validate")))
     own = {kind: pipeline.publisher_name(kind) for kind in LOADED_BY_VALIDATE}
-    blobs = {kind: call.artifact(name, kind) if name and name in call.inputs and _slot(name) in passed else None for kind, name in own.items()}
+    blobs = {
+        kind: call.artifact(name, kind) if name and name in call.inputs and _slot(name) in passed else None
+        for kind, name in own.items()
+    }
     targets = {name: t for name, t in target_artifacts(call).items() if name in passed}
     with _one_at_a_time():
         result = benchmark(
-            call.eager(), call.example_inputs(), call.inputs["trace"].details.get("dims", {}), call.options(BenchmarkOptions),
-            archive=blobs["archive"], package=blobs["package"], device=device(call.model), targets=targets, machine=machine(),
+            call.eager(),
+            call.example_inputs(),
+            call.inputs["trace"].details.get("dims", {}),
+            call.options(BenchmarkOptions),
+            archive=blobs["archive"],
+            package=blobs["package"],
+            device=device(call.model),
+            targets=targets,
+            machine=machine(),
         )
-    return call.publish(json.dumps(result.output, indent=1).encode(), details={TIMINGS: result.metadata["summary"]}, warnings=result.warnings)
+    return call.publish(
+        json.dumps(result.output, indent=1).encode(),
+        details={TIMINGS: result.metadata["summary"]},
+        warnings=result.warnings,
+    )
 
 
 def _slot(stage: str) -> str:

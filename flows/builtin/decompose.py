@@ -12,8 +12,15 @@ if TYPE_CHECKING:
     from pt2flow.flows.engine.stage_api import Produced, RebuildCall, ReproJob, StageCall
 
 STAGE = Stage(
-    "decompose", 3, compute=f"{__name__}:compute", inputs=(Input("program", ("functionalize", "trace")),),
-    options=DecomposeOptions, repro=f"{__name__}:repro", rebuild=f"{__name__}:rebuild", default=True, position=30,
+    "decompose",
+    3,
+    compute=f"{__name__}:compute",
+    inputs=(Input("program", ("functionalize", "trace")),),
+    options=DecomposeOptions,
+    repro=f"{__name__}:repro",
+    rebuild=f"{__name__}:rebuild",
+    default=True,
+    position=30,
     description="the core ATen program",
 )
 

@@ -15,10 +15,22 @@ if TYPE_CHECKING:
     from pt2flow.stages.generation import StepContext, StepFn
 
 STAGE = Stage(
-    "executorch", 1, compute=f"{__name__}:compute", inputs=(FUNCTIONAL_PROGRAM,), options=ExecutorchOptions,
-    publishes="pte", artifact="pte", suffix=".pte", candidate="pt2flow.stages.executorch_target:load_pte",
-    repro=f"{__name__}:repro", step=f"{__name__}:step", libraries=("executorch",), extra="executorch",
-    accepts_training=False, position=70, description=".pte program, for the ExecuTorch runtime (XNNPACK)",
+    "executorch",
+    1,
+    compute=f"{__name__}:compute",
+    inputs=(FUNCTIONAL_PROGRAM,),
+    options=ExecutorchOptions,
+    publishes="pte",
+    artifact="pte",
+    suffix=".pte",
+    candidate="pt2flow.stages.executorch_target:load_pte",
+    repro=f"{__name__}:repro",
+    step=f"{__name__}:step",
+    libraries=("executorch",),
+    extra="executorch",
+    accepts_training=False,
+    position=70,
+    description=".pte program, for the ExecuTorch runtime (XNNPACK)",
 )
 
 

@@ -13,8 +13,15 @@ if TYPE_CHECKING:
     from pt2flow.flows.engine.stage_api import Produced, RebuildCall, ReproJob, StageCall
 
 STAGE = Stage(
-    "functionalize", 3, compute=f"{__name__}:compute", inputs=(Input("program", ("trace",)),), options=FunctionalizeOptions,
-    repro=f"{__name__}:repro", rebuild=f"{__name__}:rebuild", default=True, position=20,
+    "functionalize",
+    3,
+    compute=f"{__name__}:compute",
+    inputs=(Input("program", ("trace",)),),
+    options=FunctionalizeOptions,
+    repro=f"{__name__}:repro",
+    rebuild=f"{__name__}:rebuild",
+    default=True,
+    position=20,
     description="the functional ATen program (training: the joint forward+backward program)",
 )
 

@@ -13,10 +13,21 @@ if TYPE_CHECKING:
     from pt2flow.flows.engine.stage_api import Produced, ReproJob, StageCall
 
 STAGE = Stage(
-    "onnx", 1, compute=f"{__name__}:compute", inputs=(FUNCTIONAL_PROGRAM,), options=OnnxOptions,
-    publishes="onnx", artifact="onnx", suffix=".onnx", candidate="pt2flow.stages.onnx_target:load_onnx",
-    repro=f"{__name__}:repro", libraries=("onnx", "onnxscript", "onnxruntime"), extra="onnx",
-    accepts_training=False, position=60, description=".onnx model, for ONNX Runtime",
+    "onnx",
+    1,
+    compute=f"{__name__}:compute",
+    inputs=(FUNCTIONAL_PROGRAM,),
+    options=OnnxOptions,
+    publishes="onnx",
+    artifact="onnx",
+    suffix=".onnx",
+    candidate="pt2flow.stages.onnx_target:load_onnx",
+    repro=f"{__name__}:repro",
+    libraries=("onnx", "onnxscript", "onnxruntime"),
+    extra="onnx",
+    accepts_training=False,
+    position=60,
+    description=".onnx model, for ONNX Runtime",
 )
 
 

@@ -14,10 +14,21 @@ if TYPE_CHECKING:
 
 # 2: a constant user input (a None) no longer shifts the input shapes (_drop_constant_inputs)
 STAGE = Stage(
-    "openvino", 2, compute=f"{__name__}:compute", inputs=(Input("program", ("functionalize", "trace")),),
-    options=OpenvinoOptions, publishes="openvino", artifact="openvino", suffix=".openvino.zip",
-    candidate="pt2flow.stages.openvino_target:load_openvino", repro=f"{__name__}:repro", libraries=("openvino",), extra="openvino",
-    accepts_training=False, position=80, description="OpenVINO IR (model.xml + model.bin, zipped), for OpenVINO's CPU runtime",
+    "openvino",
+    2,
+    compute=f"{__name__}:compute",
+    inputs=(Input("program", ("functionalize", "trace")),),
+    options=OpenvinoOptions,
+    publishes="openvino",
+    artifact="openvino",
+    suffix=".openvino.zip",
+    candidate="pt2flow.stages.openvino_target:load_openvino",
+    repro=f"{__name__}:repro",
+    libraries=("openvino",),
+    extra="openvino",
+    accepts_training=False,
+    position=80,
+    description="OpenVINO IR (model.xml + model.bin, zipped), for OpenVINO's CPU runtime",
 )
 
 

@@ -17,9 +17,20 @@ if TYPE_CHECKING:
 # program saves to the same bytes (graph ids of the pass provenance numbered, not addresses);
 # 5: an archive's node provenance names no function address
 STAGE = Stage(
-    "serialize", 5, compute=f"{__name__}:compute", inputs=(NEWEST_PROGRAM,), options=SerializeOptions,
-    publishes="archive", artifact="serialized", suffix=".pt2", candidate="pt2flow.stages.serialize:load_archive",
-    repro=f"{__name__}:repro", rebuild=f"{__name__}:rebuild", step=f"{__name__}:step", default=True, position=40,
+    "serialize",
+    5,
+    compute=f"{__name__}:compute",
+    inputs=(NEWEST_PROGRAM,),
+    options=SerializeOptions,
+    publishes="archive",
+    artifact="serialized",
+    suffix=".pt2",
+    candidate="pt2flow.stages.serialize:load_archive",
+    repro=f"{__name__}:repro",
+    rebuild=f"{__name__}:rebuild",
+    step=f"{__name__}:step",
+    default=True,
+    position=40,
     description=".pt2 archive (torch.export.save)",
 )
 

@@ -17,8 +17,16 @@ if TYPE_CHECKING:
 # 2: the program fingerprint covers every node's tensor metadata (stages/program.py); 3: a
 # program's identity is the program's as it loads back (stages.serialize.stored_program)
 STAGE = Stage(
-    "trace", 3, compute=f"{__name__}:compute", inputs=(Input.of("source"),), options=TraceOptions,
-    key=f"{__name__}:key", repro=f"{__name__}:repro", rebuild=f"{__name__}:rebuild", default=True, position=10,
+    "trace",
+    3,
+    compute=f"{__name__}:compute",
+    inputs=(Input.of("source"),),
+    options=TraceOptions,
+    key=f"{__name__}:key",
+    repro=f"{__name__}:repro",
+    rebuild=f"{__name__}:rebuild",
+    default=True,
+    position=10,
     description="the traced program (training IR)",
 )
 
@@ -51,7 +59,9 @@ def trace_component(component: Any) -> Any:
     except Exception as exc:
         raise StageError(classify_trace_error(exc), short_message(exc, 1000)) from exc
     metadata = {
-        **described.describe(program), "strategy": "component", "component": component.name,
+        **described.describe(program),
+        "strategy": "component",
+        "component": component.name,
         "export_seconds": round(time.perf_counter() - start, 3),
         "call_specs": CallSpecs.of(program).to_json(),  # how a flat runtime calls it (get's manifest)
     }
@@ -68,8 +78,12 @@ def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> st
     if model.training:
         options["loss_output"] = functional.loss_output
     if model.component:  # a generative model's component: which one, exported how
-        options = {**options, "component": model.component, "exporter": "transformers.DynamoExporter",
-                   "capture_prompt_len": CAPTURE_PROMPT_LEN}
+        options = {
+            **options,
+            "component": model.component,
+            "exporter": "transformers.DynamoExporter",
+            "capture_prompt_len": CAPTURE_PROMPT_LEN,
+        }
     return derivation_key(stage.name, [inputs["source"].key], options, environment_part("cpu"))
 
 

@@ -21,12 +21,21 @@ if TYPE_CHECKING:
 GENERATION_STEPS = 2
 # 2: the candidates' signatures are checked against the configured inputs
 STAGE = Stage(
-    "validate", 2, compute=f"{__name__}:compute", inputs=(Input.of("source"), Input.of("trace")),
-    options=ValidateOptions, publishes="report", artifact="report", suffix=".json", key=f"{__name__}:key",
-    device=f"{__name__}:device", checks_candidates=True, default=True, position=100,
+    "validate",
+    2,
+    compute=f"{__name__}:compute",
+    inputs=(Input.of("source"), Input.of("trace")),
+    options=ValidateOptions,
+    publishes="report",
+    artifact="report",
+    suffix=".json",
+    key=f"{__name__}:key",
+    device=f"{__name__}:device",
+    checks_candidates=True,
+    default=True,
+    position=100,
     description="validation report (JSON)",
 )
-
 
 
 def compute(call: StageCall) -> Produced:
@@ -48,7 +57,9 @@ def compute(call: StageCall) -> Produced:
         archive=archive,
         package=package,
         training=model.training,
-        device=call.inputs[publishers["package"]].details.get("device", "cpu") if package is not None else "cpu",  # where the package was compiled for
+        device=call.inputs[publishers["package"]].details.get("device", "cpu")
+        if package is not None
+        else "cpu",  # where the package was compiled for
         targets=target_artifacts(call),
         required=required_candidates(model),
         kinds={name: kind for kind, name in candidate_names().items()},
@@ -89,10 +100,13 @@ def _compute_generation(call: StageCall, generate: GenerateConfig) -> Produced:
         return call.artifact(f"{component}/{stage}", what, zipped=zipped, stage=stage)
 
     with tempfile.TemporaryDirectory(prefix="pt2flow-generate-") as workdir:
+
         def steps_of(stage: Stage) -> Callable[[], dict[str, G.StepFn]]:
             # the kind's step function (Stage.step), else any flat runner's over its candidate loader
             make: Callable[[bytes, G.StepContext], G.StepFn] = (
-                pipeline.resolve(stage.step) if stage.step else functools.partial(_candidate_steps, pipeline.resolve(str(stage.candidate)))
+                pipeline.resolve(stage.step)
+                if stage.step
+                else functools.partial(_candidate_steps, pipeline.resolve(str(stage.candidate)))
             )
             zipped = True if stage.publishes in LOADED_HERE else None
 
@@ -100,8 +114,11 @@ def _compute_generation(call: StageCall, generate: GenerateConfig) -> Produced:
                 steps = {}
                 for c in order:
                     data = blob(c, stage.name, stage.publishes, zipped)
-                    steps[c] = make(data, G.StepContext(functools.partial(call_specs, c), tempfile.mkdtemp(dir=workdir)))
+                    steps[c] = make(
+                        data, G.StepContext(functools.partial(call_specs, c), tempfile.mkdtemp(dir=workdir))
+                    )
                 return steps
+
             return load
 
         loaders = {}
@@ -110,8 +127,12 @@ def _compute_generation(call: StageCall, generate: GenerateConfig) -> Produced:
             if all(f"{c}/{name}" in call.inputs for c in order):
                 loaders[candidates.get(stage.artifact or name, name)] = steps_of(stage)
         result = G.validate_generation(
-            call.eager()(), call.generate_spec(), generate.prompt_lens, loaders,
-            required=required_candidates(call.model), kinds={name: kind for kind, name in candidates.items()},
+            call.eager()(),
+            call.generate_spec(),
+            generate.prompt_lens,
+            loaders,
+            required=required_candidates(call.model),
+            kinds={name: kind for kind, name in candidates.items()},
         )
     output = dict(result.output)
     report = json.dumps(output, indent=1, default=str).encode()
@@ -136,7 +157,9 @@ def target_artifacts(call: StageCall) -> dict[str, Any]:
         stage = pipeline.get(name)
         if stage.publishes in LOADED_HERE or name not in call.inputs:
             continue
-        found[name] = TargetArtifact(call.artifact(name, stage.publishes, zipped=None), pipeline.resolve(str(stage.candidate)))
+        found[name] = TargetArtifact(
+            call.artifact(name, stage.publishes, zipped=None), pipeline.resolve(str(stage.candidate))
+        )
     return found
 
 
@@ -147,7 +170,11 @@ def candidate_names() -> dict[str, str]:
     from pt2flow.flows import pipeline
 
     named = {"archive": "archive", "package": "compiled"}
-    return {stage.artifact: named.get(stage.publishes, stage.name) for stage in map(pipeline.get, pipeline.candidates()) if stage.artifact}
+    return {
+        stage.artifact: named.get(stage.publishes, stage.name)
+        for stage in map(pipeline.get, pipeline.candidates())
+        if stage.artifact
+    }
 
 
 def required_candidates(model: ResolvedModel) -> list[str] | None:
@@ -177,17 +204,34 @@ def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> st
         order = components_of(inputs["source"].details)  # in call order; an encoder-decoder's encoder first
         names = [f"{c}/{name}" for name in pipeline.candidates() for c in order]
         candidates = [inputs[name].artifact for name in names if name in inputs]
-        libraries = [lib for name in pipeline.candidates() if f"{order[0]}/{name}" in inputs for lib in pipeline.get(name).libraries]
-        options = {**_keyed_options(options_json(model, stage.name)), "generate": generate.model_dump(mode="json"), "steps": GENERATION_STEPS}
+        libraries = [
+            lib
+            for name in pipeline.candidates()
+            if f"{order[0]}/{name}" in inputs
+            for lib in pipeline.get(name).libraries
+        ]
+        options = {
+            **_keyed_options(options_json(model, stage.name)),
+            "generate": generate.model_dump(mode="json"),
+            "steps": GENERATION_STEPS,
+        }
         if (required := required_candidates(model)) is not None:
             options = {**options, "require": required}
-        env = {**environment_part(device(model)), **{lib: current_interpreter().version(lib, "absent") for lib in libraries}}
+        env = {
+            **environment_part(device(model)),
+            **{lib: current_interpreter().version(lib, "absent") for lib in libraries},
+        }
         return derivation_key(stage.name, [inputs["source"].key, *candidates], options, env)
     candidates = [inputs[name].artifact for name in pipeline.candidates() if name in inputs]
     libraries = [lib for name in pipeline.candidates() if name in inputs for lib in pipeline.get(name).libraries]
-    env = {**environment_part(device(model)), **{lib: current_interpreter().version(lib, "absent") for lib in libraries}}
+    env = {
+        **environment_part(device(model)),
+        **{lib: current_interpreter().version(lib, "absent") for lib in libraries},
+    }
     options = _keyed_options(options_json(model, stage.name))
-    if (required := required_candidates(model)) is not None:  # it decides the stage's status; absent, the key is as before require existed
+    if (
+        required := required_candidates(model)
+    ) is not None:  # it decides the stage's status; absent, the key is as before require existed
         options = {**options, "require": required}
     return derivation_key(stage.name, [inputs["source"].key, *candidates], options, env)
 

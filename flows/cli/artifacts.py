@@ -11,13 +11,23 @@ import click
 
 from pt2flow.flows.cli.errors import EXIT_FAILED, EXIT_OK, CommandUsageError
 from pt2flow.flows.cli.support import (
-    Args, check_page_path, command, dump, format_size, json_option, open_store, present, store_options,
+    Args,
+    check_page_path,
+    command,
+    dump,
+    format_size,
+    json_option,
+    open_store,
+    present,
+    store_options,
 )
 
 from pt2flow.flows import pipeline
 
 ARTIFACT_KINDS = tuple(pipeline.artifact_kinds())
-_KIND_HELP = ", ".join(f"{kind} ({pipeline.get(stage).description or stage})" for kind, stage in pipeline.artifact_kinds().items())
+_KIND_HELP = ", ".join(
+    f"{kind} ({pipeline.get(stage).description or stage})" for kind, stage in pipeline.artifact_kinds().items()
+)
 
 
 @command(
@@ -29,10 +39,24 @@ _KIND_HELP = ", ".join(f"{kind} ({pipeline.get(stage).description or stage})" fo
 @click.argument("id", metavar="[ID]", required=False)
 @click.option("--model", metavar="NAME", help="the newest ok artifact of this model")
 @click.option("--run", metavar="RUN", help="with --model: from this run (ID or unique prefix)")
-@click.option("--artifact", type=click.Choice(ARTIFACT_KINDS), help=f"which artifact of the model (default serialized): {_KIND_HELP}")
-@click.option("--component", metavar="NAME", help="with --model, of a generative model (generate:): that component's artifact (prefill, decode)")
-@click.option("-o", "--output", "output", metavar="PATH", required=True,
-              help="file to write (replaced atomically); for a generative model without --component, a folder: every component and manifest.json")
+@click.option(
+    "--artifact",
+    type=click.Choice(ARTIFACT_KINDS),
+    help=f"which artifact of the model (default serialized): {_KIND_HELP}",
+)
+@click.option(
+    "--component",
+    metavar="NAME",
+    help="with --model, of a generative model (generate:): that component's artifact (prefill, decode)",
+)
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    metavar="PATH",
+    required=True,
+    help="file to write (replaced atomically); for a generative model without --component, a folder: every component and manifest.json",
+)
 @store_options
 @json_option("print the artifact's record (with `path`) as JSON")
 def get_command(args: Args) -> int:
@@ -44,17 +68,23 @@ def get_command(args: Args) -> int:
         raise CommandUsageError("--run goes with --model")
     if args.component and not args.model:
         raise CommandUsageError("--component goes with --model")
-    result = Store.of(open_store(args)).get(args.output, args.id, model=args.model, run=args.run, artifact=args.artifact, component=args.component)
+    result = Store.of(open_store(args)).get(
+        args.output, args.id, model=args.model, run=args.run, artifact=args.artifact, component=args.component
+    )
     if args.json:
         dump(result)
     elif "components" in result:  # a generative model: every component, with a manifest
         for name, part in result["components"].items():
-            print(f"{result['artifact']} artifact of {result['model']}/{name} ({part['sha256']}, {format_size(part['size'])}, run {part['run_id']}) -> {result['path']}/{part['file']}")
+            print(
+                f"{result['artifact']} artifact of {result['model']}/{name} ({part['sha256']}, {format_size(part['size'])}, run {part['run_id']}) -> {result['path']}/{part['file']}"
+            )
         print(f"manifest -> {result['path']}/manifest.json")
         for warning in result.get("warnings", ()):
             print(f"warning: {warning}", file=sys.stderr)
     else:
-        print(f"{result['artifact']} artifact of {result['model']} ({result['sha256']}, {format_size(result['size'])}, run {result['run_id']}) -> {result['path']}")
+        print(
+            f"{result['artifact']} artifact of {result['model']} ({result['sha256']}, {format_size(result['size'])}, run {result['run_id']}) -> {result['path']}"
+        )
     return EXIT_OK
 
 
@@ -66,7 +96,9 @@ def get_command(args: Args) -> int:
     arguments={"TARGET": "a model name, or the artifact ID (8+ hex characters) of a failed stage's report"},
 )
 @click.argument("target", metavar="TARGET")
-@click.option("-o", "--output", "output", metavar="DIR", required=True, help="folder to write repro.py and its data files into")
+@click.option(
+    "-o", "--output", "output", metavar="DIR", required=True, help="folder to write repro.py and its data files into"
+)
 @store_options
 @json_option("print what was written as JSON")
 def repro_command(args: Args) -> int:
@@ -77,11 +109,16 @@ def repro_command(args: Args) -> int:
         dump(written)
     else:
         print(f"{written['model']}: {written['stage']} failed with {written['error_class']} (run {written['run_id']})")
-        print(f"wrote {', '.join(written['files'])} to {written['dir']}; reproduce with: python {written['dir']}/repro.py")
+        print(
+            f"wrote {', '.join(written['files'])} to {written['dir']}; reproduce with: python {written['dir']}/repro.py"
+        )
     return EXIT_OK
 
 
-@command("schema", help="Print the JSON Schema of a version-1 config (the shipped configs reference docs/config.schema.json, the same schema).")
+@command(
+    "schema",
+    help="Print the JSON Schema of a version-1 config (the shipped configs reference docs/config.schema.json, the same schema).",
+)
 def schema_command(args: Args) -> int:
     from pt2flow.flows.config.jsonschema import config_json_schema_text
 

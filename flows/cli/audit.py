@@ -20,21 +20,39 @@ from pt2flow.flows.cli.support import Args, command, dump, json_option, open_sto
 )
 @click.argument("run", metavar="[RUN]", required=False)
 @click.option("--run", "run_option", metavar="RUN", help="the same as the RUN argument")
-@click.option("--sample", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True, metavar="FRACTION",
-              help="fraction of the records to check, drawn from each record ID and --seed")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample draw (the same seed picks the same records)")
-@store_options(config_help="the run's config: its models' trace records are re-traced too, and its store is read (unless --store)")
+@click.option(
+    "--sample",
+    type=click.FloatRange(0.0, 1.0, min_open=True),
+    default=1.0,
+    show_default=True,
+    metavar="FRACTION",
+    help="fraction of the records to check, drawn from each record ID and --seed",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="seed of the sample draw (the same seed picks the same records)",
+)
+@store_options(
+    config_help="the run's config: its models' trace records are re-traced too, and its store is read (unless --store)"
+)
 @json_option("one JSON document on stdout")
 def audit_command(args: Args) -> int:
     from pt2flow.flows.api import Store, audit
 
-    doc = audit(Store.of(open_store(args)), args.run or args.run_option, sample=args.sample, seed=args.seed, config=args.config)
+    doc = audit(
+        Store.of(open_store(args)), args.run or args.run_option, sample=args.sample, seed=args.seed, config=args.config
+    )
     if args.json:
         dump(doc)
     else:
         sample = doc["sample"]
-        print(f"audit of run {doc['run_id']}: {sample['checked']} of {sample['records']} program records checked, "
-              f"{doc['summary']['rebuilt']} rebuilt")
+        print(
+            f"audit of run {doc['run_id']}: {sample['checked']} of {sample['records']} program records checked, "
+            f"{doc['summary']['rebuilt']} rebuilt"
+        )
         for entry in doc["records"]:
             mark = "ok" if entry["status"] == "ok" else "FAILED"
             how = "stored+rebuilt" if entry["rebuilt"] else "stored"

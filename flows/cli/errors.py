@@ -87,7 +87,7 @@ def _library_error(exc: BaseException, prefix: str) -> int:
 
 
 def _which_store(message: str) -> str:
-    """" (store URL)" when the command read a store that `message` does not name: "no run in the
+    """ " (store URL)" when the command read a store that `message` does not name: "no run in the
     index" means little when it was not the store the user thought (a config's store elsewhere)."""
     support = sys.modules.get("pt2flow.flows.cli.support")
     url = getattr(support, "opened_store", None)

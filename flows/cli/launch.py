@@ -23,29 +23,47 @@ CONFIG_HELP = {"CONFIG": "pipeline config (YAML, schema version 1)"}
 def fleet_options(fn: Any) -> Any:
     """What to run and where: the options `run` and `serve` share (declared bottom-up)."""
     fn = click.option(
-        "--no-worker-timeout", type=float, default=None, metavar="SECONDS",
+        "--no-worker-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
         help="with --runner dask: once the cluster has had no worker this long, the models not done fail "
         "(timeout) and the run ends (default: the config's dask.no_worker_timeout_s, 60)",
     )(fn)
     fn = click.option(
-        "--python", "python", metavar="PATH",
+        "--python",
+        "python",
+        metavar="PATH",
         help="run the workers under this Python (an executable or a virtualenv folder with pt2flow installed, e.g. a "
         "candidate torch or transformers); keys and records use its versions (default: the config's python:, else this one)",
     )(fn)
-    fn = click.option("--dask-address", metavar="ADDR", help="scheduler address of an existing Dask cluster (tcp://host:8786); default: a LocalCluster")(fn)
     fn = click.option(
-        "--runner", type=click.Choice(["local", "process", "dask"]),
+        "--dask-address",
+        metavar="ADDR",
+        help="scheduler address of an existing Dask cluster (tcp://host:8786); default: a LocalCluster",
+    )(fn)
+    fn = click.option(
+        "--runner",
+        type=click.Choice(["local", "process", "dask"]),
         help="local (default; `process` is the same): N supervised worker processes on this machine; "
         "dask: a Dask cluster, each Dask worker with a supervised worker process of its own",
     )(fn)
     fn = click.option(
-        "--workers", type=int, default=None, metavar="N",
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
         help="models in parallel, each in a supervised worker process (default: $PT2FLOW_WORKERS where set, else one per "
         "core and per 3 GiB of free memory; at most one per model; the run says how many it used)",
     )(fn)
-    fn = click.option("--stages", metavar="a,b,...", help="run these stages instead of the config's (pipeline order; trace required)")(fn)
     fn = click.option(
-        "--only", metavar="NAME[,NAME...]", multiple=True, callback=comma_list,
+        "--stages", metavar="a,b,...", help="run these stages instead of the config's (pipeline order; trace required)"
+    )(fn)
+    fn = click.option(
+        "--only",
+        metavar="NAME[,NAME...]",
+        multiple=True,
+        callback=comma_list,
         help="run only these models (comma-separated, like --stages; repeatable)",
     )(fn)
     return config_store_options(fn)
@@ -71,7 +89,12 @@ def load_for_run(args: Args) -> Pipeline:
 
     stages = stage_list(args)
     return load(
-        args.config, only=args.only or (), stages=stages, workers=args.workers, runner=runner_of(args), dask_address=args.dask_address,
+        args.config,
+        only=args.only or (),
+        stages=stages,
+        workers=args.workers,
+        runner=runner_of(args),
+        dask_address=args.dask_address,
         no_worker_timeout_s=args.no_worker_timeout,
     )
 

@@ -37,21 +37,39 @@ index you can query (ls, show, lineage, diff).
 COMMANDS: Mapping[str, tuple[str, str]] = {
     "run": ("pt2flow.flows.cli.run:run_command", "export every model of a config"),
     "validate": ("pt2flow.flows.cli.validate:validate_command", "check a config without running anything"),
-    "serve": ("pt2flow.flows.cli.serve:serve_command", "serve the fleet as a scheduled Prefect deployment (needs `prefect server start`)"),
+    "serve": (
+        "pt2flow.flows.cli.serve:serve_command",
+        "serve the fleet as a scheduled Prefect deployment (needs `prefect server start`)",
+    ),
     "ls": ("pt2flow.flows.cli.queries:ls_command", "list index records"),
     "show": ("pt2flow.flows.cli.queries:show_command", "every field of one record"),
     "lineage": ("pt2flow.flows.cli.queries:lineage_command", "where an artifact came from (or what was built from it)"),
     "diff": ("pt2flow.flows.cli.queries:diff_command", "compare two artifacts' records"),
     "verify": ("pt2flow.flows.cli.maintenance:verify_command", "re-hash every blob"),
     "gc": ("pt2flow.flows.cli.maintenance:gc_command", "delete unreferenced blobs"),
-    "report": ("pt2flow.flows.cli.report:report_command", "drift between two runs (default: the newest and the earlier one that covered its models)"),
-    "failures": ("pt2flow.flows.cli.report:failures_command", "a run's failures grouped by root cause, against the run before"),
+    "report": (
+        "pt2flow.flows.cli.report:report_command",
+        "drift between two runs (default: the newest and the earlier one that covered its models)",
+    ),
+    "failures": (
+        "pt2flow.flows.cli.report:failures_command",
+        "a run's failures grouped by root cause, against the run before",
+    ),
     "get": ("pt2flow.flows.cli.artifacts:get_command", "copy a verified artifact out of the store"),
     "repro": ("pt2flow.flows.cli.artifacts:repro_command", "a torch-only script that reproduces a failed stage"),
     "schema": ("pt2flow.flows.cli.artifacts:schema_command", "print the config's JSON Schema"),
-    "check-compat": ("pt2flow.flows.cli.artifacts:check_compat_command", "do a run's artifacts still load and match under this torch?"),
-    "upgrade-check": ("pt2flow.flows.cli.upgrade:upgrade_check_command", "what would a candidate torch / transformers environment do to the fleet?"),
-    "audit": ("pt2flow.flows.cli.audit:audit_command", "rebuild a sample of a run's program records: is the cache honest?"),
+    "check-compat": (
+        "pt2flow.flows.cli.artifacts:check_compat_command",
+        "do a run's artifacts still load and match under this torch?",
+    ),
+    "upgrade-check": (
+        "pt2flow.flows.cli.upgrade:upgrade_check_command",
+        "what would a candidate torch / transformers environment do to the fleet?",
+    ),
+    "audit": (
+        "pt2flow.flows.cli.audit:audit_command",
+        "rebuild a sample of a run's program records: is the cache honest?",
+    ),
 }
 
 
@@ -90,10 +108,21 @@ def print_version(ctx: click.Context, param: click.Parameter, value: bool) -> No
 
 
 @click.group(
-    "pt2flow", cls=LazyGroup, help=DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"]},
-    options_metavar="[OPTIONS]", subcommand_metavar="COMMAND [ARGS]...",
+    "pt2flow",
+    cls=LazyGroup,
+    help=DESCRIPTION,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    options_metavar="[OPTIONS]",
+    subcommand_metavar="COMMAND [ARGS]...",
 )
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version, help="print pt2flow's and torch's versions and exit")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=print_version,
+    help="print pt2flow's and torch's versions and exit",
+)
 def cli() -> None:
     pass
 

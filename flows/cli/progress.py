@@ -17,7 +17,15 @@ class FleetProgress:
     files are immutable and cached per file, so each poll reads only the new ones.
     """
 
-    def __init__(self, store: Any, run_id: str, models: Sequence[str], stages: Sequence[str], console: Console, interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        store: Any,
+        run_id: str,
+        models: Sequence[str],
+        stages: Sequence[str],
+        console: Console,
+        interval: float = 0.5,
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.models = list(models)
@@ -60,7 +68,9 @@ class FleetProgress:
     def poll(self) -> None:
         import pyarrow.compute as pc
 
-        table = self.store.index.read(["model", "stage", "status", "cached", "ended_at"], filter=pc.field("run_id") == self.run_id)
+        table = self.store.index.read(
+            ["model", "stage", "status", "cached", "ended_at"], filter=pc.field("run_id") == self.run_id
+        )
         last = self.stages[-1] if self.stages else None
         state: dict[str, dict[str, Any]] = {}
         for row in sorted(table.to_pylist(), key=lambda r: r["ended_at"]):

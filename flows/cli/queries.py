@@ -13,7 +13,16 @@ from collections.abc import Mapping
 import click
 
 from pt2flow.flows.cli.errors import EXIT_OK, CommandUsageError
-from pt2flow.flows.cli.support import Args, command, dump, format_size, json_option, open_store, rich_console, store_options
+from pt2flow.flows.cli.support import (
+    Args,
+    command,
+    dump,
+    format_size,
+    json_option,
+    open_store,
+    rich_console,
+    store_options,
+)
 
 from pt2flow.flows import pipeline
 
@@ -42,8 +51,16 @@ def ls_filter(args: Args, store: Any) -> Any:
     """The pyarrow filter of ls's --model, --stage, ... (all must hold); None without any."""
     from pt2flow.flows.api.store import Store
 
-    return Store.of(store).filter(model=args.model, stage=args.stage, status=args.status, torch=args.torch, archive_version=args.archive_version,
-                                  run=args.run, since=args.since, until=args.until)
+    return Store.of(store).filter(
+        model=args.model,
+        stage=args.stage,
+        status=args.status,
+        torch=args.torch,
+        archive_version=args.archive_version,
+        run=args.run,
+        since=args.since,
+        until=args.until,
+    )
 
 
 def unknown_model_hint(store: Any, model: str, shown: int = 20) -> str | None:
@@ -62,13 +79,29 @@ def unknown_model_hint(store: Any, model: str, shown: int = 20) -> str | None:
     close = difflib.get_close_matches(model, names, n=3, cutoff=0.5)
     rest = [n for n in names if n not in close]
     listed = ", ".join([*close, *rest][:shown]) + (f", … {len(names) - shown} more" if len(names) > shown else "")
-    return (f"no model named {model!r} in {store.url}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else "")
-            + f"; its models: {listed}")
+    return (
+        f"no model named {model!r} in {store.url}"
+        + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else "")
+        + f"; its models: {listed}"
+    )
 
 
 LS_COLUMNS = (
-    "record_id", "run_id", "model", "stage", "status", "cached", "sha256", "size", "seconds",
-    "error_class", "ended_at", "torch_version", "max_abs_err", "passed", "archive_version",
+    "record_id",
+    "run_id",
+    "model",
+    "stage",
+    "status",
+    "cached",
+    "sha256",
+    "size",
+    "seconds",
+    "error_class",
+    "ended_at",
+    "torch_version",
+    "max_abs_err",
+    "passed",
+    "archive_version",
 )
 
 
@@ -77,12 +110,27 @@ LS_COLUMNS = (
 @click.option("--model", metavar="NAME")
 @click.option("--stage", metavar="S", type=click.Choice(STAGE_NAMES))
 @click.option("--status", type=click.Choice(["ok", "failed"]))
-@click.option("--torch", metavar="VERSION", help="only records made with this torch version (2.13.0 matches every local build: 2.13.0+cpu, ...)")
-@click.option("--archive-version", "archive_version", metavar="MAJOR.MINOR", help="only serialize records whose archive has this torch.export schema version")
+@click.option(
+    "--torch",
+    metavar="VERSION",
+    help="only records made with this torch version (2.13.0 matches every local build: 2.13.0+cpu, ...)",
+)
+@click.option(
+    "--archive-version",
+    "archive_version",
+    metavar="MAJOR.MINOR",
+    help="only serialize records whose archive has this torch.export schema version",
+)
 @click.option("--run", metavar="RUN", help="only records of this run (ID or unique prefix)")
 @click.option("--since", metavar="DATE", help="only records that ended at or after this ISO date/time (UTC)")
 @click.option("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")
-@click.option("--limit", type=int, default=100, metavar="LIMIT", help="show at most this many (newest first; 0 = all; default 100)")
+@click.option(
+    "--limit",
+    type=int,
+    default=100,
+    metavar="LIMIT",
+    help="show at most this many (newest first; 0 = all; default 100)",
+)
 @json_option("a JSON array of records")
 def ls_command(args: Args) -> int:
     from pt2flow.storage.lineage import decode
@@ -114,8 +162,14 @@ def ls_command(args: Args) -> int:
         if r.get("error_class"):
             status = f"{r['status']}: {r['error_class']}"
         view.add_row(
-            _when(r["ended_at"]), r["model"], r["stage"], status, _short(r["sha256"]), format_size(r["size"]),
-            f"{r['seconds']:.2f}" if r.get("seconds") is not None else "-", r.get("run_id") or "-",
+            _when(r["ended_at"]),
+            r["model"],
+            r["stage"],
+            status,
+            _short(r["sha256"]),
+            format_size(r["size"]),
+            f"{r['seconds']:.2f}" if r.get("seconds") is not None else "-",
+            r.get("run_id") or "-",
         )
     console = rich_console()
     console.print(heading, soft_wrap=True, markup=False, highlight=False)
@@ -145,7 +199,9 @@ def show_command(args: Args) -> int:
     from rich.table import Table
 
     console = rich_console()
-    fields = Table(title=f"{record['stage']} of {record['model']} — {record['sha256']}", title_justify="left", show_header=False)
+    fields = Table(
+        title=f"{record['stage']} of {record['model']} — {record['sha256']}", title_justify="left", show_header=False
+    )
     fields.add_column("field", style="bold")
     fields.add_column("value", overflow="fold")
     for key, value in record.items():
@@ -166,7 +222,10 @@ def show_command(args: Args) -> int:
         from pt2flow.flows.report.benchmark import recommendation_sentence, table
 
         header, rows = table(report)
-        timings = Table(title=f"benchmark on {report['machine'].get('cpu', '?')}, {report['machine'].get('threads')} threads (* fastest at that size)", title_justify="left")
+        timings = Table(
+            title=f"benchmark on {report['machine'].get('cpu', '?')}, {report['machine'].get('threads')} threads (* fastest at that size)",
+            title_justify="left",
+        )
         for column in header:
             timings.add_column(column, justify="left" if column == "artifact" else "right")
         for row in rows:
@@ -246,7 +305,10 @@ def lineage_command(args: Args) -> int:
 # diff
 
 
-@command("diff", help="Compare graph signature, op histogram, node count, range constraints, sizes, validation errors and timings of two records.")
+@command(
+    "diff",
+    help="Compare graph signature, op histogram, node count, range constraints, sizes, validation errors and timings of two records.",
+)
 @click.argument("id_a", metavar="ID_A")
 @click.argument("id_b", metavar="ID_B")
 @store_options
@@ -261,7 +323,10 @@ def diff_command(args: Args) -> int:
         return EXIT_OK
     from rich.table import Table
 
-    view = Table(title=f"diff {_short(a['sha256'])} ({a['model']}/{a['stage']}) → {_short(b['sha256'])} ({b['model']}/{b['stage']})", title_justify="left")
+    view = Table(
+        title=f"diff {_short(a['sha256'])} ({a['model']}/{a['stage']}) → {_short(b['sha256'])} ({b['model']}/{b['stage']})",
+        title_justify="left",
+    )
     view.add_column("field", style="bold")
     view.add_column("A")
     view.add_column("B")
@@ -274,14 +339,22 @@ def diff_command(args: Args) -> int:
             continue
         view.add_row(key, str(item["a"]), str(item["b"]), "same" if item["same"] else "[yellow]changed")
     sig = result["signature"]
-    view.add_row("signature", f"{len((sig['a'] or {}).get('inputs', []))} in / {len((sig['a'] or {}).get('outputs', []))} out",
-                 f"{len((sig['b'] or {}).get('inputs', []))} in / {len((sig['b'] or {}).get('outputs', []))} out", "same" if sig["same"] else "[yellow]changed")
+    view.add_row(
+        "signature",
+        f"{len((sig['a'] or {}).get('inputs', []))} in / {len((sig['a'] or {}).get('outputs', []))} out",
+        f"{len((sig['b'] or {}).get('inputs', []))} in / {len((sig['b'] or {}).get('outputs', []))} out",
+        "same" if sig["same"] else "[yellow]changed",
+    )
     rc = result["range_constraints"]
-    view.add_row("range constraints", json.dumps(rc["a"]), json.dumps(rc["b"]), "same" if rc["same"] else "[yellow]changed")
+    view.add_row(
+        "range constraints", json.dumps(rc["a"]), json.dumps(rc["b"]), "same" if rc["same"] else "[yellow]changed"
+    )
     v = result["validation"]
     view.add_row("validation max abs err", str(v["a"]), str(v["b"]), "")
     counts = result["op_histogram"]["counts"]
-    view.add_row("op histogram", "", "", f"+{counts['added']} ops, -{counts['removed']} ops, {counts['changed']} changed")
+    view.add_row(
+        "op histogram", "", "", f"+{counts['added']} ops, -{counts['removed']} ops, {counts['changed']} changed"
+    )
     console = rich_console()
     console.print(view)
     hist = result["op_histogram"]

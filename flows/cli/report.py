@@ -13,8 +13,10 @@ from pt2flow.flows.cli.support import Args, check_page_path, command, json_optio
     help="Compare each model, by name, between two runs: status, op histogram after decompose, node count, "
     "signature, range constraints, archive and package sizes, compile time, validation error, latency, torch version. "
     "Flags regressions (stopped exporting, validation error x10, compile time or size +25 %).",
-    arguments={"[RUN]...": "RUN_A RUN_B (run IDs or unique prefixes); default: the newest run against the newest earlier run that "
-               "covered all of its models, on its models (after `run --only m`: m's drift); the report says which runs and why"},
+    arguments={
+        "[RUN]...": "RUN_A RUN_B (run IDs or unique prefixes); default: the newest run against the newest earlier run that "
+        "covered all of its models, on its models (after `run --only m`: m's drift); the report says which runs and why"
+    },
 )
 @click.argument("runs", metavar="[RUN]...", nargs=-1)
 @store_options
@@ -27,7 +29,9 @@ def report_command(args: Args) -> int:
     from pt2flow.flows.report.terminal import render_terminal
 
     if len(args.runs) not in (0, 2):
-        raise CommandUsageError("give two runs (RUN_A RUN_B), or none for the newest run and the earlier one that covered its models")
+        raise CommandUsageError(
+            "give two runs (RUN_A RUN_B), or none for the newest run and the earlier one that covered its models"
+        )
     if args.html:
         check_page_path(args.html)  # before the work, not after it
     store = open_store(args)
@@ -50,7 +54,11 @@ def report_command(args: Args) -> int:
     arguments={"[RUN]": "the run (ID or unique prefix); default: the newest"},
 )
 @click.argument("run", metavar="[RUN]", required=False)
-@click.option("--against", metavar="RUN", help="the run to compare with; default: the run `report` pairs RUN with (the newest earlier run that covered its models)")
+@click.option(
+    "--against",
+    metavar="RUN",
+    help="the run to compare with; default: the run `report` pairs RUN with (the newest earlier run that covered its models)",
+)
 @store_options
 @json_option("print the groups as one JSON document")
 @click.option("--html", metavar="FILE", help="also write a self-contained HTML page")

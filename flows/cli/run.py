@@ -33,12 +33,14 @@ if TYPE_CHECKING:
 @fleet_options
 @click.option("--force", is_flag=True, help="ignore cached results and re-run every stage")
 @click.option(
-    "--verify-sources", is_flag=True,
+    "--verify-sources",
+    is_flag=True,
     help="build every model again (no export) instead of trusting the files its construction read; re-export exactly "
     "those whose eager model (parameters, buffers, structure) or files changed. Costs one model build per model",
 )
 @click.option(
-    "--retry-failed", is_flag=True,
+    "--retry-failed",
+    is_flag=True,
     help="re-run stages whose cached outcome is a deterministic failure (data_dependent, decomposition, ...); "
     "without it, an unchanged model that failed that way is reported again from the index",
 )
@@ -68,9 +70,18 @@ def run_fleet(args: Args) -> int:
     from pt2flow.flows.api.running import prepare_run
 
     prepared = prepare_run(
-        args.config, store=args.store, storage_options=parse_storage_options(args.storage_option or []), only=args.only or (),
-        stages=stage_list(args), workers=args.workers, runner=runner_of(args), dask_address=args.dask_address,
-        no_worker_timeout_s=args.no_worker_timeout, force=args.force, verify_sources=args.verify_sources, retry_failed=args.retry_failed,
+        args.config,
+        store=args.store,
+        storage_options=parse_storage_options(args.storage_option or []),
+        only=args.only or (),
+        stages=stage_list(args),
+        workers=args.workers,
+        runner=runner_of(args),
+        dask_address=args.dask_address,
+        no_worker_timeout_s=args.no_worker_timeout,
+        force=args.force,
+        verify_sources=args.verify_sources,
+        retry_failed=args.retry_failed,
         python=args.python,
     )
     if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
@@ -81,7 +92,9 @@ def run_fleet(args: Args) -> int:
             real_stdout.write(json.dumps(document, default=str) + "\n")
             real_stdout.flush()
     else:
-        document = command_wall_time(execute(prepared, progress=terminal_progress if sys.stderr.isatty() or args.progress else None))
+        document = command_wall_time(
+            execute(prepared, progress=terminal_progress if sys.stderr.isatty() or args.progress else None)
+        )
         from pt2flow.flows.cli.summary import render_run
 
         render_run(document, rich_console(), config=args.config, store=args.store)
@@ -124,7 +137,9 @@ def stdout_to_stderr() -> Iterator[Any]:
         os.close(saved)
 
 
-def terminal_progress(store: ArtifactStore, run_id: str, models: list[str], stages: Sequence[str]) -> contextlib.AbstractContextManager[Any]:
+def terminal_progress(
+    store: ArtifactStore, run_id: str, models: list[str], stages: Sequence[str]
+) -> contextlib.AbstractContextManager[Any]:
     """The live progress bar of a fleet run, on stderr."""
     from rich.console import Console
 

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pt2flow.flows.cli.errors import EXIT_OK
-from pt2flow.flows.cli.launch import CONFIG_HELP, fleet_options, load_for_run, open_checked_store, refuse_credentials, runner_of
+from pt2flow.flows.cli.launch import (
+    CONFIG_HELP,
+    fleet_options,
+    load_for_run,
+    open_checked_store,
+    refuse_credentials,
+    runner_of,
+)
 from pt2flow.flows.options import UsageError
 from pt2flow.flows.cli.support import Args, command
 
@@ -42,25 +49,51 @@ SERVER_HINT = (
 @click.option("--interval", type=float, metavar="SECONDS", help="run every SECONDS seconds")
 @click.option("--timezone", metavar="TZ", help="IANA time zone of the schedule (default UTC)")
 @fleet_options
-@click.option("--force", is_flag=True, help="re-run every stage at every scheduled run (default: cached stages are reused)")
-@click.option("--name", metavar="DEPLOYMENT", help="deployment name (default: the config file's stem); the full name is pt2flow-fleet/NAME "
-              "(pt2flow-upgrade-check/NAME with --upgrade-check)")
-@click.option("--upgrade-check", "upgrade_python", metavar="PYTHON",
-              help="serve `pt2flow upgrade-check CONFIG --python PYTHON` on the schedule instead of the fleet: each run checks the fleet "
-              "against that candidate environment (e.g. a venv a CI job refreshes), writes its report into --report-dir and fails when a model regresses")
-@click.option("--baseline-python", metavar="PATH", help="with --upgrade-check: the environment the baseline runs ran in (default: this one)")
-@click.option("--attribute", is_flag=True, help="with --upgrade-check: say which distribution breaks each regressed model")
-@click.option("--report-dir", metavar="DIR", help="with --upgrade-check: where each run's report goes (default: ./upgrade-reports)")
+@click.option(
+    "--force", is_flag=True, help="re-run every stage at every scheduled run (default: cached stages are reused)"
+)
+@click.option(
+    "--name",
+    metavar="DEPLOYMENT",
+    help="deployment name (default: the config file's stem); the full name is pt2flow-fleet/NAME "
+    "(pt2flow-upgrade-check/NAME with --upgrade-check)",
+)
+@click.option(
+    "--upgrade-check",
+    "upgrade_python",
+    metavar="PYTHON",
+    help="serve `pt2flow upgrade-check CONFIG --python PYTHON` on the schedule instead of the fleet: each run checks the fleet "
+    "against that candidate environment (e.g. a venv a CI job refreshes), writes its report into --report-dir and fails when a model regresses",
+)
+@click.option(
+    "--baseline-python",
+    metavar="PATH",
+    help="with --upgrade-check: the environment the baseline runs ran in (default: this one)",
+)
+@click.option(
+    "--attribute", is_flag=True, help="with --upgrade-check: say which distribution breaks each regressed model"
+)
+@click.option(
+    "--report-dir",
+    metavar="DIR",
+    help="with --upgrade-check: where each run's report goes (default: ./upgrade-reports)",
+)
 def serve_command(args: Args) -> int:
     """Register the fleet flow as a deployment with a cron or interval schedule on a running Prefect
     server and execute its scheduled runs in this process' children until Ctrl-C or SIGTERM (exit 0).
     Exit 2, before anything is registered: a bad config or option, no server, an unreachable store."""
     if (args.cron is None) == (args.interval is None):
-        problem = "one of --cron or --interval is required" if args.cron is None else "--cron and --interval exclude each other: give one"
+        problem = (
+            "one of --cron or --interval is required"
+            if args.cron is None
+            else "--cron and --interval exclude each other: give one"
+        )
         raise click.UsageError(problem, ctx=click.get_current_context())
     # A served deployment is a service: show Prefect's INFO lines (runs submitted, finished)
     # unless the user chose a level. Set before Prefect is imported.
-    os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL") or "INFO"
+    os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = (
+        os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL") or "INFO"
+    )
     from pt2flow.flows.config import resolve_store_url
     from pt2flow.storage.urls import redact_url
 
@@ -86,12 +119,20 @@ def serve_command(args: Args) -> int:
         from pt2flow.flows.fleet import fleet_flow as served
 
         parameters = deployment_parameters(args, config, store_url)
-    unpaused = serve_forever(served, name, schedule, parameters, f"{when}, on the Prefect server at {redact_url(api_url)}")
+    unpaused = serve_forever(
+        served, name, schedule, parameters, f"{when}, on the Prefect server at {redact_url(api_url)}"
+    )
     if unpaused:
-        print(f"pt2flow serve: stopped; the schedule of {served.name}/{name} could not be paused ({unpaused}): "
-              "pause it in the Prefect UI", file=sys.stderr)
+        print(
+            f"pt2flow serve: stopped; the schedule of {served.name}/{name} could not be paused ({unpaused}): "
+            "pause it in the Prefect UI",
+            file=sys.stderr,
+        )
     else:
-        print(f"pt2flow serve: stopped; the schedule of {served.name}/{name} is paused until the next serve", file=sys.stderr)
+        print(
+            f"pt2flow serve: stopped; the schedule of {served.name}/{name} is paused until the next serve",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -100,7 +141,9 @@ def upgrade_parameters(args: Args, store_url: str) -> dict[str, Any]:
     from pt2flow.flows.api.running import check_python
 
     if args.python or args.only or args.stages or args.dask_address or (args.runner or "local") != "local":
-        raise UsageError("--upgrade-check runs the whole config on this machine: --python, --only, --stages and --runner do not apply")
+        raise UsageError(
+            "--upgrade-check runs the whole config on this machine: --python, --only, --stages and --runner do not apply"
+        )
     return {
         "config_path": os.path.abspath(args.config),
         "python": check_python(args.upgrade_python),
@@ -122,7 +165,9 @@ def schedule_of(args: Args) -> tuple[Any, str]:
         try:
             zoneinfo.ZoneInfo(args.timezone)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise UsageError(f"--timezone: unknown time zone {args.timezone!r} (IANA names, e.g. Europe/Berlin)") from None
+            raise UsageError(
+                f"--timezone: unknown time zone {args.timezone!r} (IANA names, e.g. Europe/Berlin)"
+            ) from None
     timezone = args.timezone or "UTC"
     from prefect.schedules import Cron, Interval
 
@@ -152,7 +197,9 @@ def require_server() -> str:
     with get_client(sync_client=True) as client:
         problem = client.api_healthcheck()
     if problem is not None:
-        raise UsageError(f"no Prefect server answers at PREFECT_API_URL={redact_url(api_url)} ({type(problem).__name__}: {problem}); {SERVER_HINT}")
+        raise UsageError(
+            f"no Prefect server answers at PREFECT_API_URL={redact_url(api_url)} ({type(problem).__name__}: {problem}); {SERVER_HINT}"
+        )
     return api_url
 
 
@@ -244,7 +291,12 @@ def serve_forever(flow: Any, name: str, schedule: Any, parameters: dict[str, Any
     # serving stops nobody runs the schedule, so it is paused rather than left to pile up late runs
     runner = ServeRunner(name=name, pause_on_shutdown=True, limit=1)
     deployment_id = runner.add_flow(
-        flow, name=name, schedule=schedule, parameters=parameters, tags=["pt2flow"], entrypoint_type=EntrypointType.MODULE_PATH
+        flow,
+        name=name,
+        schedule=schedule,
+        parameters=parameters,
+        tags=["pt2flow"],
+        entrypoint_type=EntrypointType.MODULE_PATH,
     )
     print(
         f"pt2flow serve: serving deployment {flow.name}/{name} ({deployment_id}), {where}; Ctrl-C stops.\n"

@@ -55,7 +55,9 @@ def _cells(model: Mapping[str, Any], used: list[str]) -> dict[str, Any]:
         "model": model["name"],
         "status": status,
         "stages": Text(" ").join(_stage_cell(model["stages"], [s]) for s in used),
-        "validation": "-" if not validation else ("passed" if validation.get("passed") else ("partial" if model["status"] == "partial" else "FAILED")),
+        "validation": "-"
+        if not validation
+        else ("passed" if validation.get("passed") else ("partial" if model["status"] == "partial" else "FAILED")),
         "max abs err": _fmt_err(validation.get("max_abs_err")),
         "max rel err": _fmt_err(validation.get("max_rel_err")),
         "serialized": (model["artifacts"].get("serialized") or "-")[:12],
@@ -72,7 +74,11 @@ def failed_artifacts(model: Mapping[str, Any]) -> list[str]:
 def verdict_matrix(document: Mapping[str, Any]) -> Table | None:
     """Model x artifact: each artifact's own verdict (✓ passed, ✗ failed, · not built); None when
     no model has verdicts."""
-    kinds = [kind for kind in pipeline.document_slots() if any(kind in ((m.get("validation") or {}).get("verdicts") or {}) for m in document["models"])]
+    kinds = [
+        kind
+        for kind in pipeline.document_slots()
+        if any(kind in ((m.get("validation") or {}).get("verdicts") or {}) for m in document["models"])
+    ]
     if not kinds:
         return None
     table = Table(title="validation per artifact (✓ passed, ✗ failed, · not built)", title_justify="left")
@@ -81,7 +87,12 @@ def verdict_matrix(document: Mapping[str, Any]) -> Table | None:
         table.add_column(kind, justify="center", no_wrap=True)
     for model in document["models"]:
         verdicts = (model.get("validation") or {}).get("verdicts") or {}
-        cells = [Text("·", style="dim") if kind not in verdicts else (Text("✓", style="green") if verdicts[kind].get("passed") else Text("✗", style="red")) for kind in kinds]
+        cells = [
+            Text("·", style="dim")
+            if kind not in verdicts
+            else (Text("✓", style="green") if verdicts[kind].get("passed") else Text("✗", style="red"))
+            for kind in kinds
+        ]
         table.add_row(model["name"], *cells)
     return table
 
@@ -116,7 +127,9 @@ def _component_cells(name: str, component: Mapping[str, Any], used: list[str]) -
     failed = next((s for s, info in component["stages"].items() if info["status"] != "ok"), None)
     return {
         "model": Text(f"└ {name}", style="dim"),
-        "status": Text(f"{component['stages'][failed].get('error_class')} @ {failed}", style="red") if failed else Text("ok", style="green"),
+        "status": Text(f"{component['stages'][failed].get('error_class')} @ {failed}", style="red")
+        if failed
+        else Text("ok", style="green"),
         "stages": Text(" ").join(_stage_cell(component["stages"], [s]) for s in used),
         "serialized": ((component.get("artifacts") or {}).get("serialized") or "-")[:12],
         "seconds": f"{sum((s.get('seconds') or 0.0) for s in component['stages'].values()):.1f}",
@@ -129,8 +142,14 @@ def fitted_table(document: Mapping[str, Any], console: Console) -> Table:
     from rich.measure import Measurement
 
     stages = pipeline.names()
-    used = [s for s in stages if any(s in m["stages"] or any(s in c["stages"] for c in (m.get("components") or {}).values())
-                                     for m in document["models"])] or list(pipeline.default_stages())
+    used = [
+        s
+        for s in stages
+        if any(
+            s in m["stages"] or any(s in c["stages"] for c in (m.get("components") or {}).values())
+            for m in document["models"]
+        )
+    ] or list(pipeline.default_stages())
     for n in range(len(OPTIONAL_COLUMNS) + 1):
         table = _table(document, used, OPTIONAL_COLUMNS[:n])
         if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:
@@ -143,11 +162,15 @@ def failures_command(document: Mapping[str, Any], config: str | None = None, sto
     the run was given one, else `--config CONFIG` (its store resolved as the run resolved it)."""
     import shlex
 
-    where = f" --store {shlex.quote(str(document['store']))}" if store or not config else f" --config {shlex.quote(config)}"
+    where = (
+        f" --store {shlex.quote(str(document['store']))}" if store or not config else f" --config {shlex.quote(config)}"
+    )
     return f"pt2flow failures {document['run_id']}{where}"
 
 
-def render_run(document: Mapping[str, Any], console: Console, *, config: str | None = None, store: str | None = None) -> None:
+def render_run(
+    document: Mapping[str, Any], console: Console, *, config: str | None = None, store: str | None = None
+) -> None:
     """The summary of a run of `config` (`store`: the --store the run was given, if any)."""
     table = fitted_table(document, console)
     console.print(table)
@@ -160,7 +183,11 @@ def render_run(document: Mapping[str, Any], console: Console, *, config: str | N
         + (f"[yellow]{summary['partial']} partial[/yellow], " if summary.get("partial") else "")
         + f"[red]{summary['failed']} failed[/red] in {summary['seconds']:.1f} s "
         f"({LEGEND}) — store {document['store']}"
-        + (f", {document['workers']} worker process{'es' if document['workers'] != 1 else ''}" if document.get("workers") else "")
+        + (
+            f", {document['workers']} worker process{'es' if document['workers'] != 1 else ''}"
+            if document.get("workers")
+            else ""
+        )
         + (f" under {document['python']}" if document.get("python") else "")
     )
     static = [m["name"] for m in document["models"] if m.get("static_fallback")]
@@ -184,14 +211,18 @@ def render_run(document: Mapping[str, Any], console: Console, *, config: str | N
         for kind in failed_artifacts(model) if model["status"] == "partial" else ():
             verdict = model["validation"]["verdicts"][kind]
             head = Text(f"✗ {model['name']} {kind}", style="yellow")
-            head.append(f" [{verdict.get('error_class')}] (not required: the model is partial; `get` refuses this artifact):")
+            head.append(
+                f" [{verdict.get('error_class')}] (not required: the model is partial; `get` refuses this artifact):"
+            )
             console.print(head)
             console.print(Text("    " + str(verdict.get("error")).replace("\n", "\n    ")))
         if model["status"] == "failed":
             failed = model["stages"].get(model["failed_stage"] or "") or {}
             head = Text(f"{'⊗' if failed.get('cached') else '✗'} {model['name']}", style="red")
             head.append(f" [{model['error_class']}] at {model['failed_stage'] or 'setup'}")
-            head.append(" (cached: the same key failed before; --retry-failed runs it again):" if failed.get("cached") else ":")
+            head.append(
+                " (cached: the same key failed before; --retry-failed runs it again):" if failed.get("cached") else ":"
+            )
             console.print(head)
             console.print(Text("    " + str(model["error"]).replace("\n", "\n    ")))
             if model.get("stderr_tail"):

@@ -39,7 +39,12 @@ class Command(click.Command):
         super().format_options(ctx, formatter)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        names = [name for param in self.get_params(ctx) for name in param.opts + param.secondary_opts if name.startswith("--")]
+        names = [
+            name
+            for param in self.get_params(ctx)
+            for name in param.opts + param.secondary_opts
+            if name.startswith("--")
+        ]
         return super().parse_args(ctx, expand_prefixes(args, names))
 
 
@@ -83,9 +88,12 @@ def store_options(fn: Any = None, *, config_help: str = CONFIG_STORE_HELP) -> An
     that query a store: the store is --store, else --config's store, else $PT2FLOW_STORE, else
     ./pt2-store (open_store). `@store_options(config_help=...)` for a command whose --config
     does more."""
+
     def decorate(fn: Any) -> Any:
         fn = click.option("--config", "config", metavar="CONFIG", help=config_help)(fn)
-        return _store_options(fn, f"{STORE_URL_HELP}; default: --config's store, else $PT2FLOW_STORE, else {DEFAULT_STORE}")
+        return _store_options(
+            fn, f"{STORE_URL_HELP}; default: --config's store, else $PT2FLOW_STORE, else {DEFAULT_STORE}"
+        )
 
     return decorate(fn) if fn is not None else decorate
 
@@ -96,7 +104,13 @@ def config_store_options(fn: Any) -> Any:
 
 
 def _store_options(fn: Any, store_help: str) -> Any:
-    fn = click.option("--storage-option", "storage_option", metavar="KEY=VALUE", multiple=True, help="fsspec storage option (repeatable; dotted keys nest)")(fn)
+    fn = click.option(
+        "--storage-option",
+        "storage_option",
+        metavar="KEY=VALUE",
+        multiple=True,
+        help="fsspec storage option (repeatable; dotted keys nest)",
+    )(fn)
     return click.option("--store", metavar="URL", help=store_help)(fn)
 
 
@@ -107,7 +121,11 @@ def open_store(args: Args) -> Any:
     from pt2flow.storage import ArtifactStore
 
     try:
-        where = locate_store(args.store, config=getattr(args, "config", None), storage_options=parse_storage_options(args.storage_option or []))
+        where = locate_store(
+            args.store,
+            config=getattr(args, "config", None),
+            storage_options=parse_storage_options(args.storage_option or []),
+        )
     except UsageError as exc:
         raise CommandUsageError(str(exc)) from None
     problem = where.absent()
@@ -169,7 +187,9 @@ def rich_console() -> Any:
             raise BrokenPipeError(errno.EPIPE, "stdout was closed by its reader")
 
     columns = os.environ.get("COLUMNS", "")
-    return PipeConsole(width=None if sys.stdout.isatty() else int(columns) if columns.isdigit() and int(columns) > 0 else 160)
+    return PipeConsole(
+        width=None if sys.stdout.isatty() else int(columns) if columns.isdigit() and int(columns) > 0 else 160
+    )
 
 
 def dump(value: Any) -> None:

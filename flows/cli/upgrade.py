@@ -24,18 +24,50 @@ from pt2flow.flows.cli.support import Args, check_page_path, command, json_optio
     arguments=CONFIG_HELP,
 )
 @click.argument("config", metavar="CONFIG")
-@click.option("--python", "python", metavar="PATH", help="the candidate interpreter (or virtualenv folder); pt2flow must be installed there")
-@click.option("--with", "requirements", metavar="REQ", multiple=True,
-              help="instead of --python: the candidate is this environment with REQ pip-installed over it (repeatable, e.g. "
-              "--with transformers==5.24.0; without dependencies: name each that must change); made once, cached in ~/.cache/pt2flow")
-@click.option("--baseline", metavar="RUN", help="the run to compare with (ID or prefix; default: the newest run that covered the config's models)")
-@click.option("--baseline-python", metavar="PATH", help="the environment the baseline run ran in (default: this one); --attribute builds on it")
-@click.option("--attribute", is_flag=True, help="when several distributions differ, run the regressed models in the baseline with one candidate "
-              "distribution at a time and say which change breaks each")
-@click.option("--only", metavar="NAME[,NAME...]", multiple=True, callback=comma_list, help="check only these models (as run's --only)")
+@click.option(
+    "--python",
+    "python",
+    metavar="PATH",
+    help="the candidate interpreter (or virtualenv folder); pt2flow must be installed there",
+)
+@click.option(
+    "--with",
+    "requirements",
+    metavar="REQ",
+    multiple=True,
+    help="instead of --python: the candidate is this environment with REQ pip-installed over it (repeatable, e.g. "
+    "--with transformers==5.24.0; without dependencies: name each that must change); made once, cached in ~/.cache/pt2flow",
+)
+@click.option(
+    "--baseline",
+    metavar="RUN",
+    help="the run to compare with (ID or prefix; default: the newest run that covered the config's models)",
+)
+@click.option(
+    "--baseline-python",
+    metavar="PATH",
+    help="the environment the baseline run ran in (default: this one); --attribute builds on it",
+)
+@click.option(
+    "--attribute",
+    is_flag=True,
+    help="when several distributions differ, run the regressed models in the baseline with one candidate "
+    "distribution at a time and say which change breaks each",
+)
+@click.option(
+    "--only",
+    metavar="NAME[,NAME...]",
+    multiple=True,
+    callback=comma_list,
+    help="check only these models (as run's --only)",
+)
 @click.option("--stages", metavar="a,b,...", help="run these stages instead of the config's (as run's --stages)")
 @click.option("--workers", type=int, default=None, metavar="N", help="models in parallel (default: as run)")
-@click.option("--repro-dir", metavar="DIR", help="where the candidate writes repro scripts (default: ./pt2flow-upgrade-<candidate run>)")
+@click.option(
+    "--repro-dir",
+    metavar="DIR",
+    help="where the candidate writes repro scripts (default: ./pt2flow-upgrade-<candidate run>)",
+)
 @click.option("--store", metavar="URL", help="store URL; overrides the config's store")
 @json_option("print the report as one JSON document (logs go to stderr)")
 @click.option("--html", metavar="FILE", help="also write the report as a self-contained HTML page")
@@ -63,8 +95,15 @@ def _check(args: Args) -> Any:
     from pt2flow.flows.api.upgrade import upgrade_check
 
     return upgrade_check(
-        os.path.abspath(args.config), python=args.python, requirements=list(args.requirements), baseline=args.baseline,
+        os.path.abspath(args.config),
+        python=args.python,
+        requirements=list(args.requirements),
+        baseline=args.baseline,
         baseline_python=args.baseline_python,
-        only=list(args.only), stages=stage_list(args),
-        store=args.store, attribute=args.attribute, workers=args.workers, repro_dir=args.repro_dir,
+        only=list(args.only),
+        stages=stage_list(args),
+        store=args.store,
+        attribute=args.attribute,
+        workers=args.workers,
+        repro_dir=args.repro_dir,
     )

@@ -20,7 +20,12 @@ from pt2flow.flows.cli.support import Args, command, json_option
     arguments={"CONFIG": "pipeline config (YAML, schema version 1)"},
 )
 @click.argument("config", metavar="CONFIG")
-@click.option("--no-import", "no_import", is_flag=True, help="skip the checks that import the models' code (no worker process is started)")
+@click.option(
+    "--no-import",
+    "no_import",
+    is_flag=True,
+    help="skip the checks that import the models' code (no worker process is started)",
+)
 @json_option()
 def validate_command(args: Args) -> int:
     from pt2flow.flows.api import validate
@@ -32,6 +37,10 @@ def validate_command(args: Args) -> int:
     for note in doc["notes"]:
         where = f"{args.config}:{note['line']}" if note["line"] else args.config
         print(f"  {where}: {note['path']}: {note['message']}", file=sys.stderr)
-    checked = "files checked, modules not imported (--no-import)" if args.no_import else f"files checked, {doc['imported']} model(s) imported in a worker"
+    checked = (
+        "files checked, modules not imported (--no-import)"
+        if args.no_import
+        else f"files checked, {doc['imported']} model(s) imported in a worker"
+    )
     print(f"{args.config}: ok — {len(doc['models'])} model(s), stages {', '.join(doc['stages'])}; {checked}")
     return EXIT_OK

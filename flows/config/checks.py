@@ -121,8 +121,10 @@ def _check_generate(model: ModelConfig, add: Add) -> None:
             add(("generate", "prompt_lens", i), f"a prompt has at least 1 token, not {length}")
     longest = max(max(generate.prompt_lens), CAPTURE_PROMPT_LEN)
     if generate.cache == "static" and generate.max_cache_len < longest + generate.max_new_tokens:
-        add(("generate", "max_cache_len"),
-            f"{generate.max_cache_len} cannot hold the longest prompt ({longest}) and max_new_tokens ({generate.max_new_tokens})")
+        add(
+            ("generate", "max_cache_len"),
+            f"{generate.max_cache_len} cannot hold the longest prompt ({longest}) and max_new_tokens ({generate.max_new_tokens})",
+        )
     for key in ("inputs", "inputs_factory", "inputs_file", "dynamic_shapes", "dims"):
         if getattr(model, key):
             add((key,), f"a model with generate: takes its prompts from generate.prompt_lens, not {key}")
@@ -142,7 +144,12 @@ def require_problems(require: Sequence[str] | None, stages: Sequence[str] | None
     problems: list[tuple[str, tuple[Any, ...]]] = []
     for i, kind in enumerate(require):
         if kind not in kinds:
-            problems.append((f"unknown artifact kind {kind!r}: require names the artifacts that must validate, of {list(kinds)}", (i,)))
+            problems.append(
+                (
+                    f"unknown artifact kind {kind!r}: require names the artifacts that must validate, of {list(kinds)}",
+                    (i,),
+                )
+            )
         elif stages is not None and kinds[kind] not in stages:
             problems.append((f"{kind} is required, but its stage {kinds[kind]} is not in `stages`", (i,)))
     return problems
@@ -152,9 +159,18 @@ def partial_model(model: ModelConfig, inputs: dict[str, Any] | None, search_path
     """A model resolved as far as needs no check to pass (no stage options, no dynamic shapes):
     what `pt2flow validate` checks files and code with when the config has problems too."""
     return ResolvedModel(
-        name=model.name, factory=model.factory, kwargs=dict(model.kwargs), weights=model.weights, inputs=dict(inputs or {}),
-        dynamic_shapes={}, dims={}, options={}, search_path=search_path, inputs_factory=model.inputs_factory,
-        inputs_file=model.inputs_file, limits=limits,
+        name=model.name,
+        factory=model.factory,
+        kwargs=dict(model.kwargs),
+        weights=model.weights,
+        inputs=dict(inputs or {}),
+        dynamic_shapes={},
+        dims={},
+        options={},
+        search_path=search_path,
+        inputs_factory=model.inputs_factory,
+        inputs_file=model.inputs_file,
+        limits=limits,
     )
 
 
@@ -181,9 +197,15 @@ def _check_identity(model: ModelConfig, search_path: str, add: Add) -> None:
         if not _plain_name(model.weights).endswith(WEIGHT_SUFFIXES):
             add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")
         if holds_credentials(model.weights):
-            add(("weights",), "the weights URL holds credentials, which would be stored in the index and Prefect's parameters; use storage_options or the environment")
+            add(
+                ("weights",),
+                "the weights URL holds credentials, which would be stored in the index and Prefect's parameters; use storage_options or the environment",
+            )
     if model.checkpoint is not None and "://" in model.checkpoint:
-        add(("checkpoint",), "checkpoint must be a local folder (a URL is not supported yet: copy the folder next to the config)")
+        add(
+            ("checkpoint",),
+            "checkpoint must be a local folder (a URL is not supported yet: copy the folder next to the config)",
+        )
     for i, pattern in enumerate(model.depends_on):
         if "://" in pattern:
             add(("depends_on", i), "depends_on names local files, folders or globs, not URLs")
@@ -196,7 +218,10 @@ def _check_input_sources(model: ModelConfig, search_path: str, add: Add) -> None
         add((sources[1],), f"give the example inputs one way: {' or '.join(sources)}, not both")
     if model.inputs_file is not None:
         if not _plain_name(model.inputs_file).endswith(INPUT_FILE_SUFFIXES):
-            add(("inputs_file",), f"inputs_file must be a .safetensors file or a torch.save file ending in one of {list(INPUT_FILE_SUFFIXES[1:])}")
+            add(
+                ("inputs_file",),
+                f"inputs_file must be a .safetensors file or a torch.save file ending in one of {list(INPUT_FILE_SUFFIXES[1:])}",
+            )
         elif holds_credentials(model.inputs_file):
             add(("inputs_file",), "the inputs_file URL holds credentials; use storage_options or the environment")
         elif "://" not in model.inputs_file and not (Path(search_path) / model.inputs_file).is_file():

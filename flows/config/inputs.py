@@ -69,12 +69,17 @@ def parse_input(value: Any, path: Path, add: Add, add_schema: AddSchema) -> Any:
                 return None
         special = [k for k in (TUPLE_KEY, DICT_KEY) if k in value]
         if special and len(value) > 1:
-            add(path, f"a mapping with key {special[0]!r} spells a {special[0]} and takes no other keys; for a dict with that key write {{dict: {{...}}}}")
+            add(
+                path,
+                f"a mapping with key {special[0]!r} spells a {special[0]} and takes no other keys; for a dict with that key write {{dict: {{...}}}}",
+            )
             return None
         if TUPLE_KEY in value:
             items = value[TUPLE_KEY]
             if not isinstance(items, list):
-                add(path + (TUPLE_KEY,), f"{{tuple: ...}} takes a list of the tuple's items, got {type(items).__name__}")
+                add(
+                    path + (TUPLE_KEY,), f"{{tuple: ...}} takes a list of the tuple's items, got {type(items).__name__}"
+                )
                 return None
             return tuple(parse_input(v, path + (TUPLE_KEY, i), add, add_schema) for i, v in enumerate(items))
         if DICT_KEY in value:
@@ -87,7 +92,10 @@ def parse_input(value: Any, path: Path, add: Add, add_schema: AddSchema) -> Any:
         return [parse_input(v, path + (i,), add, add_schema) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    add(path, f"an input is a tensor spec (a mapping with shape), a number, a bool, a string, null, or a list, {{tuple: [...]}} or dict of these; got {type(value).__name__}")
+    add(
+        path,
+        f"an input is a tensor spec (a mapping with shape), a number, a bool, a string, null, or a list, {{tuple: [...]}} or dict of these; got {type(value).__name__}",
+    )
     return None
 
 
@@ -151,16 +159,25 @@ def check_dynamic(tree: Any, dyn: Any, path: Path, input_path: Path, dims: Mappi
                 add(path + (index,), f"dim {dim_name!r} has no definition under dims")
             elif not dims[dim_name].min <= tree.shape[index] <= dims[dim_name].max:
                 spec = dims[dim_name]
-                add(input_path + ("shape",), f"example size {tree.shape[index]} of dim {dim_name!r} is outside its range [{spec.min}, {spec.max}]")
+                add(
+                    input_path + ("shape",),
+                    f"example size {tree.shape[index]} of dim {dim_name!r} is outside its range [{spec.min}, {spec.max}]",
+                )
             else:
                 out[index] = dim_name
         return out or None
     if isinstance(tree, (list, tuple)):
         if not isinstance(dyn, list) or len(dyn) != len(tree):
-            add(path, f"a {type(tree).__name__} of {len(tree)} takes a list of {len(tree)} dims entries (null where static), got {dyn!r}")
+            add(
+                path,
+                f"a {type(tree).__name__} of {len(tree)} takes a list of {len(tree)} dims entries (null where static), got {dyn!r}",
+            )
             return None
         inner = (TUPLE_KEY,) if isinstance(tree, tuple) else ()
-        items = [check_dynamic(t, d, path + (i,), input_path + inner + (i,), dims, add) for i, (t, d) in enumerate(zip(tree, dyn))]
+        items = [
+            check_dynamic(t, d, path + (i,), input_path + inner + (i,), dims, add)
+            for i, (t, d) in enumerate(zip(tree, dyn))
+        ]
         return items if any(i is not None for i in items) else None
     if isinstance(tree, dict):
         if not isinstance(dyn, dict):

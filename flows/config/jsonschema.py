@@ -44,7 +44,9 @@ def _stage_options(defs: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "additionalProperties": False}
 
 
-def _recursive(defs: dict[str, Any], name: str, description: str, alternatives: Callable[[dict[str, Any]], list[Any]]) -> dict[str, Any]:
+def _recursive(
+    defs: dict[str, Any], name: str, description: str, alternatives: Callable[[dict[str, Any]], list[Any]]
+) -> dict[str, Any]:
     """A self-referencing definition `name` (its alternatives get the $ref to it); the $ref."""
     ref = {"$ref": f"#/$defs/{name}"}
     defs[name] = {"title": name, "description": description, "anyOf": alternatives(ref)}
@@ -56,13 +58,24 @@ def _input_tree(defs: dict[str, Any]) -> dict[str, Any]:
     tensor = _definition(InputConfig, defs, "tensor_input")
     special = [{"required": ["shape"]}, {"required": [TUPLE_KEY]}, {"required": [DICT_KEY]}]
     return _recursive(
-        defs, "input_tree",
+        defs,
+        "input_tree",
         "a tensor ({shape: [...], dtype, low, high, value}), {tuple: [...]}, {dict: {...}}, a mapping or list of input trees, "
         "a number, a bool, a string or null",
         lambda tree: [
             tensor,
-            {"type": "object", "properties": {TUPLE_KEY: {"type": "array", "items": tree}}, "required": [TUPLE_KEY], "additionalProperties": False},
-            {"type": "object", "properties": {DICT_KEY: {"type": "object", "additionalProperties": tree}}, "required": [DICT_KEY], "additionalProperties": False},
+            {
+                "type": "object",
+                "properties": {TUPLE_KEY: {"type": "array", "items": tree}},
+                "required": [TUPLE_KEY],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {DICT_KEY: {"type": "object", "additionalProperties": tree}},
+                "required": [DICT_KEY],
+                "additionalProperties": False,
+            },
             {"type": "object", "not": {"anyOf": special}, "additionalProperties": tree},
             {"type": "array", "items": tree},
             {"type": ["number", "boolean", "string", "null"]},
@@ -73,7 +86,8 @@ def _input_tree(defs: dict[str, Any]) -> dict[str, Any]:
 def _dims_tree(defs: dict[str, Any]) -> dict[str, Any]:
     """The dynamic_shapes of one argument: it mirrors the input tree; a tensor's is {axis: dim name}."""
     return _recursive(
-        defs, "dims_tree",
+        defs,
+        "dims_tree",
         "for a tensor, {axis: dim name} (axes as integers; negative counts from the end); for a container, the same container "
         "of dims trees; null: static",
         lambda tree: [
@@ -95,29 +109,53 @@ def _model(defs: dict[str, Any], stage_options: dict[str, Any], limits: dict[str
             "factory": {**callable_ref, "description": "module:callable that returns the torch.nn.Module"},
             "kwargs": {"type": "object", "description": "keyword arguments of the factory"},
             "weights": {"type": ["string", "null"], "description": "a .safetensors file (relative to the config)"},
-            "checkpoint": {"type": ["string", "null"], "description": "a checkpoint folder (save_pretrained's), relative to the config: "
-                           "hashed as a tree into the key; the factory gets it (a class with from_pretrained: Class.from_pretrained(folder))"},
-            "depends_on": {"type": "array", "items": {"type": "string"},
-                           "description": "files, folders or globs (relative to the config) the model's construction reads: part of the key"},
-            "inputs": {"type": "object", "additionalProperties": _input_tree(defs), "description": "forward() argument -> example input"},
+            "checkpoint": {
+                "type": ["string", "null"],
+                "description": "a checkpoint folder (save_pretrained's), relative to the config: "
+                "hashed as a tree into the key; the factory gets it (a class with from_pretrained: Class.from_pretrained(folder))",
+            },
+            "depends_on": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "files, folders or globs (relative to the config) the model's construction reads: part of the key",
+            },
+            "inputs": {
+                "type": "object",
+                "additionalProperties": _input_tree(defs),
+                "description": "forward() argument -> example input",
+            },
             "inputs_factory": {**callable_ref, "description": "module:callable returning (args, kwargs)"},
             "inputs_file": {"type": "string", "description": "a .safetensors, .pt or .pth file of example inputs"},
-            "dynamic_shapes": {"type": "object", "additionalProperties": _dims_tree(defs), "description": "forward() argument -> dims tree"},
-            "dims": {"type": "object", "additionalProperties": _definition(DimConfig, defs, "dim"), "description": "dim name -> {min, max}"},
+            "dynamic_shapes": {
+                "type": "object",
+                "additionalProperties": _dims_tree(defs),
+                "description": "forward() argument -> dims tree",
+            },
+            "dims": {
+                "type": "object",
+                "additionalProperties": _definition(DimConfig, defs, "dim"),
+                "description": "dim name -> {min, max}",
+            },
             "stages": stage_options,
             "limits": limits,
             "require": _require(),
-            "generate": {"anyOf": [_definition(GenerateConfig, defs, "generate"), {"type": "null"}],
-                         "description": "a generative model: exported as components (prefill, decode), validated by greedy generation"},
+            "generate": {
+                "anyOf": [_definition(GenerateConfig, defs, "generate"), {"type": "null"}],
+                "description": "a generative model: exported as components (prefill, decode), validated by greedy generation",
+            },
         },
     }
 
 
 def _require() -> dict[str, Any]:
     kinds = list(pipeline.document_slots())
-    return {"type": ["array", "null"], "items": {"enum": kinds}, "uniqueItems": True,
-            "description": "the artifacts that must validate for the model to be ok (default: every one built); "
-                           "another that fails makes the model `partial`"}
+    return {
+        "type": ["array", "null"],
+        "items": {"enum": kinds},
+        "uniqueItems": True,
+        "description": "the artifacts that must validate for the model to be ok (default: every one built); "
+        "another that fails makes the model `partial`",
+    }
 
 
 def _retention(defs: dict[str, Any]) -> dict[str, Any]:
@@ -146,14 +184,28 @@ def config_json_schema() -> dict[str, Any]:
         "required": ["version", "models"],
         "properties": {
             "version": {"const": 1},
-            "store": {"type": "string", "description": "store URL: a local path, file://, memory:// or s3://bucket/prefix"},
-            "storage_options": {"type": "object", "description": "fsspec storage options (credentials belong in the environment)"},
-            "stages": {"type": "array", "items": {"enum": list(pipeline.names())}, "uniqueItems": True, "description": "the stages to run, in pipeline order"},
+            "store": {
+                "type": "string",
+                "description": "store URL: a local path, file://, memory:// or s3://bucket/prefix",
+            },
+            "storage_options": {
+                "type": "object",
+                "description": "fsspec storage options (credentials belong in the environment)",
+            },
+            "stages": {
+                "type": "array",
+                "items": {"enum": list(pipeline.names())},
+                "uniqueItems": True,
+                "description": "the stages to run, in pipeline order",
+            },
             "defaults": defaults,
             "models": {"type": "array", "minItems": 1, "items": _model(defs, stage_options, limits)},
             "retention": _retention(defs),
             "dask": _definition(DaskConfig, defs, "dask"),
-            "python": {"type": ["string", "null"], "description": "the Python executable (or virtualenv folder) the workers run in, relative to the config's folder; `run --python` overrides it"},
+            "python": {
+                "type": ["string", "null"],
+                "description": "the Python executable (or virtualenv folder) the workers run in, relative to the config's folder; `run --python` overrides it",
+            },
         },
         "$defs": dict(sorted(defs.items())),
     }

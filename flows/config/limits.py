@@ -21,9 +21,15 @@ class LimitsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout_s: float | None = Field(default=None, gt=0, description=f"seconds for the whole model (default {DEFAULT_TIMEOUT_S:g})")
-    stage_timeout_s: dict[str, float] = Field(default_factory=dict, description="seconds per stage, e.g. {aot_compile: 600}")
-    memory_gb: float | None = Field(default=None, gt=0, description="GiB for the worker and its compilers (default: 90% of the machine's memory)")
+    timeout_s: float | None = Field(
+        default=None, gt=0, description=f"seconds for the whole model (default {DEFAULT_TIMEOUT_S:g})"
+    )
+    stage_timeout_s: dict[str, float] = Field(
+        default_factory=dict, description="seconds per stage, e.g. {aot_compile: 600}"
+    )
+    memory_gb: float | None = Field(
+        default=None, gt=0, description="GiB for the worker and its compilers (default: 90% of the machine's memory)"
+    )
 
     @field_validator("stage_timeout_s")
     @classmethod
@@ -66,6 +72,7 @@ class DaskConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     no_worker_timeout_s: float = Field(
-        default=DEFAULT_NO_WORKER_TIMEOUT_S, gt=0,
+        default=DEFAULT_NO_WORKER_TIMEOUT_S,
+        gt=0,
         description=f"seconds the cluster may have no worker before the models not done fail (default {DEFAULT_NO_WORKER_TIMEOUT_S:g})",
     )

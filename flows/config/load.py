@@ -24,7 +24,14 @@ from pt2flow.flows.config.checks import check_model, check_stage_list, missing_e
 from pt2flow.flows.config.inputs import parse_inputs
 from pt2flow.flows.config.issues import ConfigError, ConfigIssue, YamlLines, pydantic_issues
 from pt2flow.flows.config.limits import resolve_limits
-from pt2flow.flows.config.models import CONFIG_VERSION, ModelConfig, Pipeline, PipelineConfig, ResolvedModel, config_model
+from pt2flow.flows.config.models import (
+    CONFIG_VERSION,
+    ModelConfig,
+    Pipeline,
+    PipelineConfig,
+    ResolvedModel,
+    config_model,
+)
 from pt2flow.flows.config.reading import (  # noqa: F401  (MAX_*, read_store_settings: re-exported)
     MAX_CONFIG_DEPTH,
     MAX_CONFIG_NODES,
@@ -80,7 +87,9 @@ def check_config_text(text: str, source: str = "<config>", base_dir: str | None 
     lines = YamlLines(text)
     data = safe_yaml(text, source)
     if "version" in data and (type(data["version"]) is not int or data["version"] != CONFIG_VERSION):
-        issue = lines.issue(("version",), f"unsupported config version {data['version']!r}; this pt2flow reads version {CONFIG_VERSION}")
+        issue = lines.issue(
+            ("version",), f"unsupported config version {data['version']!r}; this pt2flow reads version {CONFIG_VERSION}"
+        )
         raise ConfigError(source, [issue])
     issues: list[ConfigIssue] = []
     parsed_inputs = _parse_all_inputs(data, lines, issues)
@@ -98,7 +107,9 @@ def check_config_text(text: str, source: str = "<config>", base_dir: str | None 
         config, salvaged = salvaged_config
         _semantic_checks(config, salvaged, parsed_inputs, folder, lines, issues, data, duplicates=False)
         return ConfigCheck(issues, None, _models_of(config, salvaged, parsed_inputs, folder, issues))
-    resolved, storage_options = _semantic_checks(config, salvaged, parsed_inputs, folder, lines, issues, data, duplicates=True)
+    resolved, storage_options = _semantic_checks(
+        config, salvaged, parsed_inputs, folder, lines, issues, data, duplicates=True
+    )
     if issues:
         return ConfigCheck(issues, None, _models_of(config, salvaged, parsed_inputs, folder, issues))
     pipeline = Pipeline(
@@ -173,8 +184,17 @@ def _salvage(data: Mapping[str, Any], exc: ValidationError) -> tuple[PipelineCon
     return config, _Salvage(dropped, frozenset(top), positions)
 
 
-def _semantic_checks(config: PipelineConfig, salvaged: _Salvage, parsed_inputs: Mapping[int, Any], folder: str, lines: YamlLines,
-                     issues: list[ConfigIssue], data: Mapping[str, Any], *, duplicates: bool) -> tuple[list[ResolvedModel], dict[str, Any]]:
+def _semantic_checks(
+    config: PipelineConfig,
+    salvaged: _Salvage,
+    parsed_inputs: Mapping[int, Any],
+    folder: str,
+    lines: YamlLines,
+    issues: list[ConfigIssue],
+    data: Mapping[str, Any],
+    *,
+    duplicates: bool,
+) -> tuple[list[ResolvedModel], dict[str, Any]]:
     """The checks after the schema: ${ENV} in storage_options, stages, defaults, names, each
     model. The models that pass, and the storage options expanded."""
     storage_options = expand_env(config.storage_options, ("storage_options",), issues, lines)
@@ -195,16 +215,36 @@ def _semantic_checks(config: PipelineConfig, salvaged: _Salvage, parsed_inputs: 
         for problem, at in require_problems(model.require, stage_list):
             issues.append(lines.issue(("models", i, "require", *at), problem))
         # with broken defaults, per-model option errors would only repeat the defaults' errors
-        r = check_model(i, model, parsed_inputs.get(i), defaults, folder, lines, issues, check_options=defaults_valid,
-                        dropped=salvaged.dropped.get(i, frozenset()))
+        r = check_model(
+            i,
+            model,
+            parsed_inputs.get(i),
+            defaults,
+            folder,
+            lines,
+            issues,
+            check_options=defaults_valid,
+            dropped=salvaged.dropped.get(i, frozenset()),
+        )
         if r is not None:
             require = model.require if model.require is not None else default_require
-            resolved.append(replace(r, limits=resolve_limits(default_limits, model.limits), require=tuple(require) if require is not None else None))
+            resolved.append(
+                replace(
+                    r,
+                    limits=resolve_limits(default_limits, model.limits),
+                    require=tuple(require) if require is not None else None,
+                )
+            )
     return resolved, storage_options
 
 
-def _models_of(config: PipelineConfig, salvaged: _Salvage, parsed_inputs: Mapping[int, Any], folder: str,
-               issues: Sequence[ConfigIssue]) -> dict[int, ResolvedModel]:
+def _models_of(
+    config: PipelineConfig,
+    salvaged: _Salvage,
+    parsed_inputs: Mapping[int, Any],
+    folder: str,
+    issues: Sequence[ConfigIssue],
+) -> dict[int, ResolvedModel]:
     """Each model the schema let through, by its position, resolved as far as its problems allow
     (for validate's file and code checks; never run)."""
     default_limits = config.defaults.model_dump(by_alias=True)["limits"] if "defaults" not in salvaged.top else {}
@@ -246,9 +286,12 @@ def _python_path(python: str | None, folder: str) -> str | None:
 # the YAML, before the schema sees it
 
 
-def _parse_all_inputs(data: Mapping[str, Any], lines: YamlLines, issues: list[ConfigIssue]) -> dict[int, dict[str, Any] | None]:
+def _parse_all_inputs(
+    data: Mapping[str, Any], lines: YamlLines, issues: list[ConfigIssue]
+) -> dict[int, dict[str, Any] | None]:
     """parse_inputs for every model, before the schema pass, so that input problems are
     reported together with schema problems."""
+
     def add(path: tuple[Any, ...], message: str) -> None:
         issues.append(lines.issue(path, message))
 
@@ -273,7 +316,9 @@ def _duplicate_names(data: Mapping[str, Any], lines: YamlLines) -> list[ConfigIs
         if not isinstance(name, str):
             continue
         if name in seen:
-            found.append(lines.issue(("models", i, "name"), f"duplicate model name {name!r} (also models[{seen[name]}])"))
+            found.append(
+                lines.issue(("models", i, "name"), f"duplicate model name {name!r} (also models[{seen[name]}])")
+            )
         else:
             seen[name] = i
     return found

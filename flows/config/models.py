@@ -66,6 +66,8 @@ def components_of(source_details: Mapping[str, Any] | None) -> tuple[str, ...]:
     not build): a decoder-only model's."""
     recorded = (source_details or {}).get("components")
     return tuple(recorded) if recorded else COMPONENTS
+
+
 # the prompt length the components are captured at (stages/generation.py: the prompt axis is dynamic)
 CAPTURE_PROMPT_LEN = 8
 
@@ -118,7 +120,9 @@ def config_model() -> type[PipelineConfig]:
 @functools.lru_cache(maxsize=8)
 def _config_model(stages: tuple[str, ...]) -> type[PipelineConfig]:
     # fields are named s_<stage> with the stage's name as alias: a stage may be called `validate`
-    sections: dict[str, Any] = {f"s_{name}": (dict[str, Any], Field(default_factory=dict, alias=name)) for name in stages}
+    sections: dict[str, Any] = {
+        f"s_{name}": (dict[str, Any], Field(default_factory=dict, alias=name)) for name in stages
+    }
     defaults = create_model("StageDefaults", __base__=StageDefaults, **sections)
     return create_model("PipelineConfig", __base__=PipelineConfig, defaults=(defaults, Field(default_factory=defaults)))
 

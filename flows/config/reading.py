@@ -20,7 +20,15 @@ from typing import Any
 
 import yaml
 
-from pt2flow.flows.config.problems import MAX_CONFIG_DEPTH, TOO_DEEP, ConfigError, ConfigIssue, ConfigLoader, TooDeep, YamlLines
+from pt2flow.flows.config.problems import (
+    MAX_CONFIG_DEPTH,
+    TOO_DEEP,
+    ConfigError,
+    ConfigIssue,
+    ConfigLoader,
+    TooDeep,
+    YamlLines,
+)
 
 MAX_CONFIG_NODES = 1_000_000
 DEFAULT_STORE = "./pt2-store"  # a config without `store:` (beside the config, as any relative path)
@@ -62,7 +70,9 @@ def read_store_settings(path: str | os.PathLike[str]) -> tuple[str, dict[str, An
     if not isinstance(store, str) or not store:
         issues.append(lines.issue(("store",), f"expected a store URL or path, got {store!r}"))
     if not isinstance(options, dict):
-        issues.append(lines.issue(("storage_options",), f"expected a mapping of fsspec options, got {type(options).__name__}"))
+        issues.append(
+            lines.issue(("storage_options",), f"expected a mapping of fsspec options, got {type(options).__name__}")
+        )
     else:
         options = expand_env(options, ("storage_options",), issues, lines)
     if issues:
@@ -86,7 +96,9 @@ def safe_yaml(text: str, source: str) -> dict[str, Any]:
         message = f"YAML error: {problem}" + (f" ({context})" if context else "")
         raise ConfigError(source, [ConfigIssue("", message, line)]) from exc
     if not isinstance(data, dict):
-        raise ConfigError(source, [ConfigIssue("", f"expected a mapping at the top level, got {type(data).__name__}", 1)])
+        raise ConfigError(
+            source, [ConfigIssue("", f"expected a mapping at the top level, got {type(data).__name__}", 1)]
+        )
     shape_problem = _shape_problem(data)
     if shape_problem:
         raise ConfigError(source, [ConfigIssue("", shape_problem, None)])
@@ -137,6 +149,7 @@ def _shape_problem(data: Any) -> str | None:
 
 def expand_env(value: Any, path: tuple[Any, ...], issues: list[ConfigIssue], lines: YamlLines) -> Any:
     if isinstance(value, str):
+
         def repl(m: re.Match[str]) -> str:
             name = m.group(1)
             if name not in os.environ:

@@ -17,7 +17,9 @@ class RetentionConfig(BaseModel):
 
     keep_runs: int | None = Field(default=None, ge=1, description="keep each model's N newest runs")
     keep_days: float | None = Field(default=None, ge=0, description="keep every run that ended within this many days")
-    grace_seconds: float = Field(default=DEFAULT_GRACE_SECONDS, ge=0, description="never delete a blob younger than this")
+    grace_seconds: float = Field(
+        default=DEFAULT_GRACE_SECONDS, ge=0, description="never delete a blob younger than this"
+    )
 
     @model_validator(mode="after")
     def _keeps_something(self) -> RetentionConfig:

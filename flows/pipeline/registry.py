@@ -53,7 +53,9 @@ def register(stage: Stage, *, replace: bool = False) -> Stage:
     with _lock:
         _load_plugins()
         if stage.name in _declared and not replace and _declared[stage.name] != stage:
-            raise StageRegistrationError(f"a stage named {stage.name!r} is already registered (by {_declared[stage.name].origin})")
+            raise StageRegistrationError(
+                f"a stage named {stage.name!r} is already registered (by {_declared[stage.name].origin})"
+            )
         if stage.name == SOURCE_NAME:
             raise StageRegistrationError("'source' is the model's own record, not a stage that can be declared")
         candidate = {**_declared, stage.name: stage}
@@ -247,7 +249,9 @@ def _sort(declared: Mapping[str, Stage]) -> tuple[Stage, ...]:
                 if provider not in declared:
                     if item.optional:
                         continue
-                    raise StageRegistrationError(f"stage {name!r} consumes {provider!r}, which no registered stage makes")
+                    raise StageRegistrationError(
+                        f"stage {name!r} consumes {provider!r}, which no registered stage makes"
+                    )
                 edges.add(provider)
         needs[name] = edges
     ordered: list[str] = []
@@ -281,7 +285,9 @@ def _load_plugins() -> None:
                 origin = point.dist.name if point.dist is not None else point.value
                 stage = Stage(**{**stage.__dict__, "origin": origin})
                 if stage.name in _declared:
-                    raise StageRegistrationError(f"a stage named {stage.name!r} is already registered (by {_declared[stage.name].origin})")
+                    raise StageRegistrationError(
+                        f"a stage named {stage.name!r} is already registered (by {_declared[stage.name].origin})"
+                    )
                 candidate = {**_declared, stage.name: stage}
                 _sort(candidate)
                 _declared[stage.name] = stage
@@ -289,7 +295,6 @@ def _load_plugins() -> None:
             problem = f"the {ENTRY_POINT_GROUP} entry point {point.name!r} ({point.value}) failed to load: {type(exc).__name__}: {exc}"
             _plugin_problems.append(problem)
             log.warning("%s", problem)
-
 
 
 def _builtin() -> list[Stage]:

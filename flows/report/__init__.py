@@ -17,7 +17,14 @@ all render that same dict.
 
 from __future__ import annotations
 
-from pt2flow.flows.report.compare import REPORT_VERSION, compare_default, compare_runs, compare_with_previous, graph_stages, stage_columns
+from pt2flow.flows.report.compare import (
+    REPORT_VERSION,
+    compare_default,
+    compare_runs,
+    compare_with_previous,
+    graph_stages,
+    stage_columns,
+)
 from pt2flow.flows.report.html import PLOT_MODELS, to_html
 from pt2flow.flows.report.markdown import to_markdown
 from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_FLOOR, VALIDATION_GROWTH, regressions
@@ -25,8 +32,24 @@ from pt2flow.flows.report.runs import NotEnoughRuns, RunSelection, fleet_runs, l
 from pt2flow.flows.report.terminal import render_terminal
 
 __all__ = [
-    "COST_GROWTH", "PLOT_MODELS", "REPORT_VERSION", "VALIDATION_FLOOR", "VALIDATION_GROWTH",
-    "NotEnoughRuns", "RunSelection", "compare_default", "compare_runs", "compare_with_previous", "fleet_runs", "graph_stages",
-    "list_runs", "report_pair", "regressions", "render_terminal", "resolve_run", "stage_columns",
-    "to_html", "to_markdown",
+    "COST_GROWTH",
+    "PLOT_MODELS",
+    "REPORT_VERSION",
+    "VALIDATION_FLOOR",
+    "VALIDATION_GROWTH",
+    "NotEnoughRuns",
+    "RunSelection",
+    "compare_default",
+    "compare_runs",
+    "compare_with_previous",
+    "fleet_runs",
+    "graph_stages",
+    "list_runs",
+    "report_pair",
+    "regressions",
+    "render_terminal",
+    "resolve_run",
+    "stage_columns",
+    "to_html",
+    "to_markdown",
 ]

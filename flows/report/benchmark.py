@@ -40,7 +40,12 @@ def table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["artifact", "size", "load ms", "peak MiB", *[f"{label} p50/p90 ms" for label in labels]]
     rows = []
     for name, artifact in report["artifacts"].items():
-        cells = [name, _size(artifact.get("size_bytes")), _ms(artifact.get("load_ms")), _mb(artifact.get("peak_memory_mb"))]
+        cells = [
+            name,
+            _size(artifact.get("size_bytes")),
+            _ms(artifact.get("load_ms")),
+            _mb(artifact.get("peak_memory_mb")),
+        ]
         for label in labels:
             entry = artifact["points"].get(label) or {}
             if entry.get("p50_ms") is None:
@@ -58,16 +63,20 @@ def markdown(report: Mapping[str, Any], title: str = "") -> str:
     lines = [f"**{title}**", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines + ["", recommendation_sentence(report["recommendation"], [p["label"] for p in report["points"]])])
+    return "\n".join(
+        lines + ["", recommendation_sentence(report["recommendation"], [p["label"] for p in report["points"]])]
+    )
 
 
 def recommendation_sentence(recommendation: Mapping[str, Any], labels: Sequence[str]) -> str:
-    """"onnx: fastest at 3 of 3 sizes (1.6-2.1x eager)" from a report's recommendation."""
+    """ "onnx: fastest at 3 of 3 sizes (1.6-2.1x eager)" from a report's recommendation."""
     chosen = recommendation.get("artifact")
     if chosen is None:
         return "no artifact was timed"
     points = recommendation.get("points") or {}
-    speedups = [c["speedup_vs_eager"] for c in points.values() if c and c["artifact"] == chosen and c.get("speedup_vs_eager")]
+    speedups = [
+        c["speedup_vs_eager"] for c in points.values() if c and c["artifact"] == chosen and c.get("speedup_vs_eager")
+    ]
     low, high = (_x(min(speedups)), _x(max(speedups))) if speedups else ("", "")
     spread = "" if not speedups else f" ({low} eager)" if low == high else f" ({low}-{high} eager)"
     others = sorted({f"{c['artifact']} at {label}" for label, c in points.items() if c and c["artifact"] != chosen})
@@ -81,10 +90,14 @@ def _x(value: float) -> str:
 
 def summary_line(summary: Mapping[str, Any]) -> str:
     """The run summary's line for one model (its run document's `benchmark`)."""
-    points = {label: {"artifact": best, "speedup_vs_eager": summary["speedup_vs_eager"].get(label)} if best else None
-              for label, best in summary["best"].items()}
+    points = {
+        label: {"artifact": best, "speedup_vs_eager": summary["speedup_vs_eager"].get(label)} if best else None
+        for label, best in summary["best"].items()
+    }
     wins = sum(1 for best in summary["best"].values() if best == summary["recommended"])
-    return recommendation_sentence({"artifact": summary["recommended"], "wins": wins, "points": points}, summary["points"])
+    return recommendation_sentence(
+        {"artifact": summary["recommended"], "wins": wins, "points": points}, summary["points"]
+    )
 
 
 def _series(summary: Mapping[str, Any]) -> tuple[list[str], dict[str, list[float | None]]]:

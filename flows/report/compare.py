@@ -38,7 +38,6 @@ from pt2flow.flows.report.text import decoded, op_changes
 from pt2flow.storage.errors import RecordNotFound
 
 
-
 def stage_columns() -> tuple[str, ...]:
     """The stages a report walks, the source first, in pipeline order (flows/pipeline)."""
     return ("source", *pipeline.names())
@@ -48,6 +47,7 @@ def graph_stages() -> tuple[str, ...]:
     """Where the graph is read: the newest program stage a run has (decompose, else
     functionalize, else trace)."""
     return tuple(reversed(pipeline.program_stages()))
+
 
 REPORT_VERSION = 1
 
@@ -99,7 +99,10 @@ def build_report(index: Any, run_a: str, run_b: str, *, selection: RunSelection 
     cached = [s[package] for per in (per_a, per_b) for s in per.values() if s.get(package, {}).get("cached")]
     originals = _original_compile_records(index, cached)
 
-    models = [_compare_model(name, per_a.get(name), per_b.get(name), originals, whole_a, per_b) for name in sorted(set(per_a) | set(per_b))]
+    models = [
+        _compare_model(name, per_a.get(name), per_b.get(name), originals, whole_a, per_b)
+        for name in sorted(set(per_a) | set(per_b))
+    ]
     runs = Runs(a=_run_summary(run_a, whole_a, rows_a), b=_run_summary(run_b, per_b, rows_b))  # the runs whole
     report = DriftReport(
         report_version=REPORT_VERSION,
@@ -131,7 +134,9 @@ def _summary(models: Sequence[ModelDrift]) -> DriftSummary:
         changed=sum(1 for m in both if m.changes),
         unchanged=sum(1 for m in both if not m.changes),
         # a torch upgrade changes every stage key (the source key does not depend on torch)
-        all_keys_changed=sum(1 for m in both if m.keys_changed and set(m.keys_changed) >= _stages_of(m.status.a) & _stages_of(m.status.b)),
+        all_keys_changed=sum(
+            1 for m in both if m.keys_changed and set(m.keys_changed) >= _stages_of(m.status.a) & _stages_of(m.status.b)
+        ),
     )
 
 
@@ -163,7 +168,9 @@ def _original_compile_records(index: Any, cached: Sequence[Mapping[str, Any]]) -
     digests = sorted({r["sha256"] for r in cached if r.get("sha256")})
     condition = pc.field("stage") == _kind("package")
     condition = condition & (pc.field("key").isin(keys) | pc.field("sha256").isin(digests))
-    table = index.scan(["record_id", "run_id", "key", "sha256", "status", "cached", "seconds", "ended_at"], filter=condition)
+    table = index.scan(
+        ["record_id", "run_id", "key", "sha256", "status", "cached", "seconds", "ended_at"], filter=condition
+    )
     floor = datetime.min.replace(tzinfo=UTC)
     originals = [r for r in table.to_pylist() if r["status"] == "ok" and not r["cached"] and r["seconds"] is not None]
     originals.sort(key=lambda r: r["ended_at"] or floor, reverse=True)
@@ -190,8 +197,13 @@ def _state(stages: Stages | None, name: str = "", run: Mapping[str, Stages] | No
     parent, _, own = name.partition("/")
     failed = [s for s in stage_columns() if s in stages and stages[s].get("status") != "ok"]
     judged = stages.get(_kind("report")) or ((run.get(parent) or {}).get(_kind("report")) if own else None) or {}
-    verdicts = {kind: bool(v.get("passed")) for kind, v in ((decoded(judged.get("validation")) or {}).get("verdicts") or {}).items()}
-    if failed and judged.get("status") == "ok":  # validate ran after them: the model did without those stages (`require:`)
+    verdicts = {
+        kind: bool(v.get("passed"))
+        for kind, v in ((decoded(judged.get("validation")) or {}).get("verdicts") or {}).items()
+    }
+    if (
+        failed and judged.get("status") == "ok"
+    ):  # validate ran after them: the model did without those stages (`require:`)
         verdicts.update({pipeline.get(s).artifact or s: False for s in failed if s in pipeline.names()})
         failed = []
     first = stages[failed[0]] if failed else None
@@ -266,8 +278,12 @@ def _validation(stages: Stages) -> dict[str, Any]:
     summary = decoded(record.get("validation")) or {}
     return {
         "passed": record.get("passed") if record.get("passed") is not None else summary.get("passed"),
-        "max_abs_err": record.get("max_abs_err") if record.get("max_abs_err") is not None else summary.get("max_abs_err"),
-        "max_rel_err": record.get("max_rel_err") if record.get("max_rel_err") is not None else summary.get("max_rel_err"),
+        "max_abs_err": record.get("max_abs_err")
+        if record.get("max_abs_err") is not None
+        else summary.get("max_abs_err"),
+        "max_rel_err": record.get("max_rel_err")
+        if record.get("max_rel_err") is not None
+        else summary.get("max_rel_err"),
         "latency_ms": summary.get("latency_ms") or {},
         "cached": bool(record.get("cached")),
     }
@@ -281,8 +297,14 @@ def _timings(stages: Stages) -> dict[str, Any] | None:
 
 def _latency_facts(timed_a: Mapping[str, Any] | None, timed_b: Mapping[str, Any] | None) -> dict[str, Numbers] | None:
     """The benchmark's p50 of each artifact at each size ("onnx batch=8"), before and after."""
+
     def flat(timed: Mapping[str, Any] | None) -> dict[str, float]:
-        return {f"{name} {label}": v for name, per in ((timed or {}).get("p50_ms") or {}).items() for label, v in per.items() if v is not None}
+        return {
+            f"{name} {label}": v
+            for name, per in ((timed or {}).get("p50_ms") or {}).items()
+            for label, v in per.items()
+            if v is not None
+        }
 
     lat_a, lat_b = flat(timed_a), flat(timed_b)
     return {k: Numbers.of(lat_a.get(k), lat_b.get(k)) for k in sorted(set(lat_a) | set(lat_b))} or None
@@ -333,7 +355,9 @@ def _torch_change(a: Sequence[str], b: Sequence[str]) -> TorchChange:
 
 def _histogram_diff(a: Mapping[str, int], b: Mapping[str, int]) -> OpHistogramDiff:
     added, removed, changed = op_changes(a, b)
-    return OpHistogramDiff(added=added, removed=removed, changed=changed, changed_ops=len(added) + len(removed) + len(changed))
+    return OpHistogramDiff(
+        added=added, removed=removed, changed=changed, changed_ops=len(added) + len(removed) + len(changed)
+    )
 
 
 def _status_change(a: ModelState | None, b: ModelState | None) -> str:
@@ -350,8 +374,14 @@ def _status_change(a: ModelState | None, b: ModelState | None) -> str:
     return "ok"
 
 
-def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Stages,
-                   run_a: Mapping[str, Stages] | None = None, run_b: Mapping[str, Stages] | None = None) -> ModelDrift:
+def _compare_model(
+    name: str,
+    a: Stages | None,
+    b: Stages | None,
+    originals: Stages,
+    run_a: Mapping[str, Stages] | None = None,
+    run_b: Mapping[str, Stages] | None = None,
+) -> ModelDrift:
     state_a, state_b = _state(a, name, run_a), _state(b, name, run_b)
     presence = "both" if a is not None and b is not None else ("a" if a is not None else "b")
     torch_version = Pair.of(_torch_of(a), _torch_of(b))
@@ -366,8 +396,14 @@ def _compare_model(name: str, a: Stages | None, b: Stages | None, originals: Sta
         status=StatusChange(a=state_a, b=state_b, change=_status_change(state_a, state_b)),
         torch_version=torch_version,
         source=_source_facts(a.get("source") or {}, b.get("source") or {}),
-        static_fallback=Pair(a=static_a, b=static_b, changed=state_a is not None and state_b is not None and static_a != static_b),
-        keys_changed=[s for s in stage_columns() if s in a and s in b and a[s].get("key") and b[s].get("key") and a[s]["key"] != b[s]["key"]],
+        static_fallback=Pair(
+            a=static_a, b=static_b, changed=state_a is not None and state_b is not None and static_a != static_b
+        ),
+        keys_changed=[
+            s
+            for s in stage_columns()
+            if s in a and s in b and a[s].get("key") and b[s].get("key") and a[s]["key"] != b[s]["key"]
+        ],
         graph=_graph_facts(_graph(a), _graph(b)),
         **_cost_facts(a, b, originals),
         validation=validation,
@@ -395,7 +431,11 @@ def _source_facts(src_a: Mapping[str, Any], src_b: Mapping[str, Any]) -> SourceF
 
 
 def _graph_facts(graph_a: Mapping[str, Any], graph_b: Mapping[str, Any]) -> GraphFacts:
-    hist = _histogram_diff(graph_a.get("op_histogram") or {}, graph_b.get("op_histogram") or {}) if graph_a and graph_b else _histogram_diff({}, {})
+    hist = (
+        _histogram_diff(graph_a.get("op_histogram") or {}, graph_b.get("op_histogram") or {})
+        if graph_a and graph_b
+        else _histogram_diff({}, {})
+    )
     return GraphFacts(
         stage=Pair.of(graph_a.get("stage"), graph_b.get("stage")),
         fingerprint=Pair.of(graph_a.get("fingerprint"), graph_b.get("fingerprint")),
@@ -416,12 +456,21 @@ def _cost_facts(a: Stages, b: Stages, originals: Stages) -> dict[str, Any]:
     return {
         "archive_size": Numbers.of((archive_a or {}).get("size"), (archive_b or {}).get("size")),
         "package_size": Numbers.of((package_a or {}).get("size"), (package_b or {}).get("size")),
-        "compile_seconds": CompileSeconds(**dict(seconds), a_cached=cached_a, b_cached=cached_b, a_compiled_in=by_a, b_compiled_in=by_b),
+        "compile_seconds": CompileSeconds(
+            **dict(seconds), a_cached=cached_a, b_cached=cached_b, a_compiled_in=by_a, b_compiled_in=by_b
+        ),
     }
 
 
-def _artifact_facts(name: str, a: Stages, b: Stages, state_a: ModelState | None, state_b: ModelState | None,
-                    run_a: Mapping[str, Stages] | None, run_b: Mapping[str, Stages] | None) -> dict[str, ArtifactFacts] | None:
+def _artifact_facts(
+    name: str,
+    a: Stages,
+    b: Stages,
+    state_a: ModelState | None,
+    state_b: ModelState | None,
+    run_a: Mapping[str, Stages] | None,
+    run_b: Mapping[str, Stages] | None,
+) -> dict[str, ArtifactFacts] | None:
     """Each deliverable kind (pipeline.document_slots: the archive, the package, every target's)
     that either run built, tried to build or judged: its size and its own verdict, before and
     after. The verdict is the model state's (validate's, or a stage that failed before a validate
@@ -437,8 +486,10 @@ def _artifact_facts(name: str, a: Stages, b: Stages, state_a: ModelState | None,
         found[kind] = ArtifactFacts(
             size=Numbers.of(built_a.get("size"), built_b.get("size")),
             passed=Pair.of(passed_a, passed_b),
-            error_class=Pair.of(_verdict_class(name, a, run_a, kind, stage) if passed_a is False else None,
-                                _verdict_class(name, b, run_b, kind, stage) if passed_b is False else None),
+            error_class=Pair.of(
+                _verdict_class(name, a, run_a, kind, stage) if passed_a is False else None,
+                _verdict_class(name, b, run_b, kind, stage) if passed_b is False else None,
+            ),
         )
     return found or None
 
@@ -446,14 +497,18 @@ def _artifact_facts(name: str, a: Stages, b: Stages, state_a: ModelState | None,
 def _verdict_class(name: str, stages: Stages, run: Mapping[str, Stages] | None, kind: str, stage: str) -> str | None:
     """The class of a failed kind's verdict: validate's, else its stage's failure (a component's, for a generative model)."""
     record = stages.get(_kind("report"))
-    verdict = ((decoded(record.get("validation")) or {}).get("verdicts") or {}).get(kind) if record is not None else None
+    verdict = (
+        ((decoded(record.get("validation")) or {}).get("verdicts") or {}).get(kind) if record is not None else None
+    )
     if verdict and verdict.get("error_class"):
         return str(verdict["error_class"])
     own = [stages] + [theirs for component, theirs in sorted((run or {}).items()) if component.startswith(f"{name}/")]
     return next((s[stage].get("error_class") for s in own if stage in s and s[stage].get("status") != "ok"), None)
 
 
-def _validation_facts(val_a: Mapping[str, Any], val_b: Mapping[str, Any]) -> tuple[ValidationFacts, dict[str, Numbers] | None]:
+def _validation_facts(
+    val_a: Mapping[str, Any], val_b: Mapping[str, Any]
+) -> tuple[ValidationFacts, dict[str, Numbers] | None]:
     """The validation facts, and the latency per measurement (None: neither run measured it)."""
     lat_a, lat_b = val_a.get("latency_ms") or {}, val_b.get("latency_ms") or {}
     facts = ValidationFacts(
@@ -474,8 +529,11 @@ def _changes(entry: ModelDrift) -> list[str]:
     status = entry.status
     if status.change not in ("ok", "still_failing"):
         out.append("status")
-    elif status.change == "still_failing" and status.a and status.b and (
-        (status.a.failed_stage, status.a.error_class) != (status.b.failed_stage, status.b.error_class)
+    elif (
+        status.change == "still_failing"
+        and status.a
+        and status.b
+        and ((status.a.failed_stage, status.a.error_class) != (status.b.failed_stage, status.b.error_class))
     ):
         out.append("failure")
     out += [field for field in ("factory", "kwargs", "code_hash", "weights") if getattr(entry.source, field).changed]
@@ -484,10 +542,18 @@ def _changes(entry: ModelDrift) -> list[str]:
     if entry.torch_version.changed:
         out.append("torch_version")
     graph = entry.graph
-    out += [field for field in ("fingerprint", "node_count", "signature", "range_constraints") if getattr(graph, field).changed]
+    out += [
+        field
+        for field in ("fingerprint", "node_count", "signature", "range_constraints")
+        if getattr(graph, field).changed
+    ]
     if graph.op_histogram.changed_ops:
         out.append("op_histogram")
-    out += [field for field, facts in (("archive_size", entry.archive_size), ("package_size", entry.package_size)) if facts.changed]
+    out += [
+        field
+        for field, facts in (("archive_size", entry.archive_size), ("package_size", entry.package_size))
+        if facts.changed
+    ]
     if entry.validation.max_abs_err.changed:
         out.append("max_abs_err")
     return out

@@ -34,21 +34,35 @@ def render_compat(doc: Mapping[str, Any], console: Any) -> None:
     """A rich table: per model and artifact, loads / runs / matches and the class."""
     from rich.table import Table
 
-    table = Table(title=f"run {doc['run_id']}: built with torch {', '.join(doc['built_with']) or '?'}, checked with {doc['torch_version']}", title_justify="left")
+    table = Table(
+        title=f"run {doc['run_id']}: built with torch {', '.join(doc['built_with']) or '?'}, checked with {doc['torch_version']}",
+        title_justify="left",
+    )
     for column in ("model", "artifact", "loads", "runs", "matches", "max abs err", "class"):
         table.add_column(column)
     for model in doc["models"]:
         for kind, artifact in checked_artifacts(model):
             err = artifact["max_abs_err"]
-            table.add_row(model["name"] if len(doc.get("runs") or []) < 2 else f"{model['name']} ({model['run_id']})", f"{kind} {artifact['sha256'][:12]}", _flag(artifact["loads"]), _flag(artifact["runs"]), _flag(artifact["matches"]),
-                          "-" if err is None else f"{err:.3g}", artifact["error_class"] or ("not checked" if artifact.get("skipped") else "ok"))
+            table.add_row(
+                model["name"] if len(doc.get("runs") or []) < 2 else f"{model['name']} ({model['run_id']})",
+                f"{kind} {artifact['sha256'][:12]}",
+                _flag(artifact["loads"]),
+                _flag(artifact["runs"]),
+                _flag(artifact["matches"]),
+                "-" if err is None else f"{err:.3g}",
+                artifact["error_class"] or ("not checked" if artifact.get("skipped") else "ok"),
+            )
     console.print(table)
     if doc.get("selection"):
         console.print(f"runs: {doc['selection']['reason']}", markup=False, highlight=False)
     for model in doc["models"]:
         for kind, artifact in checked_artifacts(model):
             if artifact.get("error"):
-                console.print(f"[bold]{model['name']}[/bold] {kind}: {artifact['error_class']}: {artifact['error']}", markup=True, highlight=False)
+                console.print(
+                    f"[bold]{model['name']}[/bold] {kind}: {artifact['error_class']}: {artifact['error']}",
+                    markup=True,
+                    highlight=False,
+                )
             elif artifact.get("skipped"):
                 console.print(f"{model['name']} {kind}: {artifact['skipped']}", markup=False, highlight=False)
         if model.get("note"):

@@ -24,15 +24,22 @@ def _fit(line: str, console: Any) -> str:
 def _headline(report: Mapping[str, Any]) -> str:
     s = report["summary"]
     against = f" against {report['against']}" if report.get("against") else ""
-    return (f"{s['failures']} failed model(s) in {s['groups']} group(s){against}: {s['new']} new, {s['persisting']} persisting, "
-            f"{s['gone']} gone")
+    return (
+        f"{s['failures']} failed model(s) in {s['groups']} group(s){against}: {s['new']} new, {s['persisting']} persisting, "
+        f"{s['gone']} gone"
+    )
 
 
 def render_failures(report: Mapping[str, Any], console: Any) -> None:
     """`pt2flow failures` on the terminal: one block per group, largest first, gone groups last."""
     from rich.text import Text
 
-    console.print(Text(f"failures of run {report['run_id']}" + (f" in {report['store']}" if report.get("store") else ""), style="bold"))
+    console.print(
+        Text(
+            f"failures of run {report['run_id']}" + (f" in {report['store']}" if report.get("store") else ""),
+            style="bold",
+        )
+    )
     console.print(Text(_headline(report)))
     console.print(Text(f"runs: {report['selection']}", style="dim"))
     for i, group in enumerate(report["groups"], 1):
@@ -50,7 +57,9 @@ def render_group(group: Mapping[str, Any], console: Any, *, number: int | None =
     head.append(f"  ({group['id']})", style="dim")
     console.print(head)
     console.print(Text(f"   cause:  {group['subject']}"))
-    console.print(Text(_fit(f"   where:  {group['where']}" + (f"  ({group['code']})" if group.get("code") else ""), console)))
+    console.print(
+        Text(_fit(f"   where:  {group['where']}" + (f"  ({group['code']})" if group.get("code") else ""), console))
+    )
     if group["status"] == "gone":
         console.print(Text(f"   was:    {_models(group['models_against'])}", style="green"))
         return
@@ -67,10 +76,16 @@ def render_group(group: Mapping[str, Any], console: Any, *, number: int | None =
     draft = group.get("draft_report") or []
     if draft:
         total = sum(d["issues"] for d in draft)
-        console.print(Text(f"   draft_export ({group['representative']['model']}): {total} issue(s), {len(draft)} distinct cause(s)"))
+        console.print(
+            Text(
+                f"   draft_export ({group['representative']['model']}): {total} issue(s), {len(draft)} distinct cause(s)"
+            )
+        )
         for issue in draft:
             code = f"  `{issue['code']}`" if issue.get("code") and issue["code"] not in issue["where"] else ""
-            console.print(Text(f"     ×{issue['occurrences']} {issue['subject']} · {issue['where']}{code}", style="dim"))
+            console.print(
+                Text(f"     ×{issue['occurrences']} {issue['subject']} · {issue['where']}{code}", style="dim")
+            )
 
 
 def render_run_groups(groups: Sequence[Mapping[str, Any]], console: Any, command: str | None = None) -> None:
@@ -82,16 +97,26 @@ def render_run_groups(groups: Sequence[Mapping[str, Any]], console: Any, command
     gone = [g for g in groups if g["status"] == "gone"]
     if not live and not gone:
         return
-    console.print(Text(f"{sum(g['count'] for g in live)} failure(s) in {len(live)} group(s) by root cause"
-                       + (f"; {len(gone)} group(s) of the previous run gone" if gone else "")
-                       + (f" (in full: {command}):" if command else " (pt2flow failures):"), style="bold"))
+    console.print(
+        Text(
+            f"{sum(g['count'] for g in live)} failure(s) in {len(live)} group(s) by root cause"
+            + (f"; {len(gone)} group(s) of the previous run gone" if gone else "")
+            + (f" (in full: {command}):" if command else " (pt2flow failures):"),
+            style="bold",
+        )
+    )
     for g in live:
         line = Text(f"  [{g['status']}] ", style=_STATUS_STYLE.get(g["status"], ""))
         line.append(f"{g['count']} × {g['error_class']} at {g['stage']}: {g['subject']} · {g['where']}")
         line.append(f" — {_models(g['models'], 6)}", style="dim")
         console.print(line)
     for g in gone:
-        console.print(Text(f"  [gone] {g['error_class']} at {g['stage']}: {g['subject']} · {g['where']} — was {_models(g['models_against'], 6)}", style="green"))
+        console.print(
+            Text(
+                f"  [gone] {g['error_class']} at {g['stage']}: {g['subject']} · {g['where']} — was {_models(g['models_against'], 6)}",
+                style="green",
+            )
+        )
 
 
 def _md(text: Any) -> str:
@@ -106,8 +131,10 @@ def groups_markdown(groups: Sequence[Mapping[str, Any]], *, title: str = "## Fai
     for g in groups:
         names = g["models"] if g["status"] != "gone" else g["models_against"]
         repro = f"`{g['repro']}`" if g.get("repro") else "-"
-        lines.append(f"| {g['status']} | {len(names)}: {_md(_models(names, 8))} | {g['error_class']} @ {g['stage']} | "
-                     f"{_md(g['subject'])} | `{_md(g['where'])}` | {repro} |")
+        lines.append(
+            f"| {g['status']} | {len(names)}: {_md(_models(names, 8))} | {g['error_class']} @ {g['stage']} | "
+            f"{_md(g['subject'])} | `{_md(g['where'])}` | {repro} |"
+        )
     return lines + [""]
 
 
@@ -117,7 +144,10 @@ def failures_html(report: Mapping[str, Any]) -> str:
     rows = []
     for g in report["groups"]:
         names = g["models"] if g["status"] != "gone" else g["models_against"]
-        draft = "".join(f"<li>×{d['occurrences']} {e(d['subject'])} · <code>{e(d['where'])}</code></li>" for d in g.get("draft_report") or [])
+        draft = "".join(
+            f"<li>×{d['occurrences']} {e(d['subject'])} · <code>{e(d['where'])}</code></li>"
+            for d in g.get("draft_report") or []
+        )
         rows.append(
             f"<tr class='{e(g['status'])}'><td>{e(g['status'])}</td><td>{len(names)}</td><td>{e(g['error_class'])} @ {e(g['stage'])}</td>"
             f"<td>{e(g['subject'])}<br><code>{e(g['where'])}</code></td><td>{e(', '.join(names))}</td>"
@@ -125,12 +155,12 @@ def failures_html(report: Mapping[str, Any]) -> str:
             f"<td>{'<code>' + e(g['repro']) + '</code>' if g.get('repro') else e(g.get('repro_note') or '-')}</td></tr>"
         )
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>pt2flow failures {e(report['run_id'])}</title>
+<html><head><meta charset="utf-8"><title>pt2flow failures {e(report["run_id"])}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}
 tr.new td:first-child{{color:#b00;font-weight:bold}}tr.gone{{color:#080}}pre{{white-space:pre-wrap;max-width:50em;margin:0}}</style></head>
-<body><h1>pt2flow failures: run <code>{e(report['run_id'])}</code></h1>
-<p>{e(_headline(report))}</p><p><small>runs: {e(report['selection'])}</small></p>
+<body><h1>pt2flow failures: run <code>{e(report["run_id"])}</code></h1>
+<p>{e(_headline(report))}</p><p><small>runs: {e(report["selection"])}</small></p>
 <table><tr><th>status</th><th>models</th><th>class @ stage</th><th>cause · where</th><th>models</th><th>message</th><th>repro</th></tr>
-{''.join(rows)}
+{"".join(rows)}
 </table></body></html>
 """

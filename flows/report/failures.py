@@ -89,7 +89,9 @@ _DATA_DEPENDENT = (
     re.compile(r"data-dependent expression (.+?)(?: \(unhinted|\.|$)", re.M),
     re.compile(r"unable to evaluate the value of `(.+?)`"),
 )
-_ANY_OP = re.compile(r"\b(aten\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?|[a-z_][\w]*::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?|torch\.ops\.[a-z_]\w*\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)")
+_ANY_OP = re.compile(
+    r"\b(aten\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?|[a-z_][\w]*::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?|torch\.ops\.[a-z_]\w*\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)"
+)
 _EXC_PREFIX = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Unsupported|Node|Violation|Failure)\w*: )+")
 _TRIED = re.compile(r"\s*\(tried: [^)]*\)\s*$")
 
@@ -158,7 +160,7 @@ def _module_of_path(path: str) -> str:
     parts = re.split(r"[/\\]", path)
     for marker in ("site-packages", "dist-packages"):
         if marker in parts:
-            rest = parts[parts.index(marker) + 1:]
+            rest = parts[parts.index(marker) + 1 :]
             return ".".join(rest).removesuffix(".py").removesuffix(".__init__")
     return parts[-1].removesuffix(".py")
 
@@ -205,8 +207,15 @@ class Signature(Fact):
         return f"{self.error_class} · {self.stage} · {self.subject} · {self.where}"
 
 
-def signature(error_class: str | None, stage: str | None, message: str | None, *, origin: Mapping[str, Any] | None = None,
-              texts: Sequence[str | None] = (), model: str | None = None) -> Signature:
+def signature(
+    error_class: str | None,
+    stage: str | None,
+    message: str | None,
+    *,
+    origin: Mapping[str, Any] | None = None,
+    texts: Sequence[str | None] = (),
+    model: str | None = None,
+) -> Signature:
     """The signature of one failure: its class, stage, subject (from `message`) and where (the
     recorded `origin`, else frames named in the message or `texts`: a traceback, stderr)."""
     error_class, stage = error_class or "internal", stage or "setup"
@@ -222,7 +231,14 @@ def record_origin(record: Mapping[str, Any]) -> dict[str, Any] | None:
     origin = details.get("origin") if isinstance(details, dict) else None
     attempts = (details.get("attempts") or []) if isinstance(details, dict) else []
     if not origin:
-        origin = next((a.get("origin") for a in attempts if a.get("origin") and a.get("error_class") == record.get("error_class")), None)
+        origin = next(
+            (
+                a.get("origin")
+                for a in attempts
+                if a.get("origin") and a.get("error_class") == record.get("error_class")
+            ),
+            None,
+        )
     return origin
 
 
@@ -231,8 +247,14 @@ def record_signature(record: Mapping[str, Any]) -> Signature:
     traceback, stderr_tail)."""
     details = decoded(record.get("details")) or {}
     texts = [details.get("traceback"), details.get("stderr_tail")] if isinstance(details, dict) else []
-    return signature(record.get("error_class"), record.get("stage"), record.get("error_message"), origin=record_origin(record), texts=texts,
-                     model=record.get("model"))
+    return signature(
+        record.get("error_class"),
+        record.get("stage"),
+        record.get("error_message"),
+        origin=record_origin(record),
+        texts=texts,
+        model=record.get("model"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +286,7 @@ def draft_issues(report: str) -> list[DraftIssue]:
     starts = list(_DRAFT_ISSUE.finditer(text))
     grouped: dict[tuple[str, str], DraftIssue] = {}
     for i, start in enumerate(starts):
-        body = text[start.end(): starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+        body = text[start.end() : starts[i + 1].start() if i + 1 < len(starts) else len(text)]
         user = body.split("framework stacktrace", 1)[0].split("Locals:", 1)[0]
         frames = [(path, function, (code or "").strip()) for path, _line, function, code in _DRAFT_FRAME.findall(user)]
         own = [f for f in frames if not _is_library(f[0])]
@@ -272,7 +294,11 @@ def draft_issues(report: str) -> list[DraftIssue]:
         if frame is not None:
             where = f"{_module_of_path(frame[0])}:{frame[1]}"
         else:  # torch left the frames out (structured tracing on): the user's line of code is what is left
-            lines = [line.strip() for line in user.split("user stacktrace:", 1)[-1].splitlines() if line.strip()] if "user stacktrace:" in user else []
+            lines = (
+                [line.strip() for line in user.split("user stacktrace:", 1)[-1].splitlines() if line.strip()]
+                if "user stacktrace:" in user
+                else []
+            )
             frame = ("", "", lines[-1]) if lines else None
             where = f"`{normalise(lines[-1])}`" if lines else "-"
         subject = subject_of(body) if subject_of(body) != "-" else normalise(start.group(2))
@@ -286,8 +312,15 @@ def draft_issues(report: str) -> list[DraftIssue]:
             grouped[key].occurrences += occurrences
         else:
             digest = hashlib.sha256(f"{subject}\0{where}".encode()).hexdigest()[:12]
-            grouped[key] = DraftIssue(signature=digest, subject=subject, where=where, title=start.group(2).strip(), issues=1,
-                                      occurrences=occurrences, code=frame[2] or None if frame else None)
+            grouped[key] = DraftIssue(
+                signature=digest,
+                subject=subject,
+                where=where,
+                title=start.group(2).strip(),
+                issues=1,
+                occurrences=occurrences,
+                code=frame[2] or None if frame else None,
+            )
     return sorted(grouped.values(), key=lambda d: (-d.occurrences, d.subject))
 
 
@@ -346,7 +379,6 @@ class FailureReport(Fact):
     store: str | None = None  # the store read (added compatibly: an empty answer names where it looked)
 
 
-
 def first_failures(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """model -> the record of its first failed stage (pipeline order, source first), from one
     run's records (the newest record of each stage counts)."""
@@ -367,7 +399,19 @@ def first_failures(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any
 def _run_rows(index: Any, run_id: str) -> list[dict[str, Any]]:
     import pyarrow.compute as pc
 
-    columns = ["record_id", "run_id", "model", "stage", "status", "cached", "sha256", "error_class", "error_message", "details", "ended_at"]
+    columns = [
+        "record_id",
+        "run_id",
+        "model",
+        "stage",
+        "status",
+        "cached",
+        "sha256",
+        "error_class",
+        "error_message",
+        "details",
+        "ended_at",
+    ]
     return index.scan(columns, filter=pc.field("run_id") == run_id).to_pylist()
 
 
@@ -393,8 +437,15 @@ def _message(record: Mapping[str, Any], limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 2] + " …"
 
 
-def failure_report(index: Any, run_id: str, against: str | None = None, *, pick_against: bool = True, blobs: Any = None,
-                   store_url: str | None = None) -> FailureReport:
+def failure_report(
+    index: Any,
+    run_id: str,
+    against: str | None = None,
+    *,
+    pick_against: bool = True,
+    blobs: Any = None,
+    store_url: str | None = None,
+) -> FailureReport:
     """Run `run_id`'s failures grouped by signature, largest first, each marked new or persisting
     against `against` (default with pick_against: runs.report_pair's partner; none: all new),
     then the groups only `against` had (gone). `blobs`: a store to read trace failures'
@@ -424,15 +475,26 @@ def failure_report(index: Any, run_id: str, against: str | None = None, *, pick_
             selection += f"; {len(left_out)} model(s) of {against} that {run_id} did not cover are not compared"
     groups = _groups(mine, theirs, blobs, store_url)
     summary = FailureSummary(
-        failures=len(mine), groups=sum(1 for g in groups if g.status != "gone"),
-        new=sum(1 for g in groups if g.status == "new"), persisting=sum(1 for g in groups if g.status == "persisting"),
+        failures=len(mine),
+        groups=sum(1 for g in groups if g.status != "gone"),
+        new=sum(1 for g in groups if g.status == "new"),
+        persisting=sum(1 for g in groups if g.status == "persisting"),
         gone=sum(1 for g in groups if g.status == "gone"),
         fixed_models=len([m for m in theirs if m not in mine]),
     )
-    return FailureReport(failures_version=FAILURES_VERSION, run_id=run_id, against=against, selection=selection, summary=summary, groups=groups)
+    return FailureReport(
+        failures_version=FAILURES_VERSION,
+        run_id=run_id,
+        against=against,
+        selection=selection,
+        summary=summary,
+        groups=groups,
+    )
 
 
-def _groups(mine: Mapping[str, dict[str, Any]], theirs: Mapping[str, dict[str, Any]], blobs: Any, store_url: str | None) -> list[FailureGroup]:
+def _groups(
+    mine: Mapping[str, dict[str, Any]], theirs: Mapping[str, dict[str, Any]], blobs: Any, store_url: str | None
+) -> list[FailureGroup]:
     by_sig: dict[str, list[tuple[Signature, dict[str, Any]]]] = {}
     for record in mine.values():
         sig = record_signature(record)
@@ -443,15 +505,22 @@ def _groups(mine: Mapping[str, dict[str, Any]], theirs: Mapping[str, dict[str, A
         before.setdefault(sig.id, []).append((sig, record))
     groups = []
     for sig_id, members in by_sig.items():
-        groups.append(_group(members, before.get(sig_id, []), "persisting" if sig_id in before else "new", blobs, store_url))
+        groups.append(
+            _group(members, before.get(sig_id, []), "persisting" if sig_id in before else "new", blobs, store_url)
+        )
     groups.sort(key=lambda g: (-g.count, g.error_class, g.subject))
     gone = [_group(members, members, "gone", None, None) for sig_id, members in before.items() if sig_id not in by_sig]
     gone.sort(key=lambda g: (-len(g.models_against), g.error_class, g.subject))
     return groups + gone
 
 
-def _group(members: Sequence[tuple[Signature, dict[str, Any]]], against: Sequence[tuple[Signature, dict[str, Any]]], status: str, blobs: Any,
-           store_url: str | None) -> FailureGroup:
+def _group(
+    members: Sequence[tuple[Signature, dict[str, Any]]],
+    against: Sequence[tuple[Signature, dict[str, Any]]],
+    status: str,
+    blobs: Any,
+    store_url: str | None,
+) -> FailureGroup:
     sig = members[0][0]
     records = sorted((r for _, r in members), key=lambda r: r["model"])
     representative = records[0]
@@ -460,12 +529,27 @@ def _group(members: Sequence[tuple[Signature, dict[str, Any]]], against: Sequenc
     origin = record_origin(representative) or {}
     code = f"line {origin.get('line')}: {origin['code']}" if origin.get("code") else None
     return FailureGroup(
-        id=sig.id, signature=sig.text, error_class=sig.error_class, stage=sig.stage, subject=sig.subject, where=sig.where, code=code,
-        status=status, count=len(shown), models=shown, models_against=sorted(r["model"] for _, r in against),
+        id=sig.id,
+        signature=sig.text,
+        error_class=sig.error_class,
+        stage=sig.stage,
+        subject=sig.subject,
+        where=sig.where,
+        code=code,
+        status=status,
+        count=len(shown),
+        models=shown,
+        models_against=sorted(r["model"] for _, r in against),
         message=_message(representative),
-        representative=Representative(model=representative["model"], run_id=representative["run_id"], record_id=representative.get("record_id"),
-                                      report=representative.get("sha256"), cached=bool(representative.get("cached"))),
-        repro=repro if status != "gone" else None, repro_note=note if status != "gone" else None,
+        representative=Representative(
+            model=representative["model"],
+            run_id=representative["run_id"],
+            record_id=representative.get("record_id"),
+            report=representative.get("sha256"),
+            cached=bool(representative.get("cached")),
+        ),
+        repro=repro if status != "gone" else None,
+        repro_note=note if status != "gone" else None,
         draft_report=_draft(representative, blobs) if status != "gone" else None,
     )
 
@@ -502,7 +586,9 @@ def failures_of(store: Any, run: str | None = None, against: str | None = None) 
     return report.model_dump(mode="json")
 
 
-def run_groups(index: Any, run_id: str, against: str | None = None, store_url: str | None = None) -> list[dict[str, Any]]:
+def run_groups(
+    index: Any, run_id: str, against: str | None = None, store_url: str | None = None
+) -> list[dict[str, Any]]:
     """The groups of a run as the run document and the fleet's markdown carry them (no draft
     reports, no messages): against `against`, else the run `report` pairs it with."""
     report = failure_report(index, run_id, against, pick_against=against is None, store_url=store_url)

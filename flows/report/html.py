@@ -16,16 +16,39 @@ from pt2flow.flows.report.plot import Row, bar_chart
 from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_GROWTH, flagged_fields, regressions, row_order
 from pt2flow.flows.report.templating import environment
 from pt2flow.flows.report.text import (
-    artifact_rows, format_size,
-    arrow, compile_text, err, latency_text, ops_text, pct, ranges_text, secs, signature_cell, signature_text, status_text,
-    torch_line, when,
+    artifact_rows,
+    format_size,
+    arrow,
+    compile_text,
+    err,
+    latency_text,
+    ops_text,
+    pct,
+    ranges_text,
+    secs,
+    signature_cell,
+    signature_text,
+    status_text,
+    torch_line,
+    when,
 )
 
 PLOT_MODELS = 40  # bars per plot; a fleet shows the models that changed most
 
 _HEADINGS = (
-    "model", "status", "artifacts", "changes", "nodes", "ops after decompose", "signature", "range constraints",
-    "archive", "package", "compile time", "max abs err", "latency",
+    "model",
+    "status",
+    "artifacts",
+    "changes",
+    "nodes",
+    "ops after decompose",
+    "signature",
+    "range constraints",
+    "archive",
+    "package",
+    "compile time",
+    "max abs err",
+    "latency",
 )
 # (field, its regression rule, caption, value format)
 _PLOTS = (
@@ -60,7 +83,12 @@ def _joined(items: Sequence[Any]) -> str:
 def _template() -> Any:
     env = environment(finalize=_escape)
     env.globals.update(
-        anchor=anchor, status_text=status_text, signature_text=signature_text, ranges_text=ranges_text, source_value=_source_value, joined=_joined,
+        anchor=anchor,
+        status_text=status_text,
+        signature_text=signature_text,
+        ranges_text=ranges_text,
+        source_value=_source_value,
+        joined=_joined,
     )
     return env.get_template("report.html.j2")
 
@@ -78,26 +106,35 @@ def to_html(comparison: Mapping[str, Any], *, plot_models: int = PLOT_MODELS) ->
     for field, rule, label, unit in _PLOTS:
         rows, note = _plot_rows(comparison, field, rule, found, plot_models)
         plots.append(Markup(bar_chart(label, unit, rows, note=note, binary=unit is format_size)))
-    return str(_template().render(
-        title=f"pt2flow drift report: {runs['a']['run_id']} → {runs['b']['run_id']}",
-        runs=[_run(runs[side], label) for side, label in (("a", "before"), ("b", "after"))],
-        selection=(comparison.get("selection") or {}).get("reason"),
-        failure_groups=comparison.get("failure_groups") or [],
-        torch_changed=comparison["torch"]["changed"],
-        torch_line=torch_line(comparison),
-        chips=_chips(comparison["summary"], found),
-        regressions=found,
-        headings=_HEADINGS,
-        rows=[_model_row(entry, flagged.get(entry["model"], set())) for entry in ordered],
-        artifacts=[{"model": m, "kind": k, "size": size, "verdict": verdict, "lost": lost} for m, k, size, verdict, lost in artifact_rows(comparison, ordered)],
-        plots=plots,
-        benchmarks=_benchmarks(ordered),
-        detailed=[m for m in ordered if m["presence"] == "both" and m["changes"]],
-        only=[{"label": label, "models": comparison["only_in_" + side]} for side, label in (("a", "before"), ("b", "after")) if comparison["only_in_" + side]],
-        version=comparison.get("report_version", REPORT_VERSION),
-        validation_growth=f"{VALIDATION_GROWTH:g}",
-        cost_growth_pct=f"{(COST_GROWTH - 1) * 100:.0f}",
-    ))
+    return str(
+        _template().render(
+            title=f"pt2flow drift report: {runs['a']['run_id']} → {runs['b']['run_id']}",
+            runs=[_run(runs[side], label) for side, label in (("a", "before"), ("b", "after"))],
+            selection=(comparison.get("selection") or {}).get("reason"),
+            failure_groups=comparison.get("failure_groups") or [],
+            torch_changed=comparison["torch"]["changed"],
+            torch_line=torch_line(comparison),
+            chips=_chips(comparison["summary"], found),
+            regressions=found,
+            headings=_HEADINGS,
+            rows=[_model_row(entry, flagged.get(entry["model"], set())) for entry in ordered],
+            artifacts=[
+                {"model": m, "kind": k, "size": size, "verdict": verdict, "lost": lost}
+                for m, k, size, verdict, lost in artifact_rows(comparison, ordered)
+            ],
+            plots=plots,
+            benchmarks=_benchmarks(ordered),
+            detailed=[m for m in ordered if m["presence"] == "both" and m["changes"]],
+            only=[
+                {"label": label, "models": comparison["only_in_" + side]}
+                for side, label in (("a", "before"), ("b", "after"))
+                if comparison["only_in_" + side]
+            ],
+            version=comparison.get("report_version", REPORT_VERSION),
+            validation_growth=f"{VALIDATION_GROWTH:g}",
+            cost_growth_pct=f"{(COST_GROWTH - 1) * 100:.0f}",
+        )
+    )
 
 
 def _benchmarks(models: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -106,13 +143,26 @@ def _benchmarks(models: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
     from pt2flow.flows.report.benchmark import plot, summary_line
 
-    return [{"model": m["model"], "line": summary_line(m["timings"]), "plot": Markup(plot(m["timings"], f"{m['model']}: p50 latency by size"))}
-            for m in models if m.get("timings")]
+    return [
+        {
+            "model": m["model"],
+            "line": summary_line(m["timings"]),
+            "plot": Markup(plot(m["timings"], f"{m['model']}: p50 latency by size")),
+        }
+        for m in models
+        if m.get("timings")
+    ]
 
 
 def _run(run: Mapping[str, Any], label: str) -> dict[str, Any]:
-    return {"label": label, "run_id": run["run_id"], "started": when(run["started_at"]),
-            "torch": ", ".join(run["torch_versions"]) or "?", "ok": run["ok"], "failed": run["failed"]}
+    return {
+        "label": label,
+        "run_id": run["run_id"],
+        "started": when(run["started_at"]),
+        "torch": ", ".join(run["torch_versions"]) or "?",
+        "ok": run["ok"],
+        "failed": run["failed"],
+    }
 
 
 def _chips(summary: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -139,7 +189,9 @@ def _model_row(entry: Mapping[str, Any], marks: set[str]) -> dict[str, Any]:
         "model": entry["model"],
         "css": "regressed" if marks else ("changed" if entry["changes"] else ""),
         "status": status_text(entry),
-        "status_css": "bad" if "status" in marks else ("failed" if after.get("status") in ("failed", "partial") else "ok"),
+        "status_css": "bad"
+        if "status" in marks
+        else ("failed" if after.get("status") in ("failed", "partial") else "ok"),
         "status_title": after.get("error") or "",
         "cells": [
             _cell(verdicts_text(after), bad=bool(after.get("failed_artifacts"))),
@@ -148,8 +200,16 @@ def _model_row(entry: Mapping[str, Any], marks: set[str]) -> dict[str, Any]:
             _cell(ops_text(entry)),
             _cell(signature_cell(entry)),
             _cell(arrow(graph["range_constraints"], ranges_text)),
-            _cell(arrow(entry["archive_size"], format_size) + pct(entry["archive_size"]), num=True, bad="archive_size" in marks),
-            _cell(arrow(entry["package_size"], format_size) + pct(entry["package_size"]), num=True, bad="package_size" in marks),
+            _cell(
+                arrow(entry["archive_size"], format_size) + pct(entry["archive_size"]),
+                num=True,
+                bad="archive_size" in marks,
+            ),
+            _cell(
+                arrow(entry["package_size"], format_size) + pct(entry["package_size"]),
+                num=True,
+                bad="package_size" in marks,
+            ),
             _cell(compile_text(entry), num=True, bad="compile_seconds" in marks),
             _cell(arrow(entry["validation"]["max_abs_err"], err), num=True, bad="max_abs_err" in marks),
             _cell(latency_text(entry)),
@@ -160,14 +220,25 @@ def _model_row(entry: Mapping[str, Any], marks: set[str]) -> dict[str, Any]:
 def verdicts_text(state: Mapping[str, Any]) -> str:
     """Each artifact's own validation verdict in the later run: `serialized ✓ onnx ✓ pte ✗`."""
     verdicts = state.get("verdicts") or {}
-    order = [*pipeline.document_slots(), *sorted(verdicts)]  # the pipeline's order; a kind it lacks (another pt2flow's) last
-    return " ".join(f"{kind} {'✓' if verdicts[kind] else '✗'}" for kind in dict.fromkeys(order) if kind in verdicts) or "-"
+    order = [
+        *pipeline.document_slots(),
+        *sorted(verdicts),
+    ]  # the pipeline's order; a kind it lacks (another pt2flow's) last
+    return (
+        " ".join(f"{kind} {'✓' if verdicts[kind] else '✗'}" for kind in dict.fromkeys(order) if kind in verdicts) or "-"
+    )
 
 
-def _plot_rows(comparison: Mapping[str, Any], field: str, rule: str, found: Sequence[Mapping[str, Any]], limit: int) -> tuple[list[Row], str]:
+def _plot_rows(
+    comparison: Mapping[str, Any], field: str, rule: str, found: Sequence[Mapping[str, Any]], limit: int
+) -> tuple[list[Row], str]:
     """(model, before, after, regressed) for one plot; a fleet keeps the `limit` that moved most."""
     bad = {r["model"] for r in found if r["rule"] == rule}
-    rows = [(m["model"], m[field]["a"], m[field]["b"], m["model"] in bad) for m in comparison["models"] if m[field]["a"] is not None or m[field]["b"] is not None]
+    rows = [
+        (m["model"], m[field]["a"], m[field]["b"], m["model"] in bad)
+        for m in comparison["models"]
+        if m[field]["a"] is not None or m[field]["b"] is not None
+    ]
     if len(rows) <= limit:
         return rows, ""
 

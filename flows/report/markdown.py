@@ -7,7 +7,21 @@ from typing import Any
 from collections.abc import Mapping, Sequence
 
 from pt2flow.flows.report.rules import flagged_fields, regressions, row_order
-from pt2flow.flows.report.text import arrow, artifact_rows, compile_text, err, format_size, latency_text, ops_text, pct, ranges_text, signature_text, status_text, torch_line, when
+from pt2flow.flows.report.text import (
+    arrow,
+    artifact_rows,
+    compile_text,
+    err,
+    format_size,
+    latency_text,
+    ops_text,
+    pct,
+    ranges_text,
+    signature_text,
+    status_text,
+    torch_line,
+    when,
+)
 
 _TABLE_HEAD = [
     "| model | status | changes | nodes | ops after decompose | archive | package | compile time | max abs err | latency |",
@@ -32,7 +46,10 @@ def to_markdown(comparison: Mapping[str, Any], *, max_rows: int = 200) -> str:
     if comparison.get("failure_groups"):
         from pt2flow.flows.report.failure_views import groups_markdown
 
-        lines += ["", *groups_markdown(comparison["failure_groups"], title="## Failure groups (run after, by root cause)")]
+        lines += [
+            "",
+            *groups_markdown(comparison["failure_groups"], title="## Failure groups (run after, by root cause)"),
+        ]
     lines += ["", "## Models", "", *_TABLE_HEAD]
     flagged = flagged_fields(found)
     rows = row_order(comparison)
@@ -42,7 +59,10 @@ def to_markdown(comparison: Mapping[str, Any], *, max_rows: int = 200) -> str:
     kinds = artifact_rows(comparison, rows[:max_rows])
     if kinds:  # every artifact kind, the targets' too: its size and its own verdict
         lines += ["", "## Artifacts", "", "| model | artifact | size | verdict |", "|---|---|---:|---|"]
-        lines += [f"| `{_md(model)}` | {kind} | {_md(size)} | {('**' + _md(verdict) + '** ⚠️') if lost else _md(verdict)} |" for model, kind, size, verdict, lost in kinds]
+        lines += [
+            f"| `{_md(model)}` | {kind} | {_md(size)} | {('**' + _md(verdict) + '** ⚠️') if lost else _md(verdict)} |"
+            for model, kind, size, verdict, lost in kinds
+        ]
     lines += _graph_and_source_changes(rows, max_rows)
     return "\n".join(lines) + "\n"
 
@@ -51,8 +71,10 @@ def _header(comparison: Mapping[str, Any]) -> list[str]:
     runs, summary = comparison["runs"], comparison["summary"]
 
     def run_line(label: str, run: Mapping[str, Any]) -> str:
-        return (f"- {label}: `{run['run_id']}` ({when(run['started_at'])}, torch {', '.join(run['torch_versions']) or '?'}): "
-                f"{run['ok']} ok, {run['failed']} failed")
+        return (
+            f"- {label}: `{run['run_id']}` ({when(run['started_at'])}, torch {', '.join(run['torch_versions']) or '?'}): "
+            f"{run['ok']} ok, {run['failed']} failed"
+        )
 
     return [
         f"# pt2flow drift report: `{runs['a']['run_id']}` → `{runs['b']['run_id']}`",
@@ -88,16 +110,31 @@ def _table_row(entry: Mapping[str, Any], marks: set[str]) -> str:
 
 
 def _graph_and_source_changes(rows: Sequence[Mapping[str, Any]], max_rows: int) -> list[str]:
-    details = [m for m in rows if m["presence"] == "both" and (m["graph"]["signature"]["changed"] or m["graph"]["range_constraints"]["changed"] or m["source"]["kwargs"]["changed"])]
+    details = [
+        m
+        for m in rows
+        if m["presence"] == "both"
+        and (
+            m["graph"]["signature"]["changed"]
+            or m["graph"]["range_constraints"]["changed"]
+            or m["source"]["kwargs"]["changed"]
+        )
+    ]
     if not details:
         return []
     lines = ["", "## Graph and source changes", ""]
     for entry in details[:max_rows]:
         graph, source, name = entry["graph"], entry["source"], entry["model"]
         if source["kwargs"]["changed"]:
-            lines.append(f"- `{name}` kwargs: `{json.dumps(source['kwargs']['a'])}` → `{json.dumps(source['kwargs']['b'])}`")
+            lines.append(
+                f"- `{name}` kwargs: `{json.dumps(source['kwargs']['a'])}` → `{json.dumps(source['kwargs']['b'])}`"
+            )
         if graph["signature"]["changed"]:
-            lines.append(f"- `{name}` signature: `{_md(signature_text(graph['signature']['a']))}` → `{_md(signature_text(graph['signature']['b']))}`")
+            lines.append(
+                f"- `{name}` signature: `{_md(signature_text(graph['signature']['a']))}` → `{_md(signature_text(graph['signature']['b']))}`"
+            )
         if graph["range_constraints"]["changed"]:
-            lines.append(f"- `{name}` range constraints: {_md(ranges_text(graph['range_constraints']['a']))} → {_md(ranges_text(graph['range_constraints']['b']))}")
+            lines.append(
+                f"- `{name}` range constraints: {_md(ranges_text(graph['range_constraints']['a']))} → {_md(ranges_text(graph['range_constraints']['b']))}"
+            )
     return lines

@@ -54,20 +54,46 @@ def regressions(
         status = entry["status"]
         if status["change"] == "newly_failing":
             after = status["b"]
-            flag(name, "stopped_exporting", "ok", after["status"],
-                 f"stopped exporting: fails at {after['failed_stage']} ({after['error_class']})")
-        if entry.get("static_fallback", {}).get("changed") and entry["static_fallback"]["b"] and status["change"] == "ok":
-            flag(name, "static_fallback", "dynamic", "static",
-                 "exported with static shapes: every dynamic strategy failed, so the program takes only the example's sizes")
+            flag(
+                name,
+                "stopped_exporting",
+                "ok",
+                after["status"],
+                f"stopped exporting: fails at {after['failed_stage']} ({after['error_class']})",
+            )
+        if (
+            entry.get("static_fallback", {}).get("changed")
+            and entry["static_fallback"]["b"]
+            and status["change"] == "ok"
+        ):
+            flag(
+                name,
+                "static_fallback",
+                "dynamic",
+                "static",
+                "exported with static shapes: every dynamic strategy failed, so the program takes only the example's sizes",
+            )
         error = entry.get("validation", {}).get("max_abs_err", {})
         a, b = error.get("a"), error.get("b")
         if a is not None and b is not None and b > validation_growth * max(a, validation_floor):
-            flag(name, "validation_error_grew", a, b, f"validation max abs error {err(a)} → {err(b)} (more than {validation_growth:g}×)")
+            flag(
+                name,
+                "validation_error_grew",
+                a,
+                b,
+                f"validation max abs error {err(a)} → {err(b)} (more than {validation_growth:g}×)",
+            )
         for field, rule, label, fmt in _COST_RULES:
             pair = entry.get(field) or {}
             a, b = pair.get("a"), pair.get("b")
             if a and b is not None and b > cost_growth * a:
-                flag(name, rule, a, b, f"{label} {fmt(a)} → {fmt(b)} (+{(b / a - 1) * 100:.0f} %, limit +{(cost_growth - 1) * 100:.0f} %)")
+                flag(
+                    name,
+                    rule,
+                    a,
+                    b,
+                    f"{label} {fmt(a)} → {fmt(b)} (+{(b / a - 1) * 100:.0f} %, limit +{(cost_growth - 1) * 100:.0f} %)",
+                )
     return found
 
 

@@ -50,7 +50,9 @@ def list_runs(index: Any) -> list[dict[str, Any]]:
     runs = []
     for row in grouped.to_pylist():
         start = row["started_at_min"] or row["ended_at_min"]
-        runs.append({"run_id": row["run_id"], "started_at": start, "ended_at": row["ended_at_max"], "records": row["count_all"]})
+        runs.append(
+            {"run_id": row["run_id"], "started_at": start, "ended_at": row["ended_at_max"], "records": row["count_all"]}
+        )
     floor = datetime.min.replace(tzinfo=UTC)
     runs.sort(key=lambda r: (r["started_at"] or floor, r["ended_at"] or floor, r["run_id"]))
     return [{**r, "started_at": iso(r["started_at"]), "ended_at": iso(r["ended_at"])} for r in runs]
@@ -84,8 +86,13 @@ class RunSelection:
     not_compared: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
-        return {"rule": self.rule, "runs": list(self.runs), "reason": self.reason, "models": dict(sorted(self.models.items())),
-                "not_compared": sorted(self.not_compared)}
+        return {
+            "rule": self.rule,
+            "runs": list(self.runs),
+            "reason": self.reason,
+            "models": dict(sorted(self.models.items())),
+            "not_compared": sorted(self.not_compared),
+        }
 
 
 def _count(n: int, what: str = "model") -> str:
@@ -111,13 +118,17 @@ def report_pair(index: Any, newest: str | None = None) -> RunSelection:
     if a is not None:
         rule = "newest" if a == earlier[0] else "covering"
         skipped = earlier.index(a)
-        reason = (f"{b} is the newest run ({_count(len(mine))}); {a} is the newest earlier run that covered all of them"
-                  + (f" ({_count(skipped, 'newer run')} covered fewer)" if skipped else ""))
+        reason = (
+            f"{b} is the newest run ({_count(len(mine))}); {a} is the newest earlier run that covered all of them"
+            + (f" ({_count(skipped, 'newer run')} covered fewer)" if skipped else "")
+        )
     else:
         a = max(earlier, key=lambda r: (len(mine & covered.get(r, set())), -earlier.index(r)))
         rule = "most_shared"
-        reason = (f"{b} is the newest run ({_count(len(mine))}); no earlier run covered all of them, and {a} shares the most "
-                  f"({len(mine & covered.get(a, set()))})")
+        reason = (
+            f"{b} is the newest run ({_count(len(mine))}); no earlier run covered all of them, and {a} shares the most "
+            f"({len(mine & covered.get(a, set()))})"
+        )
     left_out = covered.get(a, set()) - mine
     if left_out:
         reason += f"; {_count(len(left_out))} of {a} that {b} did not cover {'is' if len(left_out) == 1 else 'are'} not compared"
@@ -143,9 +154,11 @@ def fleet_runs(index: Any) -> RunSelection:
     taken = {m: next(r for r in reversed(runs[fleet_at:]) if m in covered.get(r, set())) for m in models}
     used = tuple(r for r in reversed(runs[fleet_at:]) if r in set(taken.values()))
     older = sum(1 for r in taken.values() if r != newest)
-    reason = (f"{newest}, the newest run, covered {_count(len(mine))}, fewer than {fleet} ({_count(len(covered[fleet]))}), the newest "
-              f"earlier run that covered all of them: the {_count(len(models))} of that fleet are checked, each from the newest run "
-              f"that built it ({older} from earlier runs)")
+    reason = (
+        f"{newest}, the newest run, covered {_count(len(mine))}, fewer than {fleet} ({_count(len(covered[fleet]))}), the newest "
+        f"earlier run that covered all of them: the {_count(len(models))} of that fleet are checked, each from the newest run "
+        f"that built it ({older} from earlier runs)"
+    )
     return RunSelection("fleet", used, reason, models=taken)
 
 
@@ -163,5 +176,7 @@ def resolve_run(index: Any, text: str) -> str:
     if not matches:
         raise RecordNotFound(f"no run {text!r} in the index (pt2flow ls shows run IDs)")
     if len(matches) > 1:
-        raise AmbiguousId(f"run prefix {text!r} matches {len(matches)} runs: {', '.join(matches[:5])}; give more characters")
+        raise AmbiguousId(
+            f"run prefix {text!r} matches {len(matches)} runs: {', '.join(matches[:5])}; give more characters"
+        )
     return matches[0]

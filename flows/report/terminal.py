@@ -6,13 +6,39 @@ from typing import Any
 from collections.abc import Mapping
 
 from pt2flow.flows.report.rules import flagged_fields, regressions, row_order
-from pt2flow.flows.report.text import arrow, artifact_rows, compile_text, err, format_size, latency_text, ops_text, pct, status_text, torch_line, when
+from pt2flow.flows.report.text import (
+    arrow,
+    artifact_rows,
+    compile_text,
+    err,
+    format_size,
+    latency_text,
+    ops_text,
+    pct,
+    status_text,
+    torch_line,
+    when,
+)
 
 _COLUMNS = (
-    ("model", "left"), ("status", "left"), ("changes", "left"), ("nodes", "right"), ("ops after decompose", "left"),
-    ("archive", "right"), ("package", "right"), ("compile", "right"), ("max abs err", "right"), ("latency", "left"),
+    ("model", "left"),
+    ("status", "left"),
+    ("changes", "left"),
+    ("nodes", "right"),
+    ("ops after decompose", "left"),
+    ("archive", "right"),
+    ("package", "right"),
+    ("compile", "right"),
+    ("max abs err", "right"),
+    ("latency", "left"),
 )
-_STATUS_STYLE = {"newly_failing": "bold red", "still_failing": "red", "newly_passing": "green", "only_in_a": "dim", "only_in_b": "cyan"}
+_STATUS_STYLE = {
+    "newly_failing": "bold red",
+    "still_failing": "red",
+    "newly_passing": "green",
+    "only_in_a": "dim",
+    "only_in_b": "cyan",
+}
 
 
 def render_terminal(comparison: Mapping[str, Any], console: Any) -> None:
@@ -22,7 +48,10 @@ def render_terminal(comparison: Mapping[str, Any], console: Any) -> None:
     runs = comparison["runs"]
     found = regressions(comparison)
     flagged = flagged_fields(found)
-    console.print(f"[bold]drift[/bold] {runs['a']['run_id']} ({when(runs['a']['started_at'])}) → {runs['b']['run_id']} ({when(runs['b']['started_at'])})", highlight=False)
+    console.print(
+        f"[bold]drift[/bold] {runs['a']['run_id']} ({when(runs['a']['started_at'])}) → {runs['b']['run_id']} ({when(runs['b']['started_at'])})",
+        highlight=False,
+    )
     if comparison.get("selection"):
         console.print(Text(f"runs: {comparison['selection']['reason']}", style="dim"))
     console.print(Text(torch_line(comparison), style="bold yellow" if comparison["torch"]["changed"] else ""))

@@ -9,6 +9,7 @@ from datetime import datetime, UTC
 from typing import Any
 from collections.abc import Callable, Mapping, Sequence
 
+
 def decoded(value: Any) -> Any:
     """An index field stored as JSON text, decoded (anything else, or text that is not JSON, as it is)."""
     if isinstance(value, str):
@@ -114,7 +115,11 @@ def ops_text(entry: Mapping[str, Any], limit: int = 6) -> str:
 def latency_text(entry: Mapping[str, Any]) -> str:
     """Median latency per runner (benchmark: true), before → after."""
     latency = entry.get("latency_ms") or {}
-    parts = [f"{name} {arrow(latency[name], lambda v: f'{v:.3f}')}" for name in ("eager", "archive", "compiled") if name in latency]
+    parts = [
+        f"{name} {arrow(latency[name], lambda v: f'{v:.3f}')}"
+        for name in ("eager", "archive", "compiled")
+        if name in latency
+    ]
     return ", ".join(parts) + " ms" if parts else "-"
 
 
@@ -151,14 +156,24 @@ def verdict_text(facts: Mapping[str, Any]) -> str:
     return after if before == after else f"{before} → {after}"
 
 
-def artifact_rows(comparison: Mapping[str, Any], order: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str, str, bool]]:
+def artifact_rows(
+    comparison: Mapping[str, Any], order: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, str, str, str, bool]]:
     """(model, kind, size, verdict, lost) of every artifact kind of every model in `order`: the
     targets' beside the archive and the package; `lost` when the kind passed before and fails now."""
     rows = []
     for entry in order:
         for kind, facts in (entry.get("artifacts") or {}).items():
             lost = facts["passed"]["a"] is True and facts["passed"]["b"] is False
-            rows.append((entry["model"], kind, arrow(facts["size"], format_size) + pct(facts["size"]), verdict_text(facts), lost))
+            rows.append(
+                (
+                    entry["model"],
+                    kind,
+                    arrow(facts["size"], format_size) + pct(facts["size"]),
+                    verdict_text(facts),
+                    lost,
+                )
+            )
     return rows
 
 
@@ -186,7 +201,9 @@ def format_size(value: Any) -> str:
     return str(value)
 
 
-def op_changes(a: Mapping[str, int], b: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int], dict[str, list[int]]]:
+def op_changes(
+    a: Mapping[str, int], b: Mapping[str, int]
+) -> tuple[dict[str, int], dict[str, int], dict[str, list[int]]]:
     """Between two op histograms: ops added (count after), removed (count before), and those
     whose count changed ([before, after]), each sorted by op name."""
     added = {op: b[op] for op in sorted(set(b) - set(a))}

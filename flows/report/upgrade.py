@@ -24,7 +24,21 @@ UPGRADE_REPORT_VERSION = 1
 LATENCY_GROWTH = 1.25  # a latency up more than 25 % is a regression
 REGRESSING = ("newly_failing", "regressed")
 TIMING_RULES = ("compile_time_up", "latency_up")  # measured, so re-timed before they are believed
-_ORDER = {v: i for i, v in enumerate(("newly_failing", "regressed", "changed", "fixed", "still_failing", "only_in_candidate", "only_in_baseline", "unchanged"))}
+_ORDER = {
+    v: i
+    for i, v in enumerate(
+        (
+            "newly_failing",
+            "regressed",
+            "changed",
+            "fixed",
+            "still_failing",
+            "only_in_candidate",
+            "only_in_baseline",
+            "unchanged",
+        )
+    )
+}
 
 
 class Side(Fact):
@@ -118,8 +132,12 @@ class UpgradeReport(Fact):
     compat: dict[str, Any]
 
 
-def version_changes(baseline: Mapping[str, str], candidate: Mapping[str, str], used: Mapping[str, Sequence[str]],
-                    with_torch: Collection[str] = ()) -> tuple[list[VersionChange], list[VersionChange]]:
+def version_changes(
+    baseline: Mapping[str, str],
+    candidate: Mapping[str, str],
+    used: Mapping[str, Sequence[str]],
+    with_torch: Collection[str] = (),
+) -> tuple[list[VersionChange], list[VersionChange]]:
     """(changes of distributions some model uses, the other changes). The first list is ranked
     by how many models import each (torch first), then by name. `with_torch`: the distributions
     torch's own requirements bring (its CUDA/runtime wheels); when torch changed, their changes
@@ -165,10 +183,21 @@ def _compat_problem(entry: Mapping[str, Any] | None) -> Finding | None:
                 what = "no longer loads" if value.get("loads") is False else "no longer runs or matches"
             evidence = value.get("load_command")
             if value.get("matches") is False:
-                evidence = f"max_abs_err {value.get('max_abs_err')}, max_rel_err {value.get('max_rel_err')} over {value.get('samples')} stored samples" + (f"; {evidence}" if evidence else "")
-            return Finding(rule=rule, message=f"the baseline's {kind} {what} under the candidate: {value['error_class']}: {first[0] if first else ''}".rstrip(": "),
-                           evidence=evidence)
-    return Finding(rule="artifact_incompatible", message=f"the baseline's artifacts fail under the candidate ({entry.get('error_class')})")
+                evidence = (
+                    f"max_abs_err {value.get('max_abs_err')}, max_rel_err {value.get('max_rel_err')} over {value.get('samples')} stored samples"
+                    + (f"; {evidence}" if evidence else "")
+                )
+            return Finding(
+                rule=rule,
+                message=f"the baseline's {kind} {what} under the candidate: {value['error_class']}: {first[0] if first else ''}".rstrip(
+                    ": "
+                ),
+                evidence=evidence,
+            )
+    return Finding(
+        rule="artifact_incompatible",
+        message=f"the baseline's artifacts fail under the candidate ({entry.get('error_class')})",
+    )
 
 
 def _numbers_evidence(a: Any, b: Any, ratio: float | None) -> str | None:
@@ -181,21 +210,35 @@ def _latency_findings(entry: ModelDrift, growth: float) -> list[Finding]:
     found = []
     for name, numbers in (entry.latency_ms or {}).items():
         if numbers.a and numbers.b is not None and numbers.b > growth * numbers.a:
-            found.append(Finding(rule="latency_up", message=f"{name} latency {numbers.a:.3g} ms → {numbers.b:.3g} ms (limit +{(growth - 1) * 100:.0f} %)",
-                                 evidence=_numbers_evidence(numbers.a, numbers.b, numbers.ratio)))
+            found.append(
+                Finding(
+                    rule="latency_up",
+                    message=f"{name} latency {numbers.a:.3g} ms → {numbers.b:.3g} ms (limit +{(growth - 1) * 100:.0f} %)",
+                    evidence=_numbers_evidence(numbers.a, numbers.b, numbers.ratio),
+                )
+            )
     return found
 
 
-def model_verdicts(drift: DriftReport, compat: Mapping[str, Any], latency_growth: float = LATENCY_GROWTH) -> list[ModelUpgrade]:
+def model_verdicts(
+    drift: DriftReport, compat: Mapping[str, Any], latency_growth: float = LATENCY_GROWTH
+) -> list[ModelUpgrade]:
     """One entry per model of either run, regressions first."""
     rules: dict[str, list[Finding]] = {}
     for regression in drift.regressions:
-        rules.setdefault(regression.model, []).append(Finding(rule=regression.rule, message=regression.message,
-                                                              evidence=_numbers_evidence(regression.a, regression.b, regression.ratio)))
+        rules.setdefault(regression.model, []).append(
+            Finding(
+                rule=regression.rule,
+                message=regression.message,
+                evidence=_numbers_evidence(regression.a, regression.b, regression.ratio),
+            )
+        )
     compat_of = {m["name"]: m for m in compat.get("models", [])}
     out = []
     for entry in drift.models:
-        findings = [f for f in rules.get(entry.model, []) if f.rule != "stopped_exporting"] + _latency_findings(entry, latency_growth)
+        findings = [f for f in rules.get(entry.model, []) if f.rule != "stopped_exporting"] + _latency_findings(
+            entry, latency_growth
+        )
         problem = _compat_problem(compat_of.get(entry.model))
         if problem is not None:
             findings.append(problem)
@@ -216,22 +259,29 @@ def model_verdicts(drift: DriftReport, compat: Mapping[str, Any], latency_growth
             verdict = "unchanged"
         if verdict == "newly_failing":
             after = entry.status.b
-            findings.insert(0, Finding(rule="stopped_exporting", message=f"fails at {after.failed_stage} ({after.error_class})"))
-        out.append(ModelUpgrade(
-            model=entry.model,
-            verdict=verdict,
-            regressions=findings if verdict in REGRESSING or problem is not None else [],
-            changes=[c for c in entry.changes if c != "torch_version"],
-            program_changed=entry.graph.fingerprint.changed,
-            node_count=entry.graph.node_count,
-            op_histogram=entry.graph.op_histogram,
-            failure=_failure(entry.status.b),
-            baseline_failure=_failure(entry.status.a),
-            compat=compat_of.get(entry.model),
-            validation_error={"max_abs_err": entry.validation.max_abs_err, "max_rel_err": entry.validation.max_rel_err},
-            compile_seconds=entry.compile_seconds,
-            latency_ms=entry.latency_ms,
-        ))
+            findings.insert(
+                0, Finding(rule="stopped_exporting", message=f"fails at {after.failed_stage} ({after.error_class})")
+            )
+        out.append(
+            ModelUpgrade(
+                model=entry.model,
+                verdict=verdict,
+                regressions=findings if verdict in REGRESSING or problem is not None else [],
+                changes=[c for c in entry.changes if c != "torch_version"],
+                program_changed=entry.graph.fingerprint.changed,
+                node_count=entry.graph.node_count,
+                op_histogram=entry.graph.op_histogram,
+                failure=_failure(entry.status.b),
+                baseline_failure=_failure(entry.status.a),
+                compat=compat_of.get(entry.model),
+                validation_error={
+                    "max_abs_err": entry.validation.max_abs_err,
+                    "max_rel_err": entry.validation.max_rel_err,
+                },
+                compile_seconds=entry.compile_seconds,
+                latency_ms=entry.latency_ms,
+            )
+        )
     return ordered(out)
 
 
@@ -244,22 +294,35 @@ def apply_retiming(m: ModelUpgrade, again: ModelDrift | None, latency_growth: fl
     """Keep each timing finding of `m` that the back-to-back re-timing `again` (its drift entry in
     the re-timing runs) fires too, with the re-timed numbers as evidence; drop the others, and a
     model left with none is `changed` (the numbers moved between the runs, not when re-timed)."""
-    if again is None or again.status.a is None or again.status.b is None or again.status.a.status != "ok" or again.status.b.status != "ok":
+    if (
+        again is None
+        or again.status.a is None
+        or again.status.b is None
+        or again.status.a.status != "ok"
+        or again.status.b.status != "ok"
+    ):
         m.retimed = "could not re-time it (the re-timing runs did not both build it): the findings stand unconfirmed"
         return
     fired = {f.rule for f in _latency_findings(again, latency_growth)}
     secs = again.compile_seconds
     if secs.a and secs.b is not None and secs.b > COST_GROWTH * secs.a:
         fired.add("compile_time_up")
-    parts = [("compile", _pair(secs, " s"))] + [(f"{k} latency", _pair(v, " ms")) for k, v in sorted((again.latency_ms or {}).items())]
+    parts = [("compile", _pair(secs, " s"))] + [
+        (f"{k} latency", _pair(v, " ms")) for k, v in sorted((again.latency_ms or {}).items())
+    ]
     measured = "; ".join(f"{name} {text}" for name, text in parts if text is not None) or "no numbers"
     kept = [f for f in m.regressions if f.rule in fired]
     for f in kept:
         f.evidence = (f"{f.evidence}; " if f.evidence else "") + f"re-timed back to back: {measured}"
     if not kept:
-        m.retimed, m.verdict = f"re-timed back to back: {measured}: not confirmed, so not reported as a regression", "changed"
+        m.retimed, m.verdict = (
+            f"re-timed back to back: {measured}: not confirmed, so not reported as a regression",
+            "changed",
+        )
     else:
-        m.retimed = f"re-timed back to back: {measured}: " + ("confirmed" if len(kept) == len(m.regressions) else "partly confirmed")
+        m.retimed = f"re-timed back to back: {measured}: " + (
+            "confirmed" if len(kept) == len(m.regressions) else "partly confirmed"
+        )
     m.regressions = kept
 
 
@@ -278,28 +341,40 @@ def summarize(models: Sequence[ModelUpgrade]) -> UpgradeSummary:
 def render_text(report: UpgradeReport) -> str:
     """The report as a terminal reads it: versions, then one block per model that needs a look,
     then the unchanged ones in a line."""
-    lines = [f"pt2flow upgrade-check: baseline run {report.baseline.run_id} vs candidate run {report.candidate.run_id}",
-             f"  baseline  {report.baseline.python}" + (f"  ({report.baseline.chosen})" if report.baseline.chosen not in (None, "given") else ""),
-             f"  candidate {report.candidate.python}", ""]
+    lines = [
+        f"pt2flow upgrade-check: baseline run {report.baseline.run_id} vs candidate run {report.candidate.run_id}",
+        f"  baseline  {report.baseline.python}"
+        + (f"  ({report.baseline.chosen})" if report.baseline.chosen not in (None, "given") else ""),
+        f"  candidate {report.candidate.python}",
+        "",
+    ]
     if report.versions:
         lines.append("Version changes the fleet's code depends on (most models first):")
         for v in report.versions:
             users = "every model" if v.name == "torch" else f"{len(v.used_by)}: {', '.join(v.used_by)}"
             lines.append(f"  {v.name} {v.baseline or 'absent'} → {v.candidate or 'absent'}   (used by {users})")
             if v.came_with:
-                wheels = ", ".join(f"{w.name} {w.baseline or 'absent'} → {w.candidate or 'absent'}" for w in v.came_with[:8])
+                wheels = ", ".join(
+                    f"{w.name} {w.baseline or 'absent'} → {w.candidate or 'absent'}" for w in v.came_with[:8]
+                )
                 more = len(v.came_with) - 8
-                lines.append(f"    with it, from torch's own requirements ({len(v.came_with)}): {wheels}{f', and {more} more' if more > 0 else ''}")
+                lines.append(
+                    f"    with it, from torch's own requirements ({len(v.came_with)}): {wheels}{f', and {more} more' if more > 0 else ''}"
+                )
     else:
         lines.append("No distribution the fleet's code depends on differs.")
     if report.other_version_changes:
-        names = ", ".join(f"{v.name} {v.baseline or 'absent'} → {v.candidate or 'absent'}" for v in report.other_version_changes[:6])
+        names = ", ".join(
+            f"{v.name} {v.baseline or 'absent'} → {v.candidate or 'absent'}" for v in report.other_version_changes[:6]
+        )
         more = len(report.other_version_changes) - 6
         lines.append(f"  (also changed, imported by no model: {names}{f', and {more} more' if more > 0 else ''})")
     lines.append("")
     s = report.summary
-    lines.append(f"{s.models} models: {s.unchanged} unchanged, {s.changed} changed, {s.newly_failing} newly failing, {s.regressed} regressed, "
-                 f"{s.fixed} fixed, {s.still_failing} still failing")
+    lines.append(
+        f"{s.models} models: {s.unchanged} unchanged, {s.changed} changed, {s.newly_failing} newly failing, {s.regressed} regressed, "
+        f"{s.fixed} fixed, {s.still_failing} still failing"
+    )
     lines.append("")
     for m in report.models:
         if m.verdict == "unchanged":
@@ -314,7 +389,9 @@ def render_text(report: UpgradeReport) -> str:
             lines.append(f"    {m.failure.stage}: {m.failure.error_class}: {first[:300]}")
         if m.program_changed or m.op_histogram.changed_ops or m.node_count.changed:
             ops = m.op_histogram
-            parts = [f"+{k}×{v}" for k, v in sorted(ops.added.items())] + [f"-{k}×{v}" for k, v in sorted(ops.removed.items())]
+            parts = [f"+{k}×{v}" for k, v in sorted(ops.added.items())] + [
+                f"-{k}×{v}" for k, v in sorted(ops.removed.items())
+            ]
             parts += [f"{k} {a}→{b}" for k, (a, b) in sorted(ops.changed.items())]
             nodes = f"nodes {m.node_count.a}→{m.node_count.b}" if m.node_count.changed else "same node count"
             lines.append(f"    program changed: {nodes}; ops {' '.join(parts) if parts else 'same histogram'}")
@@ -330,12 +407,18 @@ def render_text(report: UpgradeReport) -> str:
         elif m.repro_error:
             lines.append(f"    no repro: {m.repro_error}")
         if m.attribution is not None:
-            lines.append(f"    caused by: {', '.join(m.attribution.distributions) or 'no single distribution'} ({m.attribution.note})")
+            lines.append(
+                f"    caused by: {', '.join(m.attribution.distributions) or 'no single distribution'} ({m.attribution.note})"
+            )
     unchanged = [m.model for m in report.models if m.verdict == "unchanged"]
     if unchanged:
         lines.append(f"unchanged: {', '.join(unchanged)}")
     lines.append("")
-    lines.append("REGRESSED: the candidate breaks or degrades the models above" if report.regressed else "No regression: the candidate is safe for this fleet")
+    lines.append(
+        "REGRESSED: the candidate breaks or degrades the models above"
+        if report.regressed
+        else "No regression: the candidate is safe for this fleet"
+    )
     return "\n".join(lines)
 
 

@@ -17,15 +17,34 @@ from tests.records import h
 
 def _summary(onnx: float, eager: float = 1.0) -> dict[str, Any]:
     points = ["batch=1", "batch=8"]
-    return {"recommended": "onnx", "points": points, "best": {p: "onnx" for p in points},
-            "speedup_vs_eager": {p: eager / onnx for p in points},
-            "p50_ms": {"eager": {p: eager for p in points}, "onnx": {"batch=1": onnx, "batch=8": None}}, "threads": 2}
+    return {
+        "recommended": "onnx",
+        "points": points,
+        "best": {p: "onnx" for p in points},
+        "speedup_vs_eager": {p: eager / onnx for p in points},
+        "p50_ms": {"eager": {p: eager for p in points}, "onnx": {"batch=1": onnx, "batch=8": None}},
+        "threads": 2,
+    }
 
 
 def _benchmarked(store: ArtifactStore, run: str, summary: dict[str, Any], **kwargs: Any) -> None:
-    rows = chain(store, "m", run, validate={"validation": {"passed": True, "max_abs_err": 1e-6, "latency_ms": {"eager": 1.0, "archive": 1.0}}}, **kwargs)
-    timed = {**rows["validate"], "record_id": h(f"bench/{run}"), "stage": "benchmark", "key": h(f"bench-key/{run}"),
-             "sha256": h(f"bench-blob/{run}"), "details": json.dumps({"timings": summary}), "validation": None, "passed": None}
+    rows = chain(
+        store,
+        "m",
+        run,
+        validate={"validation": {"passed": True, "max_abs_err": 1e-6, "latency_ms": {"eager": 1.0, "archive": 1.0}}},
+        **kwargs,
+    )
+    timed = {
+        **rows["validate"],
+        "record_id": h(f"bench/{run}"),
+        "stage": "benchmark",
+        "key": h(f"bench-key/{run}"),
+        "sha256": h(f"bench-blob/{run}"),
+        "details": json.dumps({"timings": summary}),
+        "validation": None,
+        "passed": None,
+    }
     store.index.append([timed])
 
 
@@ -34,18 +53,31 @@ def test_the_benchmark_p50s_are_the_latency_compared_and_run_bs_summary_is_kept(
     _benchmarked(store, "run-2", _summary(onnx=0.4), salt="v2", offset=10)
     drift = build_report(store.index, "run-1", "run-2")
     m = by_model(drift.model_dump(mode="json"))["m"]
-    assert set(m["latency_ms"]) == {"eager batch=1", "eager batch=8", "onnx batch=1"}  # not validate's medians; a failed size left out
+    assert set(m["latency_ms"]) == {
+        "eager batch=1",
+        "eager batch=8",
+        "onnx batch=1",
+    }  # not validate's medians; a failed size left out
     assert (m["latency_ms"]["onnx batch=1"]["a"], m["latency_ms"]["onnx batch=1"]["b"]) == (0.2, 0.4)
     assert m["timings"]["p50_ms"]["onnx"]["batch=1"] == 0.4
     [verdict] = model_verdicts(drift, {})
     assert verdict.verdict == "regressed"
-    assert [f.message for f in verdict.regressions if f.rule == "latency_up"] == ["onnx batch=1 latency 0.2 ms → 0.4 ms (limit +25 %)"]
+    assert [f.message for f in verdict.regressions if f.rule == "latency_up"] == [
+        "onnx batch=1 latency 0.2 ms → 0.4 ms (limit +25 %)"
+    ]
     page = to_html(drift.model_dump(mode="json"))
     assert "Benchmark (after)" in page and "<polyline" in page and "onnx at batch=1: 0.4 ms" in page
 
 
 def test_without_a_benchmark_validates_medians_stay_the_latency(store: ArtifactStore) -> None:  # noqa: F811
     chain(store, "m", "run-1", validate={"validation": {"passed": True, "latency_ms": {"eager": 1.0}}})
-    chain(store, "m", "run-2", salt="v2", offset=10, validate={"validation": {"passed": True, "latency_ms": {"eager": 1.1}}})
+    chain(
+        store,
+        "m",
+        "run-2",
+        salt="v2",
+        offset=10,
+        validate={"validation": {"passed": True, "latency_ms": {"eager": 1.1}}},
+    )
     m = by_model(build_report(store.index, "run-1", "run-2").model_dump(mode="json"))["m"]
     assert set(m["latency_ms"]) == {"eager"} and m["timings"] is None

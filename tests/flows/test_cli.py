@@ -14,7 +14,9 @@ from tests.conftest import run_cli
 def imported_modules(args: list[str]) -> tuple[int, set[str]]:
     """Exit code and top-level names of every module `pt2flow ARGS` imported (-X importtime)."""
     proc = run_cli(args, env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=120)
-    names = {m.group(1).split(".")[0] for m in re.finditer(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)", proc.stderr, re.M)}
+    names = {
+        m.group(1).split(".")[0] for m in re.finditer(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)", proc.stderr, re.M)
+    }
     assert names, proc.stderr[-2000:]
     return proc.returncode, names
 
@@ -25,7 +27,9 @@ def test_version_names_pt2flow_and_torch() -> None:
     assert proc.stdout.strip() == f"pt2flow {version('pt2flow')} (torch {version('torch')})"
 
 
-@pytest.mark.parametrize("args", [["--version"], ["--help"], ["ls", "--help"], ["report", "--help"], ["validate", "--help"]])
+@pytest.mark.parametrize(
+    "args", [["--version"], ["--help"], ["ls", "--help"], ["report", "--help"], ["validate", "--help"]]
+)
 def test_light_commands_import_neither_torch_nor_prefect(args: list[str]) -> None:
     code, names = imported_modules(args)
     assert code == 0

@@ -73,9 +73,15 @@ def test_a_package_gets_its_archives_modules_imported_first_and_one_missing_is_c
 
     archive = _archive(point_output(), torch.ones(2))
     assert _pytree_modules({}, archive) == ["tests.pytree_models"]  # read from the zip, no torch needed
-    assert _pytree_modules({"aot_compile": {"details": {"pytree_modules": ["a.b"]}}}, None) == ["a.b"]  # no archive: the package's record
+    assert _pytree_modules({"aot_compile": {"details": {"pytree_modules": ["a.b"]}}}, None) == [
+        "a.b"
+    ]  # no archive: the package's record
     assert _pytree_modules({}, _archive(models.tiny_mlp().eval(), torch.randn(2, 8))) is None
     result = check_artifact("compiled", b"not opened", None, 1e-5, 1e-4, modules=["tests.no_such_mod"])
-    assert (result["loads"], result["error_class"]) == (None, "import") and "importing 'tests.no_such_mod'" in result["error"]
+    assert (result["loads"], result["error_class"]) == (None, "import") and "importing 'tests.no_such_mod'" in result[
+        "error"
+    ]
     result = check_artifact("compiled", b"not a package", None, 1e-5, 1e-4, modules=["tests.pytree_models"])
-    assert result["error_class"] == "incompatible" and result["error"].startswith("compiled does not load with this torch")
+    assert result["error_class"] == "incompatible" and result["error"].startswith(
+        "compiled does not load with this torch"
+    )

@@ -81,7 +81,11 @@ def test_the_reference_config_is_valid() -> None:
     ("text", "line", "fragment"),
     [
         ("version: 1\nmodels:\n  - name: a\n   factory: x\n", 4, "expected <block end>"),
-        ("version: 1\nmodels:\n  - name: a\n    inputs: {x: {shape: [2, 8]}\nstages: [trace]\n", 5, "expected ',' or '}'"),
+        (
+            "version: 1\nmodels:\n  - name: a\n    inputs: {x: {shape: [2, 8]}\nstages: [trace]\n",
+            5,
+            "expected ',' or '}'",
+        ),
         ("version: 1\nmodels:\n  - name: a\n\tfactory: x\n", 4, "found character '\\t'"),
     ],
     ids=["bad-indent", "unclosed-flow-mapping", "tab"],
@@ -110,7 +114,10 @@ def test_top_level_must_be_a_mapping(text: str, got: str) -> None:
     [
         ('!!python/object/apply:os.system ["touch {marker}"]\n', 1),
         ('version: 1\nstore: !!python/object/apply:os.system ["touch {marker}"]\nmodels: []\n', 2),
-        ('version: 1\nmodels:\n  - name: a\n    kwargs: {{cb: !!python/object/apply:os.system ["touch {marker}"]}}\n', 4),
+        (
+            'version: 1\nmodels:\n  - name: a\n    kwargs: {{cb: !!python/object/apply:os.system ["touch {marker}"]}}\n',
+            4,
+        ),
         ("version: 1\nstore: !!python/name:os.system\nmodels: []\n", 2),
     ],
     ids=["whole-document", "store-value", "nested-kwargs", "python-name"],
@@ -159,7 +166,15 @@ def test_a_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
         (GOOD + "    stages: {trace: {strictness: true}}\n", "models[0].stages.trace.strictness", 7),
         (GOOD + "    dims: {b: {min: 1, max: 4, step: 2}}\n", "models[0].dims.b.step", 7),
     ],
-    ids=["top-level", "in-model", "in-defaults-validate", "defaults-unknown-stage", "in-input-spec", "in-model-stage-options", "in-dim"],
+    ids=[
+        "top-level",
+        "in-model",
+        "in-defaults-validate",
+        "defaults-unknown-stage",
+        "in-input-spec",
+        "in-model-stage-options",
+        "in-dim",
+    ],
 )
 def test_unknown_key_is_reported_at_its_path(text: str, path: str, line: int) -> None:
     issue = only_issue(text)
@@ -182,7 +197,10 @@ def test_input_shape_sizes_must_be_non_negative() -> None:
 
 
 def test_dtype_must_be_one_of_the_allowed_names_and_the_message_lists_them() -> None:
-    text = "version: 1\nmodels:\n" + "  - name: a\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [2, 8]}}\n" * 1
+    text = (
+        "version: 1\nmodels:\n"
+        + "  - name: a\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [2, 8]}}\n" * 1
+    )
     text += "  - name: b\n    factory: tests.models:tiny_mlp\n    inputs:\n      x: {shape: [2, 8], dtype: float}\n"
     issue = only_issue(text)
     assert issue.path == "models[1].inputs.x.dtype"
@@ -268,7 +286,21 @@ def test_duplicate_model_name_names_both_places() -> None:
 @pytest.mark.parametrize(
     "name",
     ["../x", "a/b", "x\x00y", "..", ".", "a..b", "a" * 129, "%2e%2e", "abc\n", "", "a b", "név", "a\\b"],
-    ids=["dotdot-slash", "slash", "nul", "dotdot", "dot", "inner-dotdot", "129-chars", "percent-encoded", "trailing-newline", "empty", "space", "non-ascii", "backslash"],
+    ids=[
+        "dotdot-slash",
+        "slash",
+        "nul",
+        "dotdot",
+        "dot",
+        "inner-dotdot",
+        "129-chars",
+        "percent-encoded",
+        "trailing-newline",
+        "empty",
+        "space",
+        "non-ascii",
+        "backslash",
+    ],
 )
 def test_invalid_model_names_are_rejected(name: str) -> None:
     issue = only_issue(one_model(name=json.dumps(name)))  # a JSON string is a YAML double-quoted scalar
@@ -361,7 +393,18 @@ def test_two_samples_are_fine_for_a_static_model() -> None:
 
 @pytest.mark.parametrize(
     "factory",
-    ["os.system", "a:b:c", "x; rm -rf /", "mod:", ":make", "1mod:make", "mod:make()", "mod:make\n", "tests.models:tiny_mlp\n", "../evil:make"],
+    [
+        "os.system",
+        "a:b:c",
+        "x; rm -rf /",
+        "mod:",
+        ":make",
+        "1mod:make",
+        "mod:make()",
+        "mod:make\n",
+        "tests.models:tiny_mlp\n",
+        "../evil:make",
+    ],
 )
 def test_factory_not_of_the_form_module_callable(factory: str) -> None:
     issue = only_issue(one_model(factory=json.dumps(factory)))
@@ -428,7 +471,10 @@ def test_a_dotted_factory_does_not_execute_its_parent_package(tmp_path: Path) ->
     package.mkdir()
     init = _marker_module(package, "__init__", "")
     (package / "nets.py").write_text("def make():\n    return None\n")
-    assert parse(one_model(factory="marker_pkg_q7.nets:make"), base_dir=tmp_path).models[0].factory == "marker_pkg_q7.nets:make"
+    assert (
+        parse(one_model(factory="marker_pkg_q7.nets:make"), base_dir=tmp_path).models[0].factory
+        == "marker_pkg_q7.nets:make"
+    )
     issue = only_issue(one_model(factory="marker_pkg_q7.nets:absent"), base_dir=tmp_path)
     assert issue.message == f"'absent' is not defined at the top level of {package / 'nets.py'}"
     assert not init.with_suffix(".imported").exists()
@@ -449,7 +495,10 @@ def test_factory_names_bound_by_import_assignment_or_class_resolve(tmp_path: Pat
         "from tests.models import tiny_mlp as imported\nassigned = imported\nannotated: object = imported\n\n\nclass Made:\n    pass\n"
     )
     for name in ("imported", "assigned", "annotated", "Made"):
-        assert parse(one_model(factory=f"bindings_q7:{name}"), base_dir=tmp_path).models[0].factory == f"bindings_q7:{name}"
+        assert (
+            parse(one_model(factory=f"bindings_q7:{name}"), base_dir=tmp_path).models[0].factory
+            == f"bindings_q7:{name}"
+        )
 
 
 def test_factories_resolve_against_the_config_files_folder(tmp_path: Path) -> None:
@@ -470,7 +519,9 @@ def test_factories_resolve_against_the_config_files_folder(tmp_path: Path) -> No
 # weights
 
 
-@pytest.mark.parametrize("weights", ["model.ckpt", "model.onnx", "s3://bucket/weights", "w.pt.gz", "w.safetensors.json"])
+@pytest.mark.parametrize(
+    "weights", ["model.ckpt", "model.onnx", "s3://bucket/weights", "w.pt.gz", "w.safetensors.json"]
+)
 def test_weights_with_an_unsupported_suffix(weights: str) -> None:
     issue = only_issue(one_model(weights=json.dumps(weights)))
     assert issue.path == "models[0].weights"
@@ -478,7 +529,9 @@ def test_weights_with_an_unsupported_suffix(weights: str) -> None:
     assert issue.message == "weights must be a state_dict file ending in one of ['.safetensors', '.pt', '.pth', '.bin']"
 
 
-@pytest.mark.parametrize("weights", ["w.safetensors", "w.pt", "w.pth", "w.bin", "s3://b/x/W.PT?versionId=3", "memory://w.safetensors"])
+@pytest.mark.parametrize(
+    "weights", ["w.safetensors", "w.pt", "w.pth", "w.bin", "s3://b/x/W.PT?versionId=3", "memory://w.safetensors"]
+)
 def test_weights_with_a_supported_suffix(weights: str) -> None:
     assert parse(one_model(weights=json.dumps(weights))).models[0].weights == weights
 
@@ -506,7 +559,13 @@ def test_check_stage_list_problems(stages: list[str], expected: list[str]) -> No
 
 @pytest.mark.parametrize(
     "stages",
-    [list(STAGES), ["trace"], ["trace", "serialize", "validate"], ["trace", "aot_compile", "validate"], ["trace", "functionalize", "decompose"]],
+    [
+        list(STAGES),
+        ["trace"],
+        ["trace", "serialize", "validate"],
+        ["trace", "aot_compile", "validate"],
+        ["trace", "functionalize", "decompose"],
+    ],
 )
 def test_check_stage_list_accepts_ordered_subsets(stages: list[str]) -> None:
     assert check_stage_list(stages) == []
@@ -528,15 +587,29 @@ def test_a_stage_whose_libraries_are_missing_is_a_config_error_naming_the_extra(
     refused before anything runs, saying what to install (as onnx or executorch would be)."""
     from pt2flow.flows.pipeline import Input, Stage, register, unregister
 
-    register(Stage("elsewhere", 1, compute="tests.plugin_stage:compute", inputs=(Input("program", ("trace",)),),
-                   libraries=("no-such-distribution-for-pt2flow",), extra="elsewhere"))
+    register(
+        Stage(
+            "elsewhere",
+            1,
+            compute="tests.plugin_stage:compute",
+            inputs=(Input("program", ("trace",)),),
+            libraries=("no-such-distribution-for-pt2flow",),
+            extra="elsewhere",
+        )
+    )
     try:
         issue = only_issue("version: 1\nstages: [trace, elsewhere]\n" + GOOD.split("\n", 1)[1])
         assert issue.path == "stages"
-        assert issue.message == ("the elsewhere stage needs no-such-distribution-for-pt2flow, which is not installed here: "
-                                 "pip install 'pt2flow[elsewhere]'")
+        assert issue.message == (
+            "the elsewhere stage needs no-such-distribution-for-pt2flow, which is not installed here: "
+            "pip install 'pt2flow[elsewhere]'"
+        )
         # the targets' libraries are installed here (make install): the same check lets them through
-        assert parse("version: 1\nstages: [trace, onnx, executorch]\n" + GOOD.split("\n", 1)[1], ROOT).stages == ("trace", "onnx", "executorch")
+        assert parse("version: 1\nstages: [trace, onnx, executorch]\n" + GOOD.split("\n", 1)[1], ROOT).stages == (
+            "trace",
+            "onnx",
+            "executorch",
+        )
     finally:
         unregister("elsewhere")
 
@@ -685,7 +758,11 @@ def test_broken_defaults_do_not_hide_per_model_problems() -> None:
     text += "    stages: {validate: {rtol: 1.0e-3}}\n"
     issues = issues_of(text)
     # the per-model option check is skipped (it would only repeat the defaults' error) but nothing else is
-    assert [(i.path, i.line) for i in issues] == [("defaults.validate.atol", 3), ("models[0].name", 5), ("models[0].factory", 6)]
+    assert [(i.path, i.line) for i in issues] == [
+        ("defaults.validate.atol", 3),
+        ("models[0].name", 5),
+        ("models[0].factory", 6),
+    ]
 
 
 def test_a_single_problem_renders_in_the_singular() -> None:
@@ -699,7 +776,10 @@ def test_a_single_problem_renders_in_the_singular() -> None:
 
 
 def _two_models() -> Pipeline:
-    return parse(GOOD + "  - name: cnn\n    factory: tests.models:dict_out\n    inputs: {x: {shape: [2, 6]}, scale: {shape: []}}\n")
+    return parse(
+        GOOD
+        + "  - name: cnn\n    factory: tests.models:dict_out\n    inputs: {x: {shape: [2, 6]}, scale: {shape: []}}\n"
+    )
 
 
 def test_apply_overrides_only_with_an_unknown_name() -> None:
@@ -816,7 +896,9 @@ models:
         ("file:///data/store", "file:///data/store"),
     ],
 )
-def test_store_resolves_against_the_config_folder_not_the_current_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, expected: str) -> None:
+def test_store_resolves_against_the_config_folder_not_the_current_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, expected: str
+) -> None:
     folder = tmp_path / "configs"
     config = folder / "own.yaml"
     folder.mkdir()
@@ -830,13 +912,17 @@ def test_store_resolves_against_the_config_folder_not_the_current_one(tmp_path: 
     assert read_store_settings(config) == (want, {})  # what the query commands' --config read
 
 
-def test_store_settings_alone_ignore_the_models_and_report_their_own_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_store_settings_alone_ignore_the_models_and_report_their_own_problems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`ls --config` reads a config's store even when its models could not run here; a store or
     storage_options of the wrong type is a ConfigError at its YAML line; ${ENV} is expanded."""
     monkeypatch.setenv("PT2_TEST_ENDPOINT", "http://127.0.0.1:9")
     config = tmp_path / "c.yaml"
-    config.write_text("version: 1\nstore: s3://b/p\nstorage_options: {client_kwargs: {endpoint_url: '${PT2_TEST_ENDPOINT}'}}\n"
-                      "models: [{name: m, factory: 'no_such_module:f'}]\n")
+    config.write_text(
+        "version: 1\nstore: s3://b/p\nstorage_options: {client_kwargs: {endpoint_url: '${PT2_TEST_ENDPOINT}'}}\n"
+        "models: [{name: m, factory: 'no_such_module:f'}]\n"
+    )
     assert read_store_settings(config) == ("s3://b/p", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}})
     with pytest.raises(ConfigError):
         load_config(config)  # the full load refuses the factory
@@ -858,7 +944,13 @@ def test_omitted_sections_take_the_documented_defaults() -> None:
     assert model.weights is None and dict(model.kwargs) == {}
     assert dict(model.dynamic_shapes) == {} and dict(model.dims) == {}
     validate = model.options["validate"]
-    assert (validate.atol, validate.rtol, validate.samples, validate.seed, validate.benchmark) == (1.0e-5, 1.0e-4, 3, 0, False)  # type: ignore[attr-defined]
+    assert (validate.atol, validate.rtol, validate.samples, validate.seed, validate.benchmark) == (
+        1.0e-5,
+        1.0e-4,
+        3,
+        0,
+        False,
+    )  # type: ignore[attr-defined]
     assert model.options["decompose"].table == "core_aten"  # type: ignore[attr-defined]
     assert model.options["aot_compile"].device == "cpu"  # type: ignore[attr-defined]
     assert model.training is False
@@ -872,7 +964,10 @@ def test_dims_become_min_max_tuples_and_dynamic_shapes_keep_int_indices() -> Non
     )
     model = parse(text).models[0]
     assert dict(model.dims) == {"batch": (1, 16), "seq": (2, 64)}
-    assert {k: dict(v) for k, v in model.dynamic_shapes.items()} == {"ids": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}
+    assert {k: dict(v) for k, v in model.dynamic_shapes.items()} == {
+        "ids": {0: "batch", 1: "seq"},
+        "mask": {0: "batch", 1: "seq"},
+    }
     ids = model.inputs["ids"]
     assert (ids.shape, ids.dtype, ids.low, ids.high, ids.value) == ([2, 12], "int64", 0, 100, None)
     assert model.inputs["mask"].value == 1
@@ -919,13 +1014,24 @@ models:
 
 @pytest.mark.integration  # `pt2flow validate` as a subprocess
 def test_cli_validate_accepts_a_good_config(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "good.yaml", [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}}], stages=["trace", "serialize"])
+    config = write_config(
+        tmp_path / "good.yaml",
+        [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}}],
+        stages=["trace", "serialize"],
+    )
     proc = run_cli(["validate", str(config)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"{config}: ok" in proc.stdout
     proc = run_cli(["validate", str(config), "--json"], timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"config": str(config), "valid": True, "models": ["mlp"], "stages": ["trace", "serialize"], "imported": 1, "notes": []}
+    assert json.loads(proc.stdout) == {
+        "config": str(config),
+        "valid": True,
+        "models": ["mlp"],
+        "stages": ["trace", "serialize"],
+        "imported": 1,
+        "notes": [],
+    }
 
 
 @pytest.mark.integration  # `pt2flow validate` as a subprocess
@@ -971,10 +1077,18 @@ def test_cli_run_on_a_bad_config_exits_2_and_creates_no_store(tmp_path: Path) ->
 
 @pytest.mark.parametrize(
     ("extra", "fragment"),
-    [(["--only", "nope"], "--only: no model named ['nope']"), (["--stages", "trace,validate"], "--stages: validate needs serialize")],
+    [
+        (["--only", "nope"], "--only: no model named ['nope']"),
+        (["--stages", "trace,validate"], "--stages: validate needs serialize"),
+    ],
 )
-def test_cli_run_with_bad_overrides_exits_2_and_creates_no_store(tmp_path: Path, extra: list[str], fragment: str) -> None:
-    config = write_config(tmp_path / "good.yaml", [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}}])
+def test_cli_run_with_bad_overrides_exits_2_and_creates_no_store(
+    tmp_path: Path, extra: list[str], fragment: str
+) -> None:
+    config = write_config(
+        tmp_path / "good.yaml",
+        [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}}],
+    )
     store = tmp_path / "store"
     proc = run_cli(["run", str(config), "--store", str(store), *extra], timeout=120)
     assert proc.returncode == 2

@@ -58,11 +58,21 @@ def test_every_input_kind_parses_to_its_python_value() -> None:
     xs, pair, cfg = model.inputs["xs"], model.inputs["pair"], model.inputs["cfg"]
     assert isinstance(xs, list) and isinstance(xs[0], InputConfig) and xs[1].dtype == "int64"
     assert isinstance(pair, tuple) and pair[1]["w"].value == 0.5
-    assert {k: v for k, v in cfg.items() if k != "bias"} == {"scale": 2.5, "steps": 3, "flag": True, "mode": "fast", "none": None}
+    assert {k: v for k, v in cfg.items() if k != "bias"} == {
+        "scale": 2.5,
+        "steps": 3,
+        "flag": True,
+        "mode": "fast",
+        "none": None,
+    }
     assert type(cfg["steps"]) is int and type(cfg["flag"]) is bool
     assert model.inputs["odd_keys"] == {"shape": 1, "tuple": [1, 2]}  # {dict: ...} takes any keys
     assert set(model.inputs["ints"]) == {1, 2} and model.inputs["ints"][2] == "hello"
-    assert model.dynamic_shapes == {"xs": [{0: "batch"}, None], "pair": [{0: "batch"}, None], "cfg": {"bias": {0: "batch"}}}
+    assert model.dynamic_shapes == {
+        "xs": [{0: "batch"}, None],
+        "pair": [{0: "batch"}, None],
+        "cfg": {"bias": {0: "batch"}},
+    }
 
 
 def test_nested_inputs_reach_the_stages_with_dynamic_dims_inside_containers() -> None:
@@ -100,7 +110,9 @@ def test_narrow_integer_inputs_are_made_in_their_dtype_and_range() -> None:
     bound = bind_inputs(byte_image(), model_inputs(model), seed=0)
     image, offset, ids = bound.args
     assert (image.dtype, offset.dtype, ids.dtype) == (torch.uint8, torch.int8, torch.int16)
-    assert 200 <= int(image.min()) and int(image.max()) <= 255 and -128 <= int(offset.min()) and int(offset.max()) < -100
+    assert (
+        200 <= int(image.min()) and int(image.max()) <= 255 and -128 <= int(offset.min()) and int(offset.max()) < -100
+    )
     assert 290 <= int(ids.min()) and int(ids.max()) < 300
 
 
@@ -114,20 +126,26 @@ def test_narrow_integer_inputs_are_made_in_their_dtype_and_range() -> None:
     ],
 )
 def test_narrow_integer_bounds_are_checked_at_load_time(spec: str, fragment: str) -> None:
-    issue = only_issue(f"version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {{x: {spec}}}\n")
+    issue = only_issue(
+        f"version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {{x: {spec}}}\n"
+    )
     assert issue.path.startswith("models[0].inputs.x") and fragment in issue.message, issue
 
 
 def test_source_key_json_keeps_schema_v1_for_tensor_inputs_and_spells_containers() -> None:
-    flat = parse("version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [4, 8]}}\n"
-                 "    dynamic_shapes: {x: {0: b}}\n    dims: {b: {min: 1, max: 8}}\n").models[0]
+    flat = parse(
+        "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [4, 8]}}\n"
+        "    dynamic_shapes: {x: {0: b}}\n    dims: {b: {min: 1, max: 8}}\n"
+    ).models[0]
     manifest = inputs_manifest(flat)
     assert manifest == {
         "inputs": {"x": {"shape": [4, 8], "dtype": "float32", "low": None, "high": None, "value": None}},
         "dynamic_shapes": {"x": {"0": "b"}},
     }
     nested = parse(NESTED).models[0]
-    assert tree_json(nested.inputs["pair"])["tuple"][1] == {"dict": [["w", {"shape": [], "dtype": "float32", "low": None, "high": None, "value": 0.5}]]}
+    assert tree_json(nested.inputs["pair"])["tuple"][1] == {
+        "dict": [["w", {"shape": [], "dtype": "float32", "low": None, "high": None, "value": 0.5}]]
+    }
     assert tree_json([1, (2,)]) != tree_json([1, [2]])  # a tuple and a list are different inputs
     assert dynamic_json(nested.dynamic_shapes["xs"]) == [{"0": "batch"}, None]
 
@@ -151,7 +169,9 @@ def test_bad_inputs_are_reported_at_their_path(inputs: str, path: str, fragment:
     assert issue.line == 5
 
 
-def _with_dynamic(dynamic: str, inputs: str = "{xs: [{shape: [4, 3]}, {shape: [2]}], n: 3, d: {a: {shape: [2]}}}") -> str:
+def _with_dynamic(
+    dynamic: str, inputs: str = "{xs: [{shape: [4, 3]}, {shape: [2]}], n: 3, d: {a: {shape: [2]}}}"
+) -> str:
     return (
         "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n"
         f"    inputs: {inputs}\n    dynamic_shapes: {dynamic}\n    dims: {{batch: {{min: 1, max: 8}}}}\n"
@@ -184,7 +204,9 @@ def test_example_size_of_a_dim_inside_a_container_is_checked() -> None:
 
 
 def test_inputs_factory_is_resolved_without_importing(tmp_path: Path) -> None:
-    (tmp_path / "my_inputs.py").write_text("raise RuntimeError('imported at load time')\n\ndef make():\n    return (), {}\n")
+    (tmp_path / "my_inputs.py").write_text(
+        "raise RuntimeError('imported at load time')\n\ndef make():\n    return (), {}\n"
+    )
     good = "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs_factory: my_inputs:make\n    dynamic_shapes: {x: {0: b}}\n    dims: {b: {min: 1, max: 4}}\n"
     model = parse(good, tmp_path).models[0]
     assert model.inputs_factory == "my_inputs:make" and model.inputs == {} and model.dynamic_shapes == {"x": {0: "b"}}
@@ -198,7 +220,10 @@ def test_inputs_factory_is_resolved_without_importing(tmp_path: Path) -> None:
 def test_inputs_factory_runs_and_its_code_is_in_the_source_key(tmp_path: Path) -> None:
     module = tmp_path / "my_inputs.py"
     module.write_text("import torch\n\ndef make():\n    return (torch.ones(2, 8),), {}\n")
-    model = parse("version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs_factory: my_inputs:make\n", tmp_path).models[0]
+    model = parse(
+        "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs_factory: my_inputs:make\n",
+        tmp_path,
+    ).models[0]
     built = model_inputs(model)
     assert len(built.positional) == 1 and built.positional[0].shape == (2, 8)
     before = inputs_manifest(model)["inputs_factory"]

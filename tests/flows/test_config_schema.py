@@ -82,17 +82,26 @@ def test_the_schema_refuses_bad_shapes(change: dict, where: str) -> None:
 def test_nested_inputs_and_dims_trees_validate() -> None:
     config = {
         "version": 1,
-        "models": [{
-            "name": "nested", "factory": "pkg.mod:make",
-            "inputs": {
-                "batch": {"ids": {"shape": [2, 5], "dtype": "int64", "low": 0, "high": 100}, "mask": [{"shape": [2]}, None, 3, True, "mean"]},
-                "pair": {"tuple": [{"shape": [4]}, 1.5]},
-                "odd": {"dict": {"shape": {"shape": [1]}}},
-            },
-            "dynamic_shapes": {"batch": {"ids": {0: "b"}, "mask": [{0: "b"}, None, None, None, None]}, "pair": None},
-            "dims": {"b": {"min": 1, "max": 64}},
-            "stages": {"trace": {"fallback": {"static": False}}, "aot_compile": {"device": "cpu"}},
-            "limits": {"timeout_s": 60, "stage_timeout_s": {"aot_compile": 30}},
-        }],
+        "models": [
+            {
+                "name": "nested",
+                "factory": "pkg.mod:make",
+                "inputs": {
+                    "batch": {
+                        "ids": {"shape": [2, 5], "dtype": "int64", "low": 0, "high": 100},
+                        "mask": [{"shape": [2]}, None, 3, True, "mean"],
+                    },
+                    "pair": {"tuple": [{"shape": [4]}, 1.5]},
+                    "odd": {"dict": {"shape": {"shape": [1]}}},
+                },
+                "dynamic_shapes": {
+                    "batch": {"ids": {0: "b"}, "mask": [{0: "b"}, None, None, None, None]},
+                    "pair": None,
+                },
+                "dims": {"b": {"min": 1, "max": 64}},
+                "stages": {"trace": {"fallback": {"static": False}}, "aot_compile": {"device": "cpu"}},
+                "limits": {"timeout_s": 60, "stage_timeout_s": {"aot_compile": 30}},
+            }
+        ],
     }
     assert [e.message for e in _validator().iter_errors(config)] == []

@@ -34,13 +34,28 @@ HEALTHY = [
 def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A `dask scheduler` and a `dask worker --nworkers 2` launcher, real processes; the markers
     the hostile models write go under tmp_path."""
-    env = cli_env({"PT2FLOW_TEST_HANG_MARKER": str(tmp_path / "hanging"), "PT2FLOW_TEST_PAUSE_MARKER": str(tmp_path / "pausing")})
+    env = cli_env(
+        {"PT2FLOW_TEST_HANG_MARKER": str(tmp_path / "hanging"), "PT2FLOW_TEST_PAUSE_MARKER": str(tmp_path / "pausing")}
+    )
     scheduler_file = tmp_path / "scheduler.json"
     logs = tmp_path / "dask-logs"
     logs.mkdir()
     scheduler = subprocess.Popen(
-        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", str(scheduler_file)],
-        stdout=open(logs / "scheduler.log", "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            str(BIN / "dask"),
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(scheduler_file),
+        ],
+        stdout=open(logs / "scheduler.log", "w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     started: list[subprocess.Popen[Any]] = [scheduler]
     try:
@@ -50,7 +65,10 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
         address = json.loads(scheduler_file.read_text())["address"]
         launcher = subprocess.Popen(
             [str(BIN / "dask"), "worker", address, "--nworkers", "2", "--nthreads", "1", "--no-dashboard"],
-            stdout=open(logs / "worker.log", "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            stdout=open(logs / "worker.log", "w"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         started.append(launcher)
         yield {"address": address, "launcher": launcher, "env": env}
@@ -63,13 +81,28 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
             proc.wait()
 
 
-def _start_run(tmp_path: Path, models: list[dict[str, Any]], cluster: dict[str, Any], *extra: str, **top: Any) -> tuple[subprocess.Popen[Any], Path, Path]:
+def _start_run(
+    tmp_path: Path, models: list[dict[str, Any]], cluster: dict[str, Any], *extra: str, **top: Any
+) -> tuple[subprocess.Popen[Any], Path, Path]:
     config = write_config(tmp_path / "fleet.yaml", models, stages=STAGES, **top)
     out, err = tmp_path / "out.json", tmp_path / "err.log"
     proc = subprocess.Popen(
-        [str(BIN / "pt2flow"), "run", str(config), "--store", str(tmp_path / "store"), "--runner", "dask",
-         "--dask-address", cluster["address"], *extra, "--json"],
-        stdout=open(out, "w"), stderr=open(err, "w"), env=cluster["env"],
+        [
+            str(BIN / "pt2flow"),
+            "run",
+            str(config),
+            "--store",
+            str(tmp_path / "store"),
+            "--runner",
+            "dask",
+            "--dask-address",
+            cluster["address"],
+            *extra,
+            "--json",
+        ],
+        stdout=open(out, "w"),
+        stderr=open(err, "w"),
+        env=cluster["env"],
     )
     return proc, out, err
 
@@ -85,7 +118,12 @@ def _wait_for(path: Path, proc: subprocess.Popen[Any], seconds: float = 240) -> 
 
 
 def test_a_cluster_that_loses_every_worker_fails_what_is_left_and_ends(tmp_path: Path, cluster: dict[str, Any]) -> None:
-    stuck = {"name": "stuck", "factory": "tests.hostile_models:announced_hang", "inputs": X, "limits": {"timeout_s": 600}}
+    stuck = {
+        "name": "stuck",
+        "factory": "tests.hostile_models:announced_hang",
+        "inputs": X,
+        "limits": {"timeout_s": 600},
+    }
     proc, out, err = _start_run(tmp_path, [stuck, *HEALTHY], cluster, dask={"no_worker_timeout_s": 10})
     try:
         _wait_for(tmp_path / "hanging", proc)  # stuck is inside its worker, under a Dask worker
@@ -105,14 +143,18 @@ def test_a_cluster_that_loses_every_worker_fails_what_is_left_and_ends(tmp_path:
     assert "had no worker for 10 s (dask.no_worker_timeout_s" in by_name["stuck"]["error"]
     assert "it was running on Dask worker tcp://" in by_name["stuck"]["error"]
     for model in document["models"]:  # each either finished before the loss or was given up on
-        assert model["status"] == "ok" or (model["error_class"] == "timeout" and "had no worker" in model["error"]), model
+        assert model["status"] == "ok" or (model["error_class"] == "timeout" and "had no worker" in model["error"]), (
+            model
+        )
 
 
 def test_a_cluster_that_loses_one_worker_process_runs_every_model(tmp_path: Path, cluster: dict[str, Any]) -> None:
     paused = {"name": "paused", "factory": "tests.hostile_models:announced_pause", "inputs": X}
     proc, out, err = _start_run(tmp_path, [paused, *HEALTHY], cluster)
     try:
-        pid, orchestrator = _wait_for(tmp_path / "pausing", proc)  # paused's supervised worker and the Dask worker it serves
+        pid, orchestrator = _wait_for(
+            tmp_path / "pausing", proc
+        )  # paused's supervised worker and the Dask worker it serves
         dask_worker = psutil.Process(orchestrator)
         assert pid != orchestrator and dask_worker.pid != cluster["launcher"].pid
         assert cluster["launcher"].pid in [p.pid for p in dask_worker.parents()]  # one of the launcher's Dask workers
@@ -128,11 +170,16 @@ def test_a_cluster_that_loses_one_worker_process_runs_every_model(tmp_path: Path
     assert int(document["models"][0]["worker"].rsplit(":", 1)[1]) != pid  # paused ran again elsewhere
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--no-worker-timeout", "5"], "--no-worker-timeout needs --runner dask"),
-    (["--runner", "dask", "--no-worker-timeout", "0"], "--no-worker-timeout must be more than 0 seconds"),
-])
-def test_a_no_worker_timeout_needs_the_dask_runner_and_a_positive_time(tmp_path: Path, args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--no-worker-timeout", "5"], "--no-worker-timeout needs --runner dask"),
+        (["--runner", "dask", "--no-worker-timeout", "0"], "--no-worker-timeout must be more than 0 seconds"),
+    ],
+)
+def test_a_no_worker_timeout_needs_the_dask_runner_and_a_positive_time(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     from tests.conftest import run_cli
 
     config = write_config(tmp_path / "c.yaml", HEALTHY, stages=STAGES)

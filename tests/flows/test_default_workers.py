@@ -38,8 +38,12 @@ def test_without_the_variable_it_is_one_per_core_and_per_3_gib(monkeypatch: pyte
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "+2"])
-def test_a_bad_value_is_a_usage_error_naming_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str) -> None:
-    config = write_config(tmp_path / "c.yaml", [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}}}])
+def test_a_bad_value_is_a_usage_error_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str
+) -> None:
+    config = write_config(
+        tmp_path / "c.yaml", [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}}}]
+    )
     monkeypatch.setenv(VARIABLE, value)
     message = f"{VARIABLE} must be a whole number of at least 1 (the default for --workers), not {value!r}"
     with pytest.raises(ValueError) as raised:

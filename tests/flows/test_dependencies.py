@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 
-MODELS = '''\
+MODELS = """\
 import torch
 from torch import nn
 
@@ -41,20 +41,26 @@ class Net(nn.Module):
 
 def build() -> nn.Module:
     return Net()
-'''
+"""
 
-LAYERS = '''\
+LAYERS = """\
 import torch
 
 
 def act(x):
     return torch.relu(x)
-'''
+"""
 
 
 def _config(folder: Path, factory: str = "my_models:build") -> Path:
     path = folder / "fleet.yaml"
-    model = {"name": "net", "factory": factory, "inputs": {"x": {"shape": [3, 8]}}, "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 8}}}
+    model = {
+        "name": "net",
+        "factory": factory,
+        "inputs": {"x": {"shape": [3, 8]}},
+        "dynamic_shapes": {"x": {0: "batch"}},
+        "dims": {"batch": {"min": 1, "max": 8}},
+    }
     path.write_text(yaml.safe_dump({"version": 1, "stages": STAGES, "models": [model]}, sort_keys=False))
     return path
 
@@ -79,7 +85,9 @@ def _cached(model: dict[str, Any]) -> dict[str, bool]:
     return {stage: info["cached"] for stage, info in model["stages"].items()}
 
 
-def test_editing_a_helper_module_re_runs_trace_and_builds_a_correct_new_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_editing_a_helper_module_re_runs_trace_and_builds_a_correct_new_artifact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # run from the project's folder, as a user does: the workers start there
     (tmp_path / "my_models.py").write_text(MODELS)
     (tmp_path / "layers.py").write_text(LAYERS)
@@ -96,10 +104,18 @@ def test_editing_a_helper_module_re_runs_trace_and_builds_a_correct_new_artifact
     from pt2flow.storage import ArtifactStore
 
     records = ArtifactStore(str(store)).index.read(["sha256", "stage", "op_histogram"]).to_pylist()
-    ops = next(r["op_histogram"] for r in records if r["sha256"] == edited["artifacts"]["serialized"] and r["stage"] == "serialize")
+    ops = next(
+        r["op_histogram"]
+        for r in records
+        if r["sha256"] == edited["artifacts"]["serialized"] and r["stage"] == "serialize"
+    )
     assert "aten.sigmoid.default" in ops and "aten.relu.default" not in ops
     # the source record names the helper module and its content
-    source = next(r for r in ArtifactStore(str(store)).index.read(["sha256", "stage", "details"]).to_pylist() if r["sha256"] == edited["source"])
+    source = next(
+        r
+        for r in ArtifactStore(str(store)).index.read(["sha256", "stage", "details"]).to_pylist()
+        if r["sha256"] == edited["source"]
+    )
     assert '"layers.py"' in source["details"] and '"torch":' in source["details"]
 
 
@@ -133,7 +149,12 @@ def test_a_new_version_of_an_installed_distribution_re_runs_trace(tmp_path: Path
     assert upgraded["source"] != first["source"]
     # the re-trace yields the identical program: the program stages after it are reused
     # (fingerprint rule); validate runs again, since its eager reference is the new library's
-    assert {s: upgraded["stages"][s]["cached"] for s in STAGES[1:]} == {"functionalize": True, "decompose": True, "serialize": True, "validate": False}
+    assert {s: upgraded["stages"][s]["cached"] for s in STAGES[1:]} == {
+        "functionalize": True,
+        "decompose": True,
+        "serialize": True,
+        "validate": False,
+    }
     assert upgraded["artifacts"]["serialized"] == first["artifacts"]["serialized"]
     assert upgraded["validation"]["passed"] is True
 
@@ -158,7 +179,9 @@ def test_the_compile_key_follows_the_native_toolchain(tmp_path: Path, monkeypatc
     assert cxx, "a C++ compiler is needed for AOTInductor"
     fake = tmp_path / "bin" / "g++"
     fake.parent.mkdir()
-    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'g++ (Fake) 99.1.0'; exit 0; fi\nexec {cxx} \"$@\"\n")
+    fake.write_text(
+        f'#!/bin/sh\nif [ "$1" = --version ]; then echo \'g++ (Fake) 99.1.0\'; exit 0; fi\nexec {cxx} "$@"\n'
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
     assert stage_key(pipeline.get("aot_compile"), model, inputs) != key

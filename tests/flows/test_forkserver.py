@@ -38,14 +38,18 @@ def _describe(**worker: Any) -> dict[str, Any]:
         w.close()
 
 
-def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("PT2FLOW_TEST_MARK", "first")
     first = _describe()
     monkeypatch.setenv("PT2FLOW_TEST_MARK", "second")  # pt2flow's own variables: set after the fork
     second = _describe()
     server = psutil.Process(first["ppid"])
     assert first["ppid"] != os.getpid() and "pt2flow.flows.engine.worker.forkserver" in " ".join(server.cmdline())
-    assert second["ppid"] == first["ppid"] and second["pid"] != first["pid"]  # the second is forked from the same server
+    assert (
+        second["ppid"] == first["ppid"] and second["pid"] != first["pid"]
+    )  # the second is forked from the same server
     assert first["environ"]["PT2FLOW_TEST_MARK"] == "first" and second["environ"]["PT2FLOW_TEST_MARK"] == "second"
     assert first["warm"] is True  # torch's first export done in the server (stages/warmup.py), not by each worker
 
@@ -65,7 +69,9 @@ def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(monkeypatch:
     volatile = _describe()
     assert volatile["ppid"] == third["ppid"] and volatile["environ"]["PREFECT_API_URL"] == "http://127.0.0.1:9/api"
     assert volatile["environ"]["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9" and volatile["environ"]["COLUMNS"] == "173"
-    assert volatile["compile_threads"] == 1 and third["compile_threads"] == max(1, min(32, len(os.sched_getaffinity(0))))
+    assert volatile["compile_threads"] == 1 and third["compile_threads"] == max(
+        1, min(32, len(os.sched_getaffinity(0)))
+    )
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -73,7 +79,9 @@ def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(monkeypatch:
     there = _describe()
     assert there["ppid"] == third["ppid"] and there["cwd"] == str(folder)
     assert there["path0"] == str(folder) and there["import_path"][0] == str(folder)
-    assert third["path0"] == str(ROOT) == third["import_path"][0]  # where it was asked from, not the server's own folder
+    assert (
+        third["path0"] == str(ROOT) == third["import_path"][0]
+    )  # where it was asked from, not the server's own folder
 
     # a module named like one the server imported (a worker started there imports that one: an
     # empty numpy.py breaks torch's import), or a relative PYTHONPATH: a server started in that folder
@@ -105,7 +113,9 @@ def test_a_server_warms_up_before_the_first_worker_that_exports(monkeypatch: pyt
     assert (inspecting["warm"], exporting["warm"], later["warm"]) == (False, True, True)
 
 
-def test_a_package_installed_after_the_server_started_gets_a_new_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_package_installed_after_the_server_started_gets_a_new_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """A folder on the import path changes (pip installs a package into site-packages): the
     server's imports may be stale, so the next worker comes from a fresh server."""
     site = tmp_path / "site"
@@ -144,7 +154,10 @@ def test_one_server_serves_every_process_of_an_environment_and_a_killed_one_take
     script = tmp_path / "orchestrator.py"
     script.write_text(ORCHESTRATOR)
     env = cli_env({"SOME_LIBRARY_SETTING": uuid.uuid4().hex, launcher.LINGER_VARIABLE: "2"})  # a server of its own
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        for _ in range(2)
+    ]
     try:
         seen = []
         for proc in procs:

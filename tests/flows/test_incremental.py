@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 NO_COMPILE = ["trace", "functionalize", "decompose", "serialize", "validate"]
 
-MODULE_A = '''\
+MODULE_A = """\
 import torch
 from torch import nn
 
@@ -45,9 +45,9 @@ class Net(nn.Module):
 def build(hidden: int = 16) -> nn.Module:
     torch.manual_seed(0)
     return Net(hidden)
-'''
+"""
 
-MODULE_B = '''\
+MODULE_B = """\
 import torch
 from torch import nn
 
@@ -55,10 +55,16 @@ from torch import nn
 def build() -> nn.Module:
     torch.manual_seed(1)
     return nn.Sequential(nn.Linear(6, 6), nn.Tanh())
-'''
+"""
 
 
-def _config(folder: Path, *, stages: list[str] = NO_COMPILE, a_extra: dict[str, Any] | None = None, defaults: dict[str, Any] | None = None) -> Path:
+def _config(
+    folder: Path,
+    *,
+    stages: list[str] = NO_COMPILE,
+    a_extra: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> Path:
     model_a = {
         "name": "a",
         "factory": "fleet_a:build",
@@ -86,12 +92,15 @@ def _weights(path: Path, seed: int) -> None:
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    save_file({
-        "fc1.weight": torch.randn(16, 8, generator=generator),
-        "fc1.bias": torch.randn(16, generator=generator),
-        "fc2.weight": torch.randn(4, 16, generator=generator),
-        "fc2.bias": torch.randn(4, generator=generator),
-    }, str(path))
+    save_file(
+        {
+            "fc1.weight": torch.randn(16, 8, generator=generator),
+            "fc1.bias": torch.randn(16, generator=generator),
+            "fc2.weight": torch.randn(4, 16, generator=generator),
+            "fc2.bias": torch.randn(4, generator=generator),
+        },
+        str(path),
+    )
 
 
 def _run(config: Path, store: Path, **options: Any) -> dict[str, Any]:
@@ -136,7 +145,9 @@ def copy(baseline: tuple[Path, dict[str, Any]], tmp_path: Path) -> Path:
     return target
 
 
-def test_unchanged_rerun_does_no_stage_work_and_returns_the_same_ids(baseline: tuple[Path, dict[str, Any]], copy: Path) -> None:
+def test_unchanged_rerun_does_no_stage_work_and_returns_the_same_ids(
+    baseline: tuple[Path, dict[str, Any]], copy: Path
+) -> None:
     again = _run(copy / "fleet.yaml", copy / "store")
     for name in ("a", "b"):
         assert fresh(again, name) == set()
@@ -174,7 +185,9 @@ def test_changed_forward_code_reruns_that_model(copy: Path) -> None:
 def test_refactor_that_changes_no_graph_reuses_the_program(copy: Path) -> None:
     """New source -> new source key -> re-trace; the same program fingerprint -> the downstream
     program artifacts are reused. Validate re-runs: eager is new code and must be compared again."""
-    (copy / "fleet_a.py").write_text(MODULE_A.replace("    def forward(self, x):\n", "    def forward(self, x):\n        # refactored: same graph\n"))
+    (copy / "fleet_a.py").write_text(
+        MODULE_A.replace("    def forward(self, x):\n", "    def forward(self, x):\n        # refactored: same graph\n")
+    )
     document = _run(copy / "fleet.yaml", copy / "store")
     assert fresh(document, "a") == {"trace", "validate"}
     assert fresh(document, "b") == set()
@@ -205,7 +218,11 @@ def test_new_torch_version_reruns_everything(copy: Path, tmp_path: Path) -> None
     assert fresh(document, "a") == set(NO_COMPILE)
     assert fresh(document, "b") == set(NO_COMPILE)
     store = ArtifactStore(str(copy / "store"))
-    versions = {r["torch_version"] for r in store.index.read(columns=["run_id", "torch_version"]).to_pylist() if r["run_id"] == document["run_id"]}
+    versions = {
+        r["torch_version"]
+        for r in store.index.read(columns=["run_id", "torch_version"]).to_pylist()
+        if r["run_id"] == document["run_id"]
+    }
     assert versions == {"2.99.0"}
 
 
@@ -236,7 +253,9 @@ def test_refactor_reuses_the_compiled_package(tmp_path: Path) -> None:
     config_text["models"] = config_text["models"][:1]
     config.write_text(yaml.safe_dump(config_text, sort_keys=False))
     first = _run(config, tmp_path / "store")
-    (tmp_path / "fleet_a.py").write_text(MODULE_A.replace("        return self.fc2", "        # a comment\n        return self.fc2"))
+    (tmp_path / "fleet_a.py").write_text(
+        MODULE_A.replace("        return self.fc2", "        # a comment\n        return self.fc2")
+    )
     second = _run(config, tmp_path / "store")
     assert fresh(second, "a") == {"trace", "validate"}
     assert _stages(second, "a")["aot_compile"]["artifact"] == _stages(first, "a")["aot_compile"]["artifact"]
@@ -251,7 +270,11 @@ def test_a_run_killed_half_way_resumes_with_only_what_was_left(tmp_path: Path) -
     store_dir = tmp_path / "store"
     proc = subprocess.Popen(
         [str(BIN / "pt2flow"), "run", str(config), "--store", str(store_dir), "--json", "--workers", "1"],  # a, then b
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cli_env(), cwd=tmp_path, start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=cli_env(),
+        cwd=tmp_path,
+        start_new_session=True,
     )
     store = ArtifactStore(str(store_dir))
 

@@ -30,7 +30,9 @@ def test_another_interpreter_is_asked_once_and_again_after_an_install(cache: Pat
     candidate = overlay_env("candidate", ["tinyops-2.0", f"transformers=={CANDIDATE_TRANSFORMERS}"])
     found = interpreter.describe(candidate)
     assert found.version("transformers", None) == CANDIDATE_TRANSFORMERS != importlib.metadata.version("transformers")
-    assert found.version("tinyops", None) == "2.0" and found.version("torch", None) == importlib.metadata.version("torch")
+    assert found.version("tinyops", None) == "2.0" and found.version("torch", None) == importlib.metadata.version(
+        "torch"
+    )
     [cached] = cache.glob("interpreter-*.json")
     first = cached.stat().st_mtime_ns
     assert interpreter.describe(candidate) == found and cached.stat().st_mtime_ns == first  # answered from the cache
@@ -42,9 +44,9 @@ def test_another_interpreter_is_asked_once_and_again_after_an_install(cache: Pat
 def test_a_manifest_is_checked_against_the_workers_distributions() -> None:
     recorded = {"files": {}, "distributions": {"transformers": "5.23.0", "torch": importlib.metadata.version("torch")}}
     assert changed_entries(recorded) == []
-    assert changed_entries(recorded, versions={"transformers": CANDIDATE_TRANSFORMERS, "torch": recorded["distributions"]["torch"]}) == [
-        f"transformers: 5.23.0 -> {CANDIDATE_TRANSFORMERS}"
-    ]
+    assert changed_entries(
+        recorded, versions={"transformers": CANDIDATE_TRANSFORMERS, "torch": recorded["distributions"]["torch"]}
+    ) == [f"transformers: 5.23.0 -> {CANDIDATE_TRANSFORMERS}"]
 
 
 def test_activation_changes_the_keys_environment(cache: Path) -> None:
@@ -56,7 +58,9 @@ def test_activation_changes_the_keys_environment(cache: Path) -> None:
         here = _env("cpu", ["transformers"])
         interpreter.activate(candidate)
         there = _env("cpu", ["transformers"])
-        assert there["transformers"] == CANDIDATE_TRANSFORMERS and here["transformers"] == importlib.metadata.version("transformers")
+        assert there["transformers"] == CANDIDATE_TRANSFORMERS and here["transformers"] == importlib.metadata.version(
+            "transformers"
+        )
         assert Environment.current().torch_version == importlib.metadata.version("torch")
     finally:
         interpreter.activate(None)
@@ -64,12 +68,17 @@ def test_activation_changes_the_keys_environment(cache: Path) -> None:
 
 
 def test_an_overlay_takes_one_distribution_from_the_candidate(cache: Path) -> None:
-    candidate = interpreter.describe(overlay_env("candidate", ["tinyops-2.0", f"transformers=={CANDIDATE_TRANSFORMERS}"]))
+    candidate = interpreter.describe(
+        overlay_env("candidate", ["tinyops-2.0", f"transformers=={CANDIDATE_TRANSFORMERS}"])
+    )
     base = interpreter.describe(overlay_env("baseline", ["tinyops-1.0"]))
     python = overlay_environment(base, candidate, ["tinyops"], cache / "overlays")
     probe = "import tinyops, transformers, importlib.metadata as m; print(m.version('tinyops'), transformers.__version__, tinyops.scale.__code__.co_filename)"
     out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert out[:2] == ["2.0", importlib.metadata.version("transformers")]  # tinyops from the candidate, transformers from the base
+    assert out[:2] == [
+        "2.0",
+        importlib.metadata.version("transformers"),
+    ]  # tinyops from the candidate, transformers from the base
     assert os.path.realpath(out[2]).startswith(str(Path(candidate.python).parents[1]))
     assert overlay_environment(base, candidate, ["tinyops"], cache / "overlays") == python  # made once
 
@@ -85,8 +94,12 @@ def test_an_interpreter_without_pt2flow_is_a_usage_error(tmp_path: Path, cache: 
 def test_a_pt2flow_that_speaks_another_worker_protocol_is_a_usage_error(tmp_path: Path, cache: Path) -> None:
     venv = tmp_path / "old"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     package = Path(site, "pt2flow", "flows", "engine")
     package.mkdir(parents=True)
     for folder in (package.parents[1], package.parent, package):

@@ -60,10 +60,18 @@ def forked_since(since: float) -> list[str]:
     for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status"]):
         try:
             command = " ".join(proc.info["cmdline"] or [])
-            if FORK_SERVER not in command or proc.info["create_time"] < since or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            if (
+                FORK_SERVER not in command
+                or proc.info["create_time"] < since
+                or proc.info["status"] == psutil.STATUS_ZOMBIE
+            ):
                 continue
             parent = proc.parent()
-            if parent is not None and FORK_SERVER in " ".join(parent.cmdline()) and proc.environ().get("PYTEST_XDIST_WORKER") == mine:
+            if (
+                parent is not None
+                and FORK_SERVER in " ".join(parent.cmdline())
+                and proc.environ().get("PYTEST_XDIST_WORKER") == mine
+            ):
                 found.append(f"{proc.pid} (a worker forked by fork server {parent.pid}): {command[:200]}")
         except (psutil.Error, OSError):
             continue
@@ -101,7 +109,9 @@ def test_crashing_hanging_and_hoarding_models_fail_alone(tmp_path: Path, runner:
     assert document["summary"] == {**document["summary"], "ok": len(healthy), "failed": 4}
     assert document["workers"] == int(workers)
     if reuse:
-        by_worker = [by_name[name]["worker"] for name in ("healthy-first", "healthy-second", "segfault", "healthy-last")]
+        by_worker = [
+            by_name[name]["worker"] for name in ("healthy-first", "healthy-second", "segfault", "healthy-last")
+        ]
         assert by_worker[0] == by_worker[1] == by_worker[2], by_worker  # the segfault killed the shared worker
         assert by_worker[3] != by_worker[2]
         assert int(by_worker[0].rsplit(":", 1)[1]) != os.getpid()
@@ -134,8 +144,16 @@ def test_crashing_hanging_and_hoarding_models_fail_alone(tmp_path: Path, runner:
     assert by_name["hang"]["stages"]["trace"]["seconds"] < 30
 
     # every failure is in the index with its class and stage
-    records = ArtifactStore(str(tmp_path / "store")).index.read(["run_id", "model", "stage", "status", "error_class"]).to_pylist()
-    failed = {(r["model"], r["stage"], r["error_class"]) for r in records if r["run_id"] == document["run_id"] and r["status"] == "failed"}
+    records = (
+        ArtifactStore(str(tmp_path / "store"))
+        .index.read(["run_id", "model", "stage", "status", "error_class"])
+        .to_pylist()
+    )
+    failed = {
+        (r["model"], r["stage"], r["error_class"])
+        for r in records
+        if r["run_id"] == document["run_id"] and r["status"] == "failed"
+    }
     assert failed == {(name, "trace", cls) for name, (cls, _) in expected.items()}
 
     assert elapsed < 300, f"the run took {elapsed:.0f} s"
@@ -148,11 +166,18 @@ def _start_stuck_run(tmp_path: Path, token: str, marker: Path) -> Any:
 
     from tests.conftest import BIN, cli_env
 
-    stuck = {"name": "stuck", "factory": "tests.hostile_models:announced_hang", "inputs": X, "limits": {"timeout_s": 600}}
+    stuck = {
+        "name": "stuck",
+        "factory": "tests.hostile_models:announced_hang",
+        "inputs": X,
+        "limits": {"timeout_s": 600},
+    }
     config = write_config(tmp_path / "stuck.yaml", [stuck], stages=STAGES)
     return subprocess.Popen(
         [str(BIN / "pt2flow"), "run", str(config), "--store", str(tmp_path / "store"), "--json"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
         env=cli_env({"PT2FLOW_TEST_TOKEN": token, "PT2FLOW_TEST_HANG_MARKER": str(marker)}),
         # as a command run in a terminal: a test run as a background job (CI, nohup) passes SIGINT
         # on ignored, and Python then leaves Ctrl-C ignored
@@ -174,7 +199,9 @@ def _interrupt(proc: Any, sig: int) -> str:
         time.sleep(3)
         proc.kill()
         _, stderr = proc.communicate(timeout=30)
-        raise AssertionError(f"the run did not end within 60 s of {signal.Signals(sig).name}; its stacks then:\n{stderr[-12000:]}") from None
+        raise AssertionError(
+            f"the run did not end within 60 s of {signal.Signals(sig).name}; its stacks then:\n{stderr[-12000:]}"
+        ) from None
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -214,7 +241,11 @@ def test_a_run_interrupted_while_starting_ends_as_interrupted(tmp_path: Path, af
     token, marker, since = uuid.uuid4().hex, tmp_path / "hanging", time.time()
     proc = _start_stuck_run(tmp_path, token, marker)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None and not (psutil.Process(proc.pid).children() or forked_since(since)):
+    while (
+        time.monotonic() < deadline
+        and proc.poll() is None
+        and not (psutil.Process(proc.pid).children() or forked_since(since))
+    ):
         time.sleep(0.05)  # begun: its Prefect server or a fork server is starting, or a worker was forked
     time.sleep(after)
     stderr = _interrupt(proc, signal.SIGTERM)

@@ -114,8 +114,12 @@ print(fingerprint(torch.export.export(bert_tiny(), (ids,), {"attention_mask": to
 def test_re_exports_in_fresh_processes_give_equal_fingerprints() -> None:
     """Two fresh processes, the second after the fork server's warm-up (torch's first export done
     on a meta-device module first, as every forked worker has it), and this process."""
-    runs = [subprocess.run([sys.executable, "-c", FRESH, str(ROOT), *extra], capture_output=True, text=True, check=True, cwd="/")
-            for extra in ([], ["warm"])]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", FRESH, str(ROOT), *extra], capture_output=True, text=True, check=True, cwd="/"
+        )
+        for extra in ([], ["warm"])
+    ]
     first, second = (r.stdout.split() for r in runs)
     assert len(first) == 2 and first == second
     assert first[0] == fingerprint(export(Spec(dynamic_max=16, op="tanh")))  # and in this process
@@ -126,7 +130,13 @@ def test_re_exports_in_fresh_processes_give_equal_fingerprints() -> None:
 
 def _model(model_extra: dict[str, Any], defaults: dict[str, Any] | None = None, folder: Path | None = None) -> Any:
     folder = folder or Path(__import__("tempfile").mkdtemp())
-    config = {"version": 1, "defaults": defaults or {}, "models": [{"name": "m", "factory": "tests.models:plain", "inputs": {"input": {"shape": [2, 8]}}, **model_extra}]}
+    config = {
+        "version": 1,
+        "defaults": defaults or {},
+        "models": [
+            {"name": "m", "factory": "tests.models:plain", "inputs": {"input": {"shape": [2, 8]}}, **model_extra}
+        ],
+    }
     path = folder / "c.yaml"
     path.write_text(yaml.safe_dump(config))
     if str(ROOT) not in sys.path:
@@ -134,15 +144,17 @@ def _model(model_extra: dict[str, Any], defaults: dict[str, Any] | None = None, 
     return load_config(path).models[0]
 
 
-OPTION_CHANGES = st.sampled_from([
-    ("trace", {"strict": True}),
-    ("trace", {"fallback": False}),
-    ("functionalize", {"mode": "training"}),
-    ("decompose", {"preserve": ["aten.linear.default"]}),
-    ("decompose", {"table": "none"}),
-    ("aot_compile", {"inductor_configs": {"max_autotune": True}}),
-    ("aot_compile", {"device": "cuda"}),
-])
+OPTION_CHANGES = st.sampled_from(
+    [
+        ("trace", {"strict": True}),
+        ("trace", {"fallback": False}),
+        ("functionalize", {"mode": "training"}),
+        ("decompose", {"preserve": ["aten.linear.default"]}),
+        ("decompose", {"table": "none"}),
+        ("aot_compile", {"inductor_configs": {"max_autotune": True}}),
+        ("aot_compile", {"device": "cuda"}),
+    ]
+)
 
 
 @settings(max_examples=10, deadline=None)
@@ -159,7 +171,10 @@ def test_one_option_or_the_device_changes_the_keys_of_its_stage(change: tuple[st
 @settings(max_examples=10, deadline=None)
 @given(entry=st.sampled_from(["files", "distributions"]), value=st.text("0123456789abcdef.", min_size=1, max_size=12))
 def test_a_helper_file_or_a_distribution_version_changes_the_source_key(entry: str, value: str) -> None:
-    manifest = {"factory": "m:f", "deps": {"files": {"helpers.py": "a" * 64}, "distributions": {"torch": "2.13.0", "transformers": "5.23.0"}}}
+    manifest = {
+        "factory": "m:f",
+        "deps": {"files": {"helpers.py": "a" * 64}, "distributions": {"torch": "2.13.0", "transformers": "5.23.0"}},
+    }
     changed = json.loads(json.dumps(manifest))
     name = "helpers.py" if entry == "files" else "transformers"
     if changed["deps"][entry][name] == value:

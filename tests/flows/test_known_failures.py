@@ -18,10 +18,27 @@ STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 X = {"x": {"shape": [2, 8]}}
 FLEET = [
     {"name": "healthy", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}}},
-    {"name": "branchy", "factory": "tests.models:data_dependent", "inputs": {"x": {"shape": [4]}}},  # data_dependent at trace
-    {"name": "object-out", "factory": "tests.models:python_object_out", "inputs": {"x": {"shape": [2, 4]}}},  # pytree at trace
-    {"name": "noisy", "factory": "tests.models:noisy", "inputs": {"x": {"shape": [2, 8]}}, "stages": {"validate": {"samples": 2}}},  # nondeterministic
-    {"name": "segfault", "factory": "tests.hostile_models:segfault", "inputs": {"x": {"shape": [3, 8]}}},  # crash: not cached
+    {
+        "name": "branchy",
+        "factory": "tests.models:data_dependent",
+        "inputs": {"x": {"shape": [4]}},
+    },  # data_dependent at trace
+    {
+        "name": "object-out",
+        "factory": "tests.models:python_object_out",
+        "inputs": {"x": {"shape": [2, 4]}},
+    },  # pytree at trace
+    {
+        "name": "noisy",
+        "factory": "tests.models:noisy",
+        "inputs": {"x": {"shape": [2, 8]}},
+        "stages": {"validate": {"samples": 2}},
+    },  # nondeterministic
+    {
+        "name": "segfault",
+        "factory": "tests.hostile_models:segfault",
+        "inputs": {"x": {"shape": [3, 8]}},
+    },  # crash: not cached
 ]
 EXPECTED = {
     "branchy": ("trace", "data_dependent"),

@@ -36,18 +36,30 @@ def test_on_only_with_the_clients_standard_configuration(no_lineage_env: Path, m
     assert configured()
 
 
-def test_a_refusing_collector_costs_each_run_one_warning(no_lineage_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_refusing_collector_costs_each_run_one_warning(
+    no_lineage_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # the client's own file format; no retries, so the refusal is known at once
     (no_lineage_env / "openlineage.yml").write_text(
-        f"transport: {{type: http, url: 'http://127.0.0.1:{port}', timeout: 1, retry: {{total: 0, connect: 0, read: 0}}}}\n")
+        f"transport: {{type: http, url: 'http://127.0.0.1:{port}', timeout: 1, retry: {{total: 0, connect: 0, read: 0}}}}\n"
+    )
     emitter = Emitter()
 
     def event(n: int) -> object:
-        return run_event("START", run_id="run-a", model=f"m{n}", stage="trace", attempt=0, inputs=[], outputs=[],
-                         facts={"versions": {"pt2flow": "0"}}, torch_version="2.13.0")
+        return run_event(
+            "START",
+            run_id="run-a",
+            model=f"m{n}",
+            stage="trace",
+            attempt=0,
+            inputs=[],
+            outputs=[],
+            facts={"versions": {"pt2flow": "0"}},
+            torch_version="2.13.0",
+        )
 
     started = time.monotonic()
     for n in range(5):

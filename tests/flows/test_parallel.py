@@ -24,10 +24,21 @@ def _fleet(tmp_path: Path) -> Path:
     return write_config(
         tmp_path / "fleet.yaml",
         [
-            {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}}, "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 8}}},
+            {
+                "name": "mlp",
+                "factory": "tests.models:tiny_mlp",
+                "inputs": {"x": {"shape": [3, 8]}},
+                "dynamic_shapes": {"x": {0: "batch"}},
+                "dims": {"batch": {"min": 1, "max": 8}},
+            },
             {"name": "branchy", "factory": "tests.models:data_dependent", "inputs": {"x": {"shape": [4]}}},
             {"name": "counter", "factory": "tests.models:buffer_counter", "inputs": {"x": {"shape": [2, 8]}}},
-            {"name": "mlp-wide", "factory": "tests.models:tiny_mlp", "kwargs": {"hidden": 32}, "inputs": {"x": {"shape": [3, 8]}}},
+            {
+                "name": "mlp-wide",
+                "factory": "tests.models:tiny_mlp",
+                "kwargs": {"hidden": 32},
+                "inputs": {"x": {"shape": [3, 8]}},
+            },
         ],
         stages=STAGES,
     )
@@ -36,7 +47,9 @@ def _fleet(tmp_path: Path) -> Path:
 def _run(args: list[str]) -> tuple[int, int, dict[str, Any], str]:
     """Files, not pipes, for the output: a stray grandchild holding a pipe cannot hang the test."""
     with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
-        proc = subprocess.Popen([str(BIN / "pt2flow"), *args, "--json"], stdout=out_file, stderr=err_file, text=True, env=cli_env())
+        proc = subprocess.Popen(
+            [str(BIN / "pt2flow"), *args, "--json"], stdout=out_file, stderr=err_file, text=True, env=cli_env()
+        )
         proc.wait(timeout=900)
         out_file.seek(0)
         err_file.seek(0)
@@ -68,7 +81,9 @@ def _check_fleet(document: dict[str, Any], store: Path) -> set[str]:
 def _two_worker_run(tmp_path: Path, runner: str) -> tuple[int, set[int]]:
     """Run the fleet on 2 workers of `runner`, check it; the CLI's pid and the workers' pids."""
     store = tmp_path / "store"
-    code, pid, document, stderr = _run(["run", str(_fleet(tmp_path)), "--store", str(store), "--workers", "2", "--runner", runner])
+    code, pid, document, stderr = _run(
+        ["run", str(_fleet(tmp_path)), "--store", str(store), "--workers", "2", "--runner", runner]
+    )
     assert code == 1, stderr[-3000:]
     assert "Traceback" not in stderr
     workers = _check_fleet(document, store)
@@ -89,7 +104,9 @@ def test_dask_local_cluster_with_a_failing_model(tmp_path: Path) -> None:
 def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> None:
     store = tmp_path / "store"
     # no --workers: PT2FLOW_WORKERS is the default (the suite sets it to 1 under xdist)
-    code, document = run_in_process(_fleet(tmp_path), store=str(store), only=["mlp", "branchy"], env={"PT2FLOW_WORKERS": "2"})
+    code, document = run_in_process(
+        _fleet(tmp_path), store=str(store), only=["mlp", "branchy"], env={"PT2FLOW_WORKERS": "2"}
+    )
     assert code == 1 and document["workers"] == 2, document
 
     import asyncio
@@ -104,7 +121,11 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
         from prefect.client.schemas.sorting import ArtifactSort
 
         async with get_client() as client:
-            found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=50)
+            found = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                sort=ArtifactSort.CREATED_DESC,
+                limit=50,
+            )
             return next(a for a in found if (run_id or document["run_id"]) in (a.description or ""))
 
     with prefect_runtime.prefect_api():

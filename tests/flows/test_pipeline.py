@@ -25,19 +25,24 @@ def test_the_order_is_a_topological_sort_of_the_inputs() -> None:
     assert pipeline.default_stages() == ("trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
 
 
-@pytest.mark.parametrize(("stage", "selected", "parents"), [
-    ("serialize", ["trace", "serialize"], ["trace"]),  # a valid list repro once got wrong (issue 20)
-    ("serialize", ["trace", "functionalize", "decompose", "serialize"], ["decompose"]),
-    ("aot_compile", ["trace", "functionalize", "aot_compile"], ["functionalize"]),
-    ("onnx", ["trace", "functionalize", "decompose", "onnx"], ["functionalize"]),  # targets skip core ATen
-    ("validate", ["trace", "serialize", "executorch", "validate"], ["source", "trace", "serialize", "executorch"]),
-])
+@pytest.mark.parametrize(
+    ("stage", "selected", "parents"),
+    [
+        ("serialize", ["trace", "serialize"], ["trace"]),  # a valid list repro once got wrong (issue 20)
+        ("serialize", ["trace", "functionalize", "decompose", "serialize"], ["decompose"]),
+        ("aot_compile", ["trace", "functionalize", "aot_compile"], ["functionalize"]),
+        ("onnx", ["trace", "functionalize", "decompose", "onnx"], ["functionalize"]),  # targets skip core ATen
+        ("validate", ["trace", "serialize", "executorch", "validate"], ["source", "trace", "serialize", "executorch"]),
+    ],
+)
 def test_parents_are_the_first_provider_the_run_has(stage: str, selected: list[str], parents: list[str]) -> None:
     assert pipeline.parents(stage, selected) == parents
 
 
 def test_a_registered_stage_joins_after_what_it_consumes_and_leaves_cleanly() -> None:
-    extra = Stage("counted", 1, compute="tests.plugin_stage:compute", inputs=(Input("program", ("decompose", "trace")),))
+    extra = Stage(
+        "counted", 1, compute="tests.plugin_stage:compute", inputs=(Input("program", ("decompose", "trace")),)
+    )
     pipeline.register(extra)
     try:
         names = pipeline.names()
@@ -49,7 +54,13 @@ def test_a_registered_stage_joins_after_what_it_consumes_and_leaves_cleanly() ->
     finally:
         pipeline.unregister("counted")
     assert "counted" not in pipeline.names()
-    early = Stage("early", 1, compute="tests.plugin_stage:compute", inputs=(Input("program", ("functionalize", "trace")),), position=35)
+    early = Stage(
+        "early",
+        1,
+        compute="tests.plugin_stage:compute",
+        inputs=(Input("program", ("functionalize", "trace")),),
+        position=35,
+    )
     pipeline.register(early)  # its position puts it before serialize, which its inputs leave unordered
     try:
         names = pipeline.names()

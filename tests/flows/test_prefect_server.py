@@ -23,7 +23,12 @@ SECRET = "pt2flow-test-secret-value"
 
 
 def _fleet(tmp_path: Path, name: str, hidden: int = 16) -> Path:
-    model = {"name": name, "factory": "tests.models:tiny_mlp", "kwargs": {"hidden": hidden}, "inputs": {"x": {"shape": [2, 8]}}}
+    model = {
+        "name": name,
+        "factory": "tests.models:tiny_mlp",
+        "kwargs": {"hidden": hidden},
+        "inputs": {"x": {"shape": [2, 8]}},
+    }
     return write_config(tmp_path / f"{name}.yaml", [model], stages=STAGES, store=str(tmp_path / "store"))
 
 
@@ -59,7 +64,9 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
     # idle: longer than a loaded machine takes between two runs (6 s was not, once)
     env = {"PREFECT_HOME": str(home), "PT2FLOW_PREFECT_SERVER_IDLE_S": "20", "XDG_CACHE_HOME": str(cache)}
     try:
-        code, first, stderr = run_json(["run", str(_fleet(tmp_path, "a")), "--storage-option", f"secret={SECRET}", "--json"], env=env)
+        code, first, stderr = run_json(
+            ["run", str(_fleet(tmp_path, "a")), "--storage-option", f"secret={SECRET}", "--json"], env=env
+        )
         assert code == 0, stderr[-3000:]
         server = _server(home)
         process = psutil.Process(server["pid"])
@@ -69,7 +76,9 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
         assert environ["PREFECT_HOME"] == str(home) and environ["PREFECT_API_BLOCKS_REGISTER_ON_START"] == "false"
         assert environ["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"] == "200"  # task runs recorded in batches
 
-        code, second, stderr = run_json(["run", str(_fleet(tmp_path, "b", hidden=24)), "--json"], env=env)  # work to do: it needs Prefect
+        code, second, stderr = run_json(
+            ["run", str(_fleet(tmp_path, "b", hidden=24)), "--json"], env=env
+        )  # work to do: it needs Prefect
         assert code == 0, stderr[-3000:]
         assert second["models"][0]["stages"]["trace"]["cached"] is False
         assert _server(home)["pid"] == server["pid"]  # the same server answered the second run
@@ -91,12 +100,20 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
         for run in (first, second):
             model = run["models"][0]
             assert run["summary"]["ok"] == 1 and list(model["stages"]) == STAGES
-        recorded = sorted(sorted((name.rpartition("-")[0] or name, state, states) for name, state, states in tasks) for tasks in _task_runs(home).values())
-        expected = sorted(sorted([(name, "COMPLETED", 3), *[(stage, "COMPLETED", 3) for stage in ("source", *STAGES)]]) for name in ("a", "b"))
+        recorded = sorted(
+            sorted((name.rpartition("-")[0] or name, state, states) for name, state, states in tasks)
+            for tasks in _task_runs(home).values()
+        )
+        expected = sorted(
+            sorted([(name, "COMPLETED", 3), *[(stage, "COMPLETED", 3) for stage in ("source", *STAGES)]])
+            for name in ("a", "b")
+        )
         assert recorded == expected, recorded
         made = template.stat().st_mtime_ns
         other = tmp_path / "another-home"  # a second fresh home: copied, not made again
-        code, _, stderr = run_json(["run", str(_fleet(tmp_path, "c", hidden=20)), "--json"], env={**env, "PREFECT_HOME": str(other)})
+        code, _, stderr = run_json(
+            ["run", str(_fleet(tmp_path, "c", hidden=20)), "--json"], env={**env, "PREFECT_HOME": str(other)}
+        )
         assert code == 0, stderr[-3000:]
         assert f"Prefect database of {other}: copied" in (other / "pt2flow-server.log").read_text()
         assert _database(other) == (revision, 1) and template.stat().st_mtime_ns == made
@@ -107,7 +124,10 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
 
 def test_a_private_server_goes_with_its_run(tmp_path: Path) -> None:
     home = tmp_path / "prefect-home"
-    code, _, stderr = run_json(["run", str(_fleet(tmp_path, "a")), "--json"], env={"PREFECT_HOME": str(home), "PT2FLOW_PREFECT_SERVER": "private"})
+    code, _, stderr = run_json(
+        ["run", str(_fleet(tmp_path, "a")), "--json"],
+        env={"PREFECT_HOME": str(home), "PT2FLOW_PREFECT_SERVER": "private"},
+    )
     assert code == 0, stderr[-3000:]
     assert not (home / "pt2flow-server.json").exists()
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(home) in " ".join(p.info["cmdline"] or [])]

@@ -26,7 +26,9 @@ def _json(proc: subprocess.CompletedProcess[str]) -> tuple[int, Any]:
     try:
         return proc.returncode, json.loads(proc.stdout)
     except json.JSONDecodeError as exc:
-        raise AssertionError(f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}\n--- stderr ---\n{proc.stderr[-4000:]}") from exc
+        raise AssertionError(
+            f"stdout is not one JSON document ({exc}):\n{proc.stdout[:2000]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+        ) from exc
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -47,8 +49,20 @@ def populated(tmp_path: Path) -> dict:
     beta = make_chain(store, "beta", "run-1", None, salt="v1", blob=blob)
     report = {"passed": True, "max_abs_err": 3e-7, "samples": 3}
     rep = store.put_blob(json.dumps(report).encode())
-    store.index.append([{**alpha["validate"], "record_id": "rep", "run_id": "run-2", "sha256": rep.digest, "size": rep.size,
-                         "validation": json.dumps(report), "passed": True, "max_abs_err": 3e-7}])
+    store.index.append(
+        [
+            {
+                **alpha["validate"],
+                "record_id": "rep",
+                "run_id": "run-2",
+                "sha256": rep.digest,
+                "size": rep.size,
+                "validation": json.dumps(report),
+                "passed": True,
+                "max_abs_err": 3e-7,
+            }
+        ]
+    )
     return {"root": root, "store": store, "alpha": alpha, "beta": beta, "weights": weights, "report": rep.digest}
 
 
@@ -60,7 +74,9 @@ def test_ls_filters_and_json(populated: dict) -> None:
     assert rows[0]["sha256"] == populated["alpha"]["trace"]["sha256"]
     code, rows, _ = run_json(["ls", "--store", root, "--run", "run-2"])
     assert [r["record_id"] for r in rows] == ["rep"]
-    code, rows, _ = run_json(["ls", "--store", root, "--since", "2026-11-01T00:00:03", "--until", "2026-11-01T00:00:04", "--model", "beta"])
+    code, rows, _ = run_json(
+        ["ls", "--store", root, "--since", "2026-11-01T00:00:03", "--until", "2026-11-01T00:00:04", "--model", "beta"]
+    )
     assert sorted(r["stage"] for r in rows) == ["decompose", "serialize"]
     proc = run_cli(["ls", "--store", root, "--model", "beta"])
     assert proc.returncode == 0 and "beta" in proc.stdout and "alpha" not in proc.stdout
@@ -75,10 +91,35 @@ def test_ls_torch_without_local_part_and_run_prefixes(tmp_path: Path) -> None:
     store = ArtifactStore(str(root))
     runs = {"a": "20261124T150000Z-aaaaaaaa", "b": "20261124T160000Z-bbbbbbbb", "c": "20261125T090000Z-cccccccc"}
     torches = {"a": "2.13.0+cpu", "b": "2.13.0+cu126", "c": "2.13.01"}
-    store.index.append([{"record_id": key, "run_id": runs[key], "model": "m", "stage": "trace", "status": "ok", "key": h(key),
-                         "sha256": h(key), "size": 1, "torch_version": torches[key]} for key in runs]
-                       + [{"record_id": "exact", "run_id": runs["c"], "model": "n", "stage": "trace", "status": "ok", "key": h("exact"),
-                           "sha256": h("exact"), "size": 1, "torch_version": "2.13.0"}])
+    store.index.append(
+        [
+            {
+                "record_id": key,
+                "run_id": runs[key],
+                "model": "m",
+                "stage": "trace",
+                "status": "ok",
+                "key": h(key),
+                "sha256": h(key),
+                "size": 1,
+                "torch_version": torches[key],
+            }
+            for key in runs
+        ]
+        + [
+            {
+                "record_id": "exact",
+                "run_id": runs["c"],
+                "model": "n",
+                "stage": "trace",
+                "status": "ok",
+                "key": h("exact"),
+                "sha256": h("exact"),
+                "size": 1,
+                "torch_version": "2.13.0",
+            }
+        ]
+    )
     code, rows, _ = run_json(["ls", "--store", str(root), "--torch", "2.13.0"])
     assert code == 0 and sorted(r["record_id"] for r in rows) == ["a", "b", "exact"]
     code, rows, _ = run_json(["ls", "--store", str(root), "--torch", "2.13.0+cpu"])
@@ -88,11 +129,17 @@ def test_ls_torch_without_local_part_and_run_prefixes(tmp_path: Path) -> None:
     code, rows, _ = run_json(["ls", "--store", str(root), "--run", runs["c"][:12], "--torch", "2.13.0"])
     assert code == 0 and [r["record_id"] for r in rows] == ["exact"]
     proc = run_cli(["ls", "--store", str(root), "--run", "20261124"])
-    assert proc.returncode == 2 and "run prefix '20261124' matches 2 runs" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        proc.returncode == 2
+        and "run prefix '20261124' matches 2 runs" in proc.stderr
+        and "Traceback" not in proc.stderr
+    ), proc.stderr
     proc = run_cli(["ls", "--store", str(root), "--run", "20261126"])
     assert proc.returncode == 1 and "no run '20261126'" in proc.stderr and proc.stdout == "", proc.stderr
     python = api.open_store(str(root))
-    assert [r["record_id"] for r in python.ls(run="20261125", torch="2.13.0")] == ["exact"] and python.count(run="20261124T15") == 1
+    assert [r["record_id"] for r in python.ls(run="20261125", torch="2.13.0")] == ["exact"] and python.count(
+        run="20261124T15"
+    ) == 1
 
 
 def test_show_prints_every_field_and_the_report(populated: dict) -> None:
@@ -134,14 +181,30 @@ def test_lineage_by_weights(populated: dict) -> None:
 def test_diff_reports_histogram_changes(tmp_path: Path) -> None:
     store = ArtifactStore(str(tmp_path / "s"))
     base = {"run_id": "r", "model": "m", "stage": "decompose", "status": "ok", "key": "k"}
-    store.index.append([
-        {**base, "record_id": "a", "sha256": h("a"), "size": 100, "node_count": 10, "seconds": 1.0,
-         "op_histogram": json.dumps({"aten.addmm.default": 2, "aten.relu.default": 1, "aten.gelu.default": 1}),
-         "signature": json.dumps({"inputs": [{"name": "x"}], "outputs": []})},
-        {**base, "record_id": "b", "sha256": h("b"), "size": 120, "node_count": 12, "seconds": 2.0,
-         "op_histogram": json.dumps({"aten.addmm.default": 3, "aten.relu.default": 1, "aten.tanh.default": 2}),
-         "signature": json.dumps({"inputs": [{"name": "x"}], "outputs": []})},
-    ])
+    store.index.append(
+        [
+            {
+                **base,
+                "record_id": "a",
+                "sha256": h("a"),
+                "size": 100,
+                "node_count": 10,
+                "seconds": 1.0,
+                "op_histogram": json.dumps({"aten.addmm.default": 2, "aten.relu.default": 1, "aten.gelu.default": 1}),
+                "signature": json.dumps({"inputs": [{"name": "x"}], "outputs": []}),
+            },
+            {
+                **base,
+                "record_id": "b",
+                "sha256": h("b"),
+                "size": 120,
+                "node_count": 12,
+                "seconds": 2.0,
+                "op_histogram": json.dumps({"aten.addmm.default": 3, "aten.relu.default": 1, "aten.tanh.default": 2}),
+                "signature": json.dumps({"inputs": [{"name": "x"}], "outputs": []}),
+            },
+        ]
+    )
     code, doc, _ = run_json(["diff", h("a")[:8], h("b")[:8], "--store", str(tmp_path / "s")])
     assert code == 0
     assert doc["op_histogram"]["added"] == {"aten.tanh.default": 2}
@@ -157,20 +220,32 @@ def test_diff_reports_histogram_changes(tmp_path: Path) -> None:
 def test_diff_does_not_compare_the_seconds_of_cached_records(tmp_path: Path) -> None:
     """A cached record's seconds time the index lookup: two of them are not "changed" timings."""
     store = ArtifactStore(str(tmp_path / "s"))
-    base = {"run_id": "r", "model": "m", "stage": "decompose", "status": "ok", "key": "k", "node_count": 10, "size": 100}
-    store.index.append([
-        {**base, "record_id": "a", "sha256": h("a"), "seconds": 0.0012, "cached": True},
-        {**base, "record_id": "b", "sha256": h("b"), "seconds": 0.0009, "cached": True},
-        {**base, "record_id": "c", "sha256": h("c"), "seconds": 1.5, "cached": False},
-        {**base, "record_id": "d", "sha256": h("d"), "seconds": 2.5, "cached": False},
-    ])
+    base = {
+        "run_id": "r",
+        "model": "m",
+        "stage": "decompose",
+        "status": "ok",
+        "key": "k",
+        "node_count": 10,
+        "size": 100,
+    }
+    store.index.append(
+        [
+            {**base, "record_id": "a", "sha256": h("a"), "seconds": 0.0012, "cached": True},
+            {**base, "record_id": "b", "sha256": h("b"), "seconds": 0.0009, "cached": True},
+            {**base, "record_id": "c", "sha256": h("c"), "seconds": 1.5, "cached": False},
+            {**base, "record_id": "d", "sha256": h("d"), "seconds": 2.5, "cached": False},
+        ]
+    )
     root = str(tmp_path / "s")
     code, doc, _ = run_json(["diff", h("a")[:8], h("b")[:8], "--store", root])
     assert code == 0 and doc["seconds"] == {"a": 0.0012, "b": 0.0009, "same": None, "cached": {"a": True, "b": True}}
     assert doc["node_count"]["same"] is True and doc["size"]["same"] is True
     proc = run_cli(["diff", h("a")[:8], h("b")[:8], "--store", root])
     (row,) = [line for line in proc.stdout.splitlines() if line.startswith("│ seconds ")]
-    assert proc.returncode == 0 and "0.0012 (cached)" in row and "not compared" in row and "changed" not in row, proc.stdout
+    assert proc.returncode == 0 and "0.0012 (cached)" in row and "not compared" in row and "changed" not in row, (
+        proc.stdout
+    )
     code, doc, _ = run_json(["diff", h("c")[:8], h("d")[:8], "--store", root])  # two stage runs are timed and compared
     assert doc["seconds"] == {"a": 1.5, "b": 2.5, "same": False, "cached": {"a": False, "b": False}}
 
@@ -228,7 +303,12 @@ def test_bad_ids_exit_non_zero_and_change_nothing(populated: dict, args: list[st
 def test_ambiguous_prefix_exits_2(tmp_path: Path) -> None:
     store = ArtifactStore(str(tmp_path / "s"))
     base = {"run_id": "r", "model": "m", "stage": "trace", "status": "ok", "key": "k"}
-    store.index.append([{**base, "record_id": "1", "sha256": "deadbeef" + "0" * 56}, {**base, "record_id": "2", "sha256": "deadbeef" + "1" * 56}])
+    store.index.append(
+        [
+            {**base, "record_id": "1", "sha256": "deadbeef" + "0" * 56},
+            {**base, "record_id": "2", "sha256": "deadbeef" + "1" * 56},
+        ]
+    )
     proc = run_cli(["show", "deadbeef", "--store", str(tmp_path / "s")])
     assert proc.returncode == 2
     assert "matches 2 artifacts" in proc.stderr
@@ -238,9 +318,19 @@ def test_a_closed_stdout_ends_every_query_quietly_with_141(populated: dict) -> N
     """`pt2flow ls --json | head`: the reader leaves, pt2flow stops with 141 (as if SIGPIPE had
     ended it) and prints no traceback; the same command into an open pipe exits 0."""
     root, sha = str(populated["root"]), populated["alpha"]["decompose"]["sha256"]
-    commands = [["ls"], ["ls", "--json"], ["show", sha[:10]], ["show", sha[:10], "--json"], ["lineage", sha[:10]],
-                ["diff", sha[:10], populated["beta"]["decompose"]["sha256"][:10], "--json"], ["report"], ["report", "--json"],
-                ["verify", "--json"], ["failures"], ["failures", "--json"]]
+    commands = [
+        ["ls"],
+        ["ls", "--json"],
+        ["show", sha[:10]],
+        ["show", sha[:10], "--json"],
+        ["lineage", sha[:10]],
+        ["diff", sha[:10], populated["beta"]["decompose"]["sha256"][:10], "--json"],
+        ["report"],
+        ["report", "--json"],
+        ["verify", "--json"],
+        ["failures"],
+        ["failures", "--json"],
+    ]
     for args in commands:
         assert run_cli([*args, "--store", root]).returncode == 0, args
         proc = run_cli_into_closed_pipe([*args, "--store", root])
@@ -255,9 +345,28 @@ def test_bad_ids_are_not_storage_errors_in_python(populated: dict) -> None:
     from pt2flow.flows import api
 
     store = api.open_store(str(populated["root"]))
-    populated["store"].index.append([{"record_id": "x1", "run_id": "r", "model": "m", "stage": "trace", "status": "ok", "key": "k",
-                                      "sha256": "deadbeef" + "0" * 56}, {"record_id": "x2", "run_id": "r", "model": "m", "stage": "trace",
-                                                                          "status": "ok", "key": "k", "sha256": "deadbeef" + "1" * 56}])
+    populated["store"].index.append(
+        [
+            {
+                "record_id": "x1",
+                "run_id": "r",
+                "model": "m",
+                "stage": "trace",
+                "status": "ok",
+                "key": "k",
+                "sha256": "deadbeef" + "0" * 56,
+            },
+            {
+                "record_id": "x2",
+                "run_id": "r",
+                "model": "m",
+                "stage": "trace",
+                "status": "ok",
+                "key": "k",
+                "sha256": "deadbeef" + "1" * 56,
+            },
+        ]
+    )
     for bad, error, builtin in (("xyz", api.InvalidId, ValueError), ("deadbeef", api.AmbiguousId, LookupError)):
         with pytest.raises(error) as raised:
             store.show(bad)
@@ -267,7 +376,20 @@ def test_bad_ids_are_not_storage_errors_in_python(populated: dict) -> None:
         store.show("0" * 64)
 
 
-QUERY_COMMANDS = ("ls", "show", "lineage", "diff", "verify", "gc", "report", "get", "repro", "check-compat", "audit", "failures")
+QUERY_COMMANDS = (
+    "ls",
+    "show",
+    "lineage",
+    "diff",
+    "verify",
+    "gc",
+    "report",
+    "get",
+    "repro",
+    "check-compat",
+    "audit",
+    "failures",
+)
 
 
 def test_the_query_commands_say_how_the_store_is_chosen(populated: dict, tmp_path: Path) -> None:
@@ -275,23 +397,35 @@ def test_the_query_commands_say_how_the_store_is_chosen(populated: dict, tmp_pat
     else --config's store, else $PT2FLOW_STORE, else ./pt2-store; run's --store overrides the config's."""
     for name in QUERY_COMMANDS:
         text = " ".join(run_cli([name, "--help"]).stdout.split())
-        assert "default: --config's store, else $PT2FLOW_STORE, else ./pt2-store" in text and "--config CONFIG" in text, (name, text)
+        assert (
+            "default: --config's store, else $PT2FLOW_STORE, else ./pt2-store" in text and "--config CONFIG" in text
+        ), (name, text)
     assert "overrides the config's store:" in " ".join(cli_in_process(["run", "--help"]).stdout.split())
     sha = populated["alpha"]["trace"]["sha256"]
     # $PT2FLOW_STORE: main(ARGS) in this process, with the variables and folder a subprocess would get
-    code, rows = _json(cli_in_process(["ls", "--model", "alpha", "--stage", "trace", "--json"], env={"PT2FLOW_STORE": str(populated["root"])}, cwd=tmp_path))
+    code, rows = _json(
+        cli_in_process(
+            ["ls", "--model", "alpha", "--stage", "trace", "--json"],
+            env={"PT2FLOW_STORE": str(populated["root"])},
+            cwd=tmp_path,
+        )
+    )
     assert code == 0 and [r["sha256"] for r in rows] == [sha]
 
 
-def test_config_names_the_store_relative_to_its_folder_and_beats_the_environment(populated: dict, tmp_path: Path) -> None:
+def test_config_names_the_store_relative_to_its_folder_and_beats_the_environment(
+    populated: dict, tmp_path: Path
+) -> None:
     """`--config CONFIG` reads CONFIG's `store:` resolved against CONFIG's folder (as `run` writes
     it), from any current folder; --store beats it, it beats $PT2FLOW_STORE; its models are not
     checked (a query needs only the store)."""
     sha = populated["alpha"]["trace"]["sha256"]
     config = tmp_path / "team" / "fleet.yaml"
     config.parent.mkdir()
-    config.write_text(f"version: 1\nstore: {os.path.relpath(populated['root'], config.parent)}\n"
-                      "models: [{name: m, factory: 'not_importable_here:f', inputs: {x: {shape: [1], dtype: float32}}}]\n")
+    config.write_text(
+        f"version: 1\nstore: {os.path.relpath(populated['root'], config.parent)}\n"
+        "models: [{name: m, factory: 'not_importable_here:f', inputs: {x: {shape: [1], dtype: float32}}}]\n"
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     empty = tmp_path / "empty-store"
@@ -306,10 +440,15 @@ def test_config_names_the_store_relative_to_its_folder_and_beats_the_environment
     config.write_text("version: 1\nstore: ./not-run-yet\nmodels: []\n")
     proc = run_cli(["ls", "--config", str(config)], cwd=elsewhere)
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        f"pt2flow ls: no store at {config.parent / 'not-run-yet'} (the store of {config}; give --store URL, --config CONFIG or set PT2FLOW_STORE)")
+        f"pt2flow ls: no store at {config.parent / 'not-run-yet'} (the store of {config}; give --store URL, --config CONFIG or set PT2FLOW_STORE)"
+    )
     config.write_text("version: 1\nstore: {a: b}\nmodels: []\n")
     proc = run_cli(["report", "--config", str(config)])
-    assert proc.returncode == 2 and f"{config}:2: store: expected a store URL or path" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 2
+        and f"{config}:2: store: expected a store URL or path" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
 
 
 def test_missing_store_is_a_usage_error(tmp_path: Path) -> None:

@@ -67,21 +67,36 @@ def chain(
         "source": {"kwargs": "{}", "code_hash": h("models.py"), "seconds": 0.01},
         "serialize": {"size": 18_000, "seconds": 0.05},
         "aot_compile": {"size": 50_000, "seconds": 10.0},
-        "validate": {"passed": True, "max_abs_err": 1e-6, "max_rel_err": 1e-5, "seconds": 0.3,
-                     "validation": json.dumps({"passed": True, "max_abs_err": 1e-6, "max_rel_err": 1e-5, "samples": 3})},
+        "validate": {
+            "passed": True,
+            "max_abs_err": 1e-6,
+            "max_rel_err": 1e-5,
+            "seconds": 0.3,
+            "validation": json.dumps({"passed": True, "max_abs_err": 1e-6, "max_rel_err": 1e-5, "samples": 3}),
+        },
     }
     for stage in ("trace", "functionalize", "decompose"):
         facts[stage] = {
-            "op_histogram": json.dumps(HIST), "node_count": 11, "signature": json.dumps(signature()),
-            "range_constraints": json.dumps({"s0": [1, 16]}), "fingerprint": h(f"fp/{model}/{salt}"), "seconds": 0.2,
+            "op_histogram": json.dumps(HIST),
+            "node_count": 11,
+            "signature": json.dumps(signature()),
+            "range_constraints": json.dumps({"s0": [1, 16]}),
+            "fingerprint": h(f"fp/{model}/{salt}"),
+            "seconds": 0.2,
         }
     out: dict[str, dict] = {}
     for stage, row in rows.items():
         row.update(facts.get(stage, {}), torch_version=torch, started_at=row["ended_at"] - timedelta(milliseconds=500))
         if fail and stage == fail[0]:
-            row.update(status="failed", error_class=fail[1], error_message=f"{fail[1]} in {stage}", sha256=None, size=None)
+            row.update(
+                status="failed", error_class=fail[1], error_message=f"{fail[1]} in {stage}", sha256=None, size=None
+            )
         for key, value in stages.get(stage, {}).items():
-            row[key] = json.dumps(value) if key in ("op_histogram", "signature", "range_constraints", "validation", "kwargs") else value
+            row[key] = (
+                json.dumps(value)
+                if key in ("op_histogram", "signature", "range_constraints", "validation", "kwargs")
+                else value
+            )
         out[stage] = row
         if fail and stage == fail[0]:
             break
@@ -159,7 +174,11 @@ def test_status_changes_with_error_classes(store: ArtifactStore) -> None:
     breaks = models["breaks"]["status"]
     assert breaks["change"] == "newly_failing"
     assert breaks["a"]["status"] == "ok"
-    assert (breaks["b"]["status"], breaks["b"]["failed_stage"], breaks["b"]["error_class"]) == ("failed", "trace", "data_dependent")
+    assert (breaks["b"]["status"], breaks["b"]["failed_stage"], breaks["b"]["error_class"]) == (
+        "failed",
+        "trace",
+        "data_dependent",
+    )
     assert breaks["b"]["error"] == "data_dependent in trace"
     heals = models["heals"]["status"]
     assert heals["change"] == "newly_passing"
@@ -179,11 +198,19 @@ def test_graph_changes_after_decompose(store: ArtifactStore) -> None:
     chain(store, "mlp", "run-1")
     new_hist = {"aten.linear.default": 2, "aten.relu.default": 3}
     chain(
-        store, "mlp", "run-2", salt="v2", offset=10,
+        store,
+        "mlp",
+        "run-2",
+        salt="v2",
+        offset=10,
         source={"kwargs": {"out": 6}},
         trace={"op_histogram": {"aten.linear.default": 2}},  # only decompose's histogram counts
-        decompose={"op_histogram": new_hist, "node_count": 9, "signature": signature(out=6, batch="s1"),
-                   "range_constraints": {"s1": [1, 32]}},
+        decompose={
+            "op_histogram": new_hist,
+            "node_count": 9,
+            "signature": signature(out=6, batch="s1"),
+            "range_constraints": {"s1": [1, 32]},
+        },
     )
     mlp = by_model(compare_runs(store.index, "run-1", "run-2"))["mlp"]
     graph = mlp["graph"]
@@ -197,7 +224,15 @@ def test_graph_changes_after_decompose(store: ArtifactStore) -> None:
     assert graph["range_constraints"] == {"a": {"s0": [1, 16]}, "b": {"s1": [1, 32]}, "changed": True}
     assert graph["fingerprint"]["changed"]
     assert mlp["source"]["kwargs"] == {"a": {}, "b": {"out": 6}, "changed": True}
-    assert mlp["keys_changed"] == ["source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"]
+    assert mlp["keys_changed"] == [
+        "source",
+        "trace",
+        "functionalize",
+        "decompose",
+        "serialize",
+        "aot_compile",
+        "validate",
+    ]
     assert mlp["changes"] == ["kwargs", "fingerprint", "node_count", "signature", "range_constraints", "op_histogram"]
 
 
@@ -213,8 +248,20 @@ def test_sizes_compile_time_validation_and_latency(store: ArtifactStore) -> None
     latency_a = {"eager": 1.0, "archive": 1.2, "compiled": 0.5}
     latency_b = {"eager": 1.0, "archive": 1.1, "compiled": 0.8}
     chain(store, "m", "run-1", validate={"validation": {"passed": True, "max_abs_err": 1e-6, "latency_ms": latency_a}})
-    chain(store, "m", "run-2", salt="v2", offset=10, serialize={"size": 20_000}, aot_compile={"size": 40_000, "seconds": 12.0},
-          validate={"max_abs_err": 3e-6, "max_rel_err": 2e-5, "validation": {"passed": True, "max_abs_err": 3e-6, "latency_ms": latency_b}})
+    chain(
+        store,
+        "m",
+        "run-2",
+        salt="v2",
+        offset=10,
+        serialize={"size": 20_000},
+        aot_compile={"size": 40_000, "seconds": 12.0},
+        validate={
+            "max_abs_err": 3e-6,
+            "max_rel_err": 2e-5,
+            "validation": {"passed": True, "max_abs_err": 3e-6, "latency_ms": latency_b},
+        },
+    )
     m = by_model(compare_runs(store.index, "run-1", "run-2"))["m"]
     assert_fields(m["archive_size"], {"a": 18_000, "b": 20_000, "delta": 2_000, "changed": True})
     assert_fields(m["package_size"], {"a": 50_000, "b": 40_000, "delta": -10_000})
@@ -238,14 +285,27 @@ def test_cached_compile_time_found_by_key_or_digest_or_marked_unknown(store: Art
     # same package under another key (the key of the copy differs): found by sha256
     original = chain(store, "by-digest", "run-0", salt="old", offset=0, aot_compile={"seconds": 7.0})
     chain(store, "by-digest", "run-1", offset=10, aot_compile={"seconds": 6.0})
-    chain(store, "by-digest", "run-2", salt="v3", offset=20, cached=True, aot_compile={"seconds": 0.02, "sha256": original["aot_compile"]["sha256"]})
+    chain(
+        store,
+        "by-digest",
+        "run-2",
+        salt="v3",
+        offset=20,
+        cached=True,
+        aot_compile={"seconds": 0.02, "sha256": original["aot_compile"]["sha256"]},
+    )
     # nothing in the index compiled it
     chain(store, "unknown", "run-1", offset=10, aot_compile={"seconds": 5.0})
     chain(store, "unknown", "run-2", salt="gone", offset=20, cached=True, aot_compile={"seconds": 0.02})
     comparison = compare_runs(store.index, "run-1", "run-2")
     models = by_model(comparison)
-    assert_fields(models["by-key"]["compile_seconds"], {"a": 9.0, "b": 9.0, "a_cached": True, "b_cached": True, "a_compiled_in": "run-0"})
-    assert_fields(models["by-digest"]["compile_seconds"], {"a": 6.0, "b": 7.0, "b_cached": True, "b_compiled_in": "run-0"})
+    assert_fields(
+        models["by-key"]["compile_seconds"],
+        {"a": 9.0, "b": 9.0, "a_cached": True, "b_cached": True, "a_compiled_in": "run-0"},
+    )
+    assert_fields(
+        models["by-digest"]["compile_seconds"], {"a": 6.0, "b": 7.0, "b_cached": True, "b_compiled_in": "run-0"}
+    )
     unknown = models["unknown"]["compile_seconds"]
     assert_fields(unknown, {"a": 5.0, "b": None, "b_cached": True, "ratio": None})
     assert ("unknown", "compile_time_up") not in rules(comparison)  # 0.02 s is not compared
@@ -267,7 +327,14 @@ def test_torch_upgrade_is_visible_as_such(store: ArtifactStore) -> None:
     for entry in comparison["models"]:
         assert entry["torch_version"] == {"a": "2.13.0+cpu", "b": "2.14.0+cpu", "changed": True}
         assert "torch_version" in entry["changes"]
-        assert set(entry["keys_changed"]) >= {"trace", "functionalize", "decompose", "serialize", "aot_compile", "validate"}
+        assert set(entry["keys_changed"]) >= {
+            "trace",
+            "functionalize",
+            "decompose",
+            "serialize",
+            "aot_compile",
+            "validate",
+        }
     text = to_markdown(comparison)
     assert "torch upgraded: 2.13.0+cpu → 2.14.0+cpu" in text and "2 of 2 model(s)" in text
     assert "torch upgraded" in to_html(comparison)
@@ -311,7 +378,9 @@ def test_models_in_only_one_run(store: ArtifactStore) -> None:
         ("max_abs_err", "validate", 1e-3, 1e-5, "validation_error_grew", False),
     ],
 )
-def test_regression_rules(store: ArtifactStore, field: str, stage: str, a: float, b: float, rule: str, flagged: bool) -> None:
+def test_regression_rules(
+    store: ArtifactStore, field: str, stage: str, a: float, b: float, rule: str, flagged: bool
+) -> None:
     chain(store, "m", "run-1", **{stage: {field: a}})
     chain(store, "m", "run-2", salt="v2", offset=10, **{stage: {field: b}})
     comparison = compare_runs(store.index, "run-1", "run-2")
@@ -338,7 +407,22 @@ def test_regression_thresholds_are_parameters(store: ArtifactStore) -> None:
 class PageChecker(HTMLParser):
     """Checks that every element is closed in order, and collects tags, attributes and table rows."""
 
-    VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"}
+    VOID = {
+        "area",
+        "base",
+        "br",
+        "col",
+        "embed",
+        "hr",
+        "img",
+        "input",
+        "link",
+        "meta",
+        "param",
+        "source",
+        "track",
+        "wbr",
+    }
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -415,16 +499,24 @@ def fleet(store: ArtifactStore) -> dict:
 
 def test_markdown_lists_regressions_and_every_model(store: ArtifactStore) -> None:
     comparison = fleet(store)
-    assert rules(comparison) == {("slower", "compile_time_up"), ("slower", "package_size_up"),
-                                 ("broken|pipe", "stopped_exporting"), ("noisy", "validation_error_grew")}
+    assert rules(comparison) == {
+        ("slower", "compile_time_up"),
+        ("slower", "package_size_up"),
+        ("broken|pipe", "stopped_exporting"),
+        ("noisy", "validation_error_grew"),
+    }
     text = to_markdown(comparison)
     assert "## ⚠️ 4 regression(s)" in text
     assert "compile time 8.00 s → 20.00 s (+150 %" in text
     groups, models = text.split("## Models", 1)
     models, artifacts = models.split("## Artifacts", 1)  # then every model's archive and package, size and verdict
     kinds = [line for line in artifacts.splitlines() if line.startswith("| `")]
-    assert len(kinds) == 4 * 2 and "| `broken\\|pipe` | serialized | 17.6 KB → - | - |" in kinds  # gone after: it fails at trace
-    assert "## Failure groups" in groups and "| new | 1: broken\\|pipe | unsupported_op @ trace |" in groups  # its failure, by cause
+    assert (
+        len(kinds) == 4 * 2 and "| `broken\\|pipe` | serialized | 17.6 KB → - | - |" in kinds
+    )  # gone after: it fails at trace
+    assert (
+        "## Failure groups" in groups and "| new | 1: broken\\|pipe | unsupported_op @ trace |" in groups
+    )  # its failure, by cause
     table = [line for line in models.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 4  # header + one row per model
     assert table[1].startswith("| ⚠️ `broken\\|pipe`")  # regressions first, a | in a cell escaped
@@ -455,7 +547,14 @@ def test_html_is_one_self_contained_page_with_plots(store: ArtifactStore) -> Non
 
 def test_html_escapes_and_plots_without_compile_records(store: ArtifactStore) -> None:
     chain(store, "m", "run-1", fail=("trace", "unsupported_op"))
-    chain(store, "m", "run-2", offset=10, fail=("trace", "unsupported_op"), trace={"error_message": "<script>alert(1)</script> & more"})
+    chain(
+        store,
+        "m",
+        "run-2",
+        offset=10,
+        fail=("trace", "unsupported_op"),
+        trace={"error_message": "<script>alert(1)</script> & more"},
+    )
     page = to_html(compare_runs(store.index, "run-1", "run-2"))
     checker = check_page(page)
     assert "<script>" not in page and "&lt;script&gt;" in page
@@ -495,18 +594,27 @@ def test_report_cli(store: ArtifactStore, tmp_path: Path) -> None:
     assert len(doc["regressions"]) == 4
     # run-2 covered 4 of run-1's 5 models: the default compares those 4, and says so
     assert doc["selection"] == {
-        "rule": "newest", "runs": ["run-1", "run-2"], "not_compared": ["only"],
+        "rule": "newest",
+        "runs": ["run-1", "run-2"],
+        "not_compared": ["only"],
         "models": {m: "run-2" for m in ("broken|pipe", "noisy", "slower", "steady")},
         "reason": "run-2 is the newest run (4 models); run-1 is the newest earlier run that covered all of them; "
-                  "1 model of run-1 that run-2 did not cover is not compared",
+        "1 model of run-1 that run-2 did not cover is not compared",
     }
     assert doc["only_in_a"] == [] and doc["summary"]["models"] == 4 and doc["runs"]["a"]["models"] == 5
     html_file = tmp_path / "out" / "report.html"
     html_file.parent.mkdir()
     code, doc2, _ = run_json(["report", "run-1", "run-2", "--store", root, "--html", str(html_file)])
-    assert code == 0 and doc2["selection"] == {"rule": "given", "runs": ["run-1", "run-2"], "reason": "named by the caller", "models": {},
-                                               "not_compared": []}
-    assert doc2["only_in_a"] == ["only"] and doc2["models"][:2] + doc2["models"][3:] == doc["models"]  # named runs: every model
+    assert code == 0 and doc2["selection"] == {
+        "rule": "given",
+        "runs": ["run-1", "run-2"],
+        "reason": "named by the caller",
+        "models": {},
+        "not_compared": [],
+    }
+    assert (
+        doc2["only_in_a"] == ["only"] and doc2["models"][:2] + doc2["models"][3:] == doc["models"]
+    )  # named runs: every model
     assert "Runs: named by the caller" in html_file.read_text()
     check_page(html_file.read_text())
     proc = run_cli(["report", "--store", root, "--fail-on-regression"])
@@ -561,8 +669,10 @@ def test_report_on_two_real_runs(tmp_path: Path) -> None:
         "factory": "tests.models:dict_out",
         "inputs": {"x": {"shape": [2, 5, 6]}, "scale": {"shape": [2, 5, 6], "value": 0.5}},
     }
-    top = dict(stages=["trace", "functionalize", "decompose", "serialize", "validate"],
-               defaults={"validate": {"benchmark": True, "benchmark_runs": 3}})
+    top = dict(
+        stages=["trace", "functionalize", "decompose", "serialize", "validate"],
+        defaults={"validate": {"benchmark": True, "benchmark_runs": 3}},
+    )
     store = tmp_path / "store"
     config = write_config(tmp_path / "fleet.yaml", [mlp, dict_out], **top)
     code, first = run_in_process(config, store=str(store))  # the fleet runs in this process
@@ -613,7 +723,9 @@ def test_report_on_two_real_runs(tmp_path: Path) -> None:
         return  # the HTML parser checks above stand in for the browser
     proc = subprocess.run(
         [browser, "--headless", "--disable-gpu", "--no-sandbox", "--dump-dom", html_file.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = proc.stdout  # the page as the browser built it
@@ -644,13 +756,31 @@ def _with_onnx(store: ArtifactStore, run: str, *, salt: str, offset: int, size: 
 
     ok = {"passed": True, "error_class": None, "error": None}
     verdicts = {"serialized": ok, "compiled": ok, "onnx": onnx}
-    rows = chain(store, "m", run, salt=salt, offset=offset,
-                 validate={"validation": {"passed": onnx["passed"], "max_abs_err": 1e-6, "verdicts": verdicts}})
-    store.index.append([{**rows["serialize"], "record_id": uuid.uuid4().hex, "stage": "onnx", "key": h(f"onnx/{salt}"),
-                         "sha256": h(f"onnx-blob/{salt}"), "size": size}])
+    rows = chain(
+        store,
+        "m",
+        run,
+        salt=salt,
+        offset=offset,
+        validate={"validation": {"passed": onnx["passed"], "max_abs_err": 1e-6, "verdicts": verdicts}},
+    )
+    store.index.append(
+        [
+            {
+                **rows["serialize"],
+                "record_id": uuid.uuid4().hex,
+                "stage": "onnx",
+                "key": h(f"onnx/{salt}"),
+                "sha256": h(f"onnx-blob/{salt}"),
+                "size": size,
+            }
+        ]
+    )
 
 
-def test_every_artifact_kind_has_its_size_and_verdict_and_a_lost_one_is_marked_in_every_view(store: ArtifactStore) -> None:
+def test_every_artifact_kind_has_its_size_and_verdict_and_a_lost_one_is_marked_in_every_view(
+    store: ArtifactStore,
+) -> None:
     """A deployment target is in the report beside the archive and the package (issue 41): its
     size and its own verdict before and after; one that passed and now fails is marked in the
     terminal, Markdown and HTML views. Before, the report knew only the archive and the package,
@@ -660,9 +790,17 @@ def test_every_artifact_kind_has_its_size_and_verdict_and_a_lost_one_is_marked_i
     from pt2flow.flows.report import render_terminal
     from pt2flow.flows.report.text import format_size
 
-    _with_onnx(store, "run-1", salt="v1", offset=0, size=9_000, onnx={"passed": True, "error_class": None, "error": None})
-    _with_onnx(store, "run-2", salt="v2", offset=10, size=9_500,
-               onnx={"passed": False, "error_class": "numeric_mismatch", "error": "onnx: max abs err 0.5 > atol"})
+    _with_onnx(
+        store, "run-1", salt="v1", offset=0, size=9_000, onnx={"passed": True, "error_class": None, "error": None}
+    )
+    _with_onnx(
+        store,
+        "run-2",
+        salt="v2",
+        offset=10,
+        size=9_500,
+        onnx={"passed": False, "error_class": "numeric_mismatch", "error": "onnx: max abs err 0.5 > atol"},
+    )
     comparison = compare_runs(store.index, "run-1", "run-2")
     kinds = by_model(comparison)["m"]["artifacts"]
     assert list(kinds) == ["serialized", "compiled", "onnx"]  # the pipeline's order
@@ -684,8 +822,11 @@ def test_every_artifact_kind_has_its_size_and_verdict_and_a_lost_one_is_marked_i
     assert "| `m` | serialized | " + format_size(18_000) + " | pass |" in markdown
 
     checker = check_page(to_html(comparison))
-    assert checker.tables[1] == [["m", "serialized", format_size(18_000), "pass"], ["m", "compiled", format_size(50_000), "pass"],
-                                 ["m", "onnx", size, lost]]
+    assert checker.tables[1] == [
+        ["m", "serialized", format_size(18_000), "pass"],
+        ["m", "compiled", format_size(50_000), "pass"],
+        ["m", "onnx", size, lost],
+    ]
     assert f'<td class="bad">{lost}</td>' in to_html(comparison)
 
 
@@ -695,12 +836,37 @@ def test_the_drift_report_is_its_typed_model(store: ArtifactStore) -> None:
     from pt2flow.flows.report.drift import DriftReport
 
     comparison = fleet(store)
-    assert list(comparison) == ["report_version", "runs", "torch", "summary", "models", "only_in_a", "only_in_b", "regressions", "selection",
-                                "failure_groups"]  # failure_groups: added compatibly (issue 22)
-    assert list(comparison["summary"])[-1] == "regressions" and comparison["summary"]["regressions"] == len(comparison["regressions"]) > 0
+    assert list(comparison) == [
+        "report_version",
+        "runs",
+        "torch",
+        "summary",
+        "models",
+        "only_in_a",
+        "only_in_b",
+        "regressions",
+        "selection",
+        "failure_groups",
+    ]  # failure_groups: added compatibly (issue 22)
+    assert (
+        list(comparison["summary"])[-1] == "regressions"
+        and comparison["summary"]["regressions"] == len(comparison["regressions"]) > 0
+    )
     assert list(comparison["models"][0]) == [
-        "model", "presence", "status", "torch_version", "source", "static_fallback", "keys_changed", "graph",
-        "archive_size", "package_size", "compile_seconds", "validation", "latency_ms", "changes",
+        "model",
+        "presence",
+        "status",
+        "torch_version",
+        "source",
+        "static_fallback",
+        "keys_changed",
+        "graph",
+        "archive_size",
+        "package_size",
+        "compile_seconds",
+        "validation",
+        "latency_ms",
+        "changes",
         "timings",  # added compatibly (issue 33): the after run's benchmark summary
         "artifacts",  # added compatibly (issue 41): every artifact kind's size and verdict
     ]
@@ -730,14 +896,27 @@ def test_after_a_partial_run_report_pairs_it_with_the_run_that_covered_its_model
     runs_of(store, ("a", "b", "c"), ("a",), ("b",))
     pair = report_pair(store.index)
     assert (pair.rule, pair.runs, pair.not_compared) == ("covering", ("run-1", "run-3"), ("a", "c"))
-    assert pair.reason == ("run-3 is the newest run (1 model); run-1 is the newest earlier run that covered all of them "
-                           "(1 newer run covered fewer); 2 models of run-1 that run-3 did not cover are not compared")
+    assert pair.reason == (
+        "run-3 is the newest run (1 model); run-1 is the newest earlier run that covered all of them "
+        "(1 newer run covered fewer); 2 models of run-1 that run-3 did not cover are not compared"
+    )
     report = compare_default(store.index)
-    assert [m["model"] for m in report["models"]] == ["b"] and report["only_in_a"] == [] and report["selection"]["runs"] == ["run-1", "run-3"]
-    assert compare_with_previous(store.index, "run-2")["selection"]["runs"] == ["run-1", "run-2"]  # the fleet's summary pairs runs alike
+    assert (
+        [m["model"] for m in report["models"]] == ["b"]
+        and report["only_in_a"] == []
+        and report["selection"]["runs"] == ["run-1", "run-3"]
+    )
+    assert compare_with_previous(store.index, "run-2")["selection"]["runs"] == [
+        "run-1",
+        "run-2",
+    ]  # the fleet's summary pairs runs alike
     assert compare_with_previous(store.index, "run-1") is None
     fleet = fleet_runs(store.index)
-    assert (fleet.rule, fleet.runs, fleet.models) == ("fleet", ("run-3", "run-2", "run-1"), {"a": "run-2", "b": "run-3", "c": "run-1"})
+    assert (fleet.rule, fleet.runs, fleet.models) == (
+        "fleet",
+        ("run-3", "run-2", "run-1"),
+        {"a": "run-2", "b": "run-3", "c": "run-1"},
+    )
 
 
 def test_a_grown_fleet_is_compared_with_the_run_sharing_most_and_checked_whole(store: ArtifactStore) -> None:

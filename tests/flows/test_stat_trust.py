@@ -73,7 +73,19 @@ def test_a_blob_rewritten_in_place_changes_its_signature_and_is_re_hashed(tmp_pa
 def test_a_corrupt_blob_is_refused_before_torch_and_removed(tmp_path: Path) -> None:
     store = ArtifactStore(str(tmp_path / "store"))
     ref = store.put_blob(b"PK\x05\x06" + b"\x00" * 18)  # an empty zip
-    store.index.append([{"record_id": "r1", "run_id": "r", "model": "m", "stage": "serialize", "status": "ok", "sha256": ref.digest, "size": ref.size}])
+    store.index.append(
+        [
+            {
+                "record_id": "r1",
+                "run_id": "r",
+                "model": "m",
+                "stage": "serialize",
+                "status": "ok",
+                "sha256": ref.digest,
+                "size": ref.size,
+            }
+        ]
+    )
     _flip_a_byte(Path(store.blob_path(ref.digest)))
     with pytest.raises(IntegrityError, match="removed it, so that the next run rebuilds it"):
         load_artifact(store, ref.digest, ref.size, ("serialize",), "archive")
@@ -85,7 +97,12 @@ def test_a_run_rebuilds_a_big_artifact_whose_blob_changed(tmp_path: Path) -> Non
     """fc1 holds 1024 x 2048 float32 weights: every program blob is over 8 MiB. Unchanged, the
     re-run is all cached; after a blob is rewritten, the stage that made it runs again."""
     stages = ["trace", "functionalize", "decompose", "serialize", "validate"]
-    big = {"name": "big", "factory": "tests.models:tiny_mlp", "kwargs": {"features": 1024, "hidden": 2048}, "inputs": {"x": {"shape": [2, 1024]}}}
+    big = {
+        "name": "big",
+        "factory": "tests.models:tiny_mlp",
+        "kwargs": {"features": 1024, "hidden": 2048},
+        "inputs": {"x": {"shape": [2, 1024]}},
+    }
     store = tmp_path / "store"
     config = write_config(tmp_path / "big.yaml", [big], stages=stages)
 

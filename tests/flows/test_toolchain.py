@@ -49,7 +49,13 @@ def test_facts_are_read_without_torch(tmp_path: Path) -> None:
     import sys
 
     code = "import sys; from pt2flow.flows.engine.environment.toolchain import toolchain_facts; f = toolchain_facts('cpu'); print('torch' in sys.modules, bool(f['cpu_flags']))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.stdout.split() == ["False", "True"]
 
 

@@ -17,7 +17,7 @@ from pt2flow.flows.engine.orchestrator.preflight import preflight
 from pt2flow.flows.config import load_config
 from tests.conftest import run_cli
 
-MODELS = '''\
+MODELS = """\
 import os
 import torch
 from torch import nn
@@ -90,10 +90,10 @@ def slow_on_cpu():
     import time
     time.sleep(60)
     return Two()
-'''
+"""
 
 RAISES = 'raise RuntimeError("this module refuses to import")\n\ndef f():\n    pass\n'
-EXITS = 'import os\nos._exit(7)\n\ndef f():\n    pass\n'
+EXITS = "import os\nos._exit(7)\n\ndef f():\n    pass\n"
 
 
 @pytest.fixture
@@ -102,7 +102,9 @@ def folder(tmp_path: Path) -> Path:
     root = tmp_path / "fleet"
     root.mkdir()
     (root / "vmodels.py").write_text(MODELS)
-    (root / "vraising_factory.py").write_text("def model():\n    raise RuntimeError('tokenizer.json is missing from the checkpoint folder')\n")
+    (root / "vraising_factory.py").write_text(
+        "def model():\n    raise RuntimeError('tokenizer.json is missing from the checkpoint folder')\n"
+    )
     (root / "vraises.py").write_text(RAISES)
     (root / "vexits.py").write_text(EXITS)
     return root
@@ -116,7 +118,9 @@ def config(folder: Path, body: str) -> Path:
 
 @pytest.mark.integration  # builds the models in worker processes
 def test_each_problem_at_its_yaml_path_and_every_one_at_once(folder: Path) -> None:
-    path = config(folder, """\
+    path = config(
+        folder,
+        """\
         - name: no-weights
           factory: vmodels:two
           weights: checkpoints/missing.safetensors
@@ -139,17 +143,25 @@ def test_each_problem_at_its_yaml_path_and_every_one_at_once(folder: Path) -> No
         - name: fine-after-all-that
           factory: vmodels:two
           inputs: {x: {shape: [2, 4], dtype: float32}}
-        """)
+        """,
+    )
     load_config(path)  # the config's own checks pass: each problem below needs a file or the code
     proc = run_cli(["validate", str(path)], cwd=folder.parent, timeout=300)
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[0] == f"{path}: 6 problems in the config:"
-    assert lines[1] == f"  {path}:6: models[0].weights: file not found: {folder / 'checkpoints' / 'missing.safetensors'}"
-    assert lines[2] == f"  {path}:9: models[1].factory: importing 'vraises' failed: RuntimeError: this module refuses to import"
+    assert (
+        lines[1] == f"  {path}:6: models[0].weights: file not found: {folder / 'checkpoints' / 'missing.safetensors'}"
+    )
+    assert (
+        lines[2]
+        == f"  {path}:9: models[1].factory: importing 'vraises' failed: RuntimeError: this module refuses to import"
+    )
     assert lines[3] == f"  {path}:13: models[2].inputs.y: forward() has no parameter 'y' (it takes x, mask)"
     assert lines[4] == f"  {path}:16: models[3].inputs: forward() requires 'x', which the inputs do not give"
-    assert lines[5].startswith(f"  {path}:18: models[4].factory: crash while importing or building it: the worker process (pid ") and lines[5].endswith("exited with code 7"), lines[5]
+    assert lines[5].startswith(
+        f"  {path}:18: models[4].factory: crash while importing or building it: the worker process (pid "
+    ) and lines[5].endswith("exited with code 7"), lines[5]
     assert lines[6] == f"  {path}:21: models[5].factory: the factory returned int, expected a torch.nn.Module"
     assert len(lines) == 7  # the last model is fine, in a fresh worker after the one that exited
 
@@ -157,7 +169,9 @@ def test_each_problem_at_its_yaml_path_and_every_one_at_once(folder: Path) -> No
 @pytest.mark.integration  # builds the models in worker processes
 def test_a_good_config_passes_and_a_model_that_refuses_meta_is_built_on_the_cpu(folder: Path) -> None:
     (folder / "weights.pt").write_bytes(b"not read by validate: it only has to exist")
-    path = config(folder, """\
+    path = config(
+        folder,
+        """\
         - name: good
           factory: vmodels:two
           weights: weights.pt
@@ -165,7 +179,8 @@ def test_a_good_config_passes_and_a_model_that_refuses_meta_is_built_on_the_cpu(
         - name: meta-refuses
           factory: vmodels:needs_real_weights
           inputs: {x: {shape: [2, 4], dtype: float32}}
-        """)
+        """,
+    )
     elsewhere = folder.parent  # files and modules resolve against the config's folder
     proc = run_cli(["validate", str(path), "--json"], cwd=elsewhere, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -177,12 +192,15 @@ def test_a_good_config_passes_and_a_model_that_refuses_meta_is_built_on_the_cpu(
 
 
 def test_no_import_checks_files_only(folder: Path) -> None:
-    path = config(folder, """\
+    path = config(
+        folder,
+        """\
         - name: raises-on-import
           factory: vraises:f
           weights: absent.pt
           inputs: {x: {shape: [2, 4], dtype: float32}}
-        """)
+        """,
+    )
     proc = run_cli(["validate", str(path), "--no-import"], timeout=120)
     assert proc.returncode == 2
     assert f"models[0].weights: file not found: {folder / 'absent.pt'}" in proc.stderr and "vraises" not in proc.stderr
@@ -191,8 +209,13 @@ def test_no_import_checks_files_only(folder: Path) -> None:
 def test_weights_on_s3_are_asked_for_with_one_request(folder: Path, moto_s3) -> None:
     import boto3
 
-    boto3.client("s3", endpoint_url=moto_s3.url).put_object(Bucket=moto_s3.bucket, Key="ckpt/present.safetensors", Body=b"x")
-    model = load_config(config(folder, f"""\
+    boto3.client("s3", endpoint_url=moto_s3.url).put_object(
+        Bucket=moto_s3.bucket, Key="ckpt/present.safetensors", Body=b"x"
+    )
+    model = load_config(
+        config(
+            folder,
+            f"""\
         - name: present
           factory: vmodels:two
           weights: s3://{moto_s3.bucket}/ckpt/present.safetensors
@@ -201,9 +224,13 @@ def test_weights_on_s3_are_asked_for_with_one_request(folder: Path, moto_s3) -> 
           factory: vmodels:two
           weights: s3://{moto_s3.bucket}/ckpt/absent.safetensors
           inputs: {{x: {{shape: [2, 4], dtype: float32}}}}
-        """)).models
+        """,
+        )
+    ).models
     found = preflight(model, imports=False)
-    assert [(f.path, f.message) for f in found.problems] == [(("models", 1, "weights"), f"not found: s3://{moto_s3.bucket}/ckpt/absent.safetensors")]
+    assert [(f.path, f.message) for f in found.problems] == [
+        (("models", 1, "weights"), f"not found: s3://{moto_s3.bucket}/ckpt/absent.safetensors")
+    ]
     assert found.notes == []
 
 
@@ -236,36 +263,58 @@ def test_validate_imports_no_torch_in_the_calling_process(folder: Path) -> None:
     import subprocess
     import sys
 
-    path = config(folder, """\
+    path = config(
+        folder,
+        """\
         - name: good
           factory: vmodels:two
           inputs: {x: {shape: [2, 4], dtype: float32}}
-        """)
-    code = ("import sys; from pt2flow.flows import api; doc = api.validate(sys.argv[1]);"
-            "print(doc['imported'], sorted(m for m in ('torch', 'prefect', 'vmodels') if m in sys.modules))")
+        """,
+    )
+    code = (
+        "import sys; from pt2flow.flows import api; doc = api.validate(sys.argv[1]);"
+        "print(doc['imported'], sorted(m for m in ('torch', 'prefect', 'vmodels') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "1 []", proc.stderr
 
 
 def with_inputs_factories(folder: Path, **models: str) -> Path:
     """A config of vmodels:two models, each with the inputs factory vmodels:<its value>."""
-    return config(folder, "".join(f"- {{name: {name}, factory: 'vmodels:two', inputs_factory: 'vmodels:{make}'}}\n" for name, make in models.items()))
+    return config(
+        folder,
+        "".join(
+            f"- {{name: {name}, factory: 'vmodels:two', inputs_factory: 'vmodels:{make}'}}\n"
+            for name, make in models.items()
+        ),
+    )
 
 
 @pytest.mark.integration  # builds the models in worker processes
 def test_an_inputs_factorys_names_are_checked_on_the_meta_device(folder: Path) -> None:
-    path = with_inputs_factories(folder, wrong_names="inputs_wrong", positional_then_named="inputs_positional",
-                                 too_many="inputs_too_many", not_args_kwargs="inputs_bad_shape")
+    path = with_inputs_factories(
+        folder,
+        wrong_names="inputs_wrong",
+        positional_then_named="inputs_positional",
+        too_many="inputs_too_many",
+        not_args_kwargs="inputs_bad_shape",
+    )
     proc = run_cli(["validate", str(path)], cwd=folder.parent, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[0] == f"{path}: 3 problems in the config:"
     assert lines[1] == f"  {path}:4: models[0].inputs_factory: forward() has no parameter 'y' (it takes x, mask)"
-    assert lines[2] == f"  {path}:6: models[2].inputs_factory: forward() takes 2 positional argument(s), the inputs give 3"
-    assert lines[3].startswith(f"  {path}:7: models[3].inputs_factory: inputs_factory vmodels:inputs_bad_shape must give (args, kwargs)"), lines[3]
+    assert (
+        lines[2] == f"  {path}:6: models[2].inputs_factory: forward() takes 2 positional argument(s), the inputs give 3"
+    )
+    assert lines[3].startswith(
+        f"  {path}:7: models[3].inputs_factory: inputs_factory vmodels:inputs_bad_shape must give (args, kwargs)"
+    ), lines[3]
     assert len(lines) == 4  # positional-then-named binds x then mask: no problem
     # a factory whose tensors must hold values refuses the meta device: it is called on the CPU
-    path = with_inputs_factories(folder, positional_then_named="inputs_positional", needs_real_tensors="inputs_not_meta")
+    path = with_inputs_factories(
+        folder, positional_then_named="inputs_positional", needs_real_tensors="inputs_not_meta"
+    )
     proc = run_cli(["validate", str(path), "--json"], cwd=folder.parent, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["notes"] == []
@@ -278,11 +327,18 @@ def test_an_inputs_factorys_names_are_checked_on_the_meta_device(folder: Path) -
         ("x, mask=None", 2, [], []),
         ("x, mask=None", 3, [], [((), "forward() takes 2 positional argument(s), the inputs give 3")]),
         ("x, *rest", 4, [], []),  # the rest go to *rest
-        ("x, *rest", 1, ["y"], [(("inputs", "y"), "forward() has no parameter 'y' (it takes x, rest)")]),  # names still checked
+        (
+            "x, *rest",
+            1,
+            ["y"],
+            [(("inputs", "y"), "forward() has no parameter 'y' (it takes x, rest)")],
+        ),  # names still checked
         ("x, *, scale", 1, [], [(("inputs",), "forward() requires 'scale', which the inputs do not give")]),
     ],
 )
-def test_an_inputs_factorys_positional_arguments_fill_the_first_parameters(params: str, positional: int, names: list[str], expected: list) -> None:
+def test_an_inputs_factorys_positional_arguments_fill_the_first_parameters(
+    params: str, positional: int, names: list[str], expected: list
+) -> None:
     assert argument_problems(_sig(params), names, positional=positional) == expected
 
 
@@ -332,9 +388,12 @@ def test_six_problems_of_different_kinds_are_found_in_one_pass(folder: Path) -> 
     ], proc.stderr
     # ground truth: the six fixes, and nothing else, make the config valid (no second layer of problems)
     (folder / "absent.safetensors").write_bytes(b"validate only needs the file to exist")
-    fixed = (SIX_PROBLEMS.replace("      weigths: w.safetensors\n", "      dims: {batch: {min: 1, max: 8}}\n")
-             .replace("vmodels.two", "vmodels:two").replace("nosuchmodule:make", "vmodels:two")
-             .replace(", y: {shape: [2], dtype: float32}", ""))
+    fixed = (
+        SIX_PROBLEMS.replace("      weigths: w.safetensors\n", "      dims: {batch: {min: 1, max: 8}}\n")
+        .replace("vmodels.two", "vmodels:two")
+        .replace("nosuchmodule:make", "vmodels:two")
+        .replace(", y: {shape: [2], dtype: float32}", "")
+    )
     proc = run_cli(["validate", str(config(folder, fixed)), "--json"], cwd=folder.parent, timeout=300)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -346,7 +405,9 @@ def test_a_factory_that_raises_is_a_problem_with_its_message(folder: Path) -> No
     """A factory that raises on the meta device is called again on the CPU (as the run's source
     stage would); raising there too is a problem carrying the exception, not a note and exit 0.
     A factory that only refuses the meta device builds on the CPU and has its inputs checked."""
-    path = config(folder, """\
+    path = config(
+        folder,
+        """\
         - name: raises
           factory: vmodels:always_raises
           inputs: {x: {shape: [2, 4], dtype: float32}}
@@ -359,7 +420,8 @@ def test_a_factory_that_raises_is_a_problem_with_its_message(folder: Path) -> No
         - name: cpu-only
           factory: vmodels:needs_real_weights
           inputs: {x: {shape: [2, 4], dtype: float32}, nonsense: {shape: [2, 4], dtype: float32}}
-        """)
+        """,
+    )
     proc = run_cli(["validate", str(path)], cwd=folder.parent, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines() == [
@@ -373,15 +435,24 @@ def test_a_factory_that_raises_is_a_problem_with_its_message(folder: Path) -> No
     import subprocess
     import sys
 
-    plain = subprocess.run([sys.executable, "-c", "import vraising_factory; vraising_factory.model()"], cwd=folder, capture_output=True, text=True)
-    assert plain.returncode == 1 and plain.stderr.strip().endswith("RuntimeError: tokenizer.json is missing from the checkpoint folder")
+    plain = subprocess.run(
+        [sys.executable, "-c", "import vraising_factory; vraising_factory.model()"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
+    assert plain.returncode == 1 and plain.stderr.strip().endswith(
+        "RuntimeError: tokenizer.json is missing from the checkpoint folder"
+    )
 
 
 @pytest.mark.integration  # builds the models in worker processes
 def test_the_cpu_build_runs_within_the_models_limits(folder: Path) -> None:
     """The CPU attempt is the run's source stage in small: the model's memory ceiling and its
     source-stage time limit hold, and going over either is that model's problem."""
-    path = config(folder, """\
+    path = config(
+        folder,
+        """\
         - name: big
           factory: vmodels:big_on_cpu
           inputs: {x: {shape: [2, 4], dtype: float32}}
@@ -393,14 +464,19 @@ def test_the_cpu_build_runs_within_the_models_limits(folder: Path) -> None:
         - name: fine
           factory: vmodels:two
           inputs: {x: {shape: [2, 4], dtype: float32}}
-        """)
+        """,
+    )
     proc = run_cli(["validate", str(path)], cwd=folder.parent, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[0] == f"{path}: 2 problems in the config:" and len(lines) == 3, proc.stderr
-    assert lines[1].startswith(f"  {path}:5: models[0].factory: out_of_memory while importing or building it: its processes used "), lines[1]
+    assert lines[1].startswith(
+        f"  {path}:5: models[0].factory: out_of_memory while importing or building it: its processes used "
+    ), lines[1]
     assert "GiB, over the limit of 0.80 GiB; its worker process (pid " in lines[1], lines[1]
-    assert lines[2].startswith(f"  {path}:9: models[1].factory: timeout while importing or building it: importing and building it took over 8 s; "), lines[2]
+    assert lines[2].startswith(
+        f"  {path}:9: models[1].factory: timeout while importing or building it: importing and building it took over 8 s; "
+    ), lines[2]
 
 
 def test_what_the_schema_refuses_is_left_out_and_the_rest_still_checked(folder: Path) -> None:
@@ -411,7 +487,9 @@ def test_what_the_schema_refuses_is_left_out_and_the_rest_still_checked(folder: 
     from pt2flow.flows.config import ConfigError
     from pt2flow.flows.config.load import check_config
 
-    path = config(folder, """\
+    path = config(
+        folder,
+        """\
         - name: refused-dims
           factory: vmodels:two
           inputs: {x: {shape: [2, 4]}}
@@ -427,8 +505,13 @@ def test_what_the_schema_refuses_is_left_out_and_the_rest_still_checked(folder: 
           factory: vmodels:two
           inputs: {x: {shape: [2, 4]}}
           dynamic_shapes: {x: {0: seq}}
-        """)
-    path.write_text(path.read_text().replace("stages: [trace, serialize]\n", "stagez: [trace]\ndefaults:\n  limits: {timeout_s: -1}\n"))
+        """,
+    )
+    path.write_text(
+        path.read_text().replace(
+            "stages: [trace, serialize]\n", "stagez: [trace]\ndefaults:\n  limits: {timeout_s: -1}\n"
+        )
+    )
     checked = check_config(path)
     assert checked.pipeline is None
     assert [(i.line, i.path, i.message.split(" (got")[0]) for i in checked.issues] == [
@@ -437,8 +520,16 @@ def test_what_the_schema_refuses_is_left_out_and_the_rest_still_checked(folder: 
         (10, "models[0].dims.batch.min", "Input should be greater than or equal to 1"),
         (15, "models[2].name", "Input should be a valid string"),
         (2, "stagez", "unknown key"),
-        (13, "models[1].inputs.x.dtype", "Input should be 'float32', 'float16', 'bfloat16', 'float64', 'int64', 'int32', 'int16', 'int8', 'uint8' or 'bool'"),
-        (14, "models[1].stages.validate.atool", "unknown key"),  # the defaults' stage sections were sound: options checked
+        (
+            13,
+            "models[1].inputs.x.dtype",
+            "Input should be 'float32', 'float16', 'bfloat16', 'float64', 'int64', 'int32', 'int16', 'int8', 'uint8' or 'bool'",
+        ),
+        (
+            14,
+            "models[1].stages.validate.atool",
+            "unknown key",
+        ),  # the defaults' stage sections were sound: options checked
         (16, "models[2].factory", f"module 'nosuch' not found (looked in {folder} and on sys.path)"),
         (15, "models[2].inputs", "required key is missing"),
         (20, "models[3].dynamic_shapes.x[0]", "dim 'seq' has no definition under dims"),

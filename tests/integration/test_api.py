@@ -25,7 +25,13 @@ print(json.dumps({"type": type(doc).__name__, "failed": doc.summary.failed, "doc
 
 
 def _api_run(config: Path, store: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(config), str(store)], capture_output=True, text=True, env=cli_env(), timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_SCRIPT, str(config), str(store)],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -34,16 +40,36 @@ def _api_run(config: Path, store: Path) -> dict:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("api")
     (work / "failure_models.py").write_text((ROOT / "configs" / "failure_models.py").read_text())
-    config = write_config(work / "c.yaml", [
-        {"name": "healthy", "factory": "failure_models:healthy_mlp", "inputs": {"input": {"shape": [3, 8]}},
-         "dynamic_shapes": {"input": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 8}}},
-        {"name": "data-dependent", "factory": "failure_models:data_dependent_branch", "inputs": {"x": {"shape": [2, 8]}}},
-    ], stages=["trace", "functionalize", "decompose", "serialize", "validate"])
+    config = write_config(
+        work / "c.yaml",
+        [
+            {
+                "name": "healthy",
+                "factory": "failure_models:healthy_mlp",
+                "inputs": {"input": {"shape": [3, 8]}},
+                "dynamic_shapes": {"input": {0: "batch"}},
+                "dims": {"batch": {"min": 1, "max": 8}},
+            },
+            {
+                "name": "data-dependent",
+                "factory": "failure_models:data_dependent_branch",
+                "inputs": {"x": {"shape": [2, 8]}},
+            },
+        ],
+        stages=["trace", "functionalize", "decompose", "serialize", "validate"],
+    )
     first = _api_run(config, work / "store")
     second = _api_run(config, work / "store")  # unchanged: settled from the index
     code, cli_doc, stderr = run_json(["run", str(config), "--store", str(work / "store")])  # and once through the CLI
     assert code == 1, stderr[-3000:]
-    return {"work": work, "config": config, "store": str(work / "store"), "first": first, "second": second, "cli": cli_doc}
+    return {
+        "work": work,
+        "config": config,
+        "store": str(work / "store"),
+        "first": first,
+        "second": second,
+        "cli": cli_doc,
+    }
 
 
 def test_run_returns_the_typed_run_document(runs: dict) -> None:
@@ -52,7 +78,9 @@ def test_run_returns_the_typed_run_document(runs: dict) -> None:
     assert first["failed"] == 1
     by_name = {m["name"]: m for m in first["doc"]["models"]}
     assert by_name["healthy"]["status"] == "ok" and by_name["data-dependent"]["error_class"] == "data_dependent"
-    assert all(s["cached"] for s in next(m for m in second["doc"]["models"] if m["name"] == "healthy")["stages"].values())
+    assert all(
+        s["cached"] for s in next(m for m in second["doc"]["models"] if m["name"] == "healthy")["stages"].values()
+    )
     # the same document the CLI prints: the unchanged third run went through `pt2flow run --json`
     cli_doc = runs["cli"]
     assert cli_doc.keys() == first["doc"].keys()
@@ -64,19 +92,29 @@ def test_store_queries_answer_as_the_cli(runs: dict, tmp_path: Path) -> None:
     healthy = next(m for m in runs["first"]["doc"]["models"] if m["name"] == "healthy")
     archive = healthy["artifacts"]["serialized"]
     rows = store.ls(model="healthy", stage="serialize", limit=0)
-    code, cli_rows, _ = run_json(["ls", "--model", "healthy", "--stage", "serialize", "--limit", "0", "--store", runs["store"]])
+    code, cli_rows, _ = run_json(
+        ["ls", "--model", "healthy", "--stage", "serialize", "--limit", "0", "--store", runs["store"]]
+    )
     assert code == 0 and [r["record_id"] for r in rows] == [r["record_id"] for r in cli_rows]
     assert store.count(status="failed") == 3  # the data-dependent trace failure, recorded by each of the three runs
     shown = store.show(archive[:10])
     assert shown["sha256"] == archive and len(shown["recorded_in_runs"]) == 3
-    assert [r["stage"] for r in store.lineage(archive)["ancestors"]] == ["source", "trace", "functionalize", "decompose"]
+    assert [r["stage"] for r in store.lineage(archive)["ancestors"]] == [
+        "source",
+        "trace",
+        "functionalize",
+        "decompose",
+    ]
     code, cli_lineage, _ = run_json(["lineage", archive, "--store", runs["store"]])
     assert store.lineage(archive) == cli_lineage
     assert store.diff(archive, archive)["fingerprint"]["same"] is True
     got = store.get(str(tmp_path / "healthy.pt2"), model="healthy")
     assert got["sha256"] == archive and (tmp_path / "healthy.pt2").stat().st_size == got["size"]
     drift = store.compare()
-    assert drift["runs"]["b"]["run_id"] == store.run_id() and sorted(m["model"] for m in drift["models"]) == ["data-dependent", "healthy"]
+    assert drift["runs"]["b"]["run_id"] == store.run_id() and sorted(m["model"] for m in drift["models"]) == [
+        "data-dependent",
+        "healthy",
+    ]
     assert store.verify()["corrupt"] == []
 
 

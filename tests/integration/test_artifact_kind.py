@@ -23,9 +23,17 @@ pytestmark = pytest.mark.integration
 
 KIND = "onnx-plain"
 STAGE = Stage(
-    "onnx_plain", 1, compute=f"{__name__}:compute", inputs=(Input("program", ("functionalize", "trace")),),
-    publishes=KIND, artifact=KIND, suffix=".onnx", candidate=f"{__name__}:load",
-    libraries=("onnx", "onnxscript", "onnxruntime"), accepts_training=False, position=90,
+    "onnx_plain",
+    1,
+    compute=f"{__name__}:compute",
+    inputs=(Input("program", ("functionalize", "trace")),),
+    publishes=KIND,
+    artifact=KIND,
+    suffix=".onnx",
+    candidate=f"{__name__}:load",
+    libraries=("onnx", "onnxscript", "onnxruntime"),
+    accepts_training=False,
+    position=90,
     description="ONNX without the exporter's optimizer, for ONNX Runtime (a test's kind)",
 )
 
@@ -73,14 +81,31 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (info / "entry_points.txt").write_text(f"[pt2flow.stages]\n{STAGE.name} = {__name__}:STAGE\n")
     shutil.copy(ROOT / "configs" / "generative_models.py", folder / "generative_models.py")
     env = {"PYTHONPATH": f"{site}:{ROOT}", "OMP_NUM_THREADS": "1"}
-    plain = write_config(folder / "plain.yaml", [
-        {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}},
-         "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}}},
-    ], stages=STAGES, defaults={"benchmark": FEW_RUNS})
-    generative = write_config(folder / "generative.yaml", [
-        {"name": "tiny-llama", "factory": "generative_models:tiny_llama",
-         "generate": {"prompt_lens": [2, 16], "max_new_tokens": 32, "cache": "static", "max_cache_len": 64}},
-    ], stages=GENERATIVE_STAGES)
+    plain = write_config(
+        folder / "plain.yaml",
+        [
+            {
+                "name": "mlp",
+                "factory": "tests.models:tiny_mlp",
+                "inputs": {"x": {"shape": [3, 8]}},
+                "dynamic_shapes": {"x": {0: "batch"}},
+                "dims": {"batch": {"min": 1, "max": 16}},
+            },
+        ],
+        stages=STAGES,
+        defaults={"benchmark": FEW_RUNS},
+    )
+    generative = write_config(
+        folder / "generative.yaml",
+        [
+            {
+                "name": "tiny-llama",
+                "factory": "generative_models:tiny_llama",
+                "generate": {"prompt_lens": [2, 16], "max_new_tokens": 32, "cache": "static", "max_cache_len": 64},
+            },
+        ],
+        stages=GENERATIVE_STAGES,
+    )
     store = str(folder / "store")
     runs = {}
     for name, config in (("cold", plain), ("warm", plain), ("generative", generative)):
@@ -113,7 +138,9 @@ def test_the_kind_is_validated_benchmarked_and_named_in_the_run_document(fleet: 
     assert [s["sizes"] for s in samples][1:] == [{"batch": 1}, {"batch": 16}] and all(s["ok"] for s in samples), samples
     timed = _blob(fleet, cold["stages"]["benchmark"]["artifact"])
     assert set(timed["artifacts"]) == {"eager", "archive", STAGE.name}  # timed beside the archive, at every point
-    assert all(0 < timed["artifacts"][STAGE.name]["points"][p["label"]]["p50_ms"] for p in timed["points"]), timed["artifacts"][STAGE.name]
+    assert all(0 < timed["artifacts"][STAGE.name]["points"][p["label"]]["p50_ms"] for p in timed["points"]), timed[
+        "artifacts"
+    ][STAGE.name]
     warm = _model(fleet["runs"]["warm"])
     assert all(stage["cached"] for stage in warm["stages"].values()) and warm["artifacts"][KIND] == digest
 
@@ -147,7 +174,14 @@ def test_get_check_compat_and_the_drift_report_know_the_kind(fleet: dict[str, An
     (checked,) = json.loads(compat.stdout)["models"]
     assert (checked[KIND]["loads"], checked[KIND]["runs"], checked[KIND]["matches"]) == (True, True, True), checked
 
-    drift = run_cli(["report", fleet["runs"]["cold"]["run_id"], fleet["runs"]["warm"]["run_id"], "--store", store, "--json"], env=env)
+    drift = run_cli(
+        ["report", fleet["runs"]["cold"]["run_id"], fleet["runs"]["warm"]["run_id"], "--store", store, "--json"],
+        env=env,
+    )
     assert drift.returncode == 0, drift.stderr[-2000:]
     (entry,) = json.loads(drift.stdout)["models"]
-    assert list(entry["artifacts"]) == ["serialized", KIND] and entry["artifacts"][KIND]["passed"] == {"a": True, "b": True, "changed": False}
+    assert list(entry["artifacts"]) == ["serialized", KIND] and entry["artifacts"][KIND]["passed"] == {
+        "a": True,
+        "b": True,
+        "changed": False,
+    }

@@ -29,9 +29,11 @@ RUNTIME_LINE = "Attempted to resize a bounded tensor"
 
 def _model(name: str, **extra: Any) -> dict[str, Any]:
     return {
-        "name": name, "factory": "tests.hf_models:hf_resnet",
+        "name": name,
+        "factory": "tests.hf_models:hf_resnet",
         "inputs": {"pixel_values": {"shape": [2, 3, 32, 32]}},
-        "dynamic_shapes": {"pixel_values": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}},
+        "dynamic_shapes": {"pixel_values": {0: "batch"}},
+        "dims": {"batch": {"min": 1, "max": 16}},
         **extra,
     }
 
@@ -40,18 +42,39 @@ def _model(name: str, **extra: Any) -> dict[str, Any]:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("verdicts")
     store = str(folder / "store")
-    config = write_config(folder / "fleet.yaml", [
-        _model("resnet-optional-pte", require=["serialized", "onnx"]),
-        _model("resnet"),  # require: the default, every artifact built
-        # a stage that fails outright (lowering: argmax on no partitioner, no fallback) without failing the model
-        {"name": "strict-pte-optional", "factory": "tests.models:dict_out", "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
-         "stages": {"executorch": {"portable_fallback": False}}, "require": ["serialized", "onnx"]},
-    ], store=store, stages=STAGES, defaults={"executorch": {"partitioners": ["xnnpack"]}})
-    cold_code, cold = run_in_process(config)  # the run document, as `run --json` prints it: what the fleet does is under test
+    config = write_config(
+        folder / "fleet.yaml",
+        [
+            _model("resnet-optional-pte", require=["serialized", "onnx"]),
+            _model("resnet"),  # require: the default, every artifact built
+            # a stage that fails outright (lowering: argmax on no partitioner, no fallback) without failing the model
+            {
+                "name": "strict-pte-optional",
+                "factory": "tests.models:dict_out",
+                "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
+                "stages": {"executorch": {"portable_fallback": False}},
+                "require": ["serialized", "onnx"],
+            },
+        ],
+        store=store,
+        stages=STAGES,
+        defaults={"executorch": {"partitioners": ["xnnpack"]}},
+    )
+    cold_code, cold = run_in_process(
+        config
+    )  # the run document, as `run --json` prints it: what the fleet does is under test
     warm_code, warm = run_in_process(config)
     text = run_cli(["run", str(config)], env={"COLUMNS": "160"})  # the CLI's terminal summary
-    return {"cold": cold, "cold_code": cold_code, "warm": warm, "warm_code": warm_code, "text": text, "store": store, "folder": folder,
-            "config": config}
+    return {
+        "cold": cold,
+        "cold_code": cold_code,
+        "warm": warm,
+        "warm_code": warm_code,
+        "text": text,
+        "store": store,
+        "folder": folder,
+        "config": config,
+    }
 
 
 def _models(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -69,7 +92,9 @@ def test_an_optional_artifact_failing_makes_the_model_partial(fleet: dict[str, A
     pte = verdicts["pte"]
     assert pte["passed"] is False and pte["error_class"] == "runtime"
     # at the dim's max, with the runtime's own reason rather than its error code alone
-    assert "sample max {'batch': 16}" in pte["error"] and RUNTIME_LINE in pte["error"] and "0x10" in pte["error"], pte["error"]
+    assert "sample max {'batch': 16}" in pte["error"] and RUNTIME_LINE in pte["error"] and "0x10" in pte["error"], pte[
+        "error"
+    ]
     assert model["validation"]["passed"] is False  # not every artifact validated
     assert model["stages"]["validate"]["status"] == "ok"
     assert any("executorch (not required) failed validation" in w for w in model["stages"]["validate"]["warnings"])
@@ -87,11 +112,17 @@ def test_a_stage_failing_that_the_model_does_not_require_makes_it_partial(fleet:
     model = _models(fleet["cold"])["strict-pte-optional"]
     assert model["status"] == "partial" and model["failed_stage"] is None
     executorch = model["stages"]["executorch"]
-    assert executorch["status"] == "failed" and executorch["error_class"] == "lowering" and "argmax" in executorch["error"]
+    assert (
+        executorch["status"] == "failed" and executorch["error_class"] == "lowering" and "argmax" in executorch["error"]
+    )
     assert model["stages"]["validate"]["status"] == "ok"  # validate went on with the archive and the ONNX model
     verdicts = model["validation"]["verdicts"]
     assert verdicts["serialized"]["passed"] and verdicts["onnx"]["passed"]
-    assert not verdicts["pte"]["passed"] and verdicts["pte"]["error_class"] == "lowering" and verdicts["pte"]["error"].startswith("executorch failed:")
+    assert (
+        not verdicts["pte"]["passed"]
+        and verdicts["pte"]["error_class"] == "lowering"
+        and verdicts["pte"]["error"].startswith("executorch failed:")
+    )
     assert "pte" not in model["artifacts"] or model["artifacts"]["pte"] is None
 
 
@@ -103,7 +134,10 @@ def test_the_warm_run_gives_the_same_verdicts_from_the_cache(fleet: dict[str, An
         rerun = {"validate"} if model["status"] == "failed" else set()
         assert {stage for stage, view in model["stages"].items() if not view["cached"]} == rerun, name
         before = _models(cold)[name]
-        assert (model["status"], model["validation"]["verdicts"]) == (before["status"], before["validation"]["verdicts"]), name
+        assert (model["status"], model["validation"]["verdicts"]) == (
+            before["status"],
+            before["validation"]["verdicts"],
+        ), name
 
 
 def test_the_summary_shows_the_model_by_artifact_matrix(fleet: dict[str, Any]) -> None:
@@ -111,7 +145,7 @@ def test_the_summary_shows_the_model_by_artifact_matrix(fleet: dict[str, Any]) -
     assert text.returncode == 1, text.stderr[-3000:]
     out = text.stdout
     assert "partial: pte ✗" in out and "0 ok, 2 partial, 1 failed" in out, out
-    matrix = out[out.index("validation per artifact"):]
+    matrix = out[out.index("validation per artifact") :]
     rows = {line.split()[1]: line for line in matrix.splitlines() if line.startswith("│ resnet")}
     assert rows and all(line.count("✓") == 2 and line.count("✗") == 1 for line in rows.values()), matrix
     assert RUNTIME_LINE in out  # the partial model's failed artifact, in full
@@ -120,10 +154,16 @@ def test_the_summary_shows_the_model_by_artifact_matrix(fleet: dict[str, Any]) -
 def test_get_serves_the_archive_and_refuses_the_pte_with_its_reason(fleet: dict[str, Any], tmp_path: Path) -> None:
     store = fleet["store"]
     archive = tmp_path / "resnet.pt2"
-    got = run_cli(["get", "--model", "resnet-optional-pte", "--artifact", "serialized", "-o", str(archive), "--store", store])
+    got = run_cli(
+        ["get", "--model", "resnet-optional-pte", "--artifact", "serialized", "-o", str(archive), "--store", store]
+    )
     assert got.returncode == 0, got.stderr
     # the served archive runs at the batch the .pte refused, in a plain script, and matches eager
-    check = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import torch
         from tests.hf_models import hf_resnet
         x = torch.randn(16, 3, 32, 32)
@@ -131,11 +171,21 @@ def test_get_serves_the_archive_and_refuses_the_pte_with_its_reason(fleet: dict[
         got = torch.export.load({str(archive)!r}).module()(x)
         assert torch.allclose(got[0], want.last_hidden_state, atol=1e-4), (got[0] - want.last_hidden_state).abs().max()
         print("ok")
-    """)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    """),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert check.returncode == 0 and check.stdout.strip() == "ok", check.stderr[-2000:]
     for model in ("resnet-optional-pte", "resnet"):
-        refused = run_cli(["get", "--model", model, "--artifact", "pte", "-o", str(tmp_path / f"{model}.pte"), "--store", store])
-        assert refused.returncode == 1 and "failed validation" in refused.stderr and RUNTIME_LINE in refused.stderr, refused.stderr
+        refused = run_cli(
+            ["get", "--model", model, "--artifact", "pte", "-o", str(tmp_path / f"{model}.pte"), "--store", store]
+        )
+        assert refused.returncode == 1 and "failed validation" in refused.stderr and RUNTIME_LINE in refused.stderr, (
+            refused.stderr
+        )
         assert not (tmp_path / f"{model}.pte").exists()
     pte = _models(fleet["cold"])["resnet-optional-pte"]["artifacts"]["pte"]
     by_id = run_cli(["get", pte[:12], "-o", str(tmp_path / "by-id.pte"), "--store", store])
@@ -147,7 +197,11 @@ def test_the_runtime_alone_confirms_the_verdict(fleet: dict[str, Any]) -> None:
     process, takes batch 15 and refuses 16."""
     digest = _models(fleet["cold"])["resnet-optional-pte"]["artifacts"]["pte"]
     blob = Path(fleet["store"]) / "blobs" / "sha256" / digest[:2] / digest
-    check = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import torch
         from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
         data = open({str(blob)!r}, "rb").read()  # kept alive: the runtime reads the program from it
@@ -157,7 +211,12 @@ def test_the_runtime_alone_confirms_the_verdict(fleet: dict[str, Any]) -> None:
             module.forward((torch.randn(16, 3, 32, 32),))
         except RuntimeError as exc:
             print("refused", exc)
-    """)], capture_output=True, text=True, timeout=300)
+    """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = check.stdout.strip().splitlines()
     assert check.returncode == 0 and len(lines) == 2, (check.stdout, check.stderr[-2000:])
     assert lines[0] == "15" and lines[1].startswith("refused"), lines
@@ -165,14 +224,22 @@ def test_the_runtime_alone_confirms_the_verdict(fleet: dict[str, Any]) -> None:
 
 
 def test_require_names_artifacts_that_the_config_builds(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "bad.yaml", [
-        _model("typo", require=["serialised"]),
-        _model("not-built", require=["serialized", "compiled"]),
-    ], stages=STAGES)
+    config = write_config(
+        tmp_path / "bad.yaml",
+        [
+            _model("typo", require=["serialised"]),
+            _model("not-built", require=["serialized", "compiled"]),
+        ],
+        stages=STAGES,
+    )
     checked = run_cli(["validate", str(config)])
     assert checked.returncode == 2
-    assert "models[0].require[0]" in checked.stderr and "unknown artifact kind 'serialised'" in checked.stderr, checked.stderr
-    assert "models[1].require[1]" in checked.stderr and "its stage aot_compile is not in `stages`" in checked.stderr, checked.stderr
+    assert "models[0].require[0]" in checked.stderr and "unknown artifact kind 'serialised'" in checked.stderr, (
+        checked.stderr
+    )
+    assert "models[1].require[1]" in checked.stderr and "its stage aot_compile is not in `stages`" in checked.stderr, (
+        checked.stderr
+    )
 
 
 def test_the_drift_report_shows_each_artifacts_verdict(fleet: dict[str, Any], tmp_path: Path) -> None:

@@ -27,7 +27,13 @@ NO_PT2FLOW = "import runpy, sys; sys.modules['pt2flow'] = None; runpy.run_path(s
 
 
 def _run_script(folder: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", NO_PT2FLOW, str(folder / "repro.py")], cwd=folder, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", NO_PT2FLOW, str(folder / "repro.py")],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +47,39 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
     save_file({k: v.contiguous() for k, v in custom_op_model().state_dict().items()}, str(work / "custom.safetensors"))
     # failure_models lives in configs/: the config's folder is first on sys.path, so put a copy there
     (work / "failure_models.py").write_text((ROOT / "configs" / "failure_models.py").read_text())
-    config = write_config(work / "c.yaml", [
-        {"name": "data-dependent", "factory": "failure_models:data_dependent_branch", "inputs": {"x": {"shape": [2, 8]}}},
-        {"name": "custom-op", "factory": "tests.repro_models:custom_op_model", "weights": "custom.safetensors",
-         "inputs": {"x": {"shape": [3, 8]}}, "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 32}}},
-        {"name": "healthy", "factory": "failure_models:healthy_mlp", "inputs": {"input": {"shape": [3, 8]}}},
-        {"name": "train-custom-op", "factory": "tests.repro_models:loss_through_custom_op", "inputs": {"x": {"shape": [3, 8]}},
-         "stages": {"functionalize": {"mode": "training", "loss_output": 0}}},
-        {"name": "pair-output", "factory": "tests.repro_models:pair_output", "inputs": {"x": {"shape": [3, 8]}}},
-        {"name": "train-regressor", "factory": "tests.models:regressor", "inputs": {"x": {"shape": [4, 4]}, "y": {"shape": [4]}},
-         "stages": {"functionalize": {"mode": "training"}}},
-    ], stages=["trace", "functionalize", "decompose", "serialize", "validate"])
+    config = write_config(
+        work / "c.yaml",
+        [
+            {
+                "name": "data-dependent",
+                "factory": "failure_models:data_dependent_branch",
+                "inputs": {"x": {"shape": [2, 8]}},
+            },
+            {
+                "name": "custom-op",
+                "factory": "tests.repro_models:custom_op_model",
+                "weights": "custom.safetensors",
+                "inputs": {"x": {"shape": [3, 8]}},
+                "dynamic_shapes": {"x": {0: "batch"}},
+                "dims": {"batch": {"min": 1, "max": 32}},
+            },
+            {"name": "healthy", "factory": "failure_models:healthy_mlp", "inputs": {"input": {"shape": [3, 8]}}},
+            {
+                "name": "train-custom-op",
+                "factory": "tests.repro_models:loss_through_custom_op",
+                "inputs": {"x": {"shape": [3, 8]}},
+                "stages": {"functionalize": {"mode": "training", "loss_output": 0}},
+            },
+            {"name": "pair-output", "factory": "tests.repro_models:pair_output", "inputs": {"x": {"shape": [3, 8]}}},
+            {
+                "name": "train-regressor",
+                "factory": "tests.models:regressor",
+                "inputs": {"x": {"shape": [4, 4]}, "y": {"shape": [4]}},
+                "stages": {"functionalize": {"mode": "training"}},
+            },
+        ],
+        stages=["trace", "functionalize", "decompose", "serialize", "validate"],
+    )
     store = str(work / "store")
     code, doc = run_in_process(config, store=store)  # the fleet run in this process: get and repro are under test
     assert code == 1, doc
@@ -69,7 +97,9 @@ def run_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def _failure_report(store: str, model: str) -> str:
     """The artifact ID of a model's failure report (its failed record's sha256)."""
-    (row,) = [r for r in ArtifactStore(store).index.read().to_pylist() if r["model"] == model and r["status"] == "failed"]
+    (row,) = [
+        r for r in ArtifactStore(store).index.read().to_pylist() if r["model"] == model and r["status"] == "failed"
+    ]
     assert row["sha256"], row
     return str(row["sha256"])
 
@@ -81,7 +111,9 @@ def _failure_report(store: str, model: str) -> str:
 def test_get_by_model_and_by_id(run_store: dict, tmp_path: Path) -> None:
     store = run_store["store"]
     healthy = next(m for m in run_store["doc"]["models"] if m["name"] == "healthy")
-    code, record, stderr = run_json(["get", "--model", "healthy", "-o", str(tmp_path / "healthy.pt2"), "--store", store])
+    code, record, stderr = run_json(
+        ["get", "--model", "healthy", "-o", str(tmp_path / "healthy.pt2"), "--store", store]
+    )
     assert code == 0, stderr
     assert record["sha256"] == healthy["artifacts"]["serialized"] and record["artifact"] == "serialized"
     assert record["path"] == str(tmp_path / "healthy.pt2") and record["run_id"] == run_store["doc"]["run_id"]
@@ -92,10 +124,29 @@ def test_get_by_model_and_by_id(run_store: dict, tmp_path: Path) -> None:
 
     # the validation report by ID prefix, and by model with --run (a prefix of the run ID)
     report_id = healthy["stages"]["validate"]["artifact"]
-    proc = run_cli(["get", report_id[:12], "--artifact", "report", "-o", str(tmp_path / "report.json"), "--store", store])
+    proc = run_cli(
+        ["get", report_id[:12], "--artifact", "report", "-o", str(tmp_path / "report.json"), "--store", store]
+    )
     assert proc.returncode == 0, proc.stderr
-    assert "report artifact of healthy" in proc.stdout and json.loads((tmp_path / "report.json").read_text())["passed"] is True
-    code, record, _ = run_json(["get", "--model", "healthy", "--run", run_store["doc"]["run_id"][:12], "--artifact", "report", "-o", str(tmp_path / "r2.json"), "--store", store])
+    assert (
+        "report artifact of healthy" in proc.stdout
+        and json.loads((tmp_path / "report.json").read_text())["passed"] is True
+    )
+    code, record, _ = run_json(
+        [
+            "get",
+            "--model",
+            "healthy",
+            "--run",
+            run_store["doc"]["run_id"][:12],
+            "--artifact",
+            "report",
+            "-o",
+            str(tmp_path / "r2.json"),
+            "--store",
+            store,
+        ]
+    )
     assert code == 0 and record["sha256"] == report_id
 
 
@@ -119,8 +170,12 @@ def test_get_refuses_what_the_index_does_not_vouch_for(run_store: dict, tmp_path
         assert (proc.returncode, message in proc.stderr) == (code, True), (args, proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr
     assert not out.exists()
-    proc = run_cli(["get", "--model", "healthy", "-o", "/proc/pt2flow-get.pt2", "--store", store])  # a folder no file can be made in
-    assert proc.returncode == 2 and "cannot write /proc/pt2flow-get.pt2" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    proc = run_cli(
+        ["get", "--model", "healthy", "-o", "/proc/pt2flow-get.pt2", "--store", store]
+    )  # a folder no file can be made in
+    assert (
+        proc.returncode == 2 and "cannot write /proc/pt2flow-get.pt2" in proc.stderr and "Traceback" not in proc.stderr
+    ), proc.stderr
 
 
 def test_get_refuses_a_corrupt_blob_and_writes_nothing(run_store: dict, tmp_path: Path) -> None:
@@ -143,20 +198,39 @@ def test_get_refuses_a_corrupt_blob_and_writes_nothing(run_store: dict, tmp_path
 
 
 def test_repro_of_a_data_dependent_trace_failure_raises_it_with_torch_alone(run_store: dict, tmp_path: Path) -> None:
-    code, written, stderr = run_json(["repro", "data-dependent", "-o", str(tmp_path / "dd"), "--store", run_store["store"]])
+    code, written, stderr = run_json(
+        ["repro", "data-dependent", "-o", str(tmp_path / "dd"), "--store", run_store["store"]]
+    )
     assert code == 0, stderr
-    assert (written["stage"], written["error_class"], written["files"]) == ("trace", "data_dependent", ["inputs.pt", "repro.py"])
+    assert (written["stage"], written["error_class"], written["files"]) == (
+        "trace",
+        "data_dependent",
+        ["inputs.pt", "repro.py"],
+    )
     # the failure's draft_export report ID names the same failure
-    code, by_id, _ = run_json(["repro", _failure_report(run_store["store"], "data-dependent")[:12], "-o", str(tmp_path / "by-id"), "--store", run_store["store"]])
+    code, by_id, _ = run_json(
+        [
+            "repro",
+            _failure_report(run_store["store"], "data-dependent")[:12],
+            "-o",
+            str(tmp_path / "by-id"),
+            "--store",
+            run_store["store"],
+        ]
+    )
     assert code == 0 and by_id["model"] == "data-dependent" and by_id["stage"] == "trace"
     script = (tmp_path / "dd" / "repro.py").read_text()
     assert not re.search(r"^\s*(import|from) pt2flow", script, re.M)
     assert "torch.export.export(model, args, kwargs" in script and "strict=False" in script
     proc = _run_script(tmp_path / "dd")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "GuardOnDataDependentSymNode" in proc.stderr and "Could not guard on data-dependent expression" in proc.stderr
+    assert (
+        "GuardOnDataDependentSymNode" in proc.stderr and "Could not guard on data-dependent expression" in proc.stderr
+    )
     # `repro ... --json | head` after head left: the script is written, the exit is 141, no traceback
-    piped = run_cli_into_closed_pipe(["repro", "data-dependent", "-o", str(tmp_path / "piped"), "--store", run_store["store"], "--json"])
+    piped = run_cli_into_closed_pipe(
+        ["repro", "data-dependent", "-o", str(tmp_path / "piped"), "--store", run_store["store"], "--json"]
+    )
     assert (piped.returncode, piped.stderr) == (141, ""), piped.stderr
     assert sorted(p.name for p in (tmp_path / "piped").iterdir()) == ["inputs.pt", "repro.py"]
 
@@ -173,11 +247,24 @@ def test_repro_of_a_decomposition_failure_raises_it_from_the_stored_program(run_
     assert "ops outside core ATen remain after decomposition: pt2flow_repro.scale.default" in result.stderr
 
 
-@pytest.mark.parametrize(("model", "stage", "raised"), [
-    ("train-custom-op", "functionalize", "RuntimeError: Trying to backward through pt2flow_repro.scale.default but no autograd formula"),
-    ("pair-output", "trace", "NotImplementedError: No registered serialization name for <class 'tests.repro_models.Pair'>"),
-])
-def test_repro_of_functionalize_and_round_trip_failures_raises_them(run_store: dict, tmp_path: Path, model: str, stage: str, raised: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "stage", "raised"),
+    [
+        (
+            "train-custom-op",
+            "functionalize",
+            "RuntimeError: Trying to backward through pt2flow_repro.scale.default but no autograd formula",
+        ),
+        (
+            "pair-output",
+            "trace",
+            "NotImplementedError: No registered serialization name for <class 'tests.repro_models.Pair'>",
+        ),
+    ],
+)
+def test_repro_of_functionalize_and_round_trip_failures_raises_them(
+    run_store: dict, tmp_path: Path, model: str, stage: str, raised: str
+) -> None:
     failed = next(m for m in run_store["doc"]["models"] if m["name"] == model)
     code, written, stderr = run_json(["repro", model, "-o", str(tmp_path / model), "--store", run_store["store"]])
     assert code == 0, stderr
@@ -190,10 +277,18 @@ def test_repro_of_functionalize_and_round_trip_failures_raises_them(run_store: d
 
 def test_repro_of_an_aot_compile_failure_raises_it(tmp_path: Path) -> None:
     """AOTInductor told to use a C++ compiler that does not exist: the package cannot be built."""
-    config = write_config(tmp_path / "c.yaml", [
-        {"name": "no-compiler", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}},
-         "stages": {"aot_compile": {"inductor_configs": {"cpp.cxx": ["/nonexistent/c++"]}}}},
-    ], stages=["trace", "functionalize", "decompose", "aot_compile"])  # the default stages but serialize and validate, which nothing here reads
+    config = write_config(
+        tmp_path / "c.yaml",
+        [
+            {
+                "name": "no-compiler",
+                "factory": "tests.models:tiny_mlp",
+                "inputs": {"x": {"shape": [3, 8]}},
+                "stages": {"aot_compile": {"inductor_configs": {"cpp.cxx": ["/nonexistent/c++"]}}},
+            },
+        ],
+        stages=["trace", "functionalize", "decompose", "aot_compile"],
+    )  # the default stages but serialize and validate, which nothing here reads
     store = str(tmp_path / "store")
     code, doc = run_in_process(config, store=store)
     (model,) = doc["models"]
@@ -206,12 +301,18 @@ def test_repro_of_an_aot_compile_failure_raises_it(tmp_path: Path) -> None:
 
 
 def test_repro_refuses_when_there_is_nothing_to_reproduce(run_store: dict, tmp_path: Path) -> None:
-    for target, message in (("healthy", "'healthy' has no failed stage"), ("nobody", "no model and no artifact ID 'nobody'")):
+    for target, message in (
+        ("healthy", "'healthy' has no failed stage"),
+        ("nobody", "no model and no artifact ID 'nobody'"),
+    ):
         proc = run_cli(["repro", target, "-o", str(tmp_path / target), "--store", run_store["store"]])
         assert proc.returncode == 1 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and not (tmp_path / target).exists()
     (tmp_path / "a-file").write_text("")
-    for out, message in ((tmp_path / "a-file", "is a file: give the folder"), (Path("/proc/pt2flow-repro"), "cannot write into /proc/pt2flow-repro")):
+    for out, message in (
+        (tmp_path / "a-file", "is a file: give the folder"),
+        (Path("/proc/pt2flow-repro"), "cannot write into /proc/pt2flow-repro"),
+    ):
         proc = run_cli(["repro", "data-dependent", "-o", str(out), "--store", run_store["store"]])
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
@@ -225,22 +326,33 @@ def test_repro_refuses_failures_before_torch_and_leaves_no_folder(tmp_path: Path
     work.mkdir()
     shutil.copy(ROOT / "configs" / "broken_import_models.py", work / "broken_import_models.py")
     (work / "moved_models.py").write_text((ROOT / "configs" / "failure_models.py").read_text())
-    config = write_config(work / "c.yaml", [
-        {"name": "missing-dependency", "factory": "broken_import_models:model", "inputs": {"x": {"shape": [2, 4]}}},
-        {"name": "wrong-input", "factory": "tests.models:tiny_mlp", "inputs": {"y": {"shape": [2, 8]}}},
-        {"name": "moved", "factory": "moved_models:data_dependent_branch", "inputs": {"x": {"shape": [2, 8]}}},
-    ], stages=["trace"])
+    config = write_config(
+        work / "c.yaml",
+        [
+            {"name": "missing-dependency", "factory": "broken_import_models:model", "inputs": {"x": {"shape": [2, 4]}}},
+            {"name": "wrong-input", "factory": "tests.models:tiny_mlp", "inputs": {"y": {"shape": [2, 8]}}},
+            {"name": "moved", "factory": "moved_models:data_dependent_branch", "inputs": {"x": {"shape": [2, 8]}}},
+        ],
+        stages=["trace"],
+    )
     store = str(work / "store")
     code, doc = run_in_process(config, store=store)
     got = {m["name"]: (m["failed_stage"], m["error_class"]) for m in doc["models"]}
-    assert code == 1 and got == {"missing-dependency": ("trace", "import"), "wrong-input": ("trace", "config"),
-                                 "moved": ("trace", "data_dependent")}, got
-    for model, why in (("missing-dependency", "the model's code does not import: importing 'broken_import_models' failed"),
-                       ("wrong-input", "the config does not fit the model")):
+    assert code == 1 and got == {
+        "missing-dependency": ("trace", "import"),
+        "wrong-input": ("trace", "config"),
+        "moved": ("trace", "data_dependent"),
+    }, got
+    for model, why in (
+        ("missing-dependency", "the model's code does not import: importing 'broken_import_models' failed"),
+        ("wrong-input", "the config does not fit the model"),
+    ):
         out = tmp_path / model
         proc = run_cli(["repro", model, "-o", str(out), "--store", store])
         assert proc.returncode == 1, proc.stderr
-        assert proc.stderr.startswith(f"pt2flow repro: {model} failed at trace with ") and why in proc.stderr, proc.stderr
+        assert proc.stderr.startswith(f"pt2flow repro: {model} failed at trace with ") and why in proc.stderr, (
+            proc.stderr
+        )
         assert "cannot reproduce" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert not out.exists()
     (work / "moved_models.py").unlink()  # the model's code is gone since the run
@@ -249,7 +361,9 @@ def test_repro_refuses_failures_before_torch_and_leaves_no_folder(tmp_path: Path
     (existing / "notes.txt").write_text("mine")
     for out in (tmp_path / "new" / "repro", existing):
         proc = run_cli(["repro", "moved", "-o", str(out), "--store", store])
-        assert proc.returncode == 1 and "cannot rebuild moved to write its reproducer: import:" in proc.stderr, proc.stderr
+        assert proc.returncode == 1 and "cannot rebuild moved to write its reproducer: import:" in proc.stderr, (
+            proc.stderr
+        )
         assert "Traceback" not in proc.stderr
     assert not (tmp_path / "new" / "repro").exists()
     assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
@@ -305,10 +419,18 @@ def test_check_compat_of_a_run_without_packages_says_what_it_could_not_compare(r
 
 @pytest.mark.compile
 def test_check_compat_passes_a_run_and_flags_an_archive_of_an_unsupported_format(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.yaml", [
-        {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}},
-         "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}}},
-    ])
+    config = write_config(
+        tmp_path / "c.yaml",
+        [
+            {
+                "name": "mlp",
+                "factory": "tests.models:tiny_mlp",
+                "inputs": {"x": {"shape": [3, 8]}},
+                "dynamic_shapes": {"x": {0: "batch"}},
+                "dims": {"batch": {"min": 1, "max": 16}},
+            },
+        ],
+    )
     store = str(tmp_path / "store")
     code, doc = run_in_process(config, store=store)
     assert code == 0, doc
@@ -323,8 +445,15 @@ def test_check_compat_passes_a_run_and_flags_an_archive_of_an_unsupported_format
     assert report["run_id"] == doc["run_id"] and report["built_with"] == [torch.__version__]
     for kind in ("archive", "compiled"):
         checked = model[kind]
-        assert (checked["loads"], checked["runs"], checked["matches"], checked["error_class"]) == (True, True, True, None), checked
-        assert checked["samples"] == 3 and checked["max_abs_err"] <= 1e-5  # every validation sample, from the stored inputs
+        assert (checked["loads"], checked["runs"], checked["matches"], checked["error_class"]) == (
+            True,
+            True,
+            True,
+            None,
+        ), checked
+        assert (
+            checked["samples"] == 3 and checked["max_abs_err"] <= 1e-5
+        )  # every validation sample, from the stored inputs
     assert model["archive"]["archive_version"] == torch_archive_version()
     html = (tmp_path / "compat.html").read_text()
     assert "<script" not in html and "mlp" in html and doc["run_id"] in html
@@ -368,10 +497,17 @@ def test_check_compat_passes_a_run_and_flags_an_archive_of_an_unsupported_format
     # the same run, as if its package had been compiled for a GPU: a CPU-only checker cannot run
     # it, says so, and claims nothing about it (neither compatible nor incompatible)
     gpu_run = "gpu-" + doc["run_id"]
-    ArtifactStore(store).index.append([
-        {**r, "record_id": r["record_id"] + "g", "run_id": gpu_run, **({"device": "cuda"} if r["stage"] == "aot_compile" else {})}
-        for r in records
-    ])
+    ArtifactStore(store).index.append(
+        [
+            {
+                **r,
+                "record_id": r["record_id"] + "g",
+                "run_id": gpu_run,
+                **({"device": "cuda"} if r["stage"] == "aot_compile" else {}),
+            }
+            for r in records
+        ]
+    )
     code, report, stderr = run_json(["check-compat", gpu_run, "--store", store])
     assert code == 0, stderr
     (model,) = report["models"]

@@ -17,8 +17,13 @@ pytestmark = pytest.mark.integration
 
 STAGES = ["trace", "functionalize", "decompose", "serialize"]
 FLEET = [
-    {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}, "dynamic_shapes": {"x": {0: "batch"}},
-     "dims": {"batch": {"min": 1, "max": 16}}},
+    {
+        "name": "mlp",
+        "factory": "tests.models:tiny_mlp",
+        "inputs": {"x": {"shape": [4, 8]}},
+        "dynamic_shapes": {"x": {0: "batch"}},
+        "dims": {"batch": {"min": 1, "max": 16}},
+    },
     {"name": "wide", "factory": "tests.models:tiny_mlp", "kwargs": {"hidden": 32}, "inputs": {"x": {"shape": [2, 8]}}},
 ]
 
@@ -54,7 +59,9 @@ def test_audit_passes_on_a_clean_store(audited_store: tuple[Path, Path, str]) ->
     assert half["sample"]["checked"] < 10
 
 
-def test_audit_names_a_record_whose_blob_is_another_valid_program(audited_store: tuple[Path, Path, str], tmp_path: Path) -> None:
+def test_audit_names_a_record_whose_blob_is_another_valid_program(
+    audited_store: tuple[Path, Path, str], tmp_path: Path
+) -> None:
     """The index record of mlp's decompose stage is made to point at wide's decompose program
     (a valid program, with its correct hash: `verify` cannot see anything wrong)."""
     import shutil

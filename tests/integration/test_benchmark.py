@@ -18,7 +18,18 @@ from tests.fleets import BENCHMARK_FEW_RUNS, Fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.compile]
 
-STAGES = ["trace", "functionalize", "decompose", "serialize", "aot_compile", "onnx", "executorch", "openvino", "validate", "benchmark"]
+STAGES = [
+    "trace",
+    "functionalize",
+    "decompose",
+    "serialize",
+    "aot_compile",
+    "onnx",
+    "executorch",
+    "openvino",
+    "validate",
+    "benchmark",
+]
 
 
 @pytest.fixture
@@ -73,7 +84,9 @@ def test_the_recommendation_is_the_fastest_artifact_at_each_size(fleet: dict[str
             assert chosen["speedup_vs_eager"] == pytest.approx(eager / p50[fastest]), name
         summary = model["timings"]  # the run document's summary
         assert summary["recommended"] in summary["best"].values()
-        assert summary["p50_ms"]["onnx"] == {label: e["p50_ms"] for label, e in report["artifacts"]["onnx"]["points"].items()}
+        assert summary["p50_ms"]["onnx"] == {
+            label: e["p50_ms"] for label, e in report["artifacts"]["onnx"]["points"].items()
+        }
 
 
 def test_the_warm_run_serves_the_benchmark_from_the_cache(fleet: dict[str, Any]) -> None:

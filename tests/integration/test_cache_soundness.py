@@ -26,8 +26,16 @@ FLEET = [
     {"name": "lin-2x8", "factory": "tests.models:plain", "inputs": {"input": {"shape": [2, 8]}}},
     {"name": "lin-3x8", "factory": "tests.models:plain", "inputs": {"input": {"shape": [3, 8]}}},
     {"name": "lin-5x4x8", "factory": "tests.models:plain", "inputs": {"input": {"shape": [5, 4, 8]}}},
-    {"name": "emb-i64", "factory": "tests.models:embedding", "inputs": {"input": {"shape": [2, 3], "dtype": "int64", **IDS}}},
-    {"name": "emb-i32", "factory": "tests.models:embedding", "inputs": {"input": {"shape": [2, 3], "dtype": "int32", **IDS}}},
+    {
+        "name": "emb-i64",
+        "factory": "tests.models:embedding",
+        "inputs": {"input": {"shape": [2, 3], "dtype": "int64", **IDS}},
+    },
+    {
+        "name": "emb-i32",
+        "factory": "tests.models:embedding",
+        "inputs": {"input": {"shape": [2, 3], "dtype": "int32", **IDS}},
+    },
 ]
 TAKES = {
     "lin-2x8": ([2, 8], torch.float32),
@@ -75,7 +83,9 @@ def _run(config: Path, store: Path, **options: Any) -> dict[str, Any]:
     [(PROGRAM_STAGES, 1), ([*PROGRAM_STAGES, "validate"], 2)],
     ids=["no-validate-1-worker", "validate-2-workers"],
 )
-def test_models_that_differ_only_in_inputs_get_programs_of_their_own(tmp_path: Path, stages: list[str], workers: int) -> None:
+def test_models_that_differ_only_in_inputs_get_programs_of_their_own(
+    tmp_path: Path, stages: list[str], workers: int
+) -> None:
     config = write_config(tmp_path / "fleet.yaml", FLEET, stages=stages)
     store = tmp_path / "store"
     validated = "validate" in stages

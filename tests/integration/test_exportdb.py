@@ -72,7 +72,11 @@ def test_every_case_is_expressible_and_none_is_internal(exportdb_run: dict[str, 
     assert set(cases) <= set(models), "every ExportDB case is in the generated config and the run"
     tally = Counter(m["error_class"] or "ok" for m in (models[n] for n in cases))
     static = sum(1 for n in cases if models[n].get("static_fallback"))
-    print(f"\nExportDB with the installed torch: {len(cases)} cases, " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())) + f" (of them {static} with a static-shape fallback)")
+    print(
+        f"\nExportDB with the installed torch: {len(cases)} cases, "
+        + ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
+        + f" (of them {static} with a static-shape fallback)"
+    )
     assert "internal" not in tally and "config" not in tally
     for name, case in cases.items():
         outcome = models[name]
@@ -94,15 +98,27 @@ def test_inputs_of_every_container_kind_reach_forward(exportdb_run: dict[str, An
     config = yaml.safe_load(exportdb_run["config"].read_text())
     entries = {m["name"]: m for m in config["models"]}
     # a tuple of tensors, *args as a list, **kwargs by name; a list of tensors; a string; a dict in a tuple
-    assert "tuple" in entries["fn_with_kwargs"]["inputs"]["tuple0"] and isinstance(entries["fn_with_kwargs"]["inputs"]["myargs"], list)
+    assert "tuple" in entries["fn_with_kwargs"]["inputs"]["tuple0"] and isinstance(
+        entries["fn_with_kwargs"]["inputs"]["myargs"], list
+    )
     assert isinstance(entries["list_unpack"]["inputs"]["args"], list)
     assert entries["tensor_setattr"]["inputs"]["attr"] == "attr"
     assert isinstance(entries["pytree_flatten"]["inputs"]["x"]["tuple"][0], dict)
-    for name in ("fn_with_kwargs", "list_unpack", "tensor_setattr", "pytree_flatten", "user_input_mutation", "assume_constant_result"):
+    for name in (
+        "fn_with_kwargs",
+        "list_unpack",
+        "tensor_setattr",
+        "pytree_flatten",
+        "user_input_mutation",
+        "assume_constant_result",
+    ):
         assert models[name]["status"] == "ok", models[name]
         assert models[name]["validation"]["samples"] == 3
     # a dynamic dim on a tensor the program keeps dynamic: cond_operands' x
-    assert models["cond_operands"]["static_fallback"] is False and models["cond_operands"]["trace_strategy"] == "configured"
+    assert (
+        models["cond_operands"]["static_fallback"] is False
+        and models["cond_operands"]["trace_strategy"] == "configured"
+    )
 
 
 def test_escape_hatches_inputs_factory_and_files(exportdb_run: dict[str, Any]) -> None:
@@ -110,14 +126,21 @@ def test_escape_hatches_inputs_factory_and_files(exportdb_run: dict[str, Any]) -
     for name in ("fn_with_kwargs-inputs-factory", "pytree_flatten-inputs-file", "dictionary-safetensors"):
         assert models[name]["status"] == "ok", models[name]
         assert models[name]["validation"]["passed"] is True
+
     # the same model traced on inputs from a factory / a file as on the YAML spec of the same
     # structure and shapes: the same program (graph, signature, weights)
     def fingerprint(name: str) -> str:
-        rc, record, _ = run_json(["show", models[name]["stages"]["trace"]["artifact"], "--store", str(exportdb_run["store"])])
+        rc, record, _ = run_json(
+            ["show", models[name]["stages"]["trace"]["artifact"], "--store", str(exportdb_run["store"])]
+        )
         assert rc == 0 and record["stage"] == "trace" and record["model"] == name
         return record["fingerprint"]
 
-    for variant, yaml_case in (("fn_with_kwargs-inputs-factory", "fn_with_kwargs"), ("pytree_flatten-inputs-file", "pytree_flatten"), ("dictionary-safetensors", "dictionary")):
+    for variant, yaml_case in (
+        ("fn_with_kwargs-inputs-factory", "fn_with_kwargs"),
+        ("pytree_flatten-inputs-file", "pytree_flatten"),
+        ("dictionary-safetensors", "dictionary"),
+    ):
         assert fingerprint(variant) == fingerprint(yaml_case), variant
 
 
@@ -154,7 +177,9 @@ def test_static_fallback_is_visible_and_can_be_forbidden(exportdb_run: dict[str,
 
     # the summary table of a second (fully cached) run marks it too
     config, store = exportdb_run["config"], exportdb_run["store"]
-    proc = run_cli(["run", str(config), "--store", str(store), "--only", "dynamic_shape_round", "--only", "class_method"])
+    proc = run_cli(
+        ["run", str(config), "--store", str(store), "--only", "dynamic_shape_round", "--only", "class_method"]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("│")}
     assert "static!" in rows["dynamic_shape_round"] and "static!" not in rows["class_method"]
@@ -191,11 +216,15 @@ def test_check_compat_reloads_every_archive_and_matches_the_stored_outputs(expor
     built = {m["name"] for m in exportdb_run["document"]["models"] if m["artifacts"].get("serialized")}
     checked = {m["name"]: m for m in report["models"]}
     assert set(checked) == built and len(built) >= 30, (sorted(set(checked) ^ built), len(built))
-    bad = {n: (m["error_class"], (m["archive"]["error"] or "")[:200]) for n, m in checked.items() if m["status"] != "ok"}
+    bad = {
+        n: (m["error_class"], (m["archive"]["error"] or "")[:200]) for n, m in checked.items() if m["status"] != "ok"
+    }
     assert code == 0 and not bad, bad
     compared = [m for m in checked.values() if m["archive"]["matches"] is not None]
     assert all(m["archive"]["matches"] for m in compared)
     # every ok model had its samples stored, except where validate said why not
     unstored = {n: m["note"] for n, m in checked.items() if m["archive"]["matches"] is None}
     assert all(note for note in unstored.values()), unstored
-    print(f"\ncheck-compat on ExportDB: {len(checked)} archives load, {len(compared)} re-run on stored samples; not stored: {unstored}")
+    print(
+        f"\ncheck-compat on ExportDB: {len(checked)} archives load, {len(compared)} re-run on stored samples; not stored: {unstored}"
+    )

@@ -65,8 +65,13 @@ def fleet(generative_fleet: Fleet) -> dict[str, Any]:
     assert set(full) == set(GENERATIVE_FULL)
     cold = {**generative_fleet.cold.document}
     cold["models"] = [full.get(m["name"], m) for m in cold["models"]] + [generative_fleet.fault.models()[BAD]]
-    return {"cold": Built(generative_fleet.fault.returncode, json.dumps(cold)), "warm": generative_fleet.warm,
-            "store": generative_fleet.store, "folder": generative_fleet.folder, "fleet": generative_fleet}
+    return {
+        "cold": Built(generative_fleet.fault.returncode, json.dumps(cold)),
+        "warm": generative_fleet.warm,
+        "store": generative_fleet.store,
+        "folder": generative_fleet.folder,
+        "fleet": generative_fleet,
+    }
 
 
 @dataclass(frozen=True)
@@ -113,24 +118,38 @@ def test_every_component_is_built_and_every_artifact_generates_eagers_tokens(fle
             got = candidate["prompts"][str(prompt)]
             assert got["first_divergence"] is None, (kind, prompt)
             assert got["tokens"] == report["eager"][str(prompt)] and len(got["tokens"]) == NEW_TOKENS
-            assert len(got["max_error"]) == NEW_TOKENS and max(got["max_error"]) < 1e-3, (kind, prompt, got["max_error"])
+            assert len(got["max_error"]) == NEW_TOKENS and max(got["max_error"]) < 1e-3, (
+                kind,
+                prompt,
+                got["max_error"],
+            )
 
 
 def test_the_shipped_encoder_decoder_is_partial_without_its_pte(fleet: dict[str, Any]) -> None:
     model = _model(fleet["cold"], T5)
     assert model["status"] == "partial", model
     verdicts = model["validation"]["verdicts"]
-    assert {kind: v["passed"] for kind, v in verdicts.items()} == {"serialized": True, "compiled": True, "onnx": True, "pte": False, "openvino": False}
+    assert {kind: v["passed"] for kind, v in verdicts.items()} == {
+        "serialized": True,
+        "compiled": True,
+        "onnx": True,
+        "pte": False,
+        "openvino": False,
+    }
     assert verdicts["pte"]["error_class"] == "dynamic_shape", verdicts["pte"]
     # judged like every kind, never skipped: OpenVINO's frontend refuses T5's prefill, and says what
     assert verdicts["openvino"]["error_class"] == "lowering", verdicts["openvino"]
-    assert verdicts["openvino"]["error"].startswith("openvino failed: prefill: lowering: OpenVINO cannot convert "), verdicts["openvino"]
+    assert verdicts["openvino"]["error"].startswith("openvino failed: prefill: lowering: OpenVINO cannot convert "), (
+        verdicts["openvino"]
+    )
     assert "aten.cat.default" in verdicts["openvino"]["error"], verdicts["openvino"]
 
 
 def test_a_decode_program_with_one_wrong_weight_is_caught_at_its_first_diverging_token(fleet: dict[str, Any]) -> None:
     good, bad = _model(fleet["cold"]), _model(fleet["cold"], BAD)
-    assert bad["status"] == "failed" and bad["failed_stage"] == "validate" and bad["error_class"] == "numeric_mismatch", bad
+    assert (
+        bad["status"] == "failed" and bad["failed_stage"] == "validate" and bad["error_class"] == "numeric_mismatch"
+    ), bad
     # only the decode program is wrong: the prefill programs have one fingerprint, and its .pte and
     # ONNX model are byte for byte the good model's (an archive or a package also holds its lineage)
     fingerprints = _trace_fingerprints(fleet)
@@ -140,8 +159,25 @@ def test_a_decode_program_with_one_wrong_weight_is_caught_at_its_first_diverging
         assert bad["components"]["prefill"]["artifacts"][kind] == good["components"]["prefill"]["artifacts"][kind], kind
     for kind in KINDS:
         assert bad["components"]["decode"]["artifacts"][kind] != good["components"]["decode"]["artifacts"][kind], kind
-    (record,) = json.loads(run_cli(["ls", "--store", fleet["store"], "--model", BAD, "--stage", "validate", "--run", fleet["fleet"].fault.document["run_id"], "--json"]).stdout)
-    shown = run_cli(["show", record["sha256"], "--store", fleet["store"], "--json"])  # a failed validate keeps its report
+    (record,) = json.loads(
+        run_cli(
+            [
+                "ls",
+                "--store",
+                fleet["store"],
+                "--model",
+                BAD,
+                "--stage",
+                "validate",
+                "--run",
+                fleet["fleet"].fault.document["run_id"],
+                "--json",
+            ]
+        ).stdout
+    )
+    shown = run_cli(
+        ["show", record["sha256"], "--store", fleet["store"], "--json"]
+    )  # a failed validate keeps its report
     assert shown.returncode == 0, shown.stderr
     report = json.loads(shown.stdout)["report"]
     assert report["eager"] == _report(fleet, good["stages"]["validate"]["artifact"])["eager"]  # eager is untouched
@@ -151,19 +187,44 @@ def test_a_decode_program_with_one_wrong_weight_is_caught_at_its_first_diverging
             got, eager = candidate["prompts"][str(prompt)], report["eager"][str(prompt)]
             first = got["first_divergence"]
             if first is not None:  # the tokens before it are eager's, the one at it is not
-                assert first >= 1 and got["tokens"][:first] == eager[:first] and got["tokens"][first] != eager[first], (name, prompt)
-                assert got["max_error"][0] < 1e-4 and got["max_error"][first] > 1e-3, (name, prompt)  # prefill's logits are right
+                assert first >= 1 and got["tokens"][:first] == eager[:first] and got["tokens"][first] != eager[first], (
+                    name,
+                    prompt,
+                )
+                assert got["max_error"][0] < 1e-4 and got["max_error"][first] > 1e-3, (
+                    name,
+                    prompt,
+                )  # prefill's logits are right
                 firsts[prompt] = first
             else:
                 assert got["tokens"] == eager
         assert firsts, (name, candidate["prompts"])
         prompt = min(firsts)
         kind = candidate["artifact"]
-        assert candidate["verdict"]["error"] == f"{kind}: generated tokens diverge from eager at position {firsts[prompt]} (prompt {prompt})", candidate["verdict"]
+        assert (
+            candidate["verdict"]["error"]
+            == f"{kind}: generated tokens diverge from eager at position {firsts[prompt]} (prompt {prompt})"
+        ), candidate["verdict"]
         assert candidate["verdict"]["error"] in bad["error"]  # every kind's verdict is in the model's error
-    assert set(bad["validation"]["verdicts"]) == set(KINDS) and not any(v["passed"] for v in bad["validation"]["verdicts"].values())
+    assert set(bad["validation"]["verdicts"]) == set(KINDS) and not any(
+        v["passed"] for v in bad["validation"]["verdicts"].values()
+    )
     # a wrong artifact is not handed out
-    proc = run_cli(["get", "--store", fleet["store"], "--model", BAD, "--component", "decode", "--artifact", "pte", "-o", str(Path(fleet["folder"]) / "bad.pte")])
+    proc = run_cli(
+        [
+            "get",
+            "--store",
+            fleet["store"],
+            "--model",
+            BAD,
+            "--component",
+            "decode",
+            "--artifact",
+            "pte",
+            "-o",
+            str(Path(fleet["folder"]) / "bad.pte"),
+        ]
+    )
     assert proc.returncode == 1 and "generated tokens diverge from eager" in proc.stderr, proc.stderr
 
 
@@ -206,14 +267,31 @@ def test_components_are_recorded_under_their_model(fleet: dict[str, Any]) -> Non
 def test_get_hands_out_one_components_artifact(fleet: dict[str, Any]) -> None:
     cold = _model(fleet["cold"])
     out = fleet["folder"] / "decode.pte"
-    proc = run_cli(["get", "--store", fleet["store"], "--model", "tiny-llama", "--component", "decode", "--artifact", "pte", "-o", str(out), "--json"])
+    proc = run_cli(
+        [
+            "get",
+            "--store",
+            fleet["store"],
+            "--model",
+            "tiny-llama",
+            "--component",
+            "decode",
+            "--artifact",
+            "pte",
+            "-o",
+            str(out),
+            "--json",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["sha256"] == cold["components"]["decode"]["artifacts"]["pte"]
     assert out.stat().st_size > 0
 
 
 @pytest.mark.parametrize("kind", ["pte", "compiled"])
-def test_get_writes_every_component_with_a_manifest_a_plain_script_generates_eagers_tokens(fleet: dict[str, Any], kind: str) -> None:
+def test_get_writes_every_component_with_a_manifest_a_plain_script_generates_eagers_tokens(
+    fleet: dict[str, Any], kind: str
+) -> None:
     """`get --model M --artifact KIND -o DIR`: every component's file and manifest.json; a fresh
     process running docs/examples/generate_from_components.py (torch, transformers' generate() loop
     and, for .pte, the ExecuTorch runtime: no pt2flow) on prompts pt2flow never validated with
@@ -230,11 +308,23 @@ def test_get_writes_every_component_with_a_manifest_a_plain_script_generates_eag
         assert (folder / entry["file"]).stat().st_size == entry["size"]
     script = ROOT / "docs" / "examples" / "generate_from_components.py"
     # pt2flow cannot be imported in that process (None in sys.modules makes `import pt2flow` fail)
-    argv = [str(script), str(folder), "--factory", "generative_models:tiny_llama", "--path", str(fleet["folder"]),
-            "--prompt-lens", "3,17", "--seed", "7"]
+    argv = [
+        str(script),
+        str(folder),
+        "--factory",
+        "generative_models:tiny_llama",
+        "--path",
+        str(fleet["folder"]),
+        "--prompt-lens",
+        "3,17",
+        "--seed",
+        "7",
+    ]
     code = f"import runpy, sys; sys.modules['pt2flow'] = None; sys.argv = {argv!r}; runpy.run_path({str(script)!r}, run_name='__main__')"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=str(fleet["folder"]))
+    ran = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=str(fleet["folder"])
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     generated = json.loads(ran.stdout.strip().splitlines()[-1])
     assert set(generated) == {"3", "17"}
@@ -242,7 +332,7 @@ def test_get_writes_every_component_with_a_manifest_a_plain_script_generates_eag
         assert got["components"] == got["eager"] and len(got["eager"]) == NEW_TOKENS, length
 
 
-FRESH_PROCESS = textwrap.dedent('''
+FRESH_PROCESS = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import torch
@@ -275,10 +365,12 @@ FRESH_PROCESS = textwrap.dedent('''
             out["kinds"][kind][str(length)] = {"tokens": got.tokens, "first_divergence": compared.first_divergence,
                                                "max_error": compared.max_error}
     print(json.dumps(out))
-''')
+""")
 
 
-def test_archives_and_ptes_generate_eagers_tokens_through_pt2flows_steps_in_a_fresh_process(fleet: dict[str, Any]) -> None:
+def test_archives_and_ptes_generate_eagers_tokens_through_pt2flows_steps_in_a_fresh_process(
+    fleet: dict[str, Any],
+) -> None:
     """tiny-llama's `get` sets (serialized, pte) in a process that exported nothing: archive_step
     and pte_step (the call specs from the manifest's JSON), driven by a model of other weights,
     generate eager's 32 tokens at prompts 2 and 16 (the validate report's) with every step's logits
@@ -287,10 +379,18 @@ def test_archives_and_ptes_generate_eagers_tokens_through_pt2flows_steps_in_a_fr
     sets = {}
     for kind in ("serialized", "pte"):
         sets[kind] = str(Path(fleet["folder"]) / f"fresh-{kind}")
-        proc = run_cli(["get", "--store", fleet["store"], "--model", GOOD, "--artifact", kind, "-o", sets[kind], "--json"])
+        proc = run_cli(
+            ["get", "--store", fleet["store"], "--model", GOOD, "--artifact", kind, "-o", sets[kind], "--json"]
+        )
         assert proc.returncode == 0, proc.stderr
-    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(fleet["folder"]), json.dumps(sets)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(fleet["folder"]))
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(fleet["folder"]), json.dumps(sets)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=str(fleet["folder"]),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["decode_kwargs"] == ["input_ids", "attention_mask", "position_ids", "past_key_values"]
@@ -300,7 +400,11 @@ def test_archives_and_ptes_generate_eagers_tokens_through_pt2flows_steps_in_a_fr
             run, eager = prompts[str(prompt)], got["eager"][str(prompt)]
             assert len(eager) == NEW_TOKENS and len(set(eager)) > 3
             assert run["tokens"] == eager and run["first_divergence"] is None, (kind, prompt)
-            assert len(run["max_error"]) == NEW_TOKENS and max(run["max_error"]) < 1e-4, (kind, prompt, run["max_error"])
+            assert len(run["max_error"]) == NEW_TOKENS and max(run["max_error"]) < 1e-4, (
+                kind,
+                prompt,
+                run["max_error"],
+            )
 
 
 def test_lineage_shows_a_component_under_its_model(fleet: dict[str, Any]) -> None:
@@ -322,14 +426,29 @@ def test_a_component_that_fails_names_itself(tmp_path: Path) -> None:
     """A dynamic cache has no maximum on its length: ExecuTorch refuses the prefill component, and
     the model fails with the class and the component's name (`prefill: dynamic_shape: ...`)."""
     shutil.copy(ROOT / "configs" / "generative_models.py", tmp_path / "generative_models.py")
-    config = write_config(tmp_path / "dynamic.yaml", [
-        {"name": "tiny-llama-dynamic", "factory": "generative_models:tiny_llama",
-         "generate": {"prompt_lens": [2], "max_new_tokens": 4, "cache": "dynamic"}},
-    ], store=str(tmp_path / "store"), stages=["trace", "executorch", "validate"], defaults={"executorch": {"partitioners": []}})
+    config = write_config(
+        tmp_path / "dynamic.yaml",
+        [
+            {
+                "name": "tiny-llama-dynamic",
+                "factory": "generative_models:tiny_llama",
+                "generate": {"prompt_lens": [2], "max_new_tokens": 4, "cache": "dynamic"},
+            },
+        ],
+        store=str(tmp_path / "store"),
+        stages=["trace", "executorch", "validate"],
+        defaults={"executorch": {"partitioners": []}},
+    )
     proc = run_as_cli(config)  # from this process: the document is what is read
     assert proc.returncode == 1, proc.stdout[-3000:]
     (model,) = json.loads(proc.stdout)["models"]
-    assert model["status"] == "failed" and model["failed_stage"] == "executorch" and model["error_class"] == "dynamic_shape", model
-    assert model["error"].startswith("prefill: dynamic_shape: ") and model["error"].endswith("bounds the prompt and cache axes by max_cache_len)"), model["error"]
+    assert (
+        model["status"] == "failed"
+        and model["failed_stage"] == "executorch"
+        and model["error_class"] == "dynamic_shape"
+    ), model
+    assert model["error"].startswith("prefill: dynamic_shape: ") and model["error"].endswith(
+        "bounds the prompt and cache axes by max_cache_len)"
+    ), model["error"]
     assert model["components"]["prefill"]["stages"]["executorch"]["status"] == "failed"
     assert "decode" not in model["components"]

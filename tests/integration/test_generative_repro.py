@@ -104,10 +104,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (folder / "failing_generative.py").write_text(MODELS)
     store = str(folder / "store")
     generate = {"prompt_lens": [2], "max_new_tokens": 4, "cache": "static", "max_cache_len": 32}
-    config = write_config(folder / "failing.yaml", [
-        {"name": "branchy", "factory": "failing_generative:branchy", "generate": generate},
-        {"name": "shifted", "factory": "failing_generative:shifted", "generate": generate},
-    ], store=store, stages=["trace", "decompose"])
+    config = write_config(
+        folder / "failing.yaml",
+        [
+            {"name": "branchy", "factory": "failing_generative:branchy", "generate": generate},
+            {"name": "shifted", "factory": "failing_generative:shifted", "generate": generate},
+        ],
+        store=store,
+        stages=["trace", "decompose"],
+    )
     run = run_as_cli(config, workers=2)  # from this process: its document is what is read
     assert run.returncode == 1, (run.stdout[-3000:], run.stderr[-5000:])
     models = {m["name"]: m for m in json.loads(run.stdout)["models"]}
@@ -119,9 +124,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runner = folder / "runner.py"
     runner.write_text(RUNNER)
     # both scripts at once, each in a fresh interpreter, from a folder that is not the repository
-    running = {target: subprocess.Popen([sys.executable, str(runner), str(Path(made["dir"]) / "repro.py")], cwd=str(tmp_path_factory.mktemp("cwd")),
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**_plain_env(), **ENV})
-               for target, made in repros.items()}
+    running = {
+        target: subprocess.Popen(
+            [sys.executable, str(runner), str(Path(made["dir"]) / "repro.py")],
+            cwd=str(tmp_path_factory.mktemp("cwd")),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**_plain_env(), **ENV},
+        )
+        for target, made in repros.items()
+    }
     outcomes = {}
     for target, proc in running.items():
         out, err = proc.communicate(timeout=600)
@@ -152,7 +165,11 @@ def test_repro_writes_the_components_decomposition_and_export(fleet: dict[str, A
     script = (Path(made["dir"]) / "repro.py").read_text()
     assert "pt2flow" not in "\n".join(line for line in script.splitlines() if "import" in line)
     assert "decompose_for_generation(" in script and "DynamoExporter().export_program(" in script
-    assert "decomposed['decode']" in script and "cache_implementation = 'static'" in script and "max_cache_len = 32" in script
+    assert (
+        "decomposed['decode']" in script
+        and "cache_implementation = 'static'" in script
+        and "max_cache_len = 32" in script
+    )
 
 
 def test_the_component_script_raises_the_recorded_exception_without_pt2flow(fleet: dict[str, Any]) -> None:
@@ -165,11 +182,15 @@ def test_the_component_script_raises_the_recorded_exception_without_pt2flow(flee
 
 def test_a_later_stage_of_a_component_still_loads_its_program(fleet: dict[str, Any]) -> None:
     made, outcome = fleet["repros"]["shifted"], fleet["outcomes"]["shifted"]
-    assert made["model"] == "shifted/prefill" and made["stage"] == "decompose" and made["error_class"] == "decomposition"
+    assert (
+        made["model"] == "shifted/prefill" and made["stage"] == "decompose" and made["error_class"] == "decomposition"
+    )
     assert made["files"] == ["program.pt2", "repro.py"]
     script = (Path(made["dir"]) / "repro.py").read_text()
     assert "register_cache_pytrees_for_model" in script
     assert outcome["class"] == "RuntimeError", outcome
-    assert "ops outside core ATen remain after decomposition" in outcome["message"] and "pt2flow_genrepro.shift.default" in outcome["message"]
+    assert (
+        "ops outside core ATen remain after decomposition" in outcome["message"]
+        and "pt2flow_genrepro.shift.default" in outcome["message"]
+    )
     assert outcome["pt2flow"] == [], outcome["pt2flow"]
-

@@ -55,7 +55,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("generative-partial")
     shutil.copy(ROOT / "configs" / "generative_models.py", folder / "generative_models.py")
     store = str(folder / "store")
-    config = write_config(folder / "fleet.yaml", MODELS, store=store, stages=STAGES, defaults={"executorch": {"partitioners": []}})
+    config = write_config(
+        folder / "fleet.yaml", MODELS, store=store, stages=STAGES, defaults={"executorch": {"partitioners": []}}
+    )
     cold, warm = run_as_cli(config), run_as_cli(config)  # from this process: tests read their documents
     return {"cold": cold, "warm": warm, "store": store, "folder": folder}
 
@@ -72,7 +74,12 @@ def shipped(generative_fleet: Fleet) -> dict[str, Any]:
     """The shared generative fleet's store and the run that built T5 as configs/generative.yaml
     ships it, every stage (its `full` run; under the name `cold`: T5's first build of every kind)."""
     assert generative_fleet.full is not None
-    return {"cold": generative_fleet.full, "warm": generative_fleet.warm, "store": generative_fleet.store, "folder": generative_fleet.folder}
+    return {
+        "cold": generative_fleet.full,
+        "warm": generative_fleet.warm,
+        "store": generative_fleet.store,
+        "folder": generative_fleet.folder,
+    }
 
 
 def _report(fleet: dict[str, Any], digest: str) -> dict[str, Any]:
@@ -121,7 +128,9 @@ def test_t5_generates_eagers_tokens_with_every_kind_it_builds(shipped: dict[str,
     assert list(model["components"]) == T5_COMPONENTS
     encoder = model["components"]["encoder"]
     assert all(encoder["stages"][s]["status"] == "ok" for s in ("trace", "serialize", "aot_compile", "onnx")), encoder
-    assert encoder["artifacts"]["serialized"] and encoder["artifacts"]["onnx"] and encoder["artifacts"]["compiled"], encoder
+    assert encoder["artifacts"]["serialized"] and encoder["artifacts"]["onnx"] and encoder["artifacts"]["compiled"], (
+        encoder
+    )
     assert encoder["stages"]["executorch"]["status"] == "failed"  # the encoder's sequence axis has no maximum
     assert "executorch" not in model["components"]["prefill"]["stages"]
     for component in T5_COMPONENTS:  # every component compiles (decode size-obliviously)
@@ -136,8 +145,16 @@ def test_t5_generates_eagers_tokens_with_every_kind_it_builds(shipped: dict[str,
     for name, candidate in report["candidates"].items():
         for prompt in ("2", "16"):
             got = candidate["prompts"][prompt]
-            assert got["first_divergence"] is None and got["tokens"] == report["eager"][prompt] and len(got["tokens"]) == 32, (name, prompt)
-            assert max(got["max_error"]) < 1e-4, (name, prompt, got["max_error"])  # every step's logits, not only the argmax
+            assert (
+                got["first_divergence"] is None
+                and got["tokens"] == report["eager"][prompt]
+                and len(got["tokens"]) == 32
+            ), (name, prompt)
+            assert max(got["max_error"]) < 1e-4, (
+                name,
+                prompt,
+                got["max_error"],
+            )  # every step's logits, not only the argmax
 
 
 def test_the_warm_run_is_cached_with_the_same_verdicts(fleet: dict[str, Any]) -> None:
@@ -151,24 +168,47 @@ def test_the_warm_run_is_cached_with_the_same_verdicts(fleet: dict[str, Any]) ->
             assert list(stages) == list(cold[name]["components"][component]["stages"])
             assert all(s["cached"] for s in stages.values()), stages
             assert warm[name]["components"][component]["artifacts"] == cold[name]["components"][component]["artifacts"]
-        assert warm[name]["stages"]["validate"]["cached"] and warm[name]["stages"]["validate"]["artifact"] == cold[name]["stages"]["validate"]["artifact"]
+        assert (
+            warm[name]["stages"]["validate"]["cached"]
+            and warm[name]["stages"]["validate"]["artifact"] == cold[name]["stages"]["validate"]["artifact"]
+        )
 
 
 def test_get_hands_out_the_required_kind_and_refuses_the_failed_one(fleet: dict[str, Any]) -> None:
     cold = _models(fleet["cold"])[LLAMA]
     folder = Path(fleet["folder"]) / "serialized"
-    proc = run_cli(["get", "--store", fleet["store"], "--model", LLAMA, "--artifact", "serialized", "-o", str(folder), "--json"])
+    proc = run_cli(
+        ["get", "--store", fleet["store"], "--model", LLAMA, "--artifact", "serialized", "-o", str(folder), "--json"]
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((folder / "manifest.json").read_text())
     for component in ("prefill", "decode"):
         assert manifest["components"][component]["sha256"] == cold["components"][component]["artifacts"]["serialized"]
-        assert (folder / manifest["components"][component]["file"]).stat().st_size == manifest["components"][component]["size"]
+        assert (folder / manifest["components"][component]["file"]).stat().st_size == manifest["components"][component][
+            "size"
+        ]
 
     refused = Path(fleet["folder"]) / "pte"
     proc = run_cli(["get", "--store", fleet["store"], "--model", LLAMA, "--artifact", "pte", "-o", str(refused)])
-    assert proc.returncode == 1 and "prefill's executorch failed" in proc.stderr and "dynamic_shape" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "prefill's executorch failed" in proc.stderr and "dynamic_shape" in proc.stderr, (
+        proc.stderr
+    )
     assert not refused.exists()  # a refused set writes nothing
-    proc = run_cli(["get", "--store", fleet["store"], "--model", LLAMA, "--component", "decode", "--artifact", "pte", "-o", str(refused)])
+    proc = run_cli(
+        [
+            "get",
+            "--store",
+            fleet["store"],
+            "--model",
+            LLAMA,
+            "--component",
+            "decode",
+            "--artifact",
+            "pte",
+            "-o",
+            str(refused),
+        ]
+    )
     assert proc.returncode == 1 and "prefill's executorch failed" in proc.stderr, proc.stderr
 
 
@@ -180,7 +220,9 @@ def test_t5s_set_runs_in_a_plain_script_with_its_exported_encoder(shipped: dict[
     encoder generate() runs is the file's, not the eager model's)."""
     cold = _models(shipped["cold"])[T5]
     folder = Path(shipped["folder"]) / "t5-serialized"
-    proc = run_cli(["get", "--store", shipped["store"], "--model", T5, "--artifact", "serialized", "-o", str(folder), "--json"])
+    proc = run_cli(
+        ["get", "--store", shipped["store"], "--model", T5, "--artifact", "serialized", "-o", str(folder), "--json"]
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["order"] == T5_COMPONENTS, manifest["order"]
@@ -189,9 +231,27 @@ def test_t5s_set_runs_in_a_plain_script_with_its_exported_encoder(shipped: dict[
 
     def generated() -> dict[str, Any]:
         script = ROOT / "docs" / "examples" / "generate_from_components.py"
-        argv = [str(script), str(folder), "--factory", "generative_models:tiny_t5", "--path", str(shipped["folder"]), "--prompt-lens", "3,17", "--seed", "7"]
+        argv = [
+            str(script),
+            str(folder),
+            "--factory",
+            "generative_models:tiny_t5",
+            "--path",
+            str(shipped["folder"]),
+            "--prompt-lens",
+            "3,17",
+            "--seed",
+            "7",
+        ]
         code = f"import runpy, sys; sys.modules['pt2flow'] = None; sys.argv = {argv!r}; runpy.run_path({str(script)!r}, run_name='__main__')"
-        ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=_plain_env(), cwd=str(shipped["folder"]))
+        ran = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=_plain_env(),
+            cwd=str(shipped["folder"]),
+        )
         assert ran.returncode == 0, ran.stderr[-3000:]
         return json.loads(ran.stdout.strip().splitlines()[-1])
 
@@ -199,12 +259,16 @@ def test_t5s_set_runs_in_a_plain_script_with_its_exported_encoder(shipped: dict[
         assert run["components"] == run["eager"] and len(run["eager"]) == 32, (length, run)
     # the encoder's program with its final layer norm's weight perturbed, saved over encoder.pt2
     encoder = folder / manifest["components"]["encoder"]["file"]
-    perturb = ("import sys, torch; from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model as r; r(torch.nn.Module());"
-               "import transformers.modeling_outputs; p = torch.export.load(sys.argv[1]);"
-               "w = next(v for k, v in p.state_dict.items() if k.endswith('final_layer_norm.weight'));"
-               "w.data.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)));"
-               "torch.export.save(p, sys.argv[1])")
-    ran = subprocess.run([sys.executable, "-c", perturb, str(encoder)], capture_output=True, text=True, timeout=300, env=_plain_env())
+    perturb = (
+        "import sys, torch; from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model as r; r(torch.nn.Module());"
+        "import transformers.modeling_outputs; p = torch.export.load(sys.argv[1]);"
+        "w = next(v for k, v in p.state_dict.items() if k.endswith('final_layer_norm.weight'));"
+        "w.data.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)));"
+        "torch.export.save(p, sys.argv[1])"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", perturb, str(encoder)], capture_output=True, text=True, timeout=300, env=_plain_env()
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert any(run["components"] != run["eager"] for run in generated().values())
 
@@ -229,7 +293,11 @@ def test_the_drift_report_reads_the_model_as_partial(fleet: dict[str, Any], ship
             assert state["status"] == "partial" and state["failed_artifacts"] == failed, (name, side, state)
             assert state["verdicts"]["serialized"] is True
         kinds = entries[name]["artifacts"]  # each kind's own verdict, in both runs
-        assert [kind for kind, facts in kinds.items() if facts["passed"] == {"a": False, "b": False, "changed": False}] == failed, kinds
-        assert all(kinds[kind]["error_class"]["b"] == ("dynamic_shape" if kind == "pte" else "lowering") for kind in failed), kinds
+        assert [
+            kind for kind, facts in kinds.items() if facts["passed"] == {"a": False, "b": False, "changed": False}
+        ] == failed, kinds
+        assert all(
+            kinds[kind]["error_class"]["b"] == ("dynamic_shape" if kind == "pte" else "lowering") for kind in failed
+        ), kinds
         if name == LLAMA:
             assert report["runs"]["b"]["failed"] == 0

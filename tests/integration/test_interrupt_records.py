@@ -28,7 +28,9 @@ X = {"x": {"shape": [3, 8]}}
 def _start(config: Path, store: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [str(BIN / "pt2flow"), "run", str(config), "--store", str(store), "--json", "--workers", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         # an Inductor cache of its own: from the session's (tests/session.py), a program another
         # test compiled is a cache hit, no compiler ever runs and there is nothing to interrupt
         env=cli_env({"TORCHINDUCTOR_CACHE_DIR": str(store.parent / "inductor-cache"), **(env or {})}),
@@ -53,11 +55,21 @@ def _ctrl_c(proc: subprocess.Popen[str]) -> str:
 def _records(store: Path) -> list[dict[str, Any]]:
     if not store.exists():
         return []
-    return ArtifactStore(str(store)).index.read(["run_id", "model", "stage", "status", "cached", "error_class", "error_message"]).to_pylist()
+    return (
+        ArtifactStore(str(store))
+        .index.read(["run_id", "model", "stage", "status", "cached", "error_class", "error_message"])
+        .to_pylist()
+    )
 
 
-def _interrupted_then_rerun(tmp_path: Path, models: list[dict[str, Any]], stages: list[str], ready: Any, stage: str,
-                            env: dict[str, str] | None = None) -> None:
+def _interrupted_then_rerun(
+    tmp_path: Path,
+    models: list[dict[str, Any]],
+    stages: list[str],
+    ready: Any,
+    stage: str,
+    env: dict[str, str] | None = None,
+) -> None:
     config = write_config(tmp_path / "c.yaml", models, stages=stages)
     store = tmp_path / "store"
     proc = _start(config, store, env)
@@ -117,5 +129,11 @@ def test_ctrl_c_during_a_slow_trace_records_no_crash(tmp_path: Path) -> None:
         {"name": "slow", "factory": "tests.hostile_models:announced_slow_trace", "inputs": X},
         {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": X},
     ]
-    _interrupted_then_rerun(tmp_path, models, ["trace", "serialize"], lambda _proc: marker.exists(), "trace",
-                            env={"PT2FLOW_TEST_SLOW_MARKER": str(marker)})
+    _interrupted_then_rerun(
+        tmp_path,
+        models,
+        ["trace", "serialize"],
+        lambda _proc: marker.exists(),
+        "trace",
+        env={"PT2FLOW_TEST_SLOW_MARKER": str(marker)},
+    )

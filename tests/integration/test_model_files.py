@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 STAGES = ["trace", "serialize"]
 
-FACTORIES = '''\
+FACTORIES = """\
 import json
 import os
 
@@ -86,9 +86,9 @@ def from_library():
     import teamlib
 
     return _linear(torch.full((3, 4), teamlib.SCALE))
-'''
+"""
 
-CONFIGURED = '''\
+CONFIGURED = """\
 import json
 import os
 
@@ -102,7 +102,7 @@ def from_module_level():
     layer = nn.Linear(4, 3, bias=False)
     layer.weight.data = torch.full((3, 4), float(SETTINGS["scale"]))
     return layer
-'''
+"""
 
 TEAMLIB = "SCALE = 2.0\n"
 
@@ -111,7 +111,14 @@ def _save_bert(folder: Path, seed: int) -> None:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     BertModel(config).save_pretrained(folder)
 
 
@@ -133,14 +140,37 @@ def _editable_env(root: Path) -> str:
     lib = root / "libraries" / "teamlib"
     (lib / "teamlib").mkdir(parents=True)
     (lib / "teamlib" / "__init__.py").write_text(TEAMLIB)
-    (lib / "pyproject.toml").write_text('[project]\nname = "teamlib"\nversion = "1.0"\n[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n')
+    (lib / "pyproject.toml").write_text(
+        '[project]\nname = "teamlib"\nversion = "1.0"\n[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+    )
     env = root / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=300)
     python = env / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     Path(site, "_runner_site.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(lib)],
-                   check=True, timeout=600, cwd=root)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-e",
+            str(lib),
+        ],
+        check=True,
+        timeout=600,
+        cwd=root,
+    )
     return str(python)
 
 
@@ -151,14 +181,31 @@ BERT_INPUTS = {"input_ids": {"shape": [1, 8], "dtype": "int64", "low": 0, "high"
 def _config(folder: Path, python: str) -> Path:
     models = [
         {"name": n, "factory": f"team_models:{f}", "inputs": LINEAR_INPUTS}
-        for n, f in [("json", "from_json"), ("npy", "from_npy"), ("pt", "from_pt"), ("safetensors", "from_safetensors"),
-                     ("environment", "from_environment"), ("library", "from_library")]
+        for n, f in [
+            ("json", "from_json"),
+            ("npy", "from_npy"),
+            ("pt", "from_pt"),
+            ("safetensors", "from_safetensors"),
+            ("environment", "from_environment"),
+            ("library", "from_library"),
+        ]
     ]
     models.append({"name": "module-level", "factory": "configured:from_module_level", "inputs": LINEAR_INPUTS})
     models.append({"name": "bert-tracked", "factory": "team_models:from_folder", "inputs": BERT_INPUTS})
-    models.append({"name": "bert-declared", "factory": "transformers.models.auto.modeling_auto:AutoModel", "checkpoint": "bert", "inputs": BERT_INPUTS})
+    models.append(
+        {
+            "name": "bert-declared",
+            "factory": "transformers.models.auto.modeling_auto:AutoModel",
+            "checkpoint": "bert",
+            "inputs": BERT_INPUTS,
+        }
+    )
     path = folder / "fleet.yaml"
-    path.write_text(yaml.safe_dump({"version": 1, "store": "store", "python": python, "stages": STAGES, "models": models}, sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(
+            {"version": 1, "store": "store", "python": python, "stages": STAGES, "models": models}, sort_keys=False
+        )
+    )
     return path
 
 
@@ -176,7 +223,14 @@ def _rebuilt(models: dict[str, Any]) -> set[str]:
 
 def _state(config: Path, model: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The archive the run served, loaded with plain torch.export.load."""
-    path = config.parent / "store" / "blobs" / "sha256" / model["artifacts"]["serialized"][:2] / model["artifacts"]["serialized"]
+    path = (
+        config.parent
+        / "store"
+        / "blobs"
+        / "sha256"
+        / model["artifacts"]["serialized"][:2]
+        / model["artifacts"]["serialized"]
+    )
     return torch.export.load(str(path)).state_dict
 
 
@@ -197,9 +251,14 @@ def test_every_file_a_build_reads_is_in_its_identity(fleet: Path) -> None:
     source = json.loads(run_cli(["show", cold["json"]["source"], "--config", str(fleet), "--json"]).stdout)
     assert set(source["details"]["manifest"]["deps"]["reads"]) == {"arch.json"}
     source = json.loads(run_cli(["show", cold["module-level"]["source"], "--config", str(fleet), "--json"]).stdout)
-    assert set(source["details"]["manifest"]["deps"]["reads"]) == {"module_level.json"}  # read when its module was imported
+    assert set(source["details"]["manifest"]["deps"]["reads"]) == {
+        "module_level.json"
+    }  # read when its module was imported
     declared = json.loads(run_cli(["show", cold["bert-declared"]["source"], "--config", str(fleet), "--json"]).stdout)
-    assert set(declared["details"]["manifest"]["deps"]["declared"]["bert"]) == {"bert/config.json", "bert/model.safetensors"}
+    assert set(declared["details"]["manifest"]["deps"]["declared"]["bert"]) == {
+        "bert/config.json",
+        "bert/model.safetensors",
+    }
 
     warm = _run(fleet)
     assert _rebuilt(warm) == set(), "nothing changed: every stage is served from the cache"
@@ -210,7 +269,9 @@ def test_every_file_a_build_reads_is_in_its_identity(fleet: Path) -> None:
     assert _rebuilt(_run(fleet)) == set()
 
     _write_data(folder, 2)
-    (folder / "libraries" / "teamlib" / "teamlib" / "__init__.py").write_text("SCALE = 5.0\n")  # edited, version still 1.0
+    (folder / "libraries" / "teamlib" / "teamlib" / "__init__.py").write_text(
+        "SCALE = 5.0\n"
+    )  # edited, version still 1.0
     changed = _run(fleet)
     assert _rebuilt(changed) == set(changed) - {"environment"}
     assert _state(fleet, changed["json"])["weight"].shape == (16, 4)
@@ -245,5 +306,7 @@ def test_what_no_tracker_sees_is_caught_by_the_eager_digest(fleet: Path) -> None
     assert _rebuilt(plain) == set(), "without --verify-sources the recorded manifest is trusted"
     verified = _run(fleet, env=env, verify_sources=True)
     assert _rebuilt(verified) == {"environment"}
-    assert torch.equal(_state(fleet, verified["environment"])["weight"], _state(fleet, models["environment"])["weight"] * 3)
+    assert torch.equal(
+        _state(fleet, verified["environment"])["weight"], _state(fleet, models["environment"])["weight"] * 3
+    )
     assert _rebuilt(_run(fleet, env=env, verify_sources=True)) == set()

@@ -19,7 +19,7 @@ from tests.conftest import run_cli, run_in_process, run_json
 
 pytestmark = pytest.mark.integration
 
-OWN_MODELS = '''\
+OWN_MODELS = """\
 import torch
 from torch import nn
 
@@ -35,7 +35,7 @@ class Small(nn.Module):
 
 def small(n=4):
     return Small(n)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (sub / "own_models.py").write_text(OWN_MODELS)
     torch.manual_seed(3)
     save_file({"lin.weight": torch.randn(2, 4), "lin.bias": torch.randn(2)}, str(sub / "checkpoints" / "a.safetensors"))
-    (sub / "own.yaml").write_text(textwrap.dedent("""\
+    (sub / "own.yaml").write_text(
+        textwrap.dedent("""\
         version: 1
         store: ./own-store
         stages: [trace, functionalize, decompose, serialize, validate]
@@ -62,7 +63,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict:
             factory: own_models:small
             kwargs: {n: 6}
             inputs: {x: {shape: [2, 6], dtype: float32}}
-        """))
+        """)
+    )
     elsewhere = parent / "elsewhere"
     elsewhere.mkdir()
     docs = {}
@@ -95,11 +97,15 @@ def test_runs_from_two_folders_write_one_store_and_the_second_is_cached(fleet: d
 
 def test_a_query_with_config_finds_the_store_from_anywhere(fleet: dict) -> None:
     config = os.path.relpath(fleet["config"], fleet["elsewhere"])
-    code, rows, stderr = run_json(["ls", "--config", config, "--stage", "serialize", "--limit", "0"], cwd=fleet["elsewhere"])
+    code, rows, stderr = run_json(
+        ["ls", "--config", config, "--stage", "serialize", "--limit", "0"], cwd=fleet["elsewhere"]
+    )
     assert code == 0, stderr
     runs = {fleet[k]["run_id"] for k in ("from_parent", "from_sub", "only_a")}
     assert {r["run_id"] for r in rows} == runs and {r["model"] for r in rows} == {"a", "b"}
-    assert {r["sha256"] for r in rows if r["model"] == "a"} == {fleet["from_parent"]["models"][0]["artifacts"]["serialized"]}
+    assert {r["sha256"] for r in rows if r["model"] == "a"} == {
+        fleet["from_parent"]["models"][0]["artifacts"]["serialized"]
+    }
 
 
 def test_report_after_a_partial_run_compares_its_models_with_the_last_full_run(fleet: dict) -> None:
@@ -107,10 +113,16 @@ def test_report_after_a_partial_run_compares_its_models_with_the_last_full_run(f
     assert code == 0, stderr
     full, partial = fleet["from_sub"]["run_id"], fleet["only_a"]["run_id"]
     assert (doc["runs"]["a"]["run_id"], doc["runs"]["b"]["run_id"]) == (full, partial)
-    assert [m["model"] for m in doc["models"]] == ["a"] and doc["only_in_a"] == [] and doc["models"][0]["presence"] == "both"
+    assert (
+        [m["model"] for m in doc["models"]] == ["a"]
+        and doc["only_in_a"] == []
+        and doc["models"][0]["presence"] == "both"
+    )
     assert doc["selection"]["rule"] == "newest" and doc["selection"]["not_compared"] == ["b"]
-    assert doc["selection"]["reason"] == (f"{partial} is the newest run (1 model); {full} is the newest earlier run that covered all of them; "
-                                          f"1 model of {full} that {partial} did not cover is not compared")
+    assert doc["selection"]["reason"] == (
+        f"{partial} is the newest run (1 model); {full} is the newest earlier run that covered all of them; "
+        f"1 model of {full} that {partial} did not cover is not compared"
+    )
     text = " ".join(run_cli(["report", "--config", str(fleet["config"])], cwd=fleet["elsewhere"]).stdout.split())
     assert f"runs: {partial} is the newest run (1 model); {full} is the newest earlier run" in text
 
@@ -126,4 +138,8 @@ def test_check_compat_after_a_partial_run_checks_the_whole_fleet(fleet: dict) ->
     assert doc["models"][1]["archive"]["sha256"] == artifacts(fleet["from_sub"])["b"]["serialized"]
     proc = run_cli(["check-compat", "--config", str(fleet["config"])], cwd=fleet["elsewhere"])
     text = " ".join(proc.stdout.split())
-    assert proc.returncode == 0 and f"b ({full})" in text and f"runs: {partial}, the newest run, covered 1 model, fewer than {full}" in text
+    assert (
+        proc.returncode == 0
+        and f"b ({full})" in text
+        and f"runs: {partial}, the newest run, covered 1 model, fewer than {full}" in text
+    )

@@ -38,8 +38,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, plugin_env: dict[str, str]) 
     folder = tmp_path_factory.mktemp("plugin")
     models = [
         {"name": "plain", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}}},
-        {"name": "forbidden", "factory": "tests.models:tiny_mlp", "kwargs": {"hidden": 12}, "inputs": {"x": {"shape": [3, 8]}},
-         "stages": {"opcount": {"forbid": ["aten.relu.default"]}}},
+        {
+            "name": "forbidden",
+            "factory": "tests.models:tiny_mlp",
+            "kwargs": {"hidden": 12},
+            "inputs": {"x": {"shape": [3, 8]}},
+            "stages": {"opcount": {"forbid": ["aten.relu.default"]}},
+        },
     ]
     config = write_config(folder / "plugin.yaml", models, stages=STAGES, defaults={"validate": {"samples": 1}})
     store = str(folder / "store")
@@ -64,30 +69,45 @@ def test_the_plugin_stage_runs_and_is_cached_like_a_built_in(fleet: dict[str, ob
     assert again["forbidden"]["error"] == models["forbidden"]["error"]
 
 
-def test_the_plugin_stage_is_listed_in_lineage_and_got(fleet: dict[str, object], plugin_env: dict[str, str], tmp_path: Path) -> None:
+def test_the_plugin_stage_is_listed_in_lineage_and_got(
+    fleet: dict[str, object], plugin_env: dict[str, str], tmp_path: Path
+) -> None:
     store = str(fleet["store"])
     rows = json.loads(run_cli(["ls", "--store", store, "--stage", "opcount", "--json"], env=plugin_env).stdout)
-    assert sorted((r["model"], r["status"]) for r in rows) == [("forbidden", "failed"), ("forbidden", "failed"), ("plain", "ok"), ("plain", "ok")]
+    assert sorted((r["model"], r["status"]) for r in rows) == [
+        ("forbidden", "failed"),
+        ("forbidden", "failed"),
+        ("plain", "ok"),
+        ("plain", "ok"),
+    ]
     digest = next(r["sha256"] for r in rows if r["status"] == "ok")
     lineage = json.loads(run_cli(["lineage", digest, "--store", store, "--json"], env=plugin_env).stdout)
     # the counts descend from decompose's program, which descends from trace's and the source
     assert [a["stage"] for a in lineage["ancestors"]] == ["source", "trace", "functionalize", "decompose"]
     program = lineage["ancestors"][-1]["sha256"]
-    below = json.loads(run_cli(["lineage", program, "--store", store, "--descendants", "--json"], env=plugin_env).stdout)
+    below = json.loads(
+        run_cli(["lineage", program, "--store", store, "--descendants", "--json"], env=plugin_env).stdout
+    )
     assert [(d["stage"], d["sha256"]) for d in below["descendants"] if d["stage"] == "opcount"] == [("opcount", digest)]
     out = tmp_path / "ops.json"
-    got = run_cli(["get", "--model", "plain", "--artifact", "opcount", "-o", str(out), "--store", store, "--json"], env=plugin_env)
+    got = run_cli(
+        ["get", "--model", "plain", "--artifact", "opcount", "-o", str(out), "--store", store, "--json"], env=plugin_env
+    )
     assert got.returncode == 0, got.stderr
     counts = json.loads(out.read_text())
     assert counts["aten.relu.default"] == 1 and counts["aten.addmm.default"] == 2  # core ATen: linear is addmm
 
 
-def test_the_plugin_failure_reproduces_in_a_fresh_process(fleet: dict[str, object], plugin_env: dict[str, str], tmp_path: Path) -> None:
+def test_the_plugin_failure_reproduces_in_a_fresh_process(
+    fleet: dict[str, object], plugin_env: dict[str, str], tmp_path: Path
+) -> None:
     folder = tmp_path / "repro"
     made = run_cli(["repro", "forbidden", "-o", str(folder), "--store", str(fleet["store"]), "--json"], env=plugin_env)
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["stage"] == "opcount"
-    ran = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    ran = subprocess.run(
+        [sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert ran.returncode != 0
     assert "RuntimeError: forbidden operators in the program: aten.relu.default" in ran.stderr
 

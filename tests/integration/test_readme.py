@@ -87,7 +87,9 @@ def parse_marker(body: str, line: int) -> Marker:
     rest = rest.strip()
     if kind == "skip":
         if not rest.strip(": "):
-            raise AssertionError(f"README.md line {line}: `readme-test: skip` needs a reason (`<!-- readme-test: skip: why -->`)")
+            raise AssertionError(
+                f"README.md line {line}: `readme-test: skip` needs a reason (`<!-- readme-test: skip: why -->`)"
+            )
         return Marker(line, "skip", reason=rest.lstrip(": ").strip())
     if kind == "env":
         pairs = shlex.split(rest)
@@ -96,7 +98,9 @@ def parse_marker(body: str, line: int) -> Marker:
         return Marker(line, "env", env=dict(p.split("=", 1) for p in pairs))
     if kind == "synopsis" and not rest:
         return Marker(line, "synopsis")
-    raise AssertionError(f"README.md line {line}: unknown marker `readme-test: {body}` (skip: REASON, env NAME=VALUE..., synopsis)")
+    raise AssertionError(
+        f"README.md line {line}: unknown marker `readme-test: {body}` (skip: REASON, env NAME=VALUE..., synopsis)"
+    )
 
 
 def parse_readme(text: str) -> list[Block]:
@@ -111,7 +115,9 @@ def parse_readme(text: str) -> list[Block]:
         marker = MARKER.match(lines[i])
         if marker:
             if pending:
-                raise AssertionError(f"README.md line {pending.line}: a readme-test marker followed by another marker, not a code block")
+                raise AssertionError(
+                    f"README.md line {pending.line}: a readme-test marker followed by another marker, not a code block"
+                )
             pending = parse_marker(marker.group("body"), i + 1)
         elif fence:
             start, indent = i, len(fence.group("indent"))
@@ -125,7 +131,9 @@ def parse_readme(text: str) -> list[Block]:
             blocks.append(Block(start + 1, fence.group("lang"), "\n".join(body) + "\n", pending))
             pending = None
         elif lines[i].strip() and pending:
-            raise AssertionError(f"README.md line {pending.line}: a readme-test marker must stand just before a code block")
+            raise AssertionError(
+                f"README.md line {pending.line}: a readme-test marker must stand just before a code block"
+            )
         i += 1
     if pending:
         raise AssertionError(f"README.md line {pending.line}: a readme-test marker after the last code block")
@@ -144,12 +152,18 @@ class Workspace:
     seconds: dict[int, float] = field(default_factory=dict)
     s3: Callable[[], Any] = lambda: None  # the session's moto S3 server (tests/s3.py), started on first use
 
-    def run(self, block: Block, argv: list[str], *, stdin: str | None = None, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, block: Block, argv: list[str], *, stdin: str | None = None, extra_env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         env = {**self.env, **(extra_env or {})}
         try:
-            proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=self.root, env=env, timeout=BLOCK_TIMEOUT_S)
+            proc = subprocess.run(
+                argv, input=stdin, capture_output=True, text=True, cwd=self.root, env=env, timeout=BLOCK_TIMEOUT_S
+            )
         except subprocess.TimeoutExpired as exc:
-            raise AssertionError(f"{block.where} ran past {BLOCK_TIMEOUT_S} s:\n{block.text}\n--- stderr (tail) ---\n{_text(exc.stderr)[-6000:]}") from None
+            raise AssertionError(
+                f"{block.where} ran past {BLOCK_TIMEOUT_S} s:\n{block.text}\n--- stderr (tail) ---\n{_text(exc.stderr)[-6000:]}"
+            ) from None
         log = self.root / "readme-output"  # each block's output, to read after a run (pytest --basetemp)
         log.mkdir(exist_ok=True)
         (log / f"line-{block.line}.stdout").write_text(proc.stdout)
@@ -189,7 +203,9 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
     # pip-install the package from the temporary folder into the shared venv
     up_to_date = subprocess.run(["make", "-q", "install"], cwd=root, env=env, capture_output=True, text=True)
     if up_to_date.returncode != 0:
-        pytest.fail(f"the install is out of date (`make -q install` exits {up_to_date.returncode}): run `make install` first")
+        pytest.fail(
+            f"the install is out of date (`make -q install` exits {up_to_date.returncode}): run `make install` first"
+        )
     yield Workspace(root, env, s3=lambda: request.getfixturevalue("moto_s3"))
     stop_shared_server(root / ".prefect")  # the walk's shared Prefect server (flows/engine/services/prefect_server.py)
 
@@ -260,7 +276,9 @@ def check_yaml(ws: Workspace, block: Block) -> None:
 
 def check_synopsis(ws: Workspace, block: Block) -> None:
     """Each line is `pt2flow COMMAND [ARGS]  # comment`, checked by command_problems."""
-    lines = [(block.line + offset, line) for offset, line in enumerate(block.text.splitlines(), start=1) if line.strip()]
+    lines = [
+        (block.line + offset, line) for offset, line in enumerate(block.text.splitlines(), start=1) if line.strip()
+    ]
     problems = command_problems(lines)
     assert not problems, f"{block.where}, a synopsis, names what the CLI does not have:\n" + "\n".join(problems)
     ws.tally["synopsis checked"] += 1
@@ -308,7 +326,9 @@ def command_problems(lines: list[tuple[int, str]]) -> list[str]:
                 given = value.split("|")
                 unknown = [g for g in given if g not in param.type.choices]
                 if unknown:
-                    problems.append(f"{where}: {name} takes {'|'.join(map(str, param.type.choices))}, not {'|'.join(unknown)}")
+                    problems.append(
+                        f"{where}: {name} takes {'|'.join(map(str, param.type.choices))}, not {'|'.join(unknown)}"
+                    )
     return problems
 
 
@@ -324,7 +344,10 @@ def inline_commands(text: str) -> list[tuple[int, str]]:
         else:
             prose.append("" if fenced else line)
     joined = "\n".join(prose)
-    return [(joined.count("\n", 0, m.start()) + 1, m.group(1).replace("\n", " ")) for m in re.finditer(r"(?<!`)`(pt2flow [^`]+)`(?!`)", joined)]
+    return [
+        (joined.count("\n", 0, m.start()) + 1, m.group(1).replace("\n", " "))
+        for m in re.finditer(r"(?<!`)`(pt2flow [^`]+)`(?!`)", joined)
+    ]
 
 
 # --- the tests ----------------------------------------------------------------------------------
@@ -332,7 +355,9 @@ def inline_commands(text: str) -> list[tuple[int, str]]:
 
 def test_markers_are_well_formed() -> None:
     """The mechanism itself: a skip needs a reason, unknown markers and stray markers fail."""
-    ok = parse_readme("<!-- readme-test: skip: needs a GPU -->\n```bash\nnvidia-smi\n```\n<!-- readme-test: env A=1 B='x y' -->\n\n```sh\ntrue\n```\n")
+    ok = parse_readme(
+        "<!-- readme-test: skip: needs a GPU -->\n```bash\nnvidia-smi\n```\n<!-- readme-test: env A=1 B='x y' -->\n\n```sh\ntrue\n```\n"
+    )
     assert [(b.marker.kind if b.marker else None) for b in ok] == ["skip", "env"]
     assert ok[0].marker and ok[0].marker.reason == "needs a GPU"
     assert ok[1].marker and ok[1].marker.env == {"A": "1", "B": "x y"}
@@ -360,7 +385,15 @@ def test_the_commands_in_the_prose_exist() -> None:
 def test_a_skipped_blocks_commands_are_still_checked(tmp_path: Path) -> None:
     ws = Workspace(tmp_path, {})
     skip = Marker(3, "skip", reason="a server")
-    ws_skip(ws, Block(4, "bash", "prefect server start\n.venv/bin/pt2flow serve c.yaml --cron '0 3 * * *' \\\n    --store ./s\n", skip))
+    ws_skip(
+        ws,
+        Block(
+            4,
+            "bash",
+            "prefect server start\n.venv/bin/pt2flow serve c.yaml --cron '0 3 * * *' \\\n    --store ./s\n",
+            skip,
+        ),
+    )
     assert ws.skipped == ["README.md line 4 (```bash): a server (1 pt2flow command(s) checked against the CLI)"]
     with pytest.raises(AssertionError, match=r"README.md line 7: `pt2flow serve` has no option --every"):
         ws_skip(ws, Block(4, "bash", "true\ntrue\n.venv/bin/pt2flow serve c.yaml --every 5\n", skip))
@@ -380,8 +413,12 @@ def test_a_failing_block_is_named_by_its_line_with_its_stderr(tmp_path: Path) ->
 def test_every_readme_block_runs_as_written(workspace: Workspace, request: pytest.FixtureRequest) -> None:
     blocks = parse_readme(README.read_text())
     unlabelled = [f"line {b.line}" for b in blocks if not b.lang]
-    unknown = [f"line {b.line} ({b.lang})" for b in blocks if b.lang and b.lang not in SHELLS | NOT_RUN | {"python", "yaml"}]
-    assert not unlabelled, f"README code blocks without a language (```text for output and pictures): {', '.join(unlabelled)}"
+    unknown = [
+        f"line {b.line} ({b.lang})" for b in blocks if b.lang and b.lang not in SHELLS | NOT_RUN | {"python", "yaml"}
+    ]
+    assert not unlabelled, (
+        f"README code blocks without a language (```text for output and pictures): {', '.join(unlabelled)}"
+    )
     assert not unknown, f"README code blocks in a language this test does not know: {', '.join(unknown)}"
     started = time.monotonic()
     for block in blocks:
@@ -401,7 +438,9 @@ def test_every_readme_block_runs_as_written(workspace: Workspace, request: pytes
             workspace.tally["not run (output)"] += 1
         workspace.seconds[block.line] = time.monotonic() - begun
     total = time.monotonic() - started
-    slowest = ", ".join(f"line {line} {s:.0f} s" for line, s in sorted(workspace.seconds.items(), key=lambda kv: -kv[1])[:4])
+    slowest = ", ".join(
+        f"line {line} {s:.0f} s" for line, s in sorted(workspace.seconds.items(), key=lambda kv: -kv[1])[:4]
+    )
     summary = (
         f"README.md: {len(blocks)} code blocks in {total:.0f} s: "
         + ", ".join(f"{n} {kind}" for kind, n in sorted(workspace.tally.items()))

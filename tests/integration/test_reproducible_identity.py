@@ -68,8 +68,20 @@ def _audit_entry(model: ResolvedModel) -> tuple[Any, ...]:
     """What of a model reaches the keys of its audited records (source and AUDITED): its factory
     and what builds it, its example inputs and dynamic shapes, the audited stages' options."""
     options = {stage: model.options[stage].model_dump(mode="json") for stage in AUDITED if stage in model.options}
-    return (model.name, model.factory, repr(model.kwargs), model.weights, model.checkpoint, repr(model.inputs),
-            model.inputs_factory, model.inputs_file, repr(model.dynamic_shapes), repr(model.dims), repr(model.generate), repr(options))
+    return (
+        model.name,
+        model.factory,
+        repr(model.kwargs),
+        model.weights,
+        model.checkpoint,
+        repr(model.inputs),
+        model.inputs_factory,
+        model.inputs_file,
+        repr(model.dynamic_shapes),
+        repr(model.dims),
+        repr(model.generate),
+        repr(options),
+    )
 
 
 def _fleet_entries() -> set[tuple[Any, ...]]:
@@ -97,8 +109,11 @@ def test_a_config_builds_every_model_no_fleet_audits() -> None:
     assert _audit_entry(mlp) in fleets
     from dataclasses import replace
 
-    for changed in (replace(mlp, kwargs={**mlp.kwargs, "hidden": 33}), replace(mlp, dims={"batch": (1, 31)}),
-                    replace(mlp, options={**mlp.options, "trace": mlp.options["trace"].model_copy(update={"strict": True})})):
+    for changed in (
+        replace(mlp, kwargs={**mlp.kwargs, "hidden": 33}),
+        replace(mlp, dims={"batch": (1, 31)}),
+        replace(mlp, options={**mlp.options, "trace": mlp.options["trace"].model_copy(update={"strict": True})}),
+    ):
         assert _audit_entry(changed) not in fleets
 
 
@@ -106,8 +121,11 @@ def _identities(records: list[dict[str, Any]], models: set[str]) -> dict[tuple[s
     """(model, stage) -> fingerprint of the ok source and audited records of `models` (a
     generative model's components, `M/prefill`, included)."""
     return {
-        (r["model"], r["stage"]): r["fingerprint"] for r in records
-        if r.get("status", "ok") == "ok" and r["stage"] in ("source", *AUDITED) and r["model"].split("/", 1)[0] in models
+        (r["model"], r["stage"]): r["fingerprint"]
+        for r in records
+        if r.get("status", "ok") == "ok"
+        and r["stage"] in ("source", *AUDITED)
+        and r["model"].split("/", 1)[0] in models
     }
 
 
@@ -136,7 +154,13 @@ def two_stores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     covered = audited_by_a_fleet(request.param)  # built and audited with a fleet's config
     models = {m["name"] for m in shipped["models"]} - covered
     only = SECOND_STORE_ONLY.get(request.param)
-    found: dict[str, Any] = {"config": request.param, "runs": [], "records": [], "models": models, "compared": set(only or models)}
+    found: dict[str, Any] = {
+        "config": request.param,
+        "runs": [],
+        "records": [],
+        "models": models,
+        "compared": set(only or models),
+    }
     first, second = folder / "first", folder / "second"
     audit = ["audit", "--store", str(first), "--config", str(config), "--sample", "1.0"]
     to_build = [first, second]
@@ -145,7 +169,16 @@ def two_stores(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         assert fleet.cold.returncode in (0, 1) and "Traceback" not in fleet.cold.stderr, fleet.cold.stderr[-3000:]
         found["runs"].append(fleet.cold.document)
         first, to_build = Path(fleet.store), [second]
-        audit = ["audit", fleet.cold.document["run_id"], "--store", fleet.store, "--config", str(fleet.config), "--sample", "1.0"]
+        audit = [
+            "audit",
+            fleet.cold.document["run_id"],
+            "--store",
+            fleet.store,
+            "--config",
+            str(fleet.config),
+            "--sample",
+            "1.0",
+        ]
         # the fleet's copy of the shipped config, beside the fleet's copy of its factories: an
         # archive's node metadata holds the path of the model's source file
         config = fleet.shipped
@@ -171,7 +204,9 @@ def test_audit_rebuilds_every_record_of_a_fresh_store(two_stores: dict[str, Any]
     # a model whose factory cannot be built (failures.yaml's missing dependency) has a source
     # record, noted as not building then nor now; every other record is rebuilt
     unbuildable = [e for e in audit["records"] if e["stage"] == "source" and e["rebuilt"] is None]
-    assert all("did not build when recorded" in e["note"] and "does not now" in e["note"] for e in unbuildable), unbuildable
+    assert all("did not build when recorded" in e["note"] and "does not now" in e["note"] for e in unbuildable), (
+        unbuildable
+    )
     assert len(unbuildable) == (1 if two_stores["config"] == "failures.yaml" else 0), unbuildable
     assert records > 0 and audit["sample"]["checked"] == records
     assert audit["summary"] == {"ok": records, "failed": 0, "rebuilt": records - len(unbuildable)}
@@ -187,10 +222,18 @@ def test_audit_rebuilds_every_record_of_a_fresh_store(two_stores: dict[str, Any]
 def test_two_fresh_stores_hold_the_same_archives_and_programs(two_stores: dict[str, Any]) -> None:
     first, second = two_stores["runs"]
     models, compared = two_stores["models"], two_stores["compared"]  # the first store's, and both stores'
-    archives = [{m["name"]: m["artifacts"].get("serialized") or _component_archives(m) for m in run["models"] if m["name"] in models}
-                for run in (first, second)]
+    archives = [
+        {
+            m["name"]: m["artifacts"].get("serialized") or _component_archives(m)
+            for m in run["models"]
+            if m["name"] in models
+        }
+        for run in (first, second)
+    ]
     assert set(archives[1]) == compared, archives[1]
-    states = [{k: v for k, v in _audited_states(run).items() if k[0].split("/", 1)[0] in compared} for run in (first, second)]
+    states = [
+        {k: v for k, v in _audited_states(run).items() if k[0].split("/", 1)[0] in compared} for run in (first, second)
+    ]
     assert states[0] == states[1] and states[1], states
     if two_stores["config"] not in FLEETS:  # both stores built the same stages: the same outcomes
         statuses = [{m["name"]: (m["status"], m["failed_stage"]) for m in run["models"]} for run in (first, second)]
@@ -212,7 +255,9 @@ def test_two_fresh_stores_hold_the_same_archives_and_programs(two_stores: dict[s
     assert {model for model, stage in audited if stage == "source"} == models
 
 
-def test_every_archive_loads_with_every_pickled_global_vetted_and_weights_only_where_torch_can(two_stores: dict[str, Any]) -> None:
+def test_every_archive_loads_with_every_pickled_global_vetted_and_weights_only_where_torch_can(
+    two_stores: dict[str, Any],
+) -> None:
     """Every archive of the first store (each model's, each component's) loads through pt2flow's
     loader, which vets every global its pickles name before torch unpickles anything
     (tests/stages/test_serialize.py: a pickle that would run code is refused). The classes allowed
@@ -222,7 +267,9 @@ def test_every_archive_loads_with_every_pickled_global_vetted_and_weights_only_w
     OrderedDict: T5's encoder_outputs), which it refuses item by item."""
     from pt2flow.storage.store import ArtifactStore
 
-    records = [r for r in two_stores["records"][0] if r["stage"] == "serialize" and r["status"] == "ok" and not r.get("cached")]
+    records = [
+        r for r in two_stores["records"][0] if r["stage"] == "serialize" and r["status"] == "ok" and not r.get("cached")
+    ]
     generative = {r["model"].split("/", 1)[0] for r in records if "/" in r["model"]}
     if generative:
         from pt2flow.stages.generation import register_cache_pytrees
@@ -242,13 +289,19 @@ def test_every_archive_loads_with_every_pickled_global_vetted_and_weights_only_w
             with torch.serialization.safe_globals(classes):
                 torch.load(io.BytesIO(inputs), weights_only=True)
         except pickle.UnpicklingError as exc:
-            assert "Can only SETITEM for dict" in str(exc) and any(issubclass(c, dict) for c in classes), (record["model"], exc)
+            assert "Can only SETITEM for dict" in str(exc) and any(issubclass(c, dict) for c in classes), (
+                record["model"],
+                exc,
+            )
             refused_items.append(record["model"])
     assert records, two_stores["config"]
     for model, classes in allowed.items():
         names = [f"{c.__module__}.{c.__qualname__}" for c in classes]
         assert ("/" in model) or names == [], (model, names)  # only components pickle classes
-        assert all(n.startswith(("transformers.cache_utils.", "transformers.modeling_outputs.")) for n in names), (model, names)
+        assert all(n.startswith(("transformers.cache_utils.", "transformers.modeling_outputs.")) for n in names), (
+            model,
+            names,
+        )
     for name in generative:  # a decode step takes the cache: its classes were vetted and allowed
         assert any(classes for model, classes in allowed.items() if model.startswith(name + "/")), (name, allowed)
     assert {m.split("/", 1)[0] for m in refused_items} <= {"tiny-t5"}, refused_items

@@ -28,7 +28,12 @@ STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 
 def _models(hidden: int) -> list[dict[str, Any]]:
     return [
-        {"name": "mlp", "factory": "tests.models:tiny_mlp", "kwargs": {"hidden": hidden}, "inputs": {"x": {"shape": [3, 8]}}},
+        {
+            "name": "mlp",
+            "factory": "tests.models:tiny_mlp",
+            "kwargs": {"hidden": hidden},
+            "inputs": {"x": {"shape": [3, 8]}},
+        },
         {"name": "other", "factory": "tests.models:regressor", "inputs": {"x": {"shape": [4, 4]}, "y": {"shape": [4]}}},
     ]
 
@@ -97,7 +102,9 @@ def test_gc_keep_runs_frees_exactly_what_only_superseded_runs_need(fleet: dict[s
     old_archive = _model(fleet["runs"][0], "mlp")["artifacts"]["serialized"]
     old_io = [r for r in mlp_old if r["run_id"] == run1 and r["stage"] == "validate"]
     io_blobs = {d for r in old_io for d, _, role in blobs_of(r) if role == "validation inputs and outputs"}
-    assert old_archive in expected and len(io_blobs) == 1 and io_blobs <= expected  # the old model's archive and io blob
+    assert (
+        old_archive in expected and len(io_blobs) == 1 and io_blobs <= expected
+    )  # the old model's archive and io blob
 
     # keeping a day of runs keeps all of them; a dry run deletes nothing and says what would go, per run
     code, doc, stderr = run_json(["gc", "--store", fleet["store"], "--keep-days", "1", "--dry-run"])
@@ -105,8 +112,11 @@ def test_gc_keep_runs_frees_exactly_what_only_superseded_runs_need(fleet: dict[s
     code, doc, stderr = run_json(["gc", "--store", fleet["store"], "--keep-runs", "1", "--dry-run", "--grace", "0"])
     assert code == 0, stderr
     plan = doc["retention"]
-    assert set(plan["blobs"]) == expected and plan["deleted"] == [] and plan["bytes"] == sum(
-        b.size for b in store.list_blobs() if b.digest in expected)
+    assert (
+        set(plan["blobs"]) == expected
+        and plan["deleted"] == []
+        and plan["bytes"] == sum(b.size for b in store.list_blobs() if b.digest in expected)
+    )
     assert {r["run_id"]: r["records"] for r in plan["dropped_runs"]} == {run1: len(STAGES) + 1, run2: len(STAGES) + 1}
     assert all(r["models"] == ["mlp"] for r in plan["dropped_runs"])
     assert plan["kept_runs"] == {"mlp": [run3], "other": [run2]}
@@ -120,7 +130,9 @@ def test_gc_keep_runs_frees_exactly_what_only_superseded_runs_need(fleet: dict[s
         assert doc["retention"]["deferred"] == ["run-in-progress"] and doc["retention"]["records_dropped"] == 0
         assert doc["deferred"] == ["run-in-progress"] and doc["deleted"] == []
         proc = run_cli(["gc", "--store", fleet["store"], "--keep-runs", "1", "--grace", "0"])
-        assert proc.returncode == 0 and "deferred: run(s) in progress (run-in-progress)" in proc.stdout, proc.stdout + proc.stderr
+        assert proc.returncode == 0 and "deferred: run(s) in progress (run-in-progress)" in proc.stdout, (
+            proc.stdout + proc.stderr
+        )
     assert _present(store) == present_before | {fresh.digest} and len(_records(store)) == len(before)
     assert live_leases(store) == []
 
@@ -147,7 +159,9 @@ def test_gc_keep_runs_frees_exactly_what_only_superseded_runs_need(fleet: dict[s
         archive = _model(doc, name)["artifacts"]["serialized"]
         code, lineage, stderr = run_json(["lineage", "--store", fleet["store"], archive])
         assert code == 0, stderr
-        chain = [r["stage"] for r in lineage["ancestors"] if r["record_id"] != lineage["record"]["record_id"]] + [lineage["record"]["stage"]]
+        chain = [r["stage"] for r in lineage["ancestors"] if r["record_id"] != lineage["record"]["record_id"]] + [
+            lineage["record"]["stage"]
+        ]
         assert chain == ["source", "trace", "functionalize", "decompose", "serialize"]
         target = fleet["work"] / f"{name}.pt2"
         proc = run_cli(["get", "--store", fleet["store"], archive, "-o", str(target)])
@@ -169,7 +183,9 @@ def s3_runs(tmp_path_factory: pytest.TempPathFactory, moto_s3: Any) -> tuple[str
     return url, first, _run(config, url)
 
 
-def _copied(s3_runs: tuple[str, dict[str, Any], dict[str, Any]], moto_s3: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+def _copied(
+    s3_runs: tuple[str, dict[str, Any], dict[str, Any]], moto_s3: Any
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """The two runs' S3 store copied, object by object inside the S3 server, to a prefix of this
     test's own; the runs' documents (the records name blobs by digest, not by the store's URL)."""
     import boto3
@@ -181,14 +197,19 @@ def _copied(s3_runs: tuple[str, dict[str, Any], dict[str, Any]], moto_s3: Any) -
     copied = 0
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=moto_s3.bucket, Prefix=source):
         for item in page.get("Contents", []):
-            client.copy_object(Bucket=moto_s3.bucket, Key=target + item["Key"][len(source):],
-                               CopySource={"Bucket": moto_s3.bucket, "Key": item["Key"]})
+            client.copy_object(
+                Bucket=moto_s3.bucket,
+                Key=target + item["Key"][len(source) :],
+                CopySource={"Bucket": moto_s3.bucket, "Key": item["Key"]},
+            )
             copied += 1
     assert copied, f"nothing under {url}"
     return f"s3://{moto_s3.bucket}/{target.rstrip('/')}", first, second
 
 
-def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp_path: Path, moto_s3: Any, s3_runs: Any) -> None:
+def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(
+    tmp_path: Path, moto_s3: Any, s3_runs: Any
+) -> None:
     """On S3: two runs of a changing model; a run that starts (takes its lease) between the index
     rewrite and the deletions stops them: the records are gone, every blob is still there."""
     url, first, second = _copied(s3_runs, moto_s3)
@@ -196,7 +217,9 @@ def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp
     before = _records(store)
     old = [r for r in before if r["run_id"] == first["run_id"]]
     expected = _named(old) - _named([r for r in before if r["run_id"] == second["run_id"]])
-    assert _model(first, "mlp")["artifacts"]["serialized"] in expected and len(expected) == 3  # source, trace, serialize
+    assert (
+        _model(first, "mlp")["artifacts"]["serialized"] in expected and len(expected) == 3
+    )  # source, trace, serialize
 
     rewrite = store.index.compact
     lease = RunLease(store, "starts-meanwhile")
@@ -212,7 +235,9 @@ def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp
     finally:
         lease.__exit__(None, None, None)
         store.index.compact = rewrite  # type: ignore[method-assign]
-    assert result["deferred"] == ["starts-meanwhile"] and result["records_dropped"] == len(old) and result["deleted"] == []
+    assert (
+        result["deferred"] == ["starts-meanwhile"] and result["records_dropped"] == len(old) and result["deleted"] == []
+    )
     assert expected <= _present(store)
 
     # with nobody running, the CLI frees them (they are unreferenced now) on S3
@@ -225,7 +250,9 @@ def test_a_lease_taken_while_the_index_is_rewritten_stops_the_blob_deletions(tmp
     assert proc.returncode == 0 and "0 missing, 0 corrupt" in proc.stdout, proc.stdout + proc.stderr
     archive = _model(second, "mlp")["artifacts"]["serialized"]
     proc = cli_in_process(["get", "--store", url, archive, "-o", str(tmp_path / "m.pt2")])
-    assert proc.returncode == 0 and hashlib.sha256((tmp_path / "m.pt2").read_bytes()).hexdigest() == archive, proc.stderr
+    assert proc.returncode == 0 and hashlib.sha256((tmp_path / "m.pt2").read_bytes()).hexdigest() == archive, (
+        proc.stderr
+    )
 
 
 def test_keep_runs_the_s3_store_frees_superseded_blobs_directly(moto_s3: Any, s3_runs: Any) -> None:
@@ -233,7 +260,9 @@ def test_keep_runs_the_s3_store_frees_superseded_blobs_directly(moto_s3: Any, s3
     url, first, second = _copied(s3_runs, moto_s3)
     store = ArtifactStore(url)
     before = _records(store)
-    expected = _named([r for r in before if r["run_id"] == first["run_id"]]) - _named([r for r in before if r["run_id"] == second["run_id"]])
+    expected = _named([r for r in before if r["run_id"] == first["run_id"]]) - _named(
+        [r for r in before if r["run_id"] == second["run_id"]]
+    )
     code, doc, stderr = _s3_json(["gc", "--store", url, "--keep-runs", "1", "--grace", "0"])
     assert code == 0, stderr
     assert set(doc["retention"]["deleted"]) == expected and doc["retention"]["deleted_bytes"] > 0
@@ -255,7 +284,12 @@ def test_retention_config_is_checked_and_applied_after_a_served_run(tmp_path: Pa
     assert proc.returncode == 2 and "retention" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
     store = str(tmp_path / "store")
-    config = write_config(tmp_path / "c.yaml", _models(16)[:1], stages=["trace", "serialize"], retention={"keep_runs": 1, "grace_seconds": 0})
+    config = write_config(
+        tmp_path / "c.yaml",
+        _models(16)[:1],
+        stages=["trace", "serialize"],
+        retention={"keep_runs": 1, "grace_seconds": 0},
+    )
     assert load_config(str(config)).retention.keep_runs == 1
     first = _run(config, store)
     write_config(config, _models(32)[:1], stages=["trace", "serialize"], retention={"keep_runs": 1, "grace_seconds": 0})
@@ -264,7 +298,9 @@ def test_retention_config_is_checked_and_applied_after_a_served_run(tmp_path: Pa
 
     from pt2flow.flows.fleet import fleet_flow
 
-    state = fleet_flow(config_path=str(config), store=store, apply_retention=True, return_state=True)  # on prefect_server
+    state = fleet_flow(
+        config_path=str(config), store=store, apply_retention=True, return_state=True
+    )  # on prefect_server
     served = state.result(raise_on_failure=False)
     # the served run (all cached) is mlp's newest; run 2 built what it reused, so run 2 stays
     assert {r["run_id"] for r in _records(ArtifactStore(store))} == {second["run_id"], served["run_id"]}
@@ -278,8 +314,14 @@ def test_gc_keeps_each_models_newest_artifact_of_every_kind(tmp_path: Path) -> N
     --artifact onnx|pte` hands out the targets run's files, which ONNX Runtime runs in a fresh
     process; the dry run lists what goes by model and kind, and only cached records go."""
     store = str(tmp_path / "store")
-    plain = write_config(tmp_path / "demo.yaml", _models(16), stages=["trace", "functionalize", "serialize", "validate"])
-    targets = write_config(tmp_path / "targets.yaml", _models(16), stages=["trace", "functionalize", "serialize", "onnx", "executorch", "validate"])
+    plain = write_config(
+        tmp_path / "demo.yaml", _models(16), stages=["trace", "functionalize", "serialize", "validate"]
+    )
+    targets = write_config(
+        tmp_path / "targets.yaml",
+        _models(16),
+        stages=["trace", "functionalize", "serialize", "onnx", "executorch", "validate"],
+    )
     first = _run(plain, store)
     built = _run(targets, store)
     later = [_run(plain, store, only=["mlp"]) for _ in range(2)]
@@ -297,10 +339,15 @@ def test_gc_keeps_each_models_newest_artifact_of_every_kind(tmp_path: Path) -> N
     # another validate superseded); the builders of the kept ones stay (the first run's validate
     # built the newest run's cached one). other keeps its newest run, whose validate is not the first's.
     gone = sorted([built["run_id"], later[0]["run_id"]])
-    assert dropped == {("mlp", stage): gone for stage in ("source", "trace", "functionalize", "serialize", "validate")} | {
-        ("other", "validate"): [first["run_id"]]}, dropped
+    assert dropped == {
+        ("mlp", stage): gone for stage in ("source", "trace", "functionalize", "serialize", "validate")
+    } | {("other", "validate"): [first["run_id"]]}, dropped
     proc = run_cli(["gc", "--store", store, "--keep-runs", "1", "--dry-run"])
-    assert proc.returncode == 0 and "by model and kind:" in proc.stdout and "  mlp validate: 2 record(s) of 2 run(s)" in proc.stdout, proc.stdout
+    assert (
+        proc.returncode == 0
+        and "by model and kind:" in proc.stdout
+        and "  mlp validate: 2 record(s) of 2 run(s)" in proc.stdout
+    ), proc.stdout
     assert len(_records(ArtifactStore(store))) == len(before)
 
     code, doc, stderr = run_json(["gc", "--store", store, "--keep-runs", "1", "--grace", "0"])
@@ -318,10 +365,18 @@ def test_gc_keeps_each_models_newest_artifact_of_every_kind(tmp_path: Path) -> N
     import subprocess
     import sys
 
-    script = ("import sys, numpy, onnxruntime as ort; s = ort.InferenceSession(sys.argv[1]); "
-              "print(s.run(None, {s.get_inputs()[0].name: numpy.ones((3, 8), numpy.float32)})[0].shape)")
-    ran = subprocess.run([sys.executable, "-c", script, str(tmp_path / "mlp.onnx")], capture_output=True, text=True, timeout=120)
+    script = (
+        "import sys, numpy, onnxruntime as ort; s = ort.InferenceSession(sys.argv[1]); "
+        "print(s.run(None, {s.get_inputs()[0].name: numpy.ones((3, 8), numpy.float32)})[0].shape)"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "mlp.onnx")], capture_output=True, text=True, timeout=120
+    )
     assert ran.returncode == 0 and ran.stdout.strip() == "(3, 4)", ran.stderr[-2000:]
     code, lineage, stderr = run_json(["lineage", "--store", store, onnx])
     assert code == 0, stderr
-    assert {r["stage"] for r in lineage["ancestors"]} == {"source", "trace", "functionalize"}  # the onnx's lineage stayed whole
+    assert {r["stage"] for r in lineage["ancestors"]} == {
+        "source",
+        "trace",
+        "functionalize",
+    }  # the onnx's lineage stayed whole

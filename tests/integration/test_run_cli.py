@@ -54,13 +54,16 @@ def test_run_json_contract_digests_and_archive(tmp_path: Path) -> None:
     state = save_weights(tmp_path / "mlp.safetensors")
     config = write_config(
         tmp_path / "pipeline.yaml",
-        [mlp_entry("mlp.safetensors"), {
-            "name": "dict-out",
-            "factory": "tests.models:dict_out",
-            "inputs": {"x": {"shape": [2, 5, 6]}, "scale": {"shape": [2, 5, 6], "value": 0.5}},
-            "dynamic_shapes": {"x": {0: "b", 1: "s"}, "scale": {0: "b", 1: "s"}},
-            "dims": {"b": {"min": 1, "max": 4}, "s": {"min": 2, "max": 9}},
-        }],
+        [
+            mlp_entry("mlp.safetensors"),
+            {
+                "name": "dict-out",
+                "factory": "tests.models:dict_out",
+                "inputs": {"x": {"shape": [2, 5, 6]}, "scale": {"shape": [2, 5, 6], "value": 0.5}},
+                "dynamic_shapes": {"x": {0: "b", 1: "s"}, "scale": {0: "b", 1: "s"}},
+                "dims": {"b": {"min": 1, "max": 4}, "s": {"min": 2, "max": 9}},
+            },
+        ],
         stages=["trace", "functionalize", "decompose", "serialize", "validate"],
     )
     store_dir = tmp_path / "store"
@@ -98,7 +101,9 @@ def test_run_json_contract_digests_and_archive(tmp_path: Path) -> None:
     assert code2 == 0, stderr2[-3000:]
     for model in doc2["models"]:
         assert all(s["cached"] for s in model["stages"].values()), model["name"]
-        assert {k: v["artifact"] for k, v in model["stages"].items()} == {k: v["artifact"] for k, v in by_name[model["name"]]["stages"].items()}
+        assert {k: v["artifact"] for k, v in model["stages"].items()} == {
+            k: v["artifact"] for k, v in by_name[model["name"]]["stages"].items()
+        }
     assert doc2["run_id"] != doc["run_id"]
 
     # both documents are the typed RunDocument's dump, and the drift report between the two runs
@@ -127,7 +132,12 @@ def test_run_summary_table_without_json(tmp_path: Path) -> None:
 def test_usage_errors_exit_2_and_run_nothing(tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.yaml", [mlp_entry()])
     store = tmp_path / "store"
-    for args in (["--only", "nope"], ["--stages", "validate,trace"], ["--workers", "0"], ["--dask-address", "tcp://x:1"]):
+    for args in (
+        ["--only", "nope"],
+        ["--stages", "validate,trace"],
+        ["--workers", "0"],
+        ["--dask-address", "tcp://x:1"],
+    ):
         proc = run_cli(["run", str(config), "--store", str(store), *args])
         assert proc.returncode == 2, (args, proc.stderr)
         assert not store.exists()
@@ -146,16 +156,23 @@ def test_only_takes_comma_lists_the_document_keeps_config_order_and_the_summary_
     from pt2flow.flows import api
 
     names = ["zeta-encoder-large", "alpha-data-dependent-branch", "mid-sized-mlp-model"]
-    config = write_config(tmp_path / "c.yaml", [
-        mlp_entry(name=names[0]),
-        {"name": names[1], "factory": "tests.models:data_dependent", "inputs": {"x": {"shape": [2, 4]}}},
-        mlp_entry(name=names[2]),
-    ], stages=["trace", "serialize"])
+    config = write_config(
+        tmp_path / "c.yaml",
+        [
+            mlp_entry(name=names[0]),
+            {"name": names[1], "factory": "tests.models:data_dependent", "inputs": {"x": {"shape": [2, 4]}}},
+            mlp_entry(name=names[2]),
+        ],
+        stages=["trace", "serialize"],
+    )
     store = str(tmp_path / "store")
     code, doc, stderr = run_json(["run", str(config), "--store", store, "--only", f"{names[2]},{names[0]}"])
     assert code == 0 and [m["name"] for m in doc["models"]] == [names[0], names[2]], stderr[-3000:]
     code, doc, stderr = run_json(["run", str(config), "--store", store, "--only", names[2], "--only", f" {names[1]} "])
-    assert code == 1 and [(m["name"], m["error_class"]) for m in doc["models"]] == [(names[1], "data_dependent"), (names[2], None)]
+    assert code == 1 and [(m["name"], m["error_class"]) for m in doc["models"]] == [
+        (names[1], "data_dependent"),
+        (names[2], None),
+    ]
     error = doc["models"][0]["error"].strip().splitlines()[0]
     proc = run_cli(["run", str(config), "--store", store, "--only", f"{names[0]},nope"])
     assert proc.returncode == 2 and "no model named ['nope']" in proc.stderr, proc.stderr
@@ -167,18 +184,31 @@ def test_only_takes_comma_lists_the_document_keeps_config_order_and_the_summary_
     lines = proc.stdout.splitlines()
     assert max(len(line.rstrip()) for line in lines) <= 80, proc.stdout
     rows = {name: next(line for line in lines if line.startswith(f"│ {name} ")) for name in names}
-    assert "⊗ ·" in rows[names[1]] and "data_dependent @ trace" in rows[names[1]] and "● ●" in rows[names[0]], proc.stdout
+    assert "⊗ ·" in rows[names[1]] and "data_dependent @ trace" in rows[names[1]] and "● ●" in rows[names[0]], (
+        proc.stdout
+    )
     assert f"⊗ {names[1]} [data_dependent] at trace (cached" in proc.stdout and "⊗ failed (cached)" in proc.stdout
     assert (proc.stdout + proc.stderr).count(error) == 1, proc.stdout + proc.stderr
 
 
 def test_uint8_int8_int16_inputs_export_and_validate(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.yaml", [{
-        "name": "bytes", "factory": "tests.models:byte_image",
-        "inputs": {"image": {"shape": [2, 3, 8], "dtype": "uint8", "high": 256}, "offset": {"shape": [2, 3, 8], "dtype": "int8", "low": -128, "high": 128},
-                   "ids": {"shape": [2, 5], "dtype": "int16", "high": 300}},
-        "dynamic_shapes": {"image": {0: "batch"}, "offset": {0: "batch"}, "ids": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 8}},
-    }], stages=["trace", "serialize", "validate"])
+    config = write_config(
+        tmp_path / "c.yaml",
+        [
+            {
+                "name": "bytes",
+                "factory": "tests.models:byte_image",
+                "inputs": {
+                    "image": {"shape": [2, 3, 8], "dtype": "uint8", "high": 256},
+                    "offset": {"shape": [2, 3, 8], "dtype": "int8", "low": -128, "high": 128},
+                    "ids": {"shape": [2, 5], "dtype": "int16", "high": 300},
+                },
+                "dynamic_shapes": {"image": {0: "batch"}, "offset": {0: "batch"}, "ids": {0: "batch"}},
+                "dims": {"batch": {"min": 1, "max": 8}},
+            }
+        ],
+        stages=["trace", "serialize", "validate"],
+    )
     code, doc = run_in_process(config, store=str(tmp_path / "store"))  # the fleet's outcome, not the CLI, is under test
     assert code == 0, doc
     (model,) = doc["models"]
@@ -235,7 +265,9 @@ def test_a_cuda_target_without_a_gpu_fails_at_aot_compile_and_keeps_the_archive(
     assert statuses["serialize"] == "ok" and statuses["aot_compile"] == "failed"
     # the machine lacked the device: nothing for torch's maintainers, so no reproducer
     proc = run_cli(["repro", "mlp", "-o", str(tmp_path / "repro"), "--store", str(tmp_path / "store")])
-    assert proc.returncode == 1 and "lacked the device" in proc.stderr and not (tmp_path / "repro").exists(), proc.stderr
+    assert proc.returncode == 1 and "lacked the device" in proc.stderr and not (tmp_path / "repro").exists(), (
+        proc.stderr
+    )
 
 
 @pytest.mark.compile
@@ -271,7 +303,9 @@ def test_run_on_s3_then_ls_lineage_verify(tmp_path: Path, moto_s3) -> None:
 
     # the package out of S3, verified, and the run's artifacts checked again under this torch
     target = tmp_path / "mlp-package.pt2"
-    code, got, stderr = run_json(["get", "--model", "mlp", "--artifact", "compiled", "-o", str(target), "--store", store], env=moto_s3.env)
+    code, got, stderr = run_json(
+        ["get", "--model", "mlp", "--artifact", "compiled", "-o", str(target), "--store", store], env=moto_s3.env
+    )
     assert code == 0 and got["sha256"] == compiled, stderr
     assert hashlib.sha256(target.read_bytes()).hexdigest() == compiled
     code, compat, stderr = run_json(["check-compat", "--store", store], env=moto_s3.env)
@@ -285,7 +319,9 @@ def test_queries_on_s3_exit_cleanly_every_time(tmp_path: Path, moto_s3) -> None:
     the fsspec filesystem, its scanner threads outlived the interpreter and about one query in ten
     died with SIGABRT ("terminate called without an active exception") after printing its answer;
     later about one in a hundred still did (storage/index.py parquet_table: a suspected cause removed)."""
-    config = write_config(tmp_path / "c.yaml", [mlp_entry()], stages=["trace", "functionalize", "decompose", "serialize", "validate"])
+    config = write_config(
+        tmp_path / "c.yaml", [mlp_entry()], stages=["trace", "functionalize", "decompose", "serialize", "validate"]
+    )
     store = f"s3://{moto_s3.bucket}/queries/{tmp_path.name}"
     # the store built by a run in this process (the S3 variables are this process's: moto_s3); the
     # queries, the subject, are the binary's
@@ -301,7 +337,7 @@ def test_queries_on_s3_exit_cleanly_every_time(tmp_path: Path, moto_s3) -> None:
     assert [o for o in outcomes if o[1:] != (0, False)] == [], outcomes
 
 
-BUILT_AT_IMPORT = '''import copy
+BUILT_AT_IMPORT = """import copy
 
 import torch
 from torch import nn
@@ -316,10 +352,12 @@ def at_import():
 
 def fresh():
     return nn.Linear(4, 3)
-'''
+"""
 
 
-def test_a_model_built_when_its_module_is_imported_gets_the_same_weights_in_any_order_and_process(tmp_path: Path) -> None:
+def test_a_model_built_when_its_module_is_imported_gets_the_same_weights_in_any_order_and_process(
+    tmp_path: Path,
+) -> None:
     """torch's RNG is seeded before a factory's module is first imported (stages/source.py), as
     before the factory is called: a model that module builds at import (torch's ExportDB does)
     gets the same weights, keys and archive whatever the worker ran first. Before, a fresh worker

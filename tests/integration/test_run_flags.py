@@ -35,17 +35,39 @@ def _cases(port: int) -> dict[str, tuple[list[str], list[str]] | tuple[list[str]
     closed = f"tcp://127.0.0.1:{port}"
     return {
         "unknown runner": (["--runner", "bogus"], ["--runner", "bogus"]),
-        "closed port": (["--runner", "dask", "--dask-address", closed], [closed, f"limit {CONNECT_S:g} s", "Dask scheduler"]),
-        "garbage address": (["--runner", "dask", "--dask-address", "not an address::"], ["not an address::", "Dask scheduler"]),
-        "address without a port": (["--runner", "dask", "--dask-address", "scheduler"], ["--dask-address scheduler", "Dask scheduler"]),
+        "closed port": (
+            ["--runner", "dask", "--dask-address", closed],
+            [closed, f"limit {CONNECT_S:g} s", "Dask scheduler"],
+        ),
+        "garbage address": (
+            ["--runner", "dask", "--dask-address", "not an address::"],
+            ["not an address::", "Dask scheduler"],
+        ),
+        "address without a port": (
+            ["--runner", "dask", "--dask-address", "scheduler"],
+            ["--dask-address scheduler", "Dask scheduler"],
+        ),
         "address without dask": (["--dask-address", closed], ["--dask-address needs --runner dask"]),
         "zero workers": (["--workers", "0"], ["--workers must be at least 1"]),
         "negative workers": (["--workers", "-1"], ["--workers must be at least 1"]),
         "workers not a number": (["--workers", "many"], ["--workers", "many"]),
-        "workers variable not a number": ([], ["PT2FLOW_WORKERS must be a whole number", "'many'"], {"PT2FLOW_WORKERS": "many"}),
-        "negative no-worker timeout": (["--runner", "dask", "--no-worker-timeout", "-5"], ["--no-worker-timeout must be more than 0"]),
-        "zero no-worker timeout": (["--runner", "dask", "--no-worker-timeout", "0"], ["--no-worker-timeout must be more than 0"]),
-        "no-worker timeout not a number": (["--runner", "dask", "--no-worker-timeout", "soon"], ["--no-worker-timeout", "soon"]),
+        "workers variable not a number": (
+            [],
+            ["PT2FLOW_WORKERS must be a whole number", "'many'"],
+            {"PT2FLOW_WORKERS": "many"},
+        ),
+        "negative no-worker timeout": (
+            ["--runner", "dask", "--no-worker-timeout", "-5"],
+            ["--no-worker-timeout must be more than 0"],
+        ),
+        "zero no-worker timeout": (
+            ["--runner", "dask", "--no-worker-timeout", "0"],
+            ["--no-worker-timeout must be more than 0"],
+        ),
+        "no-worker timeout not a number": (
+            ["--runner", "dask", "--no-worker-timeout", "soon"],
+            ["--no-worker-timeout", "soon"],
+        ),
         "no-worker timeout without dask": (["--no-worker-timeout", "5"], ["--no-worker-timeout needs --runner dask"]),
         "missing python": (["--python", "/nonexistent/python3"], ["/nonexistent/python3"]),
         "python with dask": (["--runner", "dask", "--python", sys.executable], ["--python", "dask"]),
@@ -60,7 +82,9 @@ def _check_refusals(config: Path, store: str, env: dict[str, str]) -> None:
     before = len(ArtifactStore(store).index.read(["record_id"]).to_pylist()) if Path(store).exists() else 0
     for name, (flags, words, *variables) in _cases(_closed_port()).items():
         started = time.monotonic()
-        proc = cli_in_process(["run", str(config), "--store", store, *flags], env={**env, **(variables[0] if variables else {})})
+        proc = cli_in_process(
+            ["run", str(config), "--store", store, *flags], env={**env, **(variables[0] if variables else {})}
+        )
         took = time.monotonic() - started
         said = proc.stderr.strip()
         assert proc.returncode == 2, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -83,20 +107,28 @@ def test_bad_runner_flags_are_usage_errors_cold_and_fully_cached(tmp_path: Path)
     code, doc, stderr = run_json(["run", str(config), "--store", store])
     assert code == 0, stderr[-3000:]
     code, again, stderr = run_json(["run", str(config), "--store", store])
-    assert code == 0 and again["workers"] == 0 and all(s["cached"] for s in again["models"][0]["stages"].values()), stderr[-3000:]
+    assert code == 0 and again["workers"] == 0 and all(s["cached"] for s in again["models"][0]["stages"].values()), (
+        stderr[-3000:]
+    )
     _check_refusals(config, store, env)  # every stage cached: the index would settle the run alone
 
     # the closed port waited for the configured time (not Dask's 30 s), and said so
     port = _closed_port()
     started = time.monotonic()
-    proc = run_cli(["run", str(config), "--store", store, "--runner", "dask", "--dask-address", f"tcp://127.0.0.1:{port}"], env=env)
+    proc = run_cli(
+        ["run", str(config), "--store", store, "--runner", "dask", "--dask-address", f"tcp://127.0.0.1:{port}"], env=env
+    )
     assert proc.returncode == 2 and time.monotonic() - started < 25, proc.stderr[-2000:]
     assert f"no Dask scheduler answered at --dask-address tcp://127.0.0.1:{port} within " in proc.stderr, proc.stderr
-    bad = run_cli(["run", str(config), "--store", store, "--runner", "dask", "--dask-address", f"tcp://127.0.0.1:{port}"],
-                  env={"PT2FLOW_DASK_CONNECT_TIMEOUT_S": "never"})
+    bad = run_cli(
+        ["run", str(config), "--store", store, "--runner", "dask", "--dask-address", f"tcp://127.0.0.1:{port}"],
+        env={"PT2FLOW_DASK_CONNECT_TIMEOUT_S": "never"},
+    )
     assert bad.returncode == 2 and "PT2FLOW_DASK_CONNECT_TIMEOUT_S must be a number" in bad.stderr, bad.stderr
     usage = run_cli(["run", str(config), "--store", store, "--workers", "many"])  # click's own refusal, from the binary
-    assert usage.returncode == 2 and usage.stdout == "" and "'many'" in usage.stderr and "Traceback" not in usage.stderr, usage.stderr
+    assert (
+        usage.returncode == 2 and usage.stdout == "" and "'many'" in usage.stderr and "Traceback" not in usage.stderr
+    ), usage.stderr
 
 
 def test_a_live_scheduler_passes_the_check(tmp_path: Path) -> None:
@@ -106,7 +138,11 @@ def test_a_live_scheduler_passes_the_check(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     code, _, stderr = run_json(["run", str(config), "--store", store])
     assert code == 0, stderr[-3000:]
-    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=":0") as cluster:
-        code, doc, stderr = run_json(["run", str(config), "--store", store, "--runner", "dask", "--dask-address", cluster.scheduler_address],
-                                     env={"PT2FLOW_DASK_CONNECT_TIMEOUT_S": "10"})
+    with distributed.LocalCluster(
+        n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=":0"
+    ) as cluster:
+        code, doc, stderr = run_json(
+            ["run", str(config), "--store", store, "--runner", "dask", "--dask-address", cluster.scheduler_address],
+            env={"PT2FLOW_DASK_CONNECT_TIMEOUT_S": "10"},
+        )
     assert code == 0 and doc["summary"]["ok"] == 1 and doc["workers"] == 0, stderr[-3000:]

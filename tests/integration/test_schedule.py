@@ -47,7 +47,12 @@ def _free_port() -> int:
 
 def _api(url: str, path: str, body: Any = None, timeout: float = 10) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}{path}", data=data, method="GET" if body is None else "POST", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}{path}",
+        data=data,
+        method="GET" if body is None else "POST",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read() or b"null")
 
@@ -106,12 +111,14 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp_path = tmp_path_factory.mktemp("prefect-server")
     home = tmp_path / "server-home"
     log_path = tmp_path / "server.log"
-    env = cli_env({
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
-        "DO_NOT_TRACK": "1",
-    })
+    env = cli_env(
+        {
+            "PREFECT_HOME": str(home),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+            "DO_NOT_TRACK": "1",
+        }
+    )
     process = None
     url = ""
     for _attempt in range(3):  # a free port can be taken by someone else before the server binds it
@@ -120,7 +127,12 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(tmp_path), start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=str(tmp_path),
+                start_new_session=True,
             )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and process.poll() is None and not _healthy(url):
@@ -140,28 +152,48 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _tiny_config(path: Path) -> Path:
-    return write_config(path, [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}}}], stages=STAGES)
+    return write_config(
+        path, [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}}}], stages=STAGES
+    )
 
 
 def _completed_runs(url: str, deployment_id: str) -> list[dict[str, Any]]:
-    runs = _api(url, "/flow_runs/filter", {
-        "flow_runs": {"deployment_id": {"any_": [deployment_id]}, "state": {"type": {"any_": ["COMPLETED"]}}},
-        "sort": "START_TIME_ASC",
-    })
+    runs = _api(
+        url,
+        "/flow_runs/filter",
+        {
+            "flow_runs": {"deployment_id": {"any_": [deployment_id]}, "state": {"type": {"any_": ["COMPLETED"]}}},
+            "sort": "START_TIME_ASC",
+        },
+    )
     return list(runs)
 
 
 def _summary_markdown(url: str, flow_run_id: str) -> str:
-    artifacts = _api(url, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}, "type": {"any_": ["markdown"]}}})
+    artifacts = _api(
+        url,
+        "/artifacts/filter",
+        {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}, "type": {"any_": ["markdown"]}}},
+    )
     assert artifacts, f"flow run {flow_run_id} published no markdown artifact"
     return str(artifacts[0]["data"])
 
 
-def _serve_until(url: str, tmp_path: Path, args: list[str], name: str, runs: int, env: dict[str, str] | None = None,
-                 drop_env: tuple[str, ...] = (), flow: str = "pt2flow-fleet") -> tuple[subprocess.Popen[bytes], Path, dict[str, Any], list[dict[str, Any]]]:
+def _serve_until(
+    url: str,
+    tmp_path: Path,
+    args: list[str],
+    name: str,
+    runs: int,
+    env: dict[str, str] | None = None,
+    drop_env: tuple[str, ...] = (),
+    flow: str = "pt2flow-fleet",
+) -> tuple[subprocess.Popen[bytes], Path, dict[str, Any], list[dict[str, Any]]]:
     """Start `pt2flow serve ARGS --name NAME` in tmp_path/work and wait until RUNS scheduled runs of
     its deployment completed; returns (process, log, deployment, completed runs, oldest first)."""
-    serve_env = cli_env({"PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path / "client-home"), **PREFECT_RUNNER_POLL, **(env or {})})
+    serve_env = cli_env(
+        {"PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path / "client-home"), **PREFECT_RUNNER_POLL, **(env or {})}
+    )
     for key in drop_env:
         serve_env.pop(key, None)
     serve_log = tmp_path / "serve.log"
@@ -169,7 +201,12 @@ def _serve_until(url: str, tmp_path: Path, args: list[str], name: str, runs: int
     with open(serve_log, "ab") as log:
         serve = subprocess.Popen(
             [str(BIN / "pt2flow"), "serve", *args, "--name", name],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(tmp_path / "work"), start_new_session=True, env=serve_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(tmp_path / "work"),
+            start_new_session=True,
+            env=serve_env,
         )
     try:
         deployment: dict[str, Any] | None = None
@@ -185,7 +222,9 @@ def _serve_until(url: str, tmp_path: Path, args: list[str], name: str, runs: int
                     break
             time.sleep(2)
         assert deployment is not None, f"no deployment {flow}/{name} after {RUN_DEADLINE_S} s:\n{_tail(serve_log)}"
-        assert len(completed) >= runs, f"{len(completed)} scheduled run(s) completed in {RUN_DEADLINE_S} s:\n{_tail(serve_log)}"
+        assert len(completed) >= runs, (
+            f"{len(completed)} scheduled run(s) completed in {RUN_DEADLINE_S} s:\n{_tail(serve_log)}"
+        )
         print(f"{runs} scheduled run(s) of {name} completed {time.monotonic() - started:.0f} s after serve started")
     except BaseException:
         _stop_group(serve)
@@ -207,7 +246,9 @@ def _run_id(url: str, flow_run: dict[str, Any]) -> str:
 STOP_GRACE_S = 180
 
 
-def _assert_stopped_cleanly(url: str, serve: subprocess.Popen[bytes], serve_log: Path, deployment: dict[str, Any], sig: int) -> None:
+def _assert_stopped_cleanly(
+    url: str, serve: subprocess.Popen[bytes], serve_log: Path, deployment: dict[str, Any], sig: int
+) -> None:
     code = _stop_group(serve, sig, grace=STOP_GRACE_S)
     log_text = _tail(serve_log, 10**7)
     assert code == 0, f"pt2flow serve exited with {code} on {signal.Signals(sig).name}:\n{log_text[-4000:]}"
@@ -225,8 +266,11 @@ def test_serve_runs_the_fleet_on_schedule(tmp_path: Path, real_server: str) -> N
     store = work / "store"
     # relative CONFIG and --store: the deployment must hold absolute ones
     serve, serve_log, deployment, completed = _serve_until(
-        url, tmp_path, ["fleet.yaml", "--interval", "5", "--store", "store", "--storage-option", f"sentinel_token={SENTINEL}"],
-        name=f"sched-{uuid.uuid4().hex[:8]}", runs=2,
+        url,
+        tmp_path,
+        ["fleet.yaml", "--interval", "5", "--store", "store", "--storage-option", f"sentinel_token={SENTINEL}"],
+        name=f"sched-{uuid.uuid4().hex[:8]}",
+        runs=2,
     )
     try:
         # the deployment: the schedule asked for, absolute paths, no run id, no storage option
@@ -268,8 +312,11 @@ def test_serve_on_s3_with_credentials_only_in_storage_options(tmp_path: Path, re
     store = f"s3://{moto_s3.bucket}/sched-{uuid.uuid4().hex[:8]}"
     options = [f"client_kwargs.endpoint_url={moto_s3.url}", "key=pt2flow-serve-key", f"secret={SENTINEL}"]
     serve, serve_log, deployment, completed = _serve_until(
-        url, tmp_path, ["fleet.yaml", "--interval", "5", "--store", store, *[a for o in options for a in ("--storage-option", o)]],
-        name=f"sched-s3-{uuid.uuid4().hex[:8]}", runs=1,
+        url,
+        tmp_path,
+        ["fleet.yaml", "--interval", "5", "--store", store, *[a for o in options for a in ("--storage-option", o)]],
+        name=f"sched-s3-{uuid.uuid4().hex[:8]}",
+        runs=1,
         # nothing listens there: without the options a run fails fast, and never leaves the machine
         env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}"},
         drop_env=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
@@ -299,8 +346,13 @@ def test_prefect_yaml_deploys_to_a_process_pool(tmp_path: Path, real_server: str
 
     env = cli_env({"PREFECT_API_URL": real_server, "PREFECT_HOME": str(tmp_path / "client-home")})
     before = (ROOT / "prefect.yaml").read_bytes()
-    for command in (["work-pool", "create", "pt2flow-process", "--type", "process"], ["--no-prompt", "deploy", "--all"]):
-        proc = subprocess.run([str(BIN / "prefect"), *command], cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=180)
+    for command in (
+        ["work-pool", "create", "pt2flow-process", "--type", "process"],
+        ["--no-prompt", "deploy", "--all"],
+    ):
+        proc = subprocess.run(
+            [str(BIN / "prefect"), *command], cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=180
+        )
         assert proc.returncode == 0, (command, proc.stdout[-3000:], proc.stderr[-3000:])
     assert (ROOT / "prefect.yaml").read_bytes() == before  # prefect deploy left the file alone
 
@@ -321,7 +373,11 @@ def test_serve_without_a_server_exits_2(tmp_path: Path) -> None:
     assert not (tmp_path / "store").exists()  # refused before touching anything
 
     dead = f"http://127.0.0.1:{_free_port()}/api"
-    proc = run_cli(["serve", str(config), "--cron", "0 3 * * *", "--store", str(tmp_path / "store")], env={"PREFECT_API_URL": dead}, timeout=120)
+    proc = run_cli(
+        ["serve", str(config), "--cron", "0 3 * * *", "--store", str(tmp_path / "store")],
+        env={"PREFECT_API_URL": dead},
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "no Prefect server answers" in proc.stderr and "prefect server start" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -365,18 +421,26 @@ def test_serve_schedules_an_upgrade_check(tmp_path: Path, real_server: str) -> N
     code, baseline = run_in_process(work / "fleet.yaml", store=str(work / "store"))
     assert code == 0, baseline
     serve, serve_log, deployment, completed = _serve_until(
-        url, tmp_path, ["fleet.yaml", "--interval", "5", "--store", "store", "--upgrade-check", candidate, "--report-dir", "reports"],
-        name=f"upgrade-{uuid.uuid4().hex[:8]}", runs=1, flow="pt2flow-upgrade-check",
+        url,
+        tmp_path,
+        ["fleet.yaml", "--interval", "5", "--store", "store", "--upgrade-check", candidate, "--report-dir", "reports"],
+        name=f"upgrade-{uuid.uuid4().hex[:8]}",
+        runs=1,
+        flow="pt2flow-upgrade-check",
     )
     try:
-        assert deployment["parameters"]["python"] == candidate and deployment["parameters"]["report_dir"] == str(work / "reports")
+        assert deployment["parameters"]["python"] == candidate and deployment["parameters"]["report_dir"] == str(
+            work / "reports"
+        )
         reports = sorted((work / "reports").glob("upgrade-check-*.json"))
         assert reports and (work / "reports" / reports[0].name.replace(".json", ".html")).is_file()
         report = json.loads(reports[0].read_text())
         assert report["candidate"]["python"] == candidate and report["regressed"] is False
         assert [(m["model"], m["verdict"]) for m in report["models"]] == [("mlp", "unchanged")]
         # tinyops and transformers differ, but mlp imports neither: they are not the fleet's changes
-        assert report["versions"] == [] and {"tinyops", "transformers"} <= {v["name"] for v in report["other_version_changes"]}
+        assert report["versions"] == [] and {"tinyops", "transformers"} <= {
+            v["name"] for v in report["other_version_changes"]
+        }
         assert "No regression" in _summary_markdown(url, completed[0]["id"])
     finally:
         _assert_stopped_cleanly(url, serve, serve_log, deployment, signal.SIGTERM)

@@ -39,7 +39,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     proc = run_cli(["run", str(config)], cwd=elsewhere, env={"COLUMNS": "240"})
     assert proc.returncode == 1, proc.stderr[-3000:]
     run_id = re.search(r"pt2flow run (\S+)", proc.stdout).group(1)
-    return {"root": root, "config": config, "store": folder / "store", "elsewhere": elsewhere, "run1": run_id, "summary": proc.stdout}
+    return {
+        "root": root,
+        "config": config,
+        "store": folder / "store",
+        "elsewhere": elsewhere,
+        "run1": run_id,
+        "summary": proc.stdout,
+    }
 
 
 def test_the_run_summary_prints_the_failures_command_of_its_store(fleet: dict[str, Any]) -> None:
@@ -56,7 +63,9 @@ def test_the_run_summary_prints_the_failures_command_of_its_store(fleet: dict[st
     # a run given --store elsewhere prints --store (the config's store is not the one it wrote)
     from pt2flow.flows.cli.summary import failures_command
 
-    assert failures_command({"run_id": "R", "store": "/s 1"}, "fleet.yaml", "/s 1") == "pt2flow failures R --store '/s 1'"
+    assert (
+        failures_command({"run_id": "R", "store": "/s 1"}, "fleet.yaml", "/s 1") == "pt2flow failures R --store '/s 1'"
+    )
 
 
 def test_failures_after_an_only_run_compares_only_the_models_both_runs_covered(fleet: dict[str, Any]) -> None:
@@ -74,13 +83,23 @@ def test_failures_after_an_only_run_compares_only_the_models_both_runs_covered(f
     # named runs too: the models the newer run did not cover are named as not compared
     code, named, _ = run_json(["failures", doc["run_id"], "--against", fleet["run1"], "--store", str(store)])
     assert code == 0 and named["summary"]["gone"] == 0
-    assert named["selection"] == f"named by the caller; 2 model(s) of {fleet['run1']} that {doc['run_id']} did not cover are not compared"
+    assert (
+        named["selection"]
+        == f"named by the caller; 2 model(s) of {fleet['run1']} that {doc['run_id']} did not cover are not compared"
+    )
     # a model both runs covered that now passes is still a gone group: gated fixed, opaque not run
-    fixed = write_config(config.parent / "fixed.yaml", [{**FLEET[0], "kwargs": {"safe": True}}, *FLEET[1:]], stages=["trace"], store="store")
+    fixed = write_config(
+        config.parent / "fixed.yaml",
+        [{**FLEET[0], "kwargs": {"safe": True}}, *FLEET[1:]],
+        stages=["trace"],
+        store="store",
+    )
     code, doc3 = run_in_process(fixed, only=["gated", "mlp"])
     assert code == 0, doc3
     code, report, _ = run_json(["failures", "--config", str(fixed), "--against", fleet["run1"]], cwd=fleet["elsewhere"])
-    assert code == 0 and [(g["status"], g["error_class"], g["models_against"]) for g in report["groups"]] == [("gone", "data_dependent", ["gated"])]
+    assert code == 0 and [(g["status"], g["error_class"], g["models_against"]) for g in report["groups"]] == [
+        ("gone", "data_dependent", ["gated"])
+    ]
     assert report["summary"]["fixed_models"] == 1
 
 
@@ -96,11 +115,20 @@ def test_a_command_that_finds_nothing_names_the_store_it_read(fleet: dict[str, A
 def test_ls_of_an_unknown_model_names_the_models_there(fleet: dict[str, Any]) -> None:
     proc = run_cli(["ls", "--config", str(fleet["config"]), "--model", "mlpp"], cwd=fleet["elsewhere"])
     assert proc.returncode == 0 and f"0 record(s) in {fleet['store']}" in proc.stdout
-    assert proc.stderr.strip() == f"no model named 'mlpp' in {fleet['store']} (did you mean 'mlp'?); its models: mlp, gated, opaque", proc.stderr
+    assert (
+        proc.stderr.strip()
+        == f"no model named 'mlpp' in {fleet['store']} (did you mean 'mlp'?); its models: mlp, gated, opaque"
+    ), proc.stderr
     code, rows, stderr = run_json(["ls", "--config", str(fleet["config"]), "--model", "nosuch"], cwd=fleet["elsewhere"])
-    assert code == 0 and rows == [] and stderr.strip() == f"no model named 'nosuch' in {fleet['store']}; its models: gated, mlp, opaque"
+    assert (
+        code == 0
+        and rows == []
+        and stderr.strip() == f"no model named 'nosuch' in {fleet['store']}; its models: gated, mlp, opaque"
+    )
     # a model that is there, filtered to nothing by another option: no hint
-    proc = run_cli(["ls", "--config", str(fleet["config"]), "--model", "mlp", "--status", "failed"], cwd=fleet["elsewhere"])
+    proc = run_cli(
+        ["ls", "--config", str(fleet["config"]), "--model", "mlp", "--status", "failed"], cwd=fleet["elsewhere"]
+    )
     assert proc.returncode == 0 and proc.stderr == ""
 
 
@@ -108,8 +136,11 @@ def test_upgrade_check_only_counts_the_models_it_checked(fleet: dict[str, Any]) 
     """The candidate is this very environment (its pt2flow and torch): every model unchanged, so
     the counts are the selection's alone. Before issue 31, the baseline's third model was
     counted too ("3 models", 1 "only in baseline")."""
-    code, report, stderr = run_json(["upgrade-check", str(fleet["config"]), "--python", sys.executable, "--only", "mlp,opaque"],
-                                    cwd=fleet["elsewhere"], timeout=600)
+    code, report, stderr = run_json(
+        ["upgrade-check", str(fleet["config"]), "--python", sys.executable, "--only", "mlp,opaque"],
+        cwd=fleet["elsewhere"],
+        timeout=600,
+    )
     assert code == 0, stderr[-3000:]
     assert report["baseline"]["run_id"] == fleet["run1"]  # the newest run that covered both
     assert sorted(m["model"] for m in report["models"]) == ["mlp", "opaque"]

@@ -74,7 +74,11 @@ def load(data: bytes) -> Any:
 def rebuild(call: Any) -> str | None:
     from pt2flow.stages.serialize import stored_program
 
-    return stored_program(_rewrite(call.parent, OptimizedOptions(**call.options))).fingerprint if call.parent is not None else None
+    return (
+        stored_program(_rewrite(call.parent, OptimizedOptions(**call.options))).fingerprint
+        if call.parent is not None
+        else None
+    )
 
 
 def repro(job: Any) -> str:
@@ -89,9 +93,20 @@ def repro(job: Any) -> str:
 
 
 STAGE = Stage(
-    "optimized", 1, compute=f"{__name__}:compute", inputs=(Input("program", ("functionalize", "trace")),), options=OptimizedOptions,
-    publishes="optimized", artifact="optimized", suffix=".pt2", candidate=f"{__name__}:load", repro=f"{__name__}:repro",
-    rebuild=f"{__name__}:rebuild", accepts_training=False, position=45, description="the functional program with chosen ops decomposed",
+    "optimized",
+    1,
+    compute=f"{__name__}:compute",
+    inputs=(Input("program", ("functionalize", "trace")),),
+    options=OptimizedOptions,
+    publishes="optimized",
+    artifact="optimized",
+    suffix=".pt2",
+    candidate=f"{__name__}:load",
+    repro=f"{__name__}:repro",
+    rebuild=f"{__name__}:rebuild",
+    accepts_training=False,
+    position=45,
+    description="the functional program with chosen ops decomposed",
 )
 
 pytestmark = pytest.mark.integration
@@ -113,10 +128,20 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def fleet(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("optimized")
     models = [
-        {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}},
-         "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}}},
-        {"name": "strict", "factory": "tests.models:tiny_mlp", "kwargs": {"hidden": 12}, "inputs": {"x": {"shape": [3, 8]}},
-         "stages": {"optimized": {"forbid": ["aten.relu.default"]}}},
+        {
+            "name": "mlp",
+            "factory": "tests.models:tiny_mlp",
+            "inputs": {"x": {"shape": [4, 8]}},
+            "dynamic_shapes": {"x": {0: "batch"}},
+            "dims": {"batch": {"min": 1, "max": 16}},
+        },
+        {
+            "name": "strict",
+            "factory": "tests.models:tiny_mlp",
+            "kwargs": {"hidden": 12},
+            "inputs": {"x": {"shape": [3, 8]}},
+            "stages": {"optimized": {"forbid": ["aten.relu.default"]}},
+        },
     ]
     config = write_config(folder / "optimized.yaml", models, stages=STAGES, defaults={"validate": {"samples": 3}})
     store = str(folder / "store")
@@ -128,15 +153,26 @@ def test_its_place_comes_from_its_declaration(env: dict[str, str]) -> None:
     """Position 45 puts it after serialize (40) and before aot_compile (50) in the order every
     stage list keeps; the config schema gets its options section; the CLI offers its kind."""
     code = "from pt2flow.flows import pipeline; import json; print(json.dumps([pipeline.names(), pipeline.candidates(), pipeline.lineage_order()]))"
-    names, candidates, lineage = json.loads(subprocess.run([sys.executable, "-c", code], env={**_base_env(), **env}, capture_output=True,
-                                                            text=True, check=True, timeout=120).stdout)
+    names, candidates, lineage = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**_base_env(), **env},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+    )
     assert names[names.index("serialize") + 1] == "optimized" and names[names.index("optimized") + 1] == "aot_compile"
     assert "optimized" in candidates and lineage.index("optimized") < lineage.index("validate")
     schema = json.loads(run_cli(["schema"], env=env).stdout)
     assert "optimized" in json.dumps(schema) and "forbid" in json.dumps(schema)
     assert "optimized" in run_cli(["get", "--help"], env=env).stdout
-    wrong = write_config(Path(env["PYTHONPATH"].split(":")[0]) / "wrong.yaml", [{"name": "m", "factory": "tests.models:tiny_mlp",
-                         "inputs": {"x": {"shape": [2, 8]}}}], stages=["trace", "functionalize", "optimized", "serialize", "validate"])
+    wrong = write_config(
+        Path(env["PYTHONPATH"].split(":")[0]) / "wrong.yaml",
+        [{"name": "m", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [2, 8]}}}],
+        stages=["trace", "functionalize", "optimized", "serialize", "validate"],
+    )
     refused = run_cli(["validate", str(wrong)], env=env)
     assert refused.returncode == 2 and "stages must keep the pipeline order" in refused.stderr
     assert "'serialize', 'optimized', 'aot_compile'" in refused.stderr
@@ -155,21 +191,39 @@ def test_it_runs_is_validated_and_lineage_lists_it_in_order(fleet: dict[str, Any
     assert list(models["mlp"]["stages"]) == STAGES and models["mlp"]["status"] == "ok"
     assert models["strict"]["failed_stage"] == "optimized" and models["strict"]["error_class"] == "unsupported_op"
     store = fleet["store"]
-    report_row = next(r for r in json.loads(run_cli(["ls", "--store", store, "--model", "mlp", "--stage", "validate", "--json"], env=env).stdout))
+    report_row = next(
+        r
+        for r in json.loads(
+            run_cli(["ls", "--store", store, "--model", "mlp", "--stage", "validate", "--json"], env=env).stdout
+        )
+    )
     report = json.loads(run_cli(["show", report_row["sha256"], "--store", store, "--json"], env=env).stdout)
     candidates = report["report"]["candidates"]
-    assert "optimized" in candidates and candidates["optimized"]["max_abs_err"] < 1e-4  # run beside eager at batch 1 and 16
-    assert [s["sizes"] for s in report["report"]["plan"]] == [{}, {"batch": 1}, {"batch": 16}]  # the example, then the dim's edges
+    assert (
+        "optimized" in candidates and candidates["optimized"]["max_abs_err"] < 1e-4
+    )  # run beside eager at batch 1 and 16
+    assert [s["sizes"] for s in report["report"]["plan"]] == [
+        {},
+        {"batch": 1},
+        {"batch": 16},
+    ]  # the example, then the dim's edges
     lineage = json.loads(run_cli(["lineage", report_row["sha256"], "--store", store, "--json"], env=env).stdout)
     assert [a["stage"] for a in lineage["ancestors"]] == ["source", "trace", "functionalize", "serialize", "optimized"]
 
 
-def test_get_hands_out_its_artifact_which_loads_in_a_plain_script(fleet: dict[str, Any], env: dict[str, str], tmp_path: Path) -> None:
+def test_get_hands_out_its_artifact_which_loads_in_a_plain_script(
+    fleet: dict[str, Any], env: dict[str, str], tmp_path: Path
+) -> None:
     out = tmp_path / "mlp.optimized.pt2"
-    got = run_cli(["get", "--model", "mlp", "--artifact", "optimized", "-o", str(out), "--store", fleet["store"], "--json"], env=env)
+    got = run_cli(
+        ["get", "--model", "mlp", "--artifact", "optimized", "-o", str(out), "--store", fleet["store"], "--json"],
+        env=env,
+    )
     assert got.returncode == 0, got.stderr
-    script = (f"import torch; ep = torch.export.load({str(out)!r}); ops = {{str(n.target) for n in ep.graph.nodes if n.op == 'call_function'}}; "
-              "print(sorted(ops)); assert 'aten.linear.default' not in ops; print(ep.module()(torch.randn(5, 8)).shape)")
+    script = (
+        f"import torch; ep = torch.export.load({str(out)!r}); ops = {{str(n.target) for n in ep.graph.nodes if n.op == 'call_function'}}; "
+        "print(sorted(ops)); assert 'aten.linear.default' not in ops; print(ep.module()(torch.randn(5, 8)).shape)"
+    )
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "torch.Size([5" in ran.stdout  # the dynamic batch kept
@@ -188,7 +242,9 @@ def test_its_failure_reproduces_from_its_template(fleet: dict[str, Any], env: di
     made = run_cli(["repro", "strict", "-o", str(folder), "--store", fleet["store"], "--json"], env=env)
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["stage"] == "optimized"
-    ran = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    ran = subprocess.run(
+        [sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert ran.returncode != 0 and "forbidden operators left after the rewrite: aten.relu.default" in ran.stderr
 
 
@@ -198,12 +254,23 @@ def test_a_stage_whose_library_is_missing_is_refused_naming_its_extra(tmp_path: 
     from pt2flow.flows import pipeline
     from pt2flow.flows.config import ConfigError, load_config
 
-    needy = Stage("needy", 1, compute=f"{__name__}:compute", inputs=(Input("program", ("trace",)),), libraries=("no_such_module_for_pt2flow",),
-                  extra="needy", publishes="needy", position=46)
+    needy = Stage(
+        "needy",
+        1,
+        compute=f"{__name__}:compute",
+        inputs=(Input("program", ("trace",)),),
+        libraries=("no_such_module_for_pt2flow",),
+        extra="needy",
+        publishes="needy",
+        position=46,
+    )
     pipeline.register(needy)
     try:
-        config = write_config(tmp_path / "needy.yaml", [{"name": "m", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [2, 8]}}}],
-                              stages=["trace", "needy"])
+        config = write_config(
+            tmp_path / "needy.yaml",
+            [{"name": "m", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [2, 8]}}}],
+            stages=["trace", "needy"],
+        )
         with pytest.raises(ConfigError) as info:
             load_config(str(config))
         assert "no_such_module_for_pt2flow" in str(info.value) and "pt2flow[needy]" in str(info.value)

@@ -24,6 +24,7 @@ from tests.fleets import Fleet, Run
 # one group with the shared targets fleet (tests/fleets.py), which the first tests read
 pytestmark = [pytest.mark.integration]
 
+
 def _models(result: subprocess.CompletedProcess[str] | Run) -> dict[str, dict[str, Any]]:
     return {m["name"]: m for m in json.loads(result.stdout)["models"]}
 
@@ -32,7 +33,12 @@ def _models(result: subprocess.CompletedProcess[str] | Run) -> dict[str, dict[st
 def demo(targets_fleet: Fleet) -> dict[str, Any]:
     """The shared targets fleet (tests/fleets.py): configs/targets.yaml as shipped (aot_compile
     included) with the benchmark stage after validate, cold then warm."""
-    return {"cold": targets_fleet.cold, "warm": targets_fleet.warm, "store": targets_fleet.store, "folder": targets_fleet.folder}
+    return {
+        "cold": targets_fleet.cold,
+        "warm": targets_fleet.warm,
+        "store": targets_fleet.store,
+        "folder": targets_fleet.folder,
+    }
 
 
 @pytest.mark.compile  # the shared targets fleet compiles
@@ -77,7 +83,9 @@ def test_targets_are_got_and_descend_from_the_same_export(demo: dict[str, Any], 
         assert json.loads(got.stdout)["sha256"] == model["artifacts"][kind]
         lineage = json.loads(run_cli(["lineage", model["artifacts"][kind], "--store", store, "--json"]).stdout)
         lines[kind] = {a["stage"]: a["sha256"] for a in lineage["ancestors"]}
-    assert lines["onnx"]["trace"] == lines["pte"]["trace"] == lines["openvino"]["trace"] == lines["serialized"]["trace"]  # one export
+    assert (
+        lines["onnx"]["trace"] == lines["pte"]["trace"] == lines["openvino"]["trace"] == lines["serialized"]["trace"]
+    )  # one export
     assert lines["onnx"]["functionalize"] == lines["pte"]["functionalize"] == lines["openvino"]["functionalize"]
     assert "decompose" not in lines["onnx"] and "decompose" not in lines["openvino"]
     import onnx  # the file is a real ONNX model naming its dynamic dims
@@ -94,8 +102,13 @@ def test_targets_are_got_and_descend_from_the_same_export(demo: dict[str, Any], 
         "    out = compiled([np.ones((b, s, 12), np.float32), np.ones((b, s), np.float32)])\n"
         "    print(out[0].shape[0])\n"
     )
-    ran = subprocess.run([sys.executable, "-c", script, str(tmp_path / "multi-head.openvino")], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "CI": "true"})
+    ran = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "multi-head.openvino")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CI": "true"},
+    )
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.split() == ["1", "8"]  # one output row per batch item, at the dims' min and max
 
@@ -134,44 +147,74 @@ def test_the_drift_report_of_the_two_runs_has_a_row_per_target(demo: dict[str, A
     done = run_cli(["report", "--store", demo["store"], "--json"])
     assert done.returncode == 0, done.stderr[-2000:]
     comparison = json.loads(done.stdout)
-    assert (comparison["runs"]["a"]["run_id"], comparison["runs"]["b"]["run_id"]) == (demo["cold"].document["run_id"], demo["warm"].document["run_id"])
+    assert (comparison["runs"]["a"]["run_id"], comparison["runs"]["b"]["run_id"]) == (
+        demo["cold"].document["run_id"],
+        demo["warm"].document["run_id"],
+    )
     cold = _models(demo["cold"])
     for model in comparison["models"]:
         facts = model["artifacts"]
         assert list(facts) == list(kinds), model["model"]
         for kind in kinds:
-            size = json.loads(run_cli(["show", cold[model["model"]]["artifacts"][kind], "--store", demo["store"], "--json"]).stdout)["size"]
-            assert facts[kind]["size"] == {"a": size, "b": size, "delta": 0, "ratio": 1.0, "changed": False}, (model["model"], kind)
+            size = json.loads(
+                run_cli(["show", cold[model["model"]]["artifacts"][kind], "--store", demo["store"], "--json"]).stdout
+            )["size"]
+            assert facts[kind]["size"] == {"a": size, "b": size, "delta": 0, "ratio": 1.0, "changed": False}, (
+                model["model"],
+                kind,
+            )
             assert facts[kind]["passed"] == {"a": True, "b": True, "changed": False}, (model["model"], kind)
     text = run_cli(["report", "--store", demo["store"]]).stdout
-    cells = [[c.strip() for c in re.split("[│┃|]", line) if c.strip()] for line in text.split("artifacts", 1)[1].splitlines()]
+    cells = [
+        [c.strip() for c in re.split("[│┃|]", line) if c.strip()] for line in text.split("artifacts", 1)[1].splitlines()
+    ]
     rows = [row for row in cells if row and row[0] in cold]
-    assert sorted((row[0], row[1]) for row in rows) == sorted((name, kind) for name in cold for kind in kinds), text[-3000:]
+    assert sorted((row[0], row[1]) for row in rows) == sorted((name, kind) for name in cold for kind in kinds), text[
+        -3000:
+    ]
     assert all(row[-1] == "pass" for row in rows), text[-3000:]
 
 
 REFUSED = [
     # a joint forward+backward program: no target deploys training
-    {"name": "trainer", "factory": "tests.models:regressor", "inputs": {"x": {"shape": [4, 4]}, "y": {"shape": [4]}},
-     "stages": {"functionalize": {"mode": "training", "loss_output": 0}}},
+    {
+        "name": "trainer",
+        "factory": "tests.models:regressor",
+        "inputs": {"x": {"shape": [4, 4]}, "y": {"shape": [4]}},
+        "stages": {"functionalize": {"mode": "training", "loss_output": 0}},
+    },
     # updates buffers on every call: an ONNX model has no state
     {"name": "stateful", "factory": "tests.models:buffer_counter", "inputs": {"x": {"shape": [2, 8]}}},
     # a custom op no exporter translates
     {"name": "wobbly", "factory": "tests.custom_op_models:wobbly", "inputs": {"x": {"shape": [1, 8]}}},
     # dict outputs and an op XNNPACK does not take (argmax): portable kernels when allowed ...
-    {"name": "dict-out", "factory": "tests.models:dict_out", "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
-     "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 8}}},
+    {
+        "name": "dict-out",
+        "factory": "tests.models:dict_out",
+        "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
+        "dynamic_shapes": {"x": {0: "batch"}},
+        "dims": {"batch": {"min": 1, "max": 8}},
+    },
     # ... and `lowering` naming it when not
-    {"name": "dict-strict", "factory": "tests.models:dict_out", "kwargs": {}, "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
-     "stages": {"executorch": {"portable_fallback": False}, "onnx": {"optimize": False}}},
+    {
+        "name": "dict-strict",
+        "factory": "tests.models:dict_out",
+        "kwargs": {},
+        "inputs": {"x": {"shape": [2, 3, 6]}, "scale": {"shape": []}},
+        "stages": {"executorch": {"portable_fallback": False}, "onnx": {"optimize": False}},
+    },
 ]
 
 
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("refused")
-    config = write_config(folder / "refused.yaml", REFUSED, stages=["trace", "functionalize", "onnx", "executorch", "validate"],
-                          defaults={"validate": {"samples": 3}})
+    config = write_config(
+        folder / "refused.yaml",
+        REFUSED,
+        stages=["trace", "functionalize", "onnx", "executorch", "validate"],
+        defaults={"validate": {"samples": 3}},
+    )
     store = str(folder / "store")
     return {"run": run_as_cli(config, store=store), "store": store}  # from this process: its document is read
 
@@ -189,16 +232,24 @@ def test_each_refusal_has_its_class_and_says_why(refused: dict[str, Any]) -> Non
     assert models["dict-out"]["status"] == "ok" and models["dict-out"]["validation"]["passed"]
     assert (models["dict-strict"]["failed_stage"], models["dict-strict"]["error_class"]) == ("executorch", "lowering")
     assert "aten.argmax.default" in models["dict-strict"]["error"]
-    lowered = json.loads(run_cli(["ls", "--store", refused["store"], "--model", "dict-out", "--stage", "executorch", "--json"]).stdout)[0]
+    lowered = json.loads(
+        run_cli(["ls", "--store", refused["store"], "--model", "dict-out", "--stage", "executorch", "--json"]).stdout
+    )[0]
     assert "aten.argmax.default" in lowered["details"]["portable_ops"]  # ran on the portable kernels
 
 
-@pytest.mark.parametrize(("model", "raised"), [("wobbly", "pt2flow_test.wobble"), ("dict-strict", "aten.argmax.default")])
-def test_a_target_failure_reproduces_in_a_fresh_process(refused: dict[str, Any], model: str, raised: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("model", "raised"), [("wobbly", "pt2flow_test.wobble"), ("dict-strict", "aten.argmax.default")]
+)
+def test_a_target_failure_reproduces_in_a_fresh_process(
+    refused: dict[str, Any], model: str, raised: str, tmp_path: Path
+) -> None:
     folder = tmp_path / model
     made = run_cli(["repro", model, "-o", str(folder), "--store", refused["store"]])
     assert made.returncode == 0, made.stderr
-    ran = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    ran = subprocess.run(
+        [sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert ran.returncode != 0 and raised in ran.stderr, ran.stderr[-3000:]
 
 
@@ -208,11 +259,20 @@ def openvino_refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     folder = tmp_path_factory.mktemp("openvino-refused")
     models = [
         {"name": "spectrum", "factory": "tests.models:spectrum", "inputs": {"x": {"shape": [2, 16]}}},
-        {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [3, 8]}},
-         "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}}},
+        {
+            "name": "mlp",
+            "factory": "tests.models:tiny_mlp",
+            "inputs": {"x": {"shape": [3, 8]}},
+            "dynamic_shapes": {"x": {0: "batch"}},
+            "dims": {"batch": {"min": 1, "max": 16}},
+        },
     ]
-    config = write_config(folder / "openvino.yaml", models, stages=["trace", "functionalize", "openvino", "validate"],
-                          defaults={"validate": {"samples": 3}})
+    config = write_config(
+        folder / "openvino.yaml",
+        models,
+        stages=["trace", "functionalize", "openvino", "validate"],
+        defaults={"validate": {"samples": 3}},
+    )
     store = str(folder / "store")
     return {"run": run_as_cli(config, store=store), "store": store}  # from this process: its document is read
 
@@ -227,6 +287,12 @@ def test_openvino_refuses_an_op_it_cannot_convert_naming_it(openvino_refused: di
     folder = tmp_path / "repro"
     made = run_cli(["repro", "spectrum", "-o", str(folder), "--store", openvino_refused["store"]])
     assert made.returncode == 0, made.stderr
-    ran = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                         env={**os.environ, "CI": "true"})
+    ran = subprocess.run(
+        [sys.executable, str(folder / "repro.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "CI": "true"},
+    )
     assert ran.returncode != 0 and "aten._fft_r2c.default" in ran.stderr, ran.stderr[-3000:]

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.integration
 STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 IDS = {"shape": [2, 8], "dtype": "int64", "low": 0, "high": 100}
 FLEET = [
-    {"name": "bert", "factory": "tests.hf_models:bert_tiny", "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}},
+    {
+        "name": "bert",
+        "factory": "tests.hf_models:bert_tiny",
+        "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}},
+    },
     {"name": "gpt2", "factory": "tests.hf_models:gpt2_tiny", "inputs": {"input_ids": IDS}},
 ]
 
@@ -29,8 +33,16 @@ FLEET = [
 # three transformers architectures, a known failure (GPT-2 at decompose) and a plain model
 MIXED = [
     *FLEET,
-    {"name": "distilbert", "factory": "tests.hf_models:distilbert_tiny", "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}},
-    {"name": "roberta", "factory": "tests.hf_models:roberta_tiny", "inputs": {"input_ids": {**IDS, "low": 3}, "attention_mask": {**IDS, "value": 1}}},
+    {
+        "name": "distilbert",
+        "factory": "tests.hf_models:distilbert_tiny",
+        "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}},
+    },
+    {
+        "name": "roberta",
+        "factory": "tests.hf_models:roberta_tiny",
+        "inputs": {"input_ids": {**IDS, "low": 3}, "attention_mask": {**IDS, "value": 1}},
+    },
     {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}},
 ]
 
@@ -44,7 +56,12 @@ def _bert_validated_gpt2_failed(document: dict) -> tuple[Any, ...]:
     by_name = {m["name"]: m for m in document["models"]}
     assert by_name["bert"]["status"] == "ok" and by_name["bert"]["validation"]["passed"] is True
     gpt2 = by_name["gpt2"]
-    return gpt2["status"], gpt2["failed_stage"], gpt2["error_class"], {s: v["cached"] for s, v in gpt2["stages"].items()}
+    return (
+        gpt2["status"],
+        gpt2["failed_stage"],
+        gpt2["error_class"],
+        {s: v["cached"] for s, v in gpt2["stages"].items()},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +108,19 @@ def test_tiny_bert_and_gpt2_cold_warm_and_retried(cold: dict[str, Any], tmp_path
     assert archive["samples"] == 3 and archive["max_abs_err"] < 1e-4
 
 
-def test_manifests_do_not_depend_on_workers_order_or_runner_and_a_warm_rerun_does_nothing(cold: dict[str, Any], tmp_path: Path) -> None:
+def test_manifests_do_not_depend_on_workers_order_or_runner_and_a_warm_rerun_does_nothing(
+    cold: dict[str, Any], tmp_path: Path
+) -> None:
     """The source blob is the canonical manifest: the same fleet, cold, with one worker (the
     module's cold run), with two in the reverse order and on a Dask cluster, records the same one
     for every model; an unchanged re-run then does no stage work at all (no worker started)."""
-    expected = {"bert": ("ok", None), "gpt2": ("failed", "decompose"), "distilbert": ("ok", None), "roberta": ("ok", None), "mlp": ("ok", None)}
+    expected = {
+        "bert": ("ok", None),
+        "gpt2": ("failed", "decompose"),
+        "distilbert": ("ok", None),
+        "roberta": ("ok", None),
+        "mlp": ("ok", None),
+    }
     config = cold["config"]
     reverse = write_config(tmp_path / "reverse" / "hf.yaml", MIXED[::-1], stages=STAGES)
     runs = {}
@@ -104,7 +129,9 @@ def test_manifests_do_not_depend_on_workers_order_or_runner_and_a_warm_rerun_doe
     # two workers, the reverse order: the fleet run in this process (its document is what is read)
     code, runs["two"] = run_in_process(reverse, store=str(tmp_path / "store-two"), workers=2)
     assert code == 1, runs["two"]
-    code, runs["dask"], stderr = run_json(["run", str(config), "--store", str(tmp_path / "store-dask"), "--runner", "dask", "--workers", "2"])
+    code, runs["dask"], stderr = run_json(
+        ["run", str(config), "--store", str(tmp_path / "store-dask"), "--runner", "dask", "--workers", "2"]
+    )
     assert code == 1, stderr[-3000:]
     for document in runs.values():
         statuses = {m["name"]: (m["status"], m["failed_stage"]) for m in document["models"]}

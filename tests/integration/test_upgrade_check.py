@@ -29,8 +29,16 @@ pytestmark = pytest.mark.integration
 STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 IDS = {"shape": [2, 8], "dtype": "int64", "low": 0, "high": 100}
 FLEET = [
-    {"name": "bert", "factory": "tests.hf_models:bert_tiny", "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}},
-    {"name": "distilbert", "factory": "tests.hf_models:distilbert_tiny", "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}}},
+    {
+        "name": "bert",
+        "factory": "tests.hf_models:bert_tiny",
+        "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}},
+    },
+    {
+        "name": "distilbert",
+        "factory": "tests.hf_models:distilbert_tiny",
+        "inputs": {"input_ids": IDS, "attention_mask": {**IDS, "value": 1}},
+    },
     {"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}}},
     {"name": "scaled", "factory": "tests.upgrade_models:scaled", "inputs": {"x": {"shape": [4, 8]}}},
     {"name": "gated", "factory": "tests.upgrade_models:gated", "inputs": {"x": {"shape": [4, 8]}}},
@@ -77,7 +85,9 @@ def _fingerprints(store: Path, run_id: str) -> dict[str, str | None]:
     return {r["model"]: r["fingerprint"] for r in records if r["run_id"] == run_id}
 
 
-def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path: Path, environments: tuple[str, str]) -> None:
+def test_upgrade_check_names_versions_changes_failures_and_their_cause(
+    tmp_path: Path, environments: tuple[str, str]
+) -> None:
     baseline_python, candidate_python = environments
     store = tmp_path / "store"
     config = write_config(tmp_path / "fleet.yaml", FLEET, stages=STAGES, store=str(store))
@@ -87,8 +97,21 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
     assert [m["status"] for m in baseline["models"]] == ["ok"] * 5 and baseline["python"] == baseline_python
 
     repro_dir = tmp_path / "repro"
-    code, report, stderr = run_json(["upgrade-check", str(config), "--python", candidate_python, "--baseline-python", baseline_python,
-                                     "--attribute", "--repro-dir", str(repro_dir), "--json"], cwd=tmp_path)
+    code, report, stderr = run_json(
+        [
+            "upgrade-check",
+            str(config),
+            "--python",
+            candidate_python,
+            "--baseline-python",
+            baseline_python,
+            "--attribute",
+            "--repro-dir",
+            str(repro_dir),
+            "--json",
+        ],
+        cwd=tmp_path,
+    )
     assert code == 1, stderr[-4000:]  # gated regresses
     assert "Traceback" not in stderr
     assert report["baseline"]["run_id"] == baseline["run_id"]
@@ -96,7 +119,10 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
 
     # the versions that differ, with the models whose code imports them
     versions = {v["name"]: (v["baseline"], v["candidate"], v["used_by"]) for v in report["versions"]}
-    assert versions == {"tinyops": ("1.0", "2.0", ["gated", "scaled"]), "transformers": ("5.23.0", CANDIDATE_TRANSFORMERS, ["bert", "distilbert"])}
+    assert versions == {
+        "tinyops": ("1.0", "2.0", ["gated", "scaled"]),
+        "transformers": ("5.23.0", CANDIDATE_TRANSFORMERS, ["bert", "distilbert"]),
+    }
 
     by_name = {m["model"]: m for m in report["models"]}
     # plain models: the candidate cannot change them, so the cache served them and they are unchanged
@@ -113,7 +139,9 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
     # scaled: same numbers, another op
     scaled = by_name["scaled"]
     assert scaled["verdict"] == "changed" and scaled["program_changed"] is True
-    assert scaled["op_histogram"]["added"] == {"aten.add.Tensor": 1} and scaled["op_histogram"]["removed"] == {"aten.mul.Tensor": 1}
+    assert scaled["op_histogram"]["added"] == {"aten.add.Tensor": 1} and scaled["op_histogram"]["removed"] == {
+        "aten.mul.Tensor": 1
+    }
     assert prints_a["scaled"] != prints_b["scaled"]
     # gated: newly failing, with a repro the candidate's pt2flow wrote, caused by tinyops alone
     gated = by_name["gated"]
@@ -128,33 +156,62 @@ def test_upgrade_check_names_versions_changes_failures_and_their_cause(tmp_path:
     # check-compat of the baseline's artifacts ran in candidate workers, and they all still load and match
     compat = report["compat"]
     assert compat["python"] == candidate_python and compat["run_id"] == baseline["run_id"]
-    assert {m["name"]: m["status"] for m in compat["models"]} == {name: "ok" for name in ("bert", "distilbert", "mlp", "scaled", "gated")}
+    assert {m["name"]: m["status"] for m in compat["models"]} == {
+        name: "ok" for name in ("bert", "distilbert", "mlp", "scaled", "gated")
+    }
 
     # the repro script reproduces the failure under the candidate, and passes under the baseline
     script = repro_dir / "gated" / "repro.py"
     env = cli_env()
-    under_candidate = subprocess.run([candidate_python, str(script)], capture_output=True, text=True, timeout=300, env=env, cwd=script.parent)
-    under_baseline = subprocess.run([baseline_python, str(script)], capture_output=True, text=True, timeout=300, env=env, cwd=script.parent)
+    under_candidate = subprocess.run(
+        [candidate_python, str(script)], capture_output=True, text=True, timeout=300, env=env, cwd=script.parent
+    )
+    under_baseline = subprocess.run(
+        [baseline_python, str(script)], capture_output=True, text=True, timeout=300, env=env, cwd=script.parent
+    )
     assert under_candidate.returncode != 0 and "data-dependent" in under_candidate.stdout + under_candidate.stderr
     assert under_baseline.returncode == 0, under_baseline.stderr[-2000:]
 
     # again, as text: the default baseline is still the baseline's run (the candidate's run covered
     # every model too, but with the candidate's versions); versions first
-    code = run_cli(["upgrade-check", str(config), "--python", candidate_python, "--baseline-python", baseline_python,
-                    "--repro-dir", str(repro_dir / "again")], cwd=tmp_path)
+    code = run_cli(
+        [
+            "upgrade-check",
+            str(config),
+            "--python",
+            candidate_python,
+            "--baseline-python",
+            baseline_python,
+            "--repro-dir",
+            str(repro_dir / "again"),
+        ],
+        cwd=tmp_path,
+    )
     assert code.returncode == 1, code.stderr[-3000:]
     text = code.stdout
     assert f"baseline run {baseline['run_id']} vs" in text
     assert text.index("tinyops 1.0 → 2.0") < text.index("gated: newly failing")
-    assert f"transformers 5.23.0 → {CANDIDATE_TRANSFORMERS}" in text and "unchanged: " in text and "mlp" in text.split("unchanged: ")[1]
+    assert (
+        f"transformers 5.23.0 → {CANDIDATE_TRANSFORMERS}" in text
+        and "unchanged: " in text
+        and "mlp" in text.split("unchanged: ")[1]
+    )
 
 
-def test_a_change_no_model_imports_passes_and_an_environment_without_pt2flow_is_refused(tmp_path: Path, environments: tuple[str, str]) -> None:
+def test_a_change_no_model_imports_passes_and_an_environment_without_pt2flow_is_refused(
+    tmp_path: Path, environments: tuple[str, str]
+) -> None:
     baseline_python, _ = environments
     store = tmp_path / "store"
     fleet = [m for m in FLEET if m["name"] in ("mlp", "scaled")]
     # the config names its workers' environment, relative to its own folder (this one has no tinyops)
-    config = write_config(tmp_path / "fleet.yaml", fleet, stages=STAGES, store=str(store), python=os.path.relpath(baseline_python, tmp_path))
+    config = write_config(
+        tmp_path / "fleet.yaml",
+        fleet,
+        stages=STAGES,
+        store=str(store),
+        python=os.path.relpath(baseline_python, tmp_path),
+    )
     with contextlib.chdir("/"):  # not the config's folder
         code, baseline = _baseline_run(config)
     assert code == 0, baseline
@@ -162,12 +219,23 @@ def test_a_change_no_model_imports_passes_and_an_environment_without_pt2flow_is_
 
     # the candidate as requirements over the baseline (pip from the registry, into a cached overlay):
     # transformers changes, but neither model imports it, so nothing the fleet depends on differs
-    code, report, stderr = run_json(["upgrade-check", str(config), "--with", f"transformers=={CANDIDATE_TRANSFORMERS}",
-                                     "--baseline-python", baseline_python, "--json"])
+    code, report, stderr = run_json(
+        [
+            "upgrade-check",
+            str(config),
+            "--with",
+            f"transformers=={CANDIDATE_TRANSFORMERS}",
+            "--baseline-python",
+            baseline_python,
+            "--json",
+        ]
+    )
     assert code == 0, stderr[-3000:]
     assert report["baseline"]["run_id"] == baseline["run_id"] and report["candidate"]["python"] != baseline_python
     assert report["versions"] == [] and report["regressed"] is False
-    assert [(v["name"], v["baseline"], v["candidate"]) for v in report["other_version_changes"]] == [("transformers", "5.23.0", CANDIDATE_TRANSFORMERS)]
+    assert [(v["name"], v["baseline"], v["candidate"]) for v in report["other_version_changes"]] == [
+        ("transformers", "5.23.0", CANDIDATE_TRANSFORMERS)
+    ]
     assert [m["verdict"] for m in report["models"]] == ["unchanged", "unchanged"]
     assert report["summary"]["unchanged"] == 2
 

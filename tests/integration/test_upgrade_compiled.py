@@ -43,24 +43,37 @@ print("imported:", serve())
 
 
 def _serve_in_plain_python(package: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", PLAIN_SERVE, str(package)], capture_output=True, text=True, timeout=300, env=cli_env())
+    return subprocess.run(
+        [sys.executable, "-c", PLAIN_SERVE, str(package)], capture_output=True, text=True, timeout=300, env=cli_env()
+    )
 
 
 def test_a_compiled_transformers_fleet_passes_check_compat_and_an_unchanged_upgrade_check(tmp_path: Path) -> None:
     store = tmp_path / "store"
     config = write_config(tmp_path / "fleet.yaml", HF_FLEET, store=str(store))  # default stages: aot_compile included
-    code, run = run_in_process(config)  # the store upgrade-check reads, built in this process (upgrade-check is the binary)
+    code, run = run_in_process(
+        config
+    )  # the store upgrade-check reads, built in this process (upgrade-check is the binary)
     assert code == 0, run
-    assert {m["name"]: (m["status"], bool(m["artifacts"].get("compiled"))) for m in run["models"]} == {"bert": ("ok", True)}
+    assert {m["name"]: (m["status"], bool(m["artifacts"].get("compiled"))) for m in run["models"]} == {
+        "bert": ("ok", True)
+    }
 
     # a package needs its archive's pytree modules to run: torch's own loader, in a plain process, says so
     package = tmp_path / "bert.pt2"
-    code, got, stderr = run_json(["get", "--model", "bert", "--artifact", "compiled", "-o", str(package), "--store", str(store), "--json"])
+    code, got, stderr = run_json(
+        ["get", "--model", "bert", "--artifact", "compiled", "-o", str(package), "--store", str(store), "--json"]
+    )
     assert code == 0, stderr[-2000:]
     plain = _serve_in_plain_python(package)
     said = [line for line in plain.stdout.splitlines() if line.startswith(("bare:", "imported:"))]
-    assert plain.returncode == 0 and said == ["bare: failed", "imported: BaseModelOutputWithPoolingAndCrossAttentions"], (plain.stdout, plain.stderr[-3000:])
-    assert "BaseModelOutputWithPoolingAndCrossAttentions in pytree is not registered" in plain.stderr, plain.stderr[-3000:]
+    assert plain.returncode == 0 and said == [
+        "bare: failed",
+        "imported: BaseModelOutputWithPoolingAndCrossAttentions",
+    ], (plain.stdout, plain.stderr[-3000:])
+    assert "BaseModelOutputWithPoolingAndCrossAttentions in pytree is not registered" in plain.stderr, plain.stderr[
+        -3000:
+    ]
 
     # check-compat loads them as a serving process would: every archive and package loads, runs and matches
     code, compat, stderr = run_json(["check-compat", run["run_id"], "--store", str(store), "--json"])
@@ -70,14 +83,33 @@ def test_a_compiled_transformers_fleet_passes_check_compat_and_an_unchanged_upgr
         assert model["pytree_modules"] == ["transformers.modeling_outputs"], model
         for kind in ("archive", "compiled"):
             artifact = model[kind]
-            assert (artifact["loads"], artifact["runs"], artifact["matches"], artifact["error_class"]) == (True, True, True, None), (model["name"], kind, artifact)
+            assert (artifact["loads"], artifact["runs"], artifact["matches"], artifact["error_class"]) == (
+                True,
+                True,
+                True,
+                None,
+            ), (model["name"], kind, artifact)
             assert artifact["samples"] >= 1 and artifact["max_abs_err"] <= 1e-4
 
     # an unchanged candidate (this very environment) regresses nothing
-    code, report, stderr = run_json(["upgrade-check", str(config), "--python", sys.executable, "--baseline", run["run_id"],
-                                     "--repro-dir", str(tmp_path / "repro"), "--json"], cwd=tmp_path)
+    code, report, stderr = run_json(
+        [
+            "upgrade-check",
+            str(config),
+            "--python",
+            sys.executable,
+            "--baseline",
+            run["run_id"],
+            "--repro-dir",
+            str(tmp_path / "repro"),
+            "--json",
+        ],
+        cwd=tmp_path,
+    )
     assert code == 0, stderr[-4000:]
-    assert report["regressed"] is False and report["summary"]["regressed"] == 0 and report["summary"]["newly_failing"] == 0
+    assert (
+        report["regressed"] is False and report["summary"]["regressed"] == 0 and report["summary"]["newly_failing"] == 0
+    )
     assert {m["model"]: (m["verdict"], m["regressions"]) for m in report["models"]} == {"bert": ("unchanged", [])}
     assert report["versions"] == [] and report["other_version_changes"] == []
     assert {m["name"]: m["status"] for m in report["compat"]["models"]} == {"bert": "ok"}

@@ -17,9 +17,16 @@ STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 
 
 def test_run_with_tolerance_auto_reports_both_errors(tmp_path: Path) -> None:
-    models = [{"name": "mlp", "factory": "tests.models:tiny_mlp", "inputs": {"x": {"shape": [4, 8]}},
-               "dynamic_shapes": {"x": {0: "batch"}}, "dims": {"batch": {"min": 1, "max": 16}},
-               "stages": {"validate": {"tolerance": "auto", "noise_multiple": 10}}}]
+    models = [
+        {
+            "name": "mlp",
+            "factory": "tests.models:tiny_mlp",
+            "inputs": {"x": {"shape": [4, 8]}},
+            "dynamic_shapes": {"x": {0: "batch"}},
+            "dims": {"batch": {"min": 1, "max": 16}},
+            "stages": {"validate": {"tolerance": "auto", "noise_multiple": 10}},
+        }
+    ]
     config = write_config(tmp_path / "auto.yaml", models, stages=STAGES)
     store = str(tmp_path / "store")
     code, document, stderr = run_json(["run", str(config), "--store", store])

@@ -30,13 +30,17 @@ def write_load(store: Any, writer: str, rounds: int) -> dict[str, Any]:
         ref = store.put_blob(data)
         assert store.get_blob(ref.digest, ref.size) == data  # verified read, right after publishing
         published[ref.digest] = ref.size
-        store.index.append([{
-            "record_id": record_id(writer, round_),
-            "run_id": writer,
-            "model": writer,
-            "stage": "trace",
-            "status": "ok",
-            "sha256": ref.digest,
-            "size": ref.size,
-        }])
+        store.index.append(
+            [
+                {
+                    "record_id": record_id(writer, round_),
+                    "run_id": writer,
+                    "model": writer,
+                    "stage": "trace",
+                    "status": "ok",
+                    "sha256": ref.digest,
+                    "size": ref.size,
+                }
+            ]
+        )
     return {"writer": writer, "published": published}

@@ -32,7 +32,17 @@ ERRORS = {
     "429": (429, "TooManyRequests", "Too many requests, please slow down."),
 }
 ACTIONS = (*ERRORS, "drop", "drop_after", "pass")
-_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "expect", "content-length"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "content-length",
+}
 
 
 @dataclass

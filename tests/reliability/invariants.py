@@ -31,7 +31,12 @@ def raw_index_rows(root: Path) -> pa.Table:
     for path in sorted(folder.glob("*.parquet")) if folder.exists() else []:
         if path.name.startswith((".", "_")):
             continue
-        tables.append(pq.read_table(io.BytesIO(path.read_bytes()), columns=["record_id", "model", "stage", "status", "cached", "key", "sha256", "size", "run_id"]))
+        tables.append(
+            pq.read_table(
+                io.BytesIO(path.read_bytes()),
+                columns=["record_id", "model", "stage", "status", "cached", "key", "sha256", "size", "run_id"],
+            )
+        )
     if not tables:
         return pa.table({"record_id": pa.array([], pa.string())})
     return pa.concat_tables(tables)
@@ -57,7 +62,9 @@ def check_local_store(root: Path, *, allow_named_temps: bool = False) -> dict[st
         assert HEX64.match(path.name), f"unexpected file under blobs/: {path}"
         assert path.parent.name == path.name[:2], f"blob in the wrong folder: {path}"
         data = path.read_bytes()
-        assert hashlib.sha256(data).hexdigest() == path.name, f"partial or corrupt blob visible: {path} ({len(data)} bytes)"
+        assert hashlib.sha256(data).hexdigest() == path.name, (
+            f"partial or corrupt blob visible: {path} ({len(data)} bytes)"
+        )
         blobs[path.name] = len(data)
     temps = temp_files(root)
     if temps:
@@ -70,8 +77,12 @@ def check_local_store(root: Path, *, allow_named_temps: bool = False) -> dict[st
     assert all(n == 1 for n in ids.values()), "the index reader returned a record twice"
     for record in records:
         if record["sha256"]:
-            assert record["sha256"] in blobs, f"record {record['record_id']} ({record['model']}/{record['stage']}) points to a missing blob {record['sha256']}"
-            assert blobs[record["sha256"]] == record["size"], f"record {record['record_id']} size {record['size']} != blob size {blobs[record['sha256']]}"
+            assert record["sha256"] in blobs, (
+                f"record {record['record_id']} ({record['model']}/{record['stage']}) points to a missing blob {record['sha256']}"
+            )
+            assert blobs[record["sha256"]] == record["size"], (
+                f"record {record['record_id']} size {record['size']} != blob size {blobs[record['sha256']]}"
+            )
             assert store.blob_status(record["sha256"], record["size"]) == "ok"
     return {"records": records, "blobs": blobs}
 

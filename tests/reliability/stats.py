@@ -23,7 +23,12 @@ def add_records(checked: int, lost: int) -> None:
 
 
 def as_json() -> dict[str, Any]:
-    return {"crash_points": sorted(crash_points_tested), "faults": faults_injected, "checked": records_checked, "lost": records_lost}
+    return {
+        "crash_points": sorted(crash_points_tested),
+        "faults": faults_injected,
+        "checked": records_checked,
+        "lost": records_lost,
+    }
 
 
 def merge(figures: dict[str, Any]) -> None:

@@ -34,7 +34,9 @@ ROUNDS = {"local": 10, "s3": 5}  # 5 rounds publish each writer's 5 blobs once
 
 
 @pytest.mark.parametrize("backend", ["local", "s3"])
-def test_sixteen_concurrent_writers_lose_nothing_and_corrupt_nothing(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_sixteen_concurrent_writers_lose_nothing_and_corrupt_nothing(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if backend == "local":
         url = str(tmp_path / "store")
     else:
@@ -45,10 +47,21 @@ def test_sixteen_concurrent_writers_lose_nothing_and_corrupt_nothing(backend: st
 
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.worker", "writer", json.dumps({"url": url, "writer": w, "rounds": rounds, "go": str(go)})],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=str(ROOT),
+            [
+                sys.executable,
+                "-m",
+                "tests.reliability.worker",
+                "writer",
+                json.dumps({"url": url, "writer": w, "rounds": rounds, "go": str(go)}),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+            cwd=str(ROOT),
         )
-        for w in writers if w.startswith("p")
+        for w in writers
+        if w.startswith("p")
     ]
     errors: list[BaseException] = []
     barrier = threading.Barrier(THREADS)
@@ -63,7 +76,9 @@ def test_sixteen_concurrent_writers_lose_nothing_and_corrupt_nothing(backend: st
         except BaseException as exc:  # noqa: BLE001 - asserted below
             errors.append(exc)
 
-    payloads = [shared_payload(i) for i in range(SHARED_BLOBS)] + [own_payload(w, i) for w in writers for i in range(OWN_BLOBS)]
+    payloads = [shared_payload(i) for i in range(SHARED_BLOBS)] + [
+        own_payload(w, i) for w in writers for i in range(OWN_BLOBS)
+    ]
     expected_blobs = {hashlib.sha256(p).hexdigest(): p for p in payloads}
     done = threading.Event()
     torn: list[str] = []
@@ -89,7 +104,9 @@ def test_sixteen_concurrent_writers_lose_nothing_and_corrupt_nothing(backend: st
     for t in threads + readers:
         t.start()
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not all(Path(f"{go}.ready-{w}").exists() for w in writers if w.startswith("p")):
+    while time.monotonic() < deadline and not all(
+        Path(f"{go}.ready-{w}").exists() for w in writers if w.startswith("p")
+    ):
         time.sleep(0.02)  # every process imported, opened the store and polls for the start
     go.touch()
     for t in threads:
@@ -111,7 +128,9 @@ def test_sixteen_concurrent_writers_lose_nothing_and_corrupt_nothing(backend: st
     raw: list[str] = []
     for path in store.index.files():
         raw += pq.read_table(io.BytesIO(store.fs.cat_file(path)), columns=["record_id"])["record_id"].to_pylist()
-    assert len(raw) == len(expected_ids) and set(raw) == expected_ids, f"lost {expected_ids - set(raw)}; duplicated {[i for i, n in Counter(raw).items() if n > 1]}"
+    assert len(raw) == len(expected_ids) and set(raw) == expected_ids, (
+        f"lost {expected_ids - set(raw)}; duplicated {[i for i, n in Counter(raw).items() if n > 1]}"
+    )
     assert len(store.index.files()) == len(writers) * rounds
     records = store.index.read(["record_id", "sha256", "size"]).to_pylist()
     assert {r["record_id"] for r in records} == expected_ids

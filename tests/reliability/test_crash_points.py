@@ -59,7 +59,12 @@ WORKER_POINTS = frozenset({"mid_blob_write", "before_blob_publish", "after_blob_
 
 def _fleet_config(path: Path) -> Path:
     models = [
-        {"name": f"mlp{i}", "factory": "tests.models:tiny_mlp", "kwargs": {"hidden": 12 + i}, "inputs": {"x": {"shape": [3, 8]}}}
+        {
+            "name": f"mlp{i}",
+            "factory": "tests.models:tiny_mlp",
+            "kwargs": {"hidden": 12 + i},
+            "inputs": {"x": {"shape": [3, 8]}},
+        }
         for i in range(MODELS)
     ]
     return write_config(path, models, stages=STAGES, defaults={"validate": {"samples": 1}})
@@ -81,7 +86,9 @@ def _expected_before(point: str, nth: int) -> tuple[int, int]:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("point", list(FLEET_POINTS))
-def test_fleet_killed_at_crash_point(point: str, tmp_path: Path, fleet_config: Path, prefect_env: dict[str, str]) -> None:
+def test_fleet_killed_at_crash_point(
+    point: str, tmp_path: Path, fleet_config: Path, prefect_env: dict[str, str]
+) -> None:
     store_dir = tmp_path / "store"
     nth = FLEET_POINTS[point]
     args = ["run", str(fleet_config), "--store", str(store_dir), "--json", "--workers", "1"]
@@ -97,10 +104,14 @@ def test_fleet_killed_at_crash_point(point: str, tmp_path: Path, fleet_config: P
         assert len(failed) == 1 and failed[0][0] == "crash" and "SIGKILL" in failed[0][1], failed
         before = check_local_store(store_dir)
     else:
-        assert crashed.returncode == KILLED, f"not killed at {point}@{nth} (exit {crashed.returncode}):\n{crashed.stderr[-3000:]}"
+        assert crashed.returncode == KILLED, (
+            f"not killed at {point}@{nth} (exit {crashed.returncode}):\n{crashed.stderr[-3000:]}"
+        )
         before = check_local_store(store_dir)
         blobs, records = _expected_before(point, nth)
-        assert (len(before["blobs"]), len(before["records"])) == (blobs, records), f"the crash did not happen where {point}@{nth} is"
+        assert (len(before["blobs"]), len(before["records"])) == (blobs, records), (
+            f"the crash did not happen where {point}@{nth} is"
+        )
     ids_before = {r["record_id"] for r in before["records"]}
 
     # the re-run from this process (the crash above is the binary's): what is checked is what it
@@ -117,10 +128,14 @@ def test_fleet_killed_at_crash_point(point: str, tmp_path: Path, fleet_config: P
     duplicated = [rid for rid, n in Counter(raw["record_id"].to_pylist()).items() if n > 1]
     assert not duplicated, f"record ids written twice: {duplicated}"
     rerun = [r for r in after["records"] if r["run_id"] == doc["run_id"]]
-    assert Counter((r["model"], r["stage"]) for r in rerun) == Counter({(f"mlp{i}", s): 1 for i in range(MODELS) for s in ["source", *STAGES]})
+    assert Counter((r["model"], r["stage"]) for r in rerun) == Counter(
+        {(f"mlp{i}", s): 1 for i in range(MODELS) for s in ["source", *STAGES]}
+    )
     # no stage's work recorded twice: across the crashed run and the re-run, each derivation key
     # has at most one ok record that did the work (cached=False); the re-run reused the rest
-    done = Counter(r["key"] for r in after["records"] if r["status"] == "ok" and not r["cached"] and r["stage"] != "source")
+    done = Counter(
+        r["key"] for r in after["records"] if r["status"] == "ok" and not r["cached"] and r["stage"] != "source"
+    )
     assert all(n == 1 for n in done.values()), f"stage work recorded twice: {done}"
     assert len(done) == MODELS * len(STAGES)
     reused = sum(1 for r in rerun if r["stage"] != "source" and r["cached"])
@@ -150,7 +165,17 @@ def _maintenance_store(root: Path) -> dict:
             referenced.add(ref.digest)
             rid = f"rec-{f}-{r}"
             ids.append(rid)
-            rows.append({"record_id": rid, "run_id": "r1", "model": f"m{f}", "stage": "trace", "status": "ok", "sha256": ref.digest, "size": ref.size})
+            rows.append(
+                {
+                    "record_id": rid,
+                    "run_id": "r1",
+                    "model": f"m{f}",
+                    "stage": "trace",
+                    "status": "ok",
+                    "sha256": ref.digest,
+                    "size": ref.size,
+                }
+            )
         store.index.append(rows)
     garbage = set()
     for g in range(4):
@@ -219,7 +244,9 @@ def test_gc_sweeps_the_temp_files_of_writers_killed_without_o_tmpfile(tmp_path: 
     code, doc, _ = run_json(["gc", "--store", str(root)])
     assert code == 0 and doc["temp_files_deleted"] == 1 and temp_files(root) == []
     done = _worker("put", args)
-    assert done.returncode == 0 and check_local_store(root)["blobs"] == {json.loads(done.stdout.splitlines()[-1])["digest"]: args["size"]}
+    assert done.returncode == 0 and check_local_store(root)["blobs"] == {
+        json.loads(done.stdout.splitlines()[-1])["digest"]: args["size"]
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,10 +257,16 @@ def _payload(seed: int, size: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-def _worker(command: str, args: dict, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _worker(
+    command: str, args: dict, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tests.reliability.worker", command, json.dumps(args)],
-        capture_output=True, text=True, timeout=timeout, env=cli_env(env), cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(env),
+        cwd=str(ROOT),
     )
 
 
@@ -250,7 +283,9 @@ def test_s3_multipart_upload_killed_between_parts_leaves_no_object(moto_s3) -> N
 
     crashed = _worker("multipart", args, env={"PT2FLOW_CRASH_AT": "mid_multipart_upload@1"})
     assert crashed.returncode == KILLED, crashed.stdout + crashed.stderr[-3000:]
-    uploads = [u for u in s3.list_multipart_uploads(Bucket=moto_s3.bucket, Prefix=prefix).get("Uploads", []) if u["Key"] == key]
+    uploads = [
+        u for u in s3.list_multipart_uploads(Bucket=moto_s3.bucket, Prefix=prefix).get("Uploads", []) if u["Key"] == key
+    ]
     assert len(uploads) == 1, "the child should have died in the middle of its multipart upload"
     sent = s3.list_parts(Bucket=moto_s3.bucket, Key=key, UploadId=uploads[0]["UploadId"]).get("Parts", [])
     assert [p["PartNumber"] for p in sent] == [1]  # one part sent, the object not completed
@@ -263,7 +298,9 @@ def test_s3_multipart_upload_killed_between_parts_leaves_no_object(moto_s3) -> N
     assert json.loads(done.stdout.splitlines()[-1])["digest"] == digest
     assert store.blob_status(digest, args["size"]) == "ok"
     assert [o["Key"] for o in s3.list_objects_v2(Bucket=moto_s3.bucket, Prefix=prefix)["Contents"]] == [key]
-    s3.abort_multipart_upload(Bucket=moto_s3.bucket, Key=key, UploadId=uploads[0]["UploadId"])  # what a lifecycle rule does
+    s3.abort_multipart_upload(
+        Bucket=moto_s3.bucket, Key=key, UploadId=uploads[0]["UploadId"]
+    )  # what a lifecycle rule does
     stats.crash_points_tested.add("mid_multipart_upload")
 
 
@@ -275,7 +312,18 @@ def test_s3_multipart_upload_killed_between_parts_leaves_no_object(moto_s3) -> N
 def test_every_declared_crash_point_is_tested(request: pytest.FixtureRequest) -> None:
     """Every point storage.faults declares has a crash test here, and each selected one passed."""
     covered = set(FLEET_POINTS) | set(MAINTENANCE_POINTS) | set(S3_POINTS)
-    assert covered == set(CRASH_POINTS), f"crash points without a test: {set(CRASH_POINTS) - covered}; unknown: {covered - set(CRASH_POINTS)}"
-    selected = {p for p in CRASH_POINTS if any(f"[{p}]" in item.nodeid or (p in S3_POINTS and "multipart_upload_killed" in item.nodeid) for item in request.session.items)}
-    assert stats.crash_points_tested == selected, f"crash tests that did not pass: {selected - stats.crash_points_tested}"
+    assert covered == set(CRASH_POINTS), (
+        f"crash points without a test: {set(CRASH_POINTS) - covered}; unknown: {covered - set(CRASH_POINTS)}"
+    )
+    selected = {
+        p
+        for p in CRASH_POINTS
+        if any(
+            f"[{p}]" in item.nodeid or (p in S3_POINTS and "multipart_upload_killed" in item.nodeid)
+            for item in request.session.items
+        )
+    }
+    assert stats.crash_points_tested == selected, (
+        f"crash tests that did not pass: {selected - stats.crash_points_tested}"
+    )
     assert stats.records_lost == 0  # conftest.py prints "crash points tested: N of M" at the end

@@ -37,9 +37,7 @@ def test_disk_full_mid_write_is_a_clear_storage_error_and_leaves_nothing(tmp_pat
 
     # nothing partial, no temp file: the only files are the small blob and, later, the big one
     assert temp_files(root) == []
-    assert files_under(root / "blobs") == sorted(
-        f"sha256/{d[:2]}/{d}" for d in (out["small"], out["big_after"])
-    )
+    assert files_under(root / "blobs") == sorted(f"sha256/{d[:2]}/{d}" for d in (out["small"], out["big_after"]))
     assert not (root / "index").exists() or list((root / "index").iterdir()) == []
     assert out["big_after"] == digest  # published once there was room
     state = check_local_store(root)

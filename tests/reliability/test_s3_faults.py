@@ -42,8 +42,15 @@ def proxy(moto_s3) -> Iterator[FaultProxy]:
 
 @pytest.fixture
 def faulty_store(proxy: FaultProxy, moto_s3) -> Iterator[ArtifactStore]:
-    options = {"endpoint_url": proxy.url, "config_kwargs": {"retries": {"total_max_attempts": 1}, "connect_timeout": 5, "read_timeout": 10}}
-    store = ArtifactStore(f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}", options, retry=RetryPolicy(attempts=ATTEMPTS, base_delay=BASE_DELAY, max_delay=MAX_DELAY))
+    options = {
+        "endpoint_url": proxy.url,
+        "config_kwargs": {"retries": {"total_max_attempts": 1}, "connect_timeout": 5, "read_timeout": 10},
+    }
+    store = ArtifactStore(
+        f"s3://{moto_s3.bucket}/{uuid.uuid4().hex}",
+        options,
+        retry=RetryPolicy(attempts=ATTEMPTS, base_delay=BASE_DELAY, max_delay=MAX_DELAY),
+    )
     store.fs.retries = 1  # s3fs's own retry loop: off
     proxy.clear()
     yield store
@@ -57,11 +64,15 @@ Retries = Callable[[str], list[logging.LogRecord]]
 def retries(caplog: pytest.LogCaptureFixture) -> Retries:
     """The RetryPolicy's logged retries of one operation (its `what`: put, get, index append)."""
     caplog.set_level(logging.INFO, logger="pt2flow.storage.retry")
-    return lambda what: [r for r in caplog.records if r.name == "pt2flow.storage.retry" and getattr(r, "what", None) == what]
+    return lambda what: [
+        r for r in caplog.records if r.name == "pt2flow.storage.retry" and getattr(r, "what", None) == what
+    ]
 
 
 def _records(store: ArtifactStore, tag: str, n: int) -> list[dict]:
-    return [{"record_id": f"{tag}-{i}", "run_id": tag, "model": "m", "stage": "trace", "status": "ok"} for i in range(n)]
+    return [
+        {"record_id": f"{tag}-{i}", "run_id": tag, "model": "m", "stage": "trace", "status": "ok"} for i in range(n)
+    ]
 
 
 def _raw_index_ids(store: ArtifactStore) -> list[str]:
@@ -80,7 +91,9 @@ SCHEDULES = {
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_transient_faults_fewer_than_the_budget_are_retried_to_success(schedule: str, faulty_store: ArtifactStore, proxy: FaultProxy, retries: Retries) -> None:
+def test_transient_faults_fewer_than_the_budget_are_retried_to_success(
+    schedule: str, faulty_store: ArtifactStore, proxy: FaultProxy, retries: Retries
+) -> None:
     faults = SCHEDULES[schedule]
     store = faulty_store
     data = f"artifact under faults {schedule}".encode() * 1000
@@ -112,7 +125,9 @@ def test_transient_faults_fewer_than_the_budget_are_retried_to_success(schedule:
 
 
 @pytest.mark.parametrize("fault", ["503", "slowdown", "500", "drop"])
-def test_persistent_faults_become_a_storage_error_after_the_budget(fault: str, faulty_store: ArtifactStore, proxy: FaultProxy, retries: Retries) -> None:
+def test_persistent_faults_become_a_storage_error_after_the_budget(
+    fault: str, faulty_store: ArtifactStore, proxy: FaultProxy, retries: Retries
+) -> None:
     store = faulty_store
     put = proxy.plan("PUT", "/blobs/", [fault] * 20)
     started = time.monotonic()
@@ -174,11 +189,15 @@ def _assert_bounded_and_backed_off(retried: list[logging.LogRecord], seen: list[
     """Each retry waited an exponential delay (half to all of BASE_DELAY * 2**i, capped) and no
     request reached S3 during that wait; S3 saw at most two requests per attempt (aiohttp's
     re-send) and at least one (each attempt really went out), so no other layer retried."""
-    assert policy_attempts(retried) <= len(seen) <= 2 * policy_attempts(retried), f"{len(seen)} requests for {policy_attempts(retried)} attempts: {seen}"
+    assert policy_attempts(retried) <= len(seen) <= 2 * policy_attempts(retried), (
+        f"{len(seen)} requests for {policy_attempts(retried)} attempts: {seen}"
+    )
     assert [r.attempt for r in retried] == list(range(1, len(retried) + 1))
     for record in retried:
         cap = min(MAX_DELAY, BASE_DELAY * 2 ** (record.attempt - 1))
         assert cap * 0.5 <= record.delay <= cap, (record.attempt, record.delay)
         waited_until = record.created + record.delay
         early = [t for t, _ in seen if record.created < t < waited_until - 0.005]
-        assert not early, f"a request came {waited_until - early[0]:.3f} s before retry {record.attempt}'s backoff ended"
+        assert not early, (
+            f"a request came {waited_until - early[0]:.3f} s before retry {record.attempt}'s backoff ended"
+        )

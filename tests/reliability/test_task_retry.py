@@ -58,8 +58,12 @@ def _task_runs(flow_run_id: Any, stages: tuple[str, ...] = STAGES) -> dict[str, 
     with get_client(sync_client=True) as client:
         while True:
             runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            named = {run.name.rsplit("-", 1)[0]: run for run in runs}  # "<task>-<suffix>", a model's task its name alone
-            if (set(named) == expected and all(run.state is not None and run.state.is_final() for run in runs)) or time.monotonic() > deadline:
+            named = {
+                run.name.rsplit("-", 1)[0]: run for run in runs
+            }  # "<task>-<suffix>", a model's task its name alone
+            if (
+                set(named) == expected and all(run.state is not None and run.state.is_final() for run in runs)
+            ) or time.monotonic() > deadline:
                 return {name: run.run_count for name, run in named.items()}
             time.sleep(0.2)
 
@@ -77,7 +81,9 @@ def fresh_pool() -> Any:
 
 
 @pytest.mark.parametrize("point", ["after_blob_upload@2", "after_index_append@2"])
-def test_retried_task_reuses_what_it_already_published(point: str, tmp_path: Path, prefect_server: str, fresh_pool: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_retried_task_reuses_what_it_already_published(
+    point: str, tmp_path: Path, prefect_server: str, fresh_pool: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # the 2nd blob (written by the worker) / the 2nd record (written here) is trace's; source is 1st
     monkeypatch.setenv("PT2FLOW_FAULT_AT", point)
 
@@ -91,12 +97,16 @@ def test_retried_task_reuses_what_it_already_published(point: str, tmp_path: Pat
     # after_blob_upload: the retry re-ran the stage, found its blob in the store and recorded it once;
     # after_index_append: the retry found its own record and did not run the stage again
     records = store.index.read(["stage", "status", "run_id", "sha256"]).to_pylist()
-    assert Counter((r["stage"], r["status"]) for r in records) == Counter({("source", "ok"): 1, ("trace", "ok"): 1, ("functionalize", "ok"): 1})
+    assert Counter((r["stage"], r["status"]) for r in records) == Counter(
+        {("source", "ok"): 1, ("trace", "ok"): 1, ("functionalize", "ok"): 1}
+    )
     assert [r["sha256"] for r in records if r["stage"] == "trace"] == [trace]
     stats.add_faults(1)
 
 
-def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_failure(tmp_path: Path, prefect_server: str, fresh_pool: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_failure(
+    tmp_path: Path, prefect_server: str, fresh_pool: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store_url = str(tmp_path / "store")
     # once the source is recorded, the index cannot be read (every cache lookup fails); appends still work
     index_class = ArtifactStore(store_url).index.__class__
@@ -113,6 +123,7 @@ def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_f
                 calls["failed_read"] += 1
                 raise TransientStorageError("injected outage: 503 Service Unavailable")
             return real(self, *args, **kwargs)
+
         return read
 
     monkeypatch.setattr(index_class, "append", append)
@@ -120,11 +131,19 @@ def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_f
         monkeypatch.setattr(index_class, reader, failing(getattr(index_class, reader)))
     state, result, _ = _run(tmp_path)
     monkeypatch.undo()
-    assert result["status"] == "failed" and result["failed_stage"] == "trace" and result["error_class"] == "storage", result
+    assert result["status"] == "failed" and result["failed_stage"] == "trace" and result["error_class"] == "storage", (
+        result
+    )
     assert "injected outage" in result["error"]
     assert calls["failed_read"] == 1 + STAGE_RETRIES  # one cache lookup per trace attempt
-    assert _task_runs(state.state_details.flow_run_id, ("trace",)) == {"mlp": 1, "source": 1, "trace": 1 + STAGE_RETRIES}
+    assert _task_runs(state.state_details.flow_run_id, ("trace",)) == {
+        "mlp": 1,
+        "source": 1,
+        "trace": 1 + STAGE_RETRIES,
+    }
     records = ArtifactStore(store_url).index.read(["stage", "status", "error_class"]).to_pylist()
     trace = [r for r in records if r["stage"] == "trace"]
-    assert trace == [{"record_id": trace[0]["record_id"], "stage": "trace", "status": "failed", "error_class": "storage"}]
+    assert trace == [
+        {"record_id": trace[0]["record_id"], "stage": "trace", "status": "failed", "error_class": "storage"}
+    ]
     stats.add_faults(1 + STAGE_RETRIES)

@@ -99,7 +99,12 @@ def main() -> None:
         result = COMMANDS[command](json.loads(raw))
         print(json.dumps({"ok": True, **result}), flush=True)
     except BaseException as exc:  # noqa: BLE001
-        print(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}), flush=True)
+        print(
+            json.dumps(
+                {"ok": False, "error": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+            ),
+            flush=True,
+        )
         sys.exit(1)
 
 

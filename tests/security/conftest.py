@@ -88,6 +88,8 @@ def security_run(tmp_path_factory: pytest.TempPathFactory) -> SecurityRun:
     store = root / "store"
     code, doc, stderr = run_json(["run", str(config), "--store", str(store)], timeout=600)
     return SecurityRun(root, config, store, marker, code, doc, stderr)
+
+
 @pytest.fixture
 def no_torch_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Records every call of torch's archive and package loaders (which must not happen)."""
@@ -110,12 +112,23 @@ def no_torch_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-
 def record(store: Any, digest: str, size: int, stage: str, status: str = "ok") -> None:
     """Append a minimal index record vouching for (or failing) a blob."""
     import uuid
 
-    store.index.append([{"record_id": uuid.uuid4().hex, "run_id": "security-test", "model": "mlp", "stage": stage, "status": status, "sha256": digest, "size": size}])
+    store.index.append(
+        [
+            {
+                "record_id": uuid.uuid4().hex,
+                "run_id": "security-test",
+                "model": "mlp",
+                "stage": stage,
+                "status": status,
+                "sha256": digest,
+                "size": size,
+            }
+        ]
+    )
 
 
 def call_validate(
@@ -142,11 +155,20 @@ def call_validate(
     )
     model = parse_config(text, source="security.yaml", base_dir=str(ROOT)).models[0]
     ctx = RunContext(run_id="security-test", store_url=store_url, stages=tuple(STAGES))
-    given = {"source": source or {"key": "security-source-key"}, "trace": {}, "serialize": archive, "aot_compile": package}
+    given = {
+        "source": source or {"key": "security-source-key"},
+        "trace": {},
+        "serialize": archive,
+        "aot_compile": package,
+    }
     inputs = {name: Outcome.model_validate(c) for name, c in given.items() if c is not None}
-    request = compute.StageRequest("validate", pipeline.get("validate").compute, model, ctx, inputs, "security-validate-key")
+    request = compute.StageRequest(
+        "validate", pipeline.get("validate").compute, model, ctx, inputs, "security-validate-key"
+    )
     status, payload = compute.run_stage(request)
     run = StageRun("validate", model, ctx, "security-validate-key", [c["key"] for c in (archive, package) if c])
     if isinstance(payload, compute.Produced):
         return run.published(payload).model_dump()
-    return run.fail(payload.error_class, payload.error, details=payload.details, report=payload.report).outcome.model_dump()
+    return run.fail(
+        payload.error_class, payload.error, details=payload.details, report=payload.report
+    ).outcome.model_dump()

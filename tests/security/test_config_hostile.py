@@ -119,7 +119,8 @@ def test_lookalike_model_names_are_rejected(name: str) -> None:
 def test_pt2flow_run_reports_every_bad_name_and_creates_no_store(tmp_path: Path) -> None:
     names = ["../escape", "a/b", "nul\u0000byte", "%2e%2e"]
     body = "".join(
-        f"  - name: {json.dumps(n)}\n    factory: tests.models:tiny_mlp\n    inputs: {{x: {{shape: [3, 8]}}}}\n" for n in names
+        f"  - name: {json.dumps(n)}\n    factory: tests.models:tiny_mlp\n    inputs: {{x: {{shape: [3, 8]}}}}\n"
+        for n in names
     )
     config = tmp_path / "names.yaml"
     config.write_text("version: 1\nmodels:\n" + body)
@@ -159,16 +160,22 @@ def marker_module(tmp_path: Path):
     """A module beside the config that writes <name>.imported if it is ever executed."""
     name = f"hostile_factory_{uuid.uuid4().hex[:8]}"
     path = tmp_path / f"{name}.py"
-    path.write_text("from pathlib import Path\nPath(__file__).with_suffix('.imported').write_text('ran')\n\n\ndef make():\n    return None\n")
+    path.write_text(
+        "from pathlib import Path\nPath(__file__).with_suffix('.imported').write_text('ran')\n\n\ndef make():\n    return None\n"
+    )
     yield name, path.with_suffix(".imported")
     sys.modules.pop(name, None)
 
 
 @pytest.mark.parametrize("form", BAD_FORMS, ids=[repr(f) for f in BAD_FORMS])
-def test_bad_factory_forms_are_rejected_by_the_config_before_any_import(tmp_path: Path, marker_module, form: str) -> None:
+def test_bad_factory_forms_are_rejected_by_the_config_before_any_import(
+    tmp_path: Path, marker_module, form: str
+) -> None:
     module, imported = marker_module
     factory = form.format(m=module)
-    text = f"version: 1\nmodels:\n  - name: m\n    factory: {json.dumps(factory)}\n    inputs: {{x: {{shape: [3, 8]}}}}\n"
+    text = (
+        f"version: 1\nmodels:\n  - name: m\n    factory: {json.dumps(factory)}\n    inputs: {{x: {{shape: [3, 8]}}}}\n"
+    )
     with pytest.raises(ConfigError) as info:
         parse_config(text, source="cfg.yaml", base_dir=str(tmp_path))
     (issue,) = info.value.issues
@@ -179,7 +186,9 @@ def test_bad_factory_forms_are_rejected_by_the_config_before_any_import(tmp_path
 
 
 @pytest.mark.parametrize("form", BAD_FORMS, ids=[repr(f) for f in BAD_FORMS])
-def test_bad_factory_forms_are_rejected_by_import_factory_before_any_import(tmp_path: Path, marker_module, form: str) -> None:
+def test_bad_factory_forms_are_rejected_by_import_factory_before_any_import(
+    tmp_path: Path, marker_module, form: str
+) -> None:
     """The stage that imports factories checks the form itself (a model built without the config loader)."""
     module, imported = marker_module
     with pytest.raises(StageError) as info:
@@ -201,7 +210,9 @@ def test_the_marker_module_is_live(tmp_path: Path, marker_module) -> None:
 def test_pt2flow_validate_rejects_a_bad_factory_without_importing(tmp_path: Path, marker_module) -> None:
     module, imported = marker_module
     config = tmp_path / "c.yaml"
-    config.write_text(f"version: 1\nmodels:\n  - name: m\n    factory: '{module}:make()'\n    inputs: {{x: {{shape: [3, 8]}}}}\n")
+    config.write_text(
+        f"version: 1\nmodels:\n  - name: m\n    factory: '{module}:make()'\n    inputs: {{x: {{shape: [3, 8]}}}}\n"
+    )
     proc = run_cli(["validate", str(config)], timeout=120)
     assert proc.returncode == 2
     assert f"{config}:4: models[0].factory: '{module}:make()' is not of the form" in proc.stderr
@@ -219,12 +230,23 @@ def _laughs(levels: int, where: str) -> str:
         lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]")
     block = "\n".join("      " + line for line in lines)
     if where == "storage_options":
-        return "version: 1\nstorage_options:\n  bomb:\n" + block.replace("      ", "    ", -1) + "\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [3, 8]}}\n"
-    return "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [3, 8]}}\n    kwargs:\n" + block + "\n"
+        return (
+            "version: 1\nstorage_options:\n  bomb:\n"
+            + block.replace("      ", "    ", -1)
+            + "\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [3, 8]}}\n"
+        )
+    return (
+        "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {x: {shape: [3, 8]}}\n    kwargs:\n"
+        + block
+        + "\n"
+    )
 
 
 STRUCTURE_BOMBS = {
-    "laughs-in-storage-options": (_laughs(9, "storage_options"), f"more than {MAX_CONFIG_NODES} values once YAML aliases are expanded"),
+    "laughs-in-storage-options": (
+        _laughs(9, "storage_options"),
+        f"more than {MAX_CONFIG_NODES} values once YAML aliases are expanded",
+    ),
     "laughs-in-kwargs": (_laughs(9, "kwargs"), f"more than {MAX_CONFIG_NODES} values once YAML aliases are expanded"),
     "recursive-kwargs": (
         "version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    kwargs: &k {a: *k}\n    inputs: {x: {shape: [3, 8]}}\n",
@@ -239,9 +261,15 @@ STRUCTURE_BOMBS = {
         f"nested deeper than {MAX_CONFIG_DEPTH} levels",
     ),
     # refused as the scanner opens the 101st bracket (PyYAML alone took seconds to reach its RecursionError)
-    "nested-past-pythons-limit": ("version: 1\nstore: " + "[" * 5000 + "]" * 5000 + "\nmodels: []\n", f"nested deeper than {MAX_CONFIG_DEPTH} levels"),
+    "nested-past-pythons-limit": (
+        "version: 1\nstore: " + "[" * 5000 + "]" * 5000 + "\nmodels: []\n",
+        f"nested deeper than {MAX_CONFIG_DEPTH} levels",
+    ),
     # block sequences nest without brackets: the composer's RecursionError refuses them
-    "block-nested-past-pythons-limit": ("version: 1\nstore:\n  " + "- " * 5000 + "x\nmodels: []\n", "nested too deeply to parse"),
+    "block-nested-past-pythons-limit": (
+        "version: 1\nstore:\n  " + "- " * 5000 + "x\nmodels: []\n",
+        "nested too deeply to parse",
+    ),
 }
 
 
@@ -303,6 +331,7 @@ def test_aliases_within_the_caps_still_work() -> None:
 def test_brackets_nested_to_the_cap_load_and_one_more_is_refused_at_its_line() -> None:
     """The scanner's bound (flows/config/problems.py ConfigLoader) never refuses what the walk
     after it accepts: MAX_CONFIG_DEPTH brackets under a top-level key load, one more does not."""
+
     def nested(levels: int) -> str:
         return "version: 1\nstore: " + "[" * levels + "]" * levels + "\nmodels: []\n"
 

@@ -44,7 +44,9 @@ def leaks(text: str | bytes) -> list[str]:
 def s3_objects(endpoint: Any, prefix: str) -> Iterator[tuple[str, bytes]]:
     import boto3
 
-    client = boto3.client("s3", endpoint_url=endpoint.url, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1")
+    client = boto3.client(
+        "s3", endpoint_url=endpoint.url, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
+    )
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=endpoint.bucket, Prefix=prefix)
     for page in pages:
         for item in page.get("Contents", []):
@@ -60,7 +62,9 @@ def secret_run(moto_s3, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
 
     root = tmp_path_factory.mktemp("secrets")
     prefix = f"secrets-{TAG}"
-    client = boto3.client("s3", endpoint_url=moto_s3.url, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1")
+    client = boto3.client(
+        "s3", endpoint_url=moto_s3.url, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
+    )
     weights = save({k: v.contiguous() for k, v in tiny_mlp().state_dict().items()})
     client.put_object(Bucket=moto_s3.bucket, Key=f"{prefix}-weights/mlp.safetensors", Body=weights)
 
@@ -80,7 +84,9 @@ def secret_run(moto_s3, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     )
     env = {**moto_s3.env, "AWS_SECRET_ACCESS_KEY": SENTINELS["env"], "PT2FLOW_SENTINEL_TOKEN": SENTINELS["expanded"]}
     proc = run_cli(["run", str(config), "--json", "--verbose"], env=env, timeout=600)
-    bad_bucket = run_cli(["run", str(config), "--store", f"s3://pt2flow-no-such-bucket-{TAG}/x", "--json"], env=env, timeout=300)
+    bad_bucket = run_cli(
+        ["run", str(config), "--store", f"s3://pt2flow-no-such-bucket-{TAG}/x", "--json"], env=env, timeout=300
+    )
     return {"proc": proc, "bad_bucket": bad_bucket, "prefix": prefix, "config": config, "endpoint": moto_s3}
 
 
@@ -125,7 +131,9 @@ def _task_runs_recorded(home: Path) -> None:
 
     def rows() -> list[tuple[Any, ...]]:
         with sqlite3.connect(home / DATABASE) as db:
-            return db.execute("SELECT t.id, t.state_type, count(s.id) FROM task_run t LEFT JOIN task_run_state s ON s.task_run_id = t.id GROUP BY t.id").fetchall()
+            return db.execute(
+                "SELECT t.id, t.state_type, count(s.id) FROM task_run t LEFT JOIN task_run_state s ON s.task_run_id = t.id GROUP BY t.id"
+            ).fetchall()
 
     before, deadline = rows(), time.monotonic() + 60
     while time.monotonic() < deadline:

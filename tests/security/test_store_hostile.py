@@ -51,30 +51,42 @@ def damage(store_dir: Path, digest: str, how: str, other: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("how", ["bit-flip", "truncated", "swapped", "extended"])
-def test_validate_refuses_a_damaged_archive_before_torch_sees_it(security_run: SecurityRun, tmp_path: Path, no_torch_loads: list[str], how: str) -> None:
+def test_validate_refuses_a_damaged_archive_before_torch_sees_it(
+    security_run: SecurityRun, tmp_path: Path, no_torch_loads: list[str], how: str
+) -> None:
     store_dir = security_run.copy_store(tmp_path / "store")
     mlp = security_run.model("mlp")
     digest = mlp["artifacts"]["serialized"]
     row = ok_row(store_dir, digest)
     damage(store_dir, digest, how, other=mlp["stages"]["trace"]["artifact"])
 
-    outcome = call_validate(str(store_dir), archive={"artifact": digest, "size": row["size"], "key": row["key"]}, atol=2e-5)
+    outcome = call_validate(
+        str(store_dir), archive={"artifact": digest, "size": row["size"], "key": row["key"]}, atol=2e-5
+    )
     assert outcome["status"] == "failed"
     assert outcome["error_class"] == "storage"
     assert f"blob {digest} is corrupt" in outcome["error"]
     assert no_torch_loads == []
     # and the failure is on record
-    failed = ArtifactStore(str(store_dir)).index.read(None, filter=(pc.field("stage") == "validate") & (pc.field("status") == "failed")).to_pylist()
+    failed = (
+        ArtifactStore(str(store_dir))
+        .index.read(None, filter=(pc.field("stage") == "validate") & (pc.field("status") == "failed"))
+        .to_pylist()
+    )
     assert [(r["error_class"], r["error_message"]) for r in failed] == [("storage", outcome["error"])]
 
 
 @pytest.mark.integration
-def test_validate_on_the_undamaged_store_loads_the_archive(security_run: SecurityRun, tmp_path: Path, no_torch_loads: list[str]) -> None:
+def test_validate_on_the_undamaged_store_loads_the_archive(
+    security_run: SecurityRun, tmp_path: Path, no_torch_loads: list[str]
+) -> None:
     """The control for the test above: same call, intact blob, the archive loads and validates."""
     store_dir = security_run.copy_store(tmp_path / "store")
     digest = security_run.model("mlp")["artifacts"]["serialized"]
     row = ok_row(store_dir, digest)
-    outcome = call_validate(str(store_dir), archive={"artifact": digest, "size": row["size"], "key": row["key"]}, atol=2e-5)
+    outcome = call_validate(
+        str(store_dir), archive={"artifact": digest, "size": row["size"], "key": row["key"]}, atol=2e-5
+    )
     assert outcome["status"] == "ok", outcome.get("error")
     assert no_torch_loads == ["torch.export.load"]
 
@@ -119,7 +131,9 @@ def archive_blob(tmp_path: Path) -> tuple[str, ArtifactStore, str, int]:
 
 
 @pytest.mark.parametrize("vouch", ["no-record", "failed-record", "other-stage"])
-def test_an_archive_the_index_does_not_vouch_for_is_never_loaded(archive_blob, no_torch_loads: list[str], vouch: str) -> None:
+def test_an_archive_the_index_does_not_vouch_for_is_never_loaded(
+    archive_blob, no_torch_loads: list[str], vouch: str
+) -> None:
     from pt2flow.flows.engine.worker.artifacts import load_artifact
 
     url, store, digest, size = archive_blob

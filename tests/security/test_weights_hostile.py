@@ -20,7 +20,9 @@ FILENAMES = ["model.pt", "model.pth", "pytorch_model.bin", "model.safetensors"]
 
 @pytest.mark.parametrize("filename", FILENAMES)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_a_code_running_checkpoint_is_refused_and_the_code_never_runs(tmp_path: Path, variant: str, filename: str) -> None:
+def test_a_code_running_checkpoint_is_refused_and_the_code_never_runs(
+    tmp_path: Path, variant: str, filename: str
+) -> None:
     marker = tmp_path / "pwned"
     data = evil_checkpoints(marker)[variant]
     with pytest.raises(StageError) as info:
@@ -30,7 +32,9 @@ def test_a_code_running_checkpoint_is_refused_and_the_code_never_runs(tmp_path: 
     if not filename.endswith(".safetensors"):
         assert "refused to load (torch.load with weights_only=True)" in info.value.message
         assert "save a state_dict or use .safetensors" in info.value.message
-        assert "unsupported" in info.value.message.lower()  # what torch refused, not its advice to use weights_only=False
+        assert (
+            "unsupported" in info.value.message.lower()
+        )  # what torch refused, not its advice to use weights_only=False
         assert "False" not in info.value.message and "\x1b[" not in info.value.message
     assert not marker.exists()
 

@@ -214,7 +214,9 @@ HOSTILE_ZIPS = {
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_ZIPS))
 @pytest.mark.parametrize("stage", ["serialize", "aot_compile", "trace"])
-def test_load_artifact_refuses_an_unsafe_zip_that_the_index_vouches_for(tmp_path: Path, no_torch_loads: list[str], name: str, stage: str) -> None:
+def test_load_artifact_refuses_an_unsafe_zip_that_the_index_vouches_for(
+    tmp_path: Path, no_torch_loads: list[str], name: str, stage: str
+) -> None:
     from pt2flow.flows.engine.worker.artifacts import load_artifact
 
     store = ArtifactStore(str(tmp_path / "store"))
@@ -225,7 +227,9 @@ def test_load_artifact_refuses_an_unsafe_zip_that_the_index_vouches_for(tmp_path
     assert no_torch_loads == []
 
 
-def test_validate_task_fails_with_a_storage_error_before_torch_sees_an_unsafe_package(tmp_path: Path, no_torch_loads: list[str], real_archives: dict[str, bytes]) -> None:
+def test_validate_task_fails_with_a_storage_error_before_torch_sees_an_unsafe_package(
+    tmp_path: Path, no_torch_loads: list[str], real_archives: dict[str, bytes]
+) -> None:
     from tests.security.conftest import call_validate
 
     store_url = str(tmp_path / "store")
@@ -234,7 +238,11 @@ def test_validate_task_fails_with_a_storage_error_before_torch_sees_an_unsafe_pa
     record(store, archive.digest, archive.size, "serialize")
     package = store.put_blob(make_zip([("package/../../../../tmp/evil.so", b"\x7fELF")]))
     record(store, package.digest, package.size, "aot_compile")
-    failure = call_validate(store_url, archive={"artifact": archive.digest, "size": archive.size, "key": "s"}, package={"artifact": package.digest, "size": package.size, "key": "c"})
+    failure = call_validate(
+        store_url,
+        archive={"artifact": archive.digest, "size": archive.size, "key": "s"},
+        package={"artifact": package.digest, "size": package.size, "key": "c"},
+    )
     assert failure["error_class"] == "storage"
     assert f"unsafe package {package.digest}: '..' component in entry name" in failure["error"]
     assert no_torch_loads == []

@@ -34,7 +34,9 @@ def regressor_inputs() -> ModelInputs:
     )
 
 
-def builder(factory: Callable[..., torch.nn.Module], *, training: bool = False, loss_output: int | None = None) -> Callable[[], torch.nn.Module]:
+def builder(
+    factory: Callable[..., torch.nn.Module], *, training: bool = False, loss_output: int | None = None
+) -> Callable[[], torch.nn.Module]:
     """What flows.engine.worker.compute.model_builder returns: a fresh, seeded model (a TrainingStep in training mode)."""
 
     def build() -> torch.nn.Module:
@@ -52,7 +54,9 @@ def functional(build: Callable[[], torch.nn.Module], inputs: ModelInputs, mode: 
     return functionalize(traced(build, inputs).output, FunctionalizeOptions(mode=mode))
 
 
-def decomposed(build: Callable[[], torch.nn.Module], inputs: ModelInputs, mode: str = "inference") -> tuple[StageResult, StageResult]:
+def decomposed(
+    build: Callable[[], torch.nn.Module], inputs: ModelInputs, mode: str = "inference"
+) -> tuple[StageResult, StageResult]:
     """(trace result, decompose result) of the chain trace -> functionalize -> decompose(core_aten)."""
     tr = traced(build, inputs)
     fn = functionalize(tr.output, FunctionalizeOptions(mode=mode))
@@ -67,7 +71,9 @@ def op_overloads(ep: torch.export.ExportedProgram) -> list[torch._ops.OpOverload
     return [t for t in call_targets(ep) if isinstance(t, torch._ops.OpOverload)]
 
 
-def runner_errors_at(case: Any, runner: Callable[[list[torch.Tensor]], list[torch.Tensor]], sizes: dict[str, int]) -> list[float]:
+def runner_errors_at(
+    case: Any, runner: Callable[[list[torch.Tensor]], list[torch.Tensor]], sizes: dict[str, int]
+) -> list[float]:
     """Run a target's runner and the eager model on the same inputs of `sizes`; the max absolute
     error of each output leaf (after checking shapes and dtypes leaf by leaf)."""
     import torch.utils._pytree as pytree
@@ -96,4 +102,6 @@ def run_repro(script: str, program: torch.export.ExportedProgram, workdir: Any) 
     torch.export.save(program, str(Path(workdir) / "program.pt2"))
     (Path(workdir) / "repro.py").write_text(script)
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([sys.executable, "repro.py"], cwd=str(workdir), env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "repro.py"], cwd=str(workdir), env=env, capture_output=True, text=True, timeout=600
+    )

@@ -61,8 +61,13 @@ def test_options_are_passed_to_aoti_compile_and_package(monkeypatch: pytest.Monk
     assert seen["inductor_configs"] is None  # no configs: torch's defaults
 
 
-@pytest.mark.parametrize(("raised", "error_class"), [(RuntimeError("C++ compile error: g++ failed"), "compile"), (MemoryError(), "out_of_memory")])
-def test_compile_failures_are_classified(monkeypatch: pytest.MonkeyPatch, raised: BaseException, error_class: str) -> None:
+@pytest.mark.parametrize(
+    ("raised", "error_class"),
+    [(RuntimeError("C++ compile error: g++ failed"), "compile"), (MemoryError(), "out_of_memory")],
+)
+def test_compile_failures_are_classified(
+    monkeypatch: pytest.MonkeyPatch, raised: BaseException, error_class: str
+) -> None:
     def fake(ep, package_path, inductor_configs):
         raise raised
 

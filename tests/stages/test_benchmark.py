@@ -43,21 +43,27 @@ def test_timing_stops_once_the_median_is_stable() -> None:
 
 
 def test_timing_goes_on_while_the_median_moves_and_stops_at_max_runs() -> None:
-    growing = (0.001 * 1.5 ** i for i in range(1000))  # every call slower: the median never settles
+    growing = (0.001 * 1.5**i for i in range(1000))  # every call slower: the median never settles
     clock = FakeClock(growing)
-    timing = time_calls(clock.work, BenchmarkOptions(warmup=0, min_runs=3, max_runs=12, window=2, max_seconds=1e9), clock)
+    timing = time_calls(
+        clock.work, BenchmarkOptions(warmup=0, min_runs=3, max_runs=12, window=2, max_seconds=1e9), clock
+    )
     assert not timing.stable and len(timing.times_ms) == 12
 
 
 def test_timing_stops_at_max_seconds() -> None:
     clock = FakeClock(0.3 * (i + 1) for i in range(1000))  # every call slower: never stable
-    timing = time_calls(clock.work, BenchmarkOptions(warmup=0, min_runs=1, max_runs=100, window=2, max_seconds=2.0), clock)
+    timing = time_calls(
+        clock.work, BenchmarkOptions(warmup=0, min_runs=1, max_runs=100, window=2, max_seconds=2.0), clock
+    )
     assert len(timing.times_ms) == 4 and not timing.stable  # 0.3 + 0.6 + 0.9 < 2 s <= + 1.2
 
 
 def test_percentiles_interpolate_like_numpy() -> None:
     values = [5.0, 1.0, 3.0, 2.0, 4.0]
-    assert percentile(values, 50) == 3.0 and percentile(values, 90) == pytest.approx(4.6) and percentile([7.0], 90) == 7.0
+    assert (
+        percentile(values, 50) == 3.0 and percentile(values, 90) == pytest.approx(4.6) and percentile([7.0], 90) == 7.0
+    )
     assert Timing((1.0, 2.0, 3.0, 100.0), True).p90 > Timing((1.0, 2.0, 3.0, 100.0), True).p50
 
 
@@ -67,8 +73,11 @@ class TwoDims(torch.nn.Module):
 
 
 def _inputs() -> ModelInputs:
-    return ModelInputs({"ids": InputSpec(shape=(2, 12), dtype="int64", low=0, high=10)}, {"ids": {0: "batch", 1: "seq"}},
-                       {"batch": (1, 8), "seq": (2, 64)})
+    return ModelInputs(
+        {"ids": InputSpec(shape=(2, 12), dtype="int64", low=0, high=10)},
+        {"ids": {0: "batch", 1: "seq"}},
+        {"batch": (1, 8), "seq": (2, 64)},
+    )
 
 
 def test_the_default_sizes_are_each_dims_min_example_and_max() -> None:
@@ -76,7 +85,9 @@ def test_the_default_sizes_are_each_dims_min_example_and_max() -> None:
     example = bind_inputs(TwoDims(), inputs)
     points = plan_points({}, inputs, example, BenchmarkOptions())
     assert [p.sizes for p in points] == [{"batch": 1, "seq": 2}, {"batch": 2, "seq": 12}, {"batch": 8, "seq": 64}]
-    assert [p.label for p in points] == ["batch=1 seq=2", "batch=2 seq=12", "batch=8 seq=64"] and [p.batch for p in points] == [1, 2, 8]
+    assert [p.label for p in points] == ["batch=1 seq=2", "batch=2 seq=12", "batch=8 seq=64"] and [
+        p.batch for p in points
+    ] == [1, 2, 8]
     # the program's own range (trace's dims) narrows the configured one
     narrowed = plan_points({"batch": {"min": 1, "max": 4}}, inputs, example, BenchmarkOptions())
     assert narrowed[-1].sizes == {"batch": 4, "seq": 64}
@@ -86,8 +97,15 @@ def test_configured_sizes_are_every_combination_and_are_checked() -> None:
     inputs = _inputs()
     example = bind_inputs(TwoDims(), inputs)
     points = plan_points({}, inputs, example, BenchmarkOptions(sizes={"batch": [8, 1], "seq": [16, 32]}))
-    assert [p.sizes for p in points] == [{"batch": 1, "seq": 16}, {"batch": 1, "seq": 32}, {"batch": 8, "seq": 16}, {"batch": 8, "seq": 32}]
-    with pytest.raises(StageError, match=r"height: not a dynamic dim.*batch=9: outside the program.s range 1..8") as raised:
+    assert [p.sizes for p in points] == [
+        {"batch": 1, "seq": 16},
+        {"batch": 1, "seq": 32},
+        {"batch": 8, "seq": 16},
+        {"batch": 8, "seq": 32},
+    ]
+    with pytest.raises(
+        StageError, match=r"height: not a dynamic dim.*batch=9: outside the program.s range 1..8"
+    ) as raised:
         plan_points({}, inputs, example, BenchmarkOptions(sizes={"batch": [9], "height": [3]}))
     assert raised.value.error_class.value == "config"
 
@@ -125,7 +143,9 @@ print(memory.peak_mb)
 def test_peak_memory_sees_a_native_allocation() -> None:
     """In a fresh process: in a long-lived one (an xdist worker after hundreds of tests) the 64 MiB
     may come from memory the process already holds resident, and the peak rightly stays 0."""
-    done = subprocess.run([sys.executable, "-c", PEAK_OF_A_NATIVE_ALLOCATION], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_OF_A_NATIVE_ALLOCATION], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     peak = done.stdout.strip().splitlines()[-1]
     if peak == "None":
@@ -139,7 +159,13 @@ def test_only_the_candidates_validate_passed_are_timed() -> None:
     old_style: dict[str, Any] = {"passed": True, "candidates": {"archive": {}, "onnx": {}}}
     assert validated(old_style) == {"archive", "onnx"}
     assert validated({**old_style, "passed": False}) == set()
-    verdicts = {"passed": True, "candidates": {"archive": {"verdict": {"passed": True}}, "executorch": {"verdict": {"passed": False, "error_class": "runtime"}}}}
+    verdicts = {
+        "passed": True,
+        "candidates": {
+            "archive": {"verdict": {"passed": True}},
+            "executorch": {"verdict": {"passed": False, "error_class": "runtime"}},
+        },
+    }
     assert validated(verdicts) == {"archive"}
 
 
@@ -154,7 +180,11 @@ def test_the_key_covers_the_machine_and_the_options(monkeypatch: pytest.MonkeyPa
     def key(options: str = "") -> str:
         text = f"version: 1\nmodels:\n  - name: m\n    factory: tests.models:tiny_mlp\n    inputs: {{x: {{shape: [3, 8]}}}}\n{options}"
         model = parse_config(text, source="k.yaml", base_dir=str(ROOT)).models[0]
-        inputs = {"source": Outcome(key="s" * 64), "validate": Outcome(key="v" * 64), "serialize": Outcome(artifact="a" * 64)}
+        inputs = {
+            "source": Outcome(key="s" * 64),
+            "validate": Outcome(key="v" * 64),
+            "serialize": Outcome(artifact="a" * 64),
+        }
         return stage_key(pipeline.get("benchmark"), model, inputs)
 
     here = key()

@@ -10,7 +10,15 @@ from pt2flow.stages.decompose import decompose, decomposition_table, resolve_op
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.options import DecomposeOptions
 from tests import models
-from tests.stages.helpers import builder, call_targets, functional, mlp_inputs, op_overloads, regressor_inputs, static_inputs
+from tests.stages.helpers import (
+    builder,
+    call_targets,
+    functional,
+    mlp_inputs,
+    op_overloads,
+    regressor_inputs,
+    static_inputs,
+)
 
 # symbolic-size queries and runtime asserts are allowed in a core-ATen program
 _ALLOWED_NON_CORE = ("aten.sym_", "aten._assert")
@@ -19,7 +27,11 @@ _ALLOWED_NON_CORE = ("aten.sym_", "aten._assert")
 def _not_core(ep: torch.export.ExportedProgram) -> list[str]:
     """Ops without torch's `core` tag (checked here independently of stages.program)."""
     return sorted(
-        {str(op) for op in op_overloads(ep) if torch.Tag.core not in op.tags and not str(op).startswith(_ALLOWED_NON_CORE)}
+        {
+            str(op)
+            for op in op_overloads(ep)
+            if torch.Tag.core not in op.tags and not str(op).startswith(_ALLOWED_NON_CORE)
+        }
     )
 
 

@@ -50,7 +50,9 @@ class Project:
             old.rmdir()
         info = self.site / f"{self.dist}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {self.dist}\nVersion: {version}\nRequires-Dist: sympy\n")
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {self.dist}\nVersion: {version}\nRequires-Dist: sympy\n"
+        )
         (info / "top_level.txt").write_text(f"{self.dist}\n")
 
 
@@ -166,7 +168,9 @@ def test_worker_reuse_modules_imported_before_still_count(project: Project) -> N
     assert m_factory_only == m
     # found by walking the factory module's imports, not by its folder: no search_path given
     walked = deps.manifest([project.models])
-    assert walked["files"] == {p.as_posix(): sha(p) for p in (project.folder / f"{project.models}.py", project.layers_file)}
+    assert walked["files"] == {
+        p.as_posix(): sha(p) for p in (project.folder / f"{project.models}.py", project.layers_file)
+    }
     assert walked["distributions"] == m["distributions"]
 
 
@@ -198,7 +202,9 @@ def test_check_imports_neither_torch_nor_user_modules(project: Project) -> None:
         """
     )
     root = Path(deps.__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(m)], capture_output=True, text=True, cwd=root, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(m)], capture_output=True, text=True, cwd=root, check=True
+    )
     changes, imported = out.stdout.splitlines()
     assert json.loads(changes) == [f"{project.layers}.py: content changed"]
     assert imported == "False False"
@@ -229,7 +235,9 @@ def test_manifest_does_not_depend_on_what_the_process_imported_before(project: P
     """The rule reads source files, not sys.modules: an import inside a function that has not run
     yet counts, and a sibling model's module that an earlier model loaded into this (reused)
     worker does not, so a fresh worker and a reused one record the same manifest."""
-    (project.folder / f"lazy_{project.models}.py").write_text(f"def make():\n    import {project.layers}\n    return {project.layers}.Block()\n")
+    (project.folder / f"lazy_{project.models}.py").write_text(
+        f"def make():\n    import {project.layers}\n    return {project.layers}.Block()\n"
+    )
     (project.folder / f"sibling_{project.models}.py").write_text("import json\n")
     lazy = f"lazy_{project.models}"
     try:

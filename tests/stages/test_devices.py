@@ -78,7 +78,14 @@ def test_a_missing_cuda_device_is_named() -> None:
 @no_cuda
 def test_validate_of_a_cuda_package_without_cuda_is_a_runtime_error_before_anything_loads() -> None:
     with pytest.raises(StageError) as info:
-        validate(builder(models.tiny_mlp), mlp_inputs(), {}, ValidateOptions(samples=2), package=b"not even a zip", device="cuda")
+        validate(
+            builder(models.tiny_mlp),
+            mlp_inputs(),
+            {},
+            ValidateOptions(samples=2),
+            package=b"not even a zip",
+            device="cuda",
+        )
     assert info.value.error_class == "runtime"
     assert "no CUDA device is available here" in info.value.message
 
@@ -116,6 +123,18 @@ def test_cuda_package_validates_against_cpu_eager() -> None:  # pragma: no cover
     build = builder(models.tiny_mlp)
     trace, dec = decomposed(build, mlp_inputs(1, 16))
     package = aot_compile(dec.output, AotCompileOptions(device="cuda")).output
-    result = validate(build, mlp_inputs(1, 16), trace.metadata["dims"], ValidateOptions(samples=4, atol=1e-4, rtol=1e-3), package=package, device="cuda")
+    result = validate(
+        build,
+        mlp_inputs(1, 16),
+        trace.metadata["dims"],
+        ValidateOptions(samples=4, atol=1e-4, rtol=1e-3),
+        package=package,
+        device="cuda",
+    )
     assert result.output["passed"] is True and result.output["device"] == "cuda"
-    assert [s["label"] for s in result.output["candidates"]["compiled"]["samples"]] == ["example", "min", "max", "random-1"]
+    assert [s["label"] for s in result.output["candidates"]["compiled"]["samples"]] == [
+        "example",
+        "min",
+        "max",
+        "random-1",
+    ]

@@ -33,7 +33,9 @@ def dict_pte(dict_case: TargetCase) -> StageResult:
 
 
 @pytest.mark.integration  # lowers an encoder to ExecuTorch
-def test_dynamic_batch_and_sequence_match_eager_at_min_middle_and_max(seq_case: TargetCase, seq_pte: StageResult) -> None:
+def test_dynamic_batch_and_sequence_match_eager_at_min_middle_and_max(
+    seq_case: TargetCase, seq_pte: StageResult
+) -> None:
     meta = seq_pte.metadata
     assert meta["backends"] == ["XnnpackBackend"] and meta["partitions"] >= 1
     assert meta["delegated_ops"].get("aten.linear.default") == 2  # proj and score, kept whole for XNNPACK
@@ -47,7 +49,10 @@ def test_dynamic_batch_and_sequence_match_eager_at_min_middle_and_max(seq_case: 
 
 def test_validate_runs_the_pte_at_the_edges_of_every_dim(seq_case: TargetCase, seq_pte: StageResult) -> None:
     report = validate(
-        seq_case.build, seq_case.inputs, seq_case.dims, ValidateOptions(samples=4),
+        seq_case.build,
+        seq_case.inputs,
+        seq_case.dims,
+        ValidateOptions(samples=4),
         targets={"executorch": TargetArtifact(seq_pte.output, load_pte)},
     ).output
     assert report["passed"] is True
@@ -56,7 +61,9 @@ def test_validate_runs_the_pte_at_the_edges_of_every_dim(seq_case: TargetCase, s
     assert all(s["ok"] for s in entry["samples"]) and 0 < entry["max_abs_err"] < 1e-5
 
 
-def test_an_op_xnnpack_does_not_take_falls_back_to_portable_and_is_listed(dict_case: TargetCase, dict_pte: StageResult) -> None:
+def test_an_op_xnnpack_does_not_take_falls_back_to_portable_and_is_listed(
+    dict_case: TargetCase, dict_pte: StageResult
+) -> None:
     meta = dict_pte.metadata
     assert meta["portable_ops"].get("aten.argmax.default") == 1  # XNNPACK has no argmax
     assert "aten.argmax.default" not in meta["delegated_ops"] and meta["delegated_nodes"] > 0
@@ -74,8 +81,13 @@ def test_without_portable_fallback_the_op_left_out_is_lowering_naming_it(dict_ca
 
 
 def test_dict_outputs_validate_in_their_structure(dict_case: TargetCase, dict_pte: StageResult) -> None:
-    report = validate(dict_case.build, dict_case.inputs, dict_case.dims, ValidateOptions(samples=3),
-                      targets={"executorch": TargetArtifact(dict_pte.output, load_pte)}).output
+    report = validate(
+        dict_case.build,
+        dict_case.inputs,
+        dict_case.dims,
+        ValidateOptions(samples=3),
+        targets={"executorch": TargetArtifact(dict_pte.output, load_pte)},
+    ).output
     assert report["passed"] is True and report["candidates"]["executorch"]["samples"][2]["sizes"] == {"batch": 8}
 
 
@@ -109,21 +121,37 @@ def test_a_training_program_is_refused(joint_program: torch.export.ExportedProgr
     assert "takes inference programs" in info.value.message and "LOSS_OUTPUT" in info.value.message
 
 
-def test_validate_refuses_targets_in_training_mode(joint_program: torch.export.ExportedProgram, seq_pte: StageResult) -> None:
+def test_validate_refuses_targets_in_training_mode(
+    joint_program: torch.export.ExportedProgram, seq_pte: StageResult
+) -> None:
     from tests import models
     from tests.stages.helpers import builder, regressor_inputs
 
     with pytest.raises(StageError) as info:
-        validate(builder(models.regressor, training=True), regressor_inputs(), {}, ValidateOptions(), training=True,
-                 targets={"executorch": TargetArtifact(seq_pte.output, load_pte)})
+        validate(
+            builder(models.regressor, training=True),
+            regressor_inputs(),
+            {},
+            ValidateOptions(),
+            training=True,
+            targets={"executorch": TargetArtifact(seq_pte.output, load_pte)},
+        )
     assert info.value.error_class == "config" and "inference" in info.value.message
 
 
 def test_check_compat_reruns_the_stored_samples(seq_case: TargetCase, seq_pte: StageResult) -> None:
-    done = validate(seq_case.build, seq_case.inputs, seq_case.dims, ValidateOptions(samples=3),
-                    targets={"executorch": TargetArtifact(seq_pte.output, load_pte)})
+    done = validate(
+        seq_case.build,
+        seq_case.inputs,
+        seq_case.dims,
+        ValidateOptions(samples=3),
+        targets={"executorch": TargetArtifact(seq_pte.output, load_pte)},
+    )
     samples = unpack(done.side["io"])
     result = check_artifact("pte", seq_pte.output, samples, 1e-5, 1e-4, flat=load_pte, target="executorch")
     assert (result["loads"], result["runs"], result["matches"], result["samples"]) == (True, True, True, 3)
     moved = [type(s)(s.label, s.args, s.kwargs, [o * 2 for o in s.outputs]) for s in samples]
-    assert check_artifact("pte", seq_pte.output, moved, 1e-5, 1e-4, flat=load_pte, target="executorch")["error_class"] == "numeric_mismatch"
+    assert (
+        check_artifact("pte", seq_pte.output, moved, 1e-5, 1e-4, flat=load_pte, target="executorch")["error_class"]
+        == "numeric_mismatch"
+    )

@@ -29,8 +29,13 @@ transformers = pytest.importorskip("transformers")
 NEW_TOKENS = 32
 PROMPT_LENGTHS = (2, 16)  # the prefill's prompt axis starts at 2 (Dim.AUTO); traced at 8
 DECODER = dict(
-    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256,
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
 )
 
 
@@ -45,9 +50,17 @@ BUILDERS = {
     "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODER)),
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**DECODER)),
     "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(pad_token_id=0, **DECODER)),
-    "t5": lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0,
-    )),
+    "t5": lambda: transformers.T5ForConditionalGeneration(
+        transformers.T5Config(
+            vocab_size=128,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            decoder_start_token_id=0,
+        )
+    ),
 }
 
 
@@ -131,7 +144,9 @@ def test_a_perturbed_decode_program_is_caught_at_its_first_diverging_token(llama
     assert not torch.equal(llama.programs["decode"].program.state_dict["model.layers.1.mlp.down_proj.weight"], weight)
 
 
-@pytest.mark.parametrize(("name", "cache"), [("qwen2", "dynamic"), ("phi3", "dynamic"), ("llama", "static"), ("t5", "dynamic")])
+@pytest.mark.parametrize(
+    ("name", "cache"), [("qwen2", "dynamic"), ("phi3", "dynamic"), ("llama", "static"), ("t5", "dynamic")]
+)
 def test_other_decoders_caches_and_an_encoder_decoder_generate_eagers_tokens(name: str, cache: str) -> None:
     torch.set_num_threads(1)
     case = _export(name, cache)
@@ -170,7 +185,10 @@ def test_aoti_packages_with_a_dynamic_cache_generate_eagers_tokens(llama: Export
         assert len(eager.tokens) == NEW_TOKENS and len(set(eager.tokens)) > 3
         result = G.compare_generation(eager.tokens, eager.logits, got.tokens, got.logits)
         assert got.tokens == eager.tokens, (length, result)
-        assert result.ok and len(result.max_error) == NEW_TOKENS and max(result.max_error) < 1e-4, (length, result.max_error)
+        assert result.ok and len(result.max_error) == NEW_TOKENS and max(result.max_error) < 1e-4, (
+            length,
+            result.max_error,
+        )
 
 
 def test_compare_generation_names_the_first_diverging_position_and_each_steps_error() -> None:

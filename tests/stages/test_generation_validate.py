@@ -17,8 +17,15 @@ pytestmark = pytest.mark.integration  # exports a tiny transformers model
 
 transformers = pytest.importorskip("transformers")
 
-DECODER = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=256)
+DECODER = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 PROMPTS = (2, 16)
 
 
@@ -57,7 +64,9 @@ def test_a_perturbed_decode_is_caught_at_its_first_diverging_position(case) -> N
     assert not verdict["passed"] and verdict["error_class"] == "numeric_mismatch", verdict
     first = report["candidates"]["perturbed"]["prompts"][str(PROMPTS[0])]["first_divergence"]
     assert first is not None and first >= 1  # prefill's token is right: decode makes the later ones
-    assert f"perturbed: generated tokens diverge from eager at position {first} (prompt {PROMPTS[0]})" == verdict["error"]
+    assert (
+        f"perturbed: generated tokens diverge from eager at position {first} (prompt {PROMPTS[0]})" == verdict["error"]
+    )
     assert not report["passed"] and any("perturbed (not required) failed" in w for w in report["warnings"])
 
     with pytest.raises(StageError) as info:  # required (the default: every candidate), it fails the stage

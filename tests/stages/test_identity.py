@@ -37,7 +37,9 @@ class Heads(nn.Module):
         return (torch.softmax(q @ k.transpose(-1, -2), -1) @ v).reshape(b * s, 8)
 
 
-HEADS_INPUTS = ModelInputs({"x": InputSpec((2, 6, 8))}, {"x": {0: "batch", 1: "seq"}}, {"batch": (1, 8), "seq": (2, 32)})
+HEADS_INPUTS = ModelInputs(
+    {"x": InputSpec((2, 6, 8))}, {"x": {0: "batch", 1: "seq"}}, {"batch": (1, 8), "seq": (2, 32)}
+)
 TRAINING = FunctionalizeOptions(mode="training")
 
 

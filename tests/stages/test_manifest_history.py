@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.compile
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, sys
     from pt2flow.stages.distributions import pin_import_path
     pin_import_path()  # as the worker does at start
@@ -27,11 +27,13 @@ SCRIPT = textwrap.dedent('''
     from tests.hf_models import bert_tiny
     model = bert_tiny()
     print(json.dumps([manifest(["tests.hf_models", *(type(m) for m in model.modules())]), [p for p in sys.path if "_vendor" in p]]))
-''')
+""")
 
 
 def _manifest(mode: str, package: str) -> tuple[dict, list[str]]:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, mode, package], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode, package], capture_output=True, text=True, cwd=ROOT, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found, vendored = json.loads(proc.stdout.strip().splitlines()[-1])
     return found, vendored

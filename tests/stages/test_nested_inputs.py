@@ -24,7 +24,9 @@ from pt2flow.stages.validate import validate
 class Mixed(torch.nn.Module):
     """Every kind of input at once; `xs[0]` has a dynamic batch."""
 
-    def forward(self, xs: list, pair: tuple, cfg: dict, scale: float, steps: int, flag: bool, mode: str, extra: Any = None) -> torch.Tensor:
+    def forward(
+        self, xs: list, pair: tuple, cfg: dict, scale: float, steps: int, flag: bool, mode: str, extra: Any = None
+    ) -> torch.Tensor:
         out = xs[0] * scale + xs[1].sum()
         out = out + pair[0] * pair[1]["w"]
         for _ in range(steps):
@@ -75,7 +77,9 @@ def test_a_dynamic_dim_inside_a_list_stays_dynamic_and_validates_at_min_and_max(
     tr, dec = _pipeline(Mixed(), mixed_inputs())
     assert tr.metadata["strategy"] == "configured" and tr.metadata["static_fallback"] is False
     assert tr.metadata["dims"]["batch"] == {"min": 1, "max": 9, "static": False, "value": None}
-    report = validate(Mixed, mixed_inputs(), tr.metadata["dims"], ValidateOptions(samples=3), archive=serialize(dec.output, {}).output).output
+    report = validate(
+        Mixed, mixed_inputs(), tr.metadata["dims"], ValidateOptions(samples=3), archive=serialize(dec.output, {}).output
+    ).output
     assert report["passed"] is True
     assert [p["sizes"] for p in report["plan"]] == [{}, {"batch": 1}, {"batch": 9}]
 
@@ -85,7 +89,14 @@ def test_args_and_kwargs_parameters_take_a_list_and_extra_names() -> None:
         def forward(self, a: torch.Tensor, *rest: torch.Tensor, k: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
             return a + sum(rest) + k * named["gain"]
 
-    inputs = ModelInputs({"a": InputSpec((2,)), "rest": [InputSpec((2,)), InputSpec((2,))], "k": InputSpec((2,)), "gain": InputSpec((), value=3.0)})
+    inputs = ModelInputs(
+        {
+            "a": InputSpec((2,)),
+            "rest": [InputSpec((2,)), InputSpec((2,))],
+            "k": InputSpec((2,)),
+            "gain": InputSpec((), value=3.0),
+        }
+    )
     bound = bind_inputs(Varargs(), inputs)
     assert len(bound.args) == 3 and set(bound.kwargs) == {"k", "gain"}
     assert bound.order == ("a", "rest", "k", "named")
@@ -98,8 +109,19 @@ def test_args_and_kwargs_parameters_take_a_list_and_extra_names() -> None:
 
 def test_given_tensors_are_used_as_they_are_and_resized_for_other_samples() -> None:
     given = torch.arange(12, dtype=torch.float32).reshape(4, 3)
-    inputs = ModelInputs({"xs": [given, torch.ones(2)], "pair": (torch.ones(3), {"w": torch.tensor(0.5)}), "cfg": {"bias": torch.zeros(3)},
-                          "scale": 1.0, "steps": 1, "flag": False, "mode": "x"}, {"xs": [{0: "batch"}, None]}, {"batch": (1, 9)})
+    inputs = ModelInputs(
+        {
+            "xs": [given, torch.ones(2)],
+            "pair": (torch.ones(3), {"w": torch.tensor(0.5)}),
+            "cfg": {"bias": torch.zeros(3)},
+            "scale": 1.0,
+            "steps": 1,
+            "flag": False,
+            "mode": "x",
+        },
+        {"xs": [{0: "batch"}, None]},
+        {"batch": (1, 9)},
+    )
     example = bind_inputs(Mixed(), inputs)
     assert torch.equal(example.args[0][0], given) and example.args[0][0] is not given  # a copy
     other = bind_inputs(Mixed(), inputs, dim_sizes={"batch": 5})
@@ -145,12 +167,16 @@ def test_input_mutation_validates_and_the_mutated_input_is_compared() -> None:
     tr, dec = _pipeline(Mutates(), inputs)
     kinds = [s.kind.name for s in dec.output.graph_signature.output_specs]
     assert "USER_INPUT_MUTATION" in kinds
-    report = validate(Mutates, inputs, tr.metadata["dims"], ValidateOptions(), archive=serialize(dec.output, {}).output).output
+    report = validate(
+        Mutates, inputs, tr.metadata["dims"], ValidateOptions(), archive=serialize(dec.output, {}).output
+    ).output
     assert report["passed"] is True and report["nondeterministic"] is False
     # an artifact with the same outputs that leaves its input alone is caught by the input comparison
     _, plain = _pipeline(DoesNotMutate(), inputs)
     with pytest.raises(StageError) as info:
-        validate(Mutates, inputs, tr.metadata["dims"], ValidateOptions(samples=1), archive=serialize(plain.output, {}).output)
+        validate(
+            Mutates, inputs, tr.metadata["dims"], ValidateOptions(samples=1), archive=serialize(plain.output, {}).output
+        )
     assert info.value.error_class == "numeric_mismatch"
     failures = info.value.details["candidates"]["archive"]["samples"][0]["failures"]
     assert failures and all(f.startswith("input ") for f in failures), failures
@@ -169,7 +195,9 @@ class CountsCalls(torch.nn.Module):
 def test_mutated_buffers_are_compared_after_every_call() -> None:
     inputs = ModelInputs({"x": InputSpec((2,))})
     tr, dec = _pipeline(CountsCalls(), inputs)
-    report = validate(CountsCalls, inputs, tr.metadata["dims"], ValidateOptions(samples=3), archive=serialize(dec.output, {}).output).output
+    report = validate(
+        CountsCalls, inputs, tr.metadata["dims"], ValidateOptions(samples=3), archive=serialize(dec.output, {}).output
+    ).output
     assert report["passed"] is True  # outputs x+1, x+2, x+3 and the buffer 1, 2, 3 in both
     ep = dec.output
     with torch.no_grad():
@@ -205,7 +233,9 @@ def test_ops_the_default_table_leaves_are_looked_up_in_torchs_registry() -> None
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.hardswish(x)
 
-    ep = functionalize(trace(Hard(), ModelInputs({"x": InputSpec((4,))}), TraceOptions()).output, FunctionalizeOptions()).output
+    ep = functionalize(
+        trace(Hard(), ModelInputs({"x": InputSpec((4,))}), TraceOptions()).output, FunctionalizeOptions()
+    ).output
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.hardswish.default)  # as if torch's default table left it
     left = ep.run_decompositions(table)
@@ -230,7 +260,9 @@ def test_an_op_torch_cannot_decompose_fails_with_its_name() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return opaque(x) + 1
 
-    ep = functionalize(trace(Opaque(), ModelInputs({"x": InputSpec((4,))}), TraceOptions()).output, FunctionalizeOptions()).output
+    ep = functionalize(
+        trace(Opaque(), ModelInputs({"x": InputSpec((4,))}), TraceOptions()).output, FunctionalizeOptions()
+    ).output
     with pytest.raises(StageError) as info:
         decompose(ep, DecomposeOptions())
     assert info.value.error_class == "decomposition"

@@ -36,7 +36,9 @@ def dict_onnx(dict_case: TargetCase) -> StageResult:
     return export_onnx(dict_case.program, OnnxOptions(), dim_names=dict_case.dim_names)
 
 
-def test_dynamic_batch_and_sequence_stay_dynamic_and_match_eager_at_min_middle_and_max(seq_case: TargetCase, seq_onnx: StageResult) -> None:
+def test_dynamic_batch_and_sequence_stay_dynamic_and_match_eager_at_min_middle_and_max(
+    seq_case: TargetCase, seq_onnx: StageResult
+) -> None:
     meta = seq_onnx.metadata
     assert meta["format"] == FORMAT_SINGLE and seq_onnx.output[:4] != b"PK\x03\x04"
     assert meta["inputs"] == [{"name": "x", "shape": ["batch", "seq", 8], "dtype": "float"}]
@@ -56,7 +58,10 @@ def test_without_dim_names_the_programs_symbols_name_the_dims(seq_case: TargetCa
 
 def test_validate_runs_the_onnx_model_at_the_edges_of_every_dim(seq_case: TargetCase, seq_onnx: StageResult) -> None:
     report = validate(
-        seq_case.build, seq_case.inputs, seq_case.dims, ValidateOptions(samples=4),
+        seq_case.build,
+        seq_case.inputs,
+        seq_case.dims,
+        ValidateOptions(samples=4),
         targets={"onnx": TargetArtifact(seq_onnx.output, load_onnx)},
     ).output
     assert report["passed"] is True
@@ -70,11 +75,20 @@ def test_validate_catches_an_onnx_model_of_other_weights(seq_case: TargetCase) -
     other = seq_case.build()
     with torch.no_grad():
         other.proj.bias.add_(0.5)  # (a constant added to every weight would cancel: layer norm centres x)
-    program = torch.export.export(other, (torch.randn(3, 5, 8),), dynamic_shapes=({0: torch.export.Dim("b", max=8), 1: torch.export.Dim("s", min=2, max=16)},))
+    program = torch.export.export(
+        other,
+        (torch.randn(3, 5, 8),),
+        dynamic_shapes=({0: torch.export.Dim("b", max=8), 1: torch.export.Dim("s", min=2, max=16)},),
+    )
     wrong = export_onnx(program, OnnxOptions()).output
     with pytest.raises(StageError) as info:
-        validate(seq_case.build, seq_case.inputs, seq_case.dims, ValidateOptions(samples=3),
-                 targets={"onnx": TargetArtifact(wrong, load_onnx)})
+        validate(
+            seq_case.build,
+            seq_case.inputs,
+            seq_case.dims,
+            ValidateOptions(samples=3),
+            targets={"onnx": TargetArtifact(wrong, load_onnx)},
+        )
     assert info.value.error_class == "numeric_mismatch"
     assert "onnx on example" in info.value.message
     assert info.value.details["candidates"]["onnx"]["max_abs_err"] > 1e-3
@@ -87,8 +101,13 @@ def test_dict_outputs_keep_every_leaf(dict_case: TargetCase, dict_onnx: StageRes
     runner = load_onnx(dict_onnx.output)
     errors = runner_errors_at(dict_case, runner, {"batch": 7})
     assert len(errors) == 3 and max(errors) < 1e-5
-    report = validate(dict_case.build, dict_case.inputs, dict_case.dims, ValidateOptions(samples=3),
-                      targets={"onnx": TargetArtifact(dict_onnx.output, load_onnx)}).output
+    report = validate(
+        dict_case.build,
+        dict_case.inputs,
+        dict_case.dims,
+        ValidateOptions(samples=3),
+        targets={"onnx": TargetArtifact(dict_onnx.output, load_onnx)},
+    ).output
     assert report["passed"] is True and report["candidates"]["onnx"]["samples"][2]["sizes"] == {"batch": 8}
 
 
@@ -137,12 +156,20 @@ def test_an_op_without_an_onnx_translation_is_lowering_naming_it(wobbly_case: Ta
 
 
 def test_check_compat_reruns_the_stored_samples(seq_case: TargetCase, seq_onnx: StageResult) -> None:
-    done = validate(seq_case.build, seq_case.inputs, seq_case.dims, ValidateOptions(samples=3),
-                    targets={"onnx": TargetArtifact(seq_onnx.output, load_onnx)})
+    done = validate(
+        seq_case.build,
+        seq_case.inputs,
+        seq_case.dims,
+        ValidateOptions(samples=3),
+        targets={"onnx": TargetArtifact(seq_onnx.output, load_onnx)},
+    )
     samples = unpack(done.side["io"])
     result = check_artifact("onnx", seq_onnx.output, samples, 1e-5, 1e-4, flat=load_onnx, target="onnx")
     assert (result["loads"], result["runs"], result["matches"], result["samples"]) == (True, True, True, 3)
     moved = [type(s)(s.label, s.args, s.kwargs, [o + 1 for o in s.outputs]) for s in samples]
     failed = check_artifact("onnx", seq_onnx.output, moved, 1e-5, 1e-4, flat=load_onnx, target="onnx")
     assert failed["matches"] is False and failed["error_class"] == "numeric_mismatch"
-    assert check_artifact("onnx", b"not onnx", samples, 1e-5, 1e-4, flat=load_onnx, target="onnx")["error_class"] == "incompatible"
+    assert (
+        check_artifact("onnx", b"not onnx", samples, 1e-5, 1e-4, flat=load_onnx, target="onnx")["error_class"]
+        == "incompatible"
+    )

@@ -22,7 +22,12 @@ import torch
 
 from pt2flow.flows.builtin import openvino as target
 from pt2flow.stages import openvino_target as runtime
-from pt2flow.stages.openvino_target import FORMAT, convert, load_openvino as load_runner, openvino_repro_body as repro_body
+from pt2flow.stages.openvino_target import (
+    FORMAT,
+    convert,
+    load_openvino as load_runner,
+    openvino_repro_body as repro_body,
+)
 from pt2flow.stages.target_options import OpenvinoOptions
 from pt2flow.flows.config import load_config
 from pt2flow.flows.engine.common.inputs import model_inputs
@@ -80,8 +85,9 @@ def test_a_demo_model_matches_eager_at_the_min_and_max_of_every_dynamic_dim(name
     case, options = _demo_case(name)
     result = convert(case.program, OpenvinoOptions())
     assert result.metadata["format"] == FORMAT and result.output[:4] == b"PK\x03\x04"
-    report = validate(case.build, case.inputs, case.dims, options,
-                      targets={"openvino": TargetArtifact(result.output, load_runner)}).output
+    report = validate(
+        case.build, case.inputs, case.dims, options, targets={"openvino": TargetArtifact(result.output, load_runner)}
+    ).output
     assert report["passed"] is True, report
     samples = report["candidates"]["openvino"]["samples"]
     dims = case.inputs.dims
@@ -94,8 +100,10 @@ def test_a_demo_model_matches_eager_at_the_min_and_max_of_every_dynamic_dim(name
 
 def test_the_inputs_keep_static_dims_and_the_dynamic_dims_ranges() -> None:
     meta = convert(_demo_case("multi-head")[0].program, OpenvinoOptions()).metadata
-    assert meta["inputs"] == [{"name": "x", "shape": ["1..8", "2..32", 12], "dtype": "f32"},
-                              {"name": "mask", "shape": ["1..8", "2..32"], "dtype": "f32"}]
+    assert meta["inputs"] == [
+        {"name": "x", "shape": ["1..8", "2..32", 12], "dtype": "f32"},
+        {"name": "mask", "shape": ["1..8", "2..32"], "dtype": "f32"},
+    ]
     # the dict's leaves, in the program's order: logits, score, label (argmax: int64, as eager)
     assert [o["dtype"] for o in meta["outputs"]] == ["f32", "f32", "i64"]
     assert [o["shape"] for o in meta["outputs"]] == [["1..8", "2..32", 5], ["1..8", "2..32"], ["1..8", "2..32"]]
@@ -125,8 +133,16 @@ def test_a_none_between_tensor_inputs_leaves_each_input_its_own_shape() -> None:
     tensors alone. Before, `y`'s shape went to the None's Parameter and `y` got none, and a runner
     fed two tensors to a model of three inputs; Qwen2's prefill failed to convert."""
     x, y = torch.randn(4, 3), torch.randn(3)
-    program = torch.export.export(_NoneBetween().eval(), (x, {"mask": None}, y), dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=8)}, {"mask": None}, None)).run_decompositions({})
-    assert [type(s.arg).__name__ for s in program.graph_signature.input_specs] == ["TensorArgument", "ConstantArgument", "TensorArgument"]
+    program = torch.export.export(
+        _NoneBetween().eval(),
+        (x, {"mask": None}, y),
+        dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=8)}, {"mask": None}, None),
+    ).run_decompositions({})
+    assert [type(s.arg).__name__ for s in program.graph_signature.input_specs] == [
+        "TensorArgument",
+        "ConstantArgument",
+        "TensorArgument",
+    ]
     converted = convert(program, OpenvinoOptions())
     assert [i["shape"] for i in converted.metadata["inputs"]] == [["2..8", 3], [3]]
     runner = load_runner(converted.output)
@@ -158,8 +174,13 @@ def test_the_same_program_gives_the_same_bytes_in_one_process_and_in_two(tmp_pat
     assert convert(program, OpenvinoOptions()).output == first
     torch.export.save(program, str(tmp_path / "program.pt2"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    fresh = subprocess.run([sys.executable, "-c", _CONVERT_IN_A_PROCESS, str(tmp_path / "program.pt2")],
-                           capture_output=True, text=True, env=env, timeout=300)
+    fresh = subprocess.run(
+        [sys.executable, "-c", _CONVERT_IN_A_PROCESS, str(tmp_path / "program.pt2")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     import hashlib
 
@@ -196,11 +217,15 @@ def _program(fn: Any, *args: torch.Tensor) -> torch.export.ExportedProgram:
     return torch.export.export(_Apply(fn).eval(), args).run_decompositions({})
 
 
-@pytest.mark.parametrize(("fn", "shape", "op"), [
-    (lambda x: torch.linalg.inv(x), (3, 4, 4), "aten.linalg_inv_ex.default"),
-    (lambda x: torch.fft.rfft(x).abs(), (2, 8), "aten._fft_r2c.default"),
-    (lambda x: torch.median(x, dim=1).values, (3, 4), "aten.median.dim"),
-], ids=["linalg.inv", "fft.rfft", "median"])
+@pytest.mark.parametrize(
+    ("fn", "shape", "op"),
+    [
+        (lambda x: torch.linalg.inv(x), (3, 4, 4), "aten.linalg_inv_ex.default"),
+        (lambda x: torch.fft.rfft(x).abs(), (2, 8), "aten._fft_r2c.default"),
+        (lambda x: torch.median(x, dim=1).values, (3, 4), "aten.median.dim"),
+    ],
+    ids=["linalg.inv", "fft.rfft", "median"],
+)
 def test_an_op_without_a_conversion_rule_is_lowering_naming_it(fn: Any, shape: tuple[int, ...], op: str) -> None:
     with pytest.raises(StageError) as info:
         convert(_program(fn, torch.randn(*shape)), OpenvinoOptions())
@@ -218,7 +243,9 @@ def test_a_custom_op_is_named_and_the_failure_is_openvinos_not_the_models(wobbly
     from pt2flow.flows import pipeline
 
     # as the worker asks (flows/engine/worker/compute.py): the stages' declared libraries are framework
-    origin = failure_origin(info.value, framework=pipeline.libraries())  # the nearest frame outside it: this test's call
+    origin = failure_origin(
+        info.value, framework=pipeline.libraries()
+    )  # the nearest frame outside it: this test's call
     assert origin is not None and not origin["module"].startswith("openvino")
 
 
@@ -277,7 +304,10 @@ def declined(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _script(body: str) -> str:
-    return "import torch\nimport tests.custom_op_models  # registers the custom op\nprogram = torch.export.load('program.pt2')\n" + body
+    return (
+        "import torch\nimport tests.custom_op_models  # registers the custom op\nprogram = torch.export.load('program.pt2')\n"
+        + body
+    )
 
 
 @pytest.mark.integration  # a fresh process
@@ -294,7 +324,10 @@ def test_the_repro_body_converts_and_runs_the_stored_program_in_a_plain_process(
 def test_the_repro_body_raises_the_frontends_refusal(wobbly_case: TargetCase, tmp_path: Path, declined: None) -> None:
     proc = run_repro(_script(repro_body(OpenvinoOptions())), wobbly_case.program, tmp_path)
     assert proc.returncode != 0
-    assert "OpConversionFailure" in proc.stderr and "No conversion rule found for operations: pt2flow_test.wobble.default" in proc.stderr
+    assert (
+        "OpConversionFailure" in proc.stderr
+        and "No conversion rule found for operations: pt2flow_test.wobble.default" in proc.stderr
+    )
 
 
 # --- the declaration ---------------------------------------------------------------------------
@@ -306,9 +339,21 @@ def test_the_declaration_names_its_functions_and_imports_without_torch_or_openvi
     assert stage.options is OpenvinoOptions and stage.libraries == ("openvino",) and stage.extra == "openvino"
     from pt2flow.flows.pipeline.stage import resolve
 
-    assert resolve(stage.compute) is target.compute and resolve(stage.candidate) is load_runner and resolve(stage.repro) is target.repro
-    probe = ("import sys, json; import pt2flow.flows.builtin.openvino; "
-             "print(json.dumps(sorted(m for m in ('torch', 'openvino', 'numpy') if m in sys.modules)))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert (
+        resolve(stage.compute) is target.compute
+        and resolve(stage.candidate) is load_runner
+        and resolve(stage.repro) is target.repro
+    )
+    probe = (
+        "import sys, json; import pt2flow.flows.builtin.openvino; "
+        "print(json.dumps(sorted(m for m in ('torch', 'openvino', 'numpy') if m in sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []

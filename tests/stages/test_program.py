@@ -34,9 +34,14 @@ def test_fingerprint_tracks_the_dtype_of_a_program_whose_graph_is_otherwise_the_
     """A config switching its example input from float32 to float64 (or a half type) changes only
     the tensors' metadata: the fingerprint must change, or the float32 program's serialized and
     compiled artifacts would be served for the float64 one."""
-    exported = {dtype: torch.export.export(_Scale(), (torch.ones(2, 3, dtype=dtype),)) for dtype in (torch.float32, torch.float64, torch.bfloat16)}
+    exported = {
+        dtype: torch.export.export(_Scale(), (torch.ones(2, 3, dtype=dtype),))
+        for dtype in (torch.float32, torch.float64, torch.bfloat16)
+    }
     again = torch.export.export(_Scale(), (torch.zeros(2, 3, dtype=torch.float64),))  # other values, same program
-    assert [op for op in program.op_histogram(exported[torch.float32])] == [op for op in program.op_histogram(exported[torch.float64])]
+    assert [op for op in program.op_histogram(exported[torch.float32])] == [
+        op for op in program.op_histogram(exported[torch.float64])
+    ]
     fingerprints = {dtype: program.fingerprint(ep) for dtype, ep in exported.items()}
     assert len(set(fingerprints.values())) == 3, fingerprints
     assert program.fingerprint(again) == fingerprints[torch.float64]

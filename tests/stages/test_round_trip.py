@@ -32,7 +32,9 @@ OUTPUT_MODULE = "pt2flow_test_outputs"
 
 
 @pytest.fixture(scope="module")
-def output_type_program(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, torch.export.ExportedProgram]]:
+def output_type_program(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Path, torch.export.ExportedProgram]]:
     """A functionalized program whose output is a dataclass registered as a pytree node by a user
     module, the way transformers registers its ModelOutput classes."""
     folder = tmp_path_factory.mktemp("outputs")
@@ -70,7 +72,9 @@ def output_type_program(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
         sys.path.remove(str(folder))
 
 
-def load_in_fresh_process(data: bytes, tmp_path: Path, folder: Path, *, import_modules: bool) -> subprocess.CompletedProcess[str]:
+def load_in_fresh_process(
+    data: bytes, tmp_path: Path, folder: Path, *, import_modules: bool
+) -> subprocess.CompletedProcess[str]:
     """Load the bytes where nothing but torch and pt2flow has been imported (a warm run's worker)."""
     archive = tmp_path / "program.pt2"
     archive.write_bytes(data)
@@ -100,7 +104,9 @@ def test_pytree_modules_names_the_registering_module(output_type_program) -> Non
 
 
 @pytest.mark.integration  # fresh processes or a transformers model
-def test_a_program_with_a_user_output_type_loads_only_where_that_type_is_registered(output_type_program, tmp_path: Path) -> None:
+def test_a_program_with_a_user_output_type_loads_only_where_that_type_is_registered(
+    output_type_program, tmp_path: Path
+) -> None:
     folder, program = output_type_program
     # in this process (the cold run, where the model was just built) the plain bytes load back fine
     plain = program_bytes(program)
@@ -196,7 +202,9 @@ def test_gpt2_cold_and_warm_decompose_fail_alike(tmp_path: Path) -> None:
     from pt2flow.stages.source import build_model
     from pt2flow.stages.trace import trace
 
-    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64, use_cache=False, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64, use_cache=False, bos_token_id=0, eos_token_id=0
+    )
     model = build_model(lambda: transformers.GPT2LMHeadModel(config), {})
     inputs = ModelInputs({"input_ids": InputSpec((2, 8), dtype="int64", low=0, high=100)})
     program = functionalize(trace(model, inputs, TraceOptions()).output, FunctionalizeOptions()).output

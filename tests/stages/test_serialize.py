@@ -60,7 +60,11 @@ def test_result_metadata(mlp_program: torch.export.ExportedProgram) -> None:
     loaded, meta = load_archive(result.output)
     assert meta == METADATA
     assert program.fingerprint(loaded) == result.metadata["fingerprint"]  # stable across save/load
-    assert result.metadata["op_histogram"] == {"aten.addmm.default": 2, "aten.permute.default": 2, "aten.relu.default": 1}
+    assert result.metadata["op_histogram"] == {
+        "aten.addmm.default": 2,
+        "aten.permute.default": 2,
+        "aten.relu.default": 1,
+    }
 
 
 def test_program_bytes_have_no_pt2flow_metadata(mlp_program: torch.export.ExportedProgram) -> None:
@@ -82,7 +86,9 @@ def test_buffer_mutations_survive_the_round_trip() -> None:
 
 
 def test_joint_program_round_trip_returns_loss_and_gradients() -> None:
-    joint = functional(builder(models.regressor, training=True, loss_output=0), regressor_inputs(), mode="training").output
+    joint = functional(
+        builder(models.regressor, training=True, loss_output=0), regressor_inputs(), mode="training"
+    ).output
     loaded, _ = load_archive(serialize(joint, {}).output)
     x, y = torch.randn(6, 4), torch.randn(6)
     loss, grads = loaded.module()(x, y)
@@ -157,7 +163,13 @@ def _load_elsewhere(path, mode: str) -> str:
 
     from tests.conftest import ROOT
 
-    proc = subprocess.run([sys.executable, "-c", _LOAD_IN_A_FRESH_PROCESS, str(path), mode], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD_IN_A_FRESH_PROCESS, str(path), mode],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.strip()
 
@@ -237,11 +249,17 @@ def test_a_program_through_generated_fx_code_saves_to_the_same_bytes_whatever_th
     for _ in range(3):  # the process compiles more graphs: the counter moves on
         torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
     second = export()
-    assert [n.meta.get("stack_trace") for n in first.graph.nodes] != [n.meta.get("stack_trace") for n in second.graph.nodes]
+    assert [n.meta.get("stack_trace") for n in first.graph.nodes] != [
+        n.meta.get("stack_trace") for n in second.graph.nodes
+    ]
     a, b = serialize(first, METADATA).output, serialize(second, METADATA).output
     assert a == b
     assert [n.meta.get("stack_trace") or "" for n in first.graph.nodes] == traces  # restored after saving
-    saved = zipfile.ZipFile(io.BytesIO(a)).read(next(n for n in zipfile.ZipFile(io.BytesIO(a)).namelist() if n.endswith("models/model.json"))).decode()
+    saved = (
+        zipfile.ZipFile(io.BytesIO(a))
+        .read(next(n for n in zipfile.ZipFile(io.BytesIO(a)).namelist() if n.endswith("models/model.json")))
+        .decode()
+    )
     assert "<eval_with_key>" in saved and re.search(r"<eval_with_key>\.\d", saved) is None
 
 
@@ -298,7 +316,9 @@ def test_an_archive_of_a_registered_class_loads_under_weights_only_with_that_cla
 
 
 @pytest.mark.parametrize("where", ["example inputs", "a weight"])
-def test_an_archive_whose_pickle_names_a_call_is_refused_and_the_call_never_runs(mlp_program: torch.export.ExportedProgram, tmp_path, where: str) -> None:
+def test_an_archive_whose_pickle_names_a_call_is_refused_and_the_call_never_runs(
+    mlp_program: torch.export.ExportedProgram, tmp_path, where: str
+) -> None:
     """What a hostile store could hold: the example inputs, or a weight its config marks as
     pickled (torch.export.load unpickles those with weights_only=False), replaced by a pickle that
     calls os.mkdir."""
@@ -317,8 +337,13 @@ def test_an_archive_whose_pickle_names_a_call_is_refused_and_the_call_never_runs
             meta = next(iter(config["config"].values()))
             meta["use_pickle"] = True
             entry = config_name.rpartition("/")[0] + "/" + meta["path_name"]
-            hostile = _with_pickle(_with_pickle(data, config_name, json.dumps(config).encode()), entry, payload.getvalue())
-    with pytest.raises(StageError, match=rf"{re.escape(entry.split('/data/')[1])} pickles posix\.mkdir: not a tensor subclass nor a class") as refused:
+            hostile = _with_pickle(
+                _with_pickle(data, config_name, json.dumps(config).encode()), entry, payload.getvalue()
+            )
+    with pytest.raises(
+        StageError,
+        match=rf"{re.escape(entry.split('/data/')[1])} pickles posix\.mkdir: not a tensor subclass nor a class",
+    ) as refused:
         load_archive(hostile)
     assert refused.value.error_class.value == "serialization" and not made.exists()
     # the ground truth: torch's own loader unpickles it, and the call runs

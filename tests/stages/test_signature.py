@@ -45,7 +45,9 @@ def test_a_static_archive_is_refused_for_other_shapes() -> None:
     archive, dims = _archive_for(models.plain, static_inputs(2, 8, name="input"))
     with pytest.raises(StageError, match=r"input input: dim 0 is 2 in the artifact, 3 in the config"):
         _validate(models.plain, static_inputs(3, 8, name="input"), archive, dims)
-    with pytest.raises(StageError, match=r"input input: the artifact takes 2 dims \[2, 8\], the config gives \[5, 4, 8\]"):
+    with pytest.raises(
+        StageError, match=r"input input: the artifact takes 2 dims \[2, 8\], the config gives \[5, 4, 8\]"
+    ):
         _validate(models.plain, static_inputs(5, 4, 8, name="input"), archive, dims)
 
 
@@ -55,7 +57,9 @@ def test_dynamic_dims_and_their_ranges_must_agree() -> None:
     # the config now says batch takes [1, 8]: the artifact's range is another model's
     narrow = mlp_inputs(1, 8)
     narrow_dims = {"batch": {**dims["batch"], "max": 8}}
-    with pytest.raises(StageError, match=r"input x: dim 0 \(batch\) takes \[1, 16\] in the artifact, \[1, 8\] in the config"):
+    with pytest.raises(
+        StageError, match=r"input x: dim 0 \(batch\) takes \[1, 16\] in the artifact, \[1, 8\] in the config"
+    ):
         _validate(models.tiny_mlp, narrow, archive, narrow_dims)
     # a static archive where the config wants a dynamic batch
     static_archive, _ = _archive_for(models.tiny_mlp, static_inputs(4, 8))

@@ -43,7 +43,9 @@ def test_integer_and_bool_specs() -> None:
         def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             return ids * mask
 
-    inputs = ModelInputs({"ids": InputSpec((64,), dtype="int64", low=5, high=9), "mask": InputSpec((64,), dtype="bool")})
+    inputs = ModelInputs(
+        {"ids": InputSpec((64,), dtype="int64", low=5, high=9), "mask": InputSpec((64,), dtype="bool")}
+    )
     ids, mask = bind_inputs(Two(), inputs).args
     assert ids.dtype == torch.int64 and int(ids.min()) >= 5 and int(ids.max()) <= 8
     assert mask.dtype == torch.bool
@@ -65,7 +67,12 @@ def test_one_dim_object_per_name_shared_by_every_input() -> None:
     spec = export_dynamic_shapes(inputs, bound)
     assert spec[0][0] is spec[1][0]
     assert (spec[0][0].min, spec[0][0].max) == (2, 16)
-    assert export_dynamic_shapes(ModelInputs({"x": InputSpec((4, 8))}), bind_inputs(models.tiny_mlp(), ModelInputs({"x": InputSpec((4, 8))}))) is None
+    assert (
+        export_dynamic_shapes(
+            ModelInputs({"x": InputSpec((4, 8))}), bind_inputs(models.tiny_mlp(), ModelInputs({"x": InputSpec((4, 8))}))
+        )
+        is None
+    )
 
 
 def test_training_step_loss_and_signature() -> None:

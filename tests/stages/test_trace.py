@@ -93,7 +93,10 @@ def test_strict_failure_falls_back_to_non_strict() -> None:
     result = traced(builder(models.graph_break), static_inputs(2, 3), strict=True)
     assert result.metadata["strategy"] == "other_strictness"
     assert result.metadata["strict"] is False
-    assert [s[:2] for s in _strategies(result.metadata["attempts"])] == [("configured", True), ("other_strictness", False)]
+    assert [s[:2] for s in _strategies(result.metadata["attempts"])] == [
+        ("configured", True),
+        ("other_strictness", False),
+    ]
     x = torch.randn(2, 3)
     torch.testing.assert_close(result.output.module()(x), (x + 1) * 2)
 

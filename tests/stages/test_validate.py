@@ -48,7 +48,11 @@ def _recording(build: Callable[[], torch.nn.Module], shapes: list[tuple[int, ...
 def test_matching_archive_passes_with_errors_and_samples_at_min_and_max(mlp: dict[str, Any]) -> None:
     shapes: list[tuple[int, ...]] = []
     result = validate(
-        _recording(mlp["build"], shapes), mlp_inputs(1, 16), mlp["dims"], ValidateOptions(samples=4, seed=0), archive=mlp["archive"]
+        _recording(mlp["build"], shapes),
+        mlp_inputs(1, 16),
+        mlp["dims"],
+        ValidateOptions(samples=4, seed=0),
+        archive=mlp["archive"],
     )
     report = result.output
     assert report["passed"] is True and report["nondeterministic"] is False
@@ -66,7 +70,11 @@ def test_matching_archive_passes_with_errors_and_samples_at_min_and_max(mlp: dic
     for key in ("max_abs_err", "max_rel_err"):
         assert isinstance(report[key], float) and 0.0 <= report[key] <= 1e-5
         assert archive[key] == max(s[key] for s in archive["samples"]) == report[key]
-    assert result.metadata == {"passed": True, "max_abs_err": report["max_abs_err"], "max_rel_err": report["max_rel_err"]}
+    assert result.metadata == {
+        "passed": True,
+        "max_abs_err": report["max_abs_err"],
+        "max_rel_err": report["max_rel_err"],
+    }
     assert "latency_ms" not in report
 
 
@@ -75,14 +83,20 @@ def test_stateful_model_validates_across_samples() -> None:
     # keeps up with eager if the buffer mutations were lifted and applied
     build = builder(models.buffer_counter)
     tr, dec = decomposed(build, mlp_inputs(2, 16))
-    result = validate(build, mlp_inputs(2, 16), tr.metadata["dims"], ValidateOptions(samples=4), archive=_archive(dec.output))
+    result = validate(
+        build, mlp_inputs(2, 16), tr.metadata["dims"], ValidateOptions(samples=4), archive=_archive(dec.output)
+    )
     assert result.output["passed"] is True
     assert result.output["plan"][1]["sizes"] == {"batch": 2}
 
 
 def test_benchmark_records_latency(mlp: dict[str, Any]) -> None:
     result = validate(
-        mlp["build"], mlp_inputs(1, 16), mlp["dims"], ValidateOptions(samples=1, benchmark=True, benchmark_runs=3), archive=mlp["archive"]
+        mlp["build"],
+        mlp_inputs(1, 16),
+        mlp["dims"],
+        ValidateOptions(samples=1, benchmark=True, benchmark_runs=3),
+        archive=mlp["archive"],
     )
     latency = result.output["latency_ms"]
     assert set(latency) == {"eager", "archive"}
@@ -111,7 +125,9 @@ def test_perturbed_candidate_is_a_numeric_mismatch(mlp: dict[str, Any]) -> None:
 
 def test_every_output_leaf_is_compared() -> None:
     build = builder(models.dict_out)
-    inputs = ModelInputs({"x": InputSpec((3, 5, 6)), "scale": InputSpec((), value=2.0)}, {"x": {0: "batch"}}, {"batch": (1, 8)})
+    inputs = ModelInputs(
+        {"x": InputSpec((3, 5, 6)), "scale": InputSpec((), value=2.0)}, {"x": {0: "batch"}}, {"batch": (1, 8)}
+    )
     tr, dec = decomposed(build, inputs)
     ep = dec.output
     with torch.no_grad():
@@ -128,7 +144,9 @@ def test_noisy_forward_is_nondeterministic_not_a_mismatch() -> None:
     build = builder(models.noisy)
     tr, dec = decomposed(build, static_inputs(4, 8))
     with pytest.raises(StageError) as info:
-        validate(build, static_inputs(4, 8), tr.metadata["dims"], ValidateOptions(samples=2), archive=_archive(dec.output))
+        validate(
+            build, static_inputs(4, 8), tr.metadata["dims"], ValidateOptions(samples=2), archive=_archive(dec.output)
+        )
     err = info.value
     assert err.error_class == "nondeterministic"
     assert "disagrees with itself" in err.message
@@ -154,7 +172,10 @@ def test_a_static_archive_for_a_dynamic_config_fails_before_any_sample() -> None
     with pytest.raises(StageError) as info:
         validate(build, mlp_inputs(1, 16), {}, ValidateOptions(samples=3), archive=_archive(dec.output))
     assert info.value.error_class == "numeric_mismatch"
-    assert info.value.message == "signature mismatch: input x: dim 0 (batch) is dynamic in the config but static (4) in the artifact"
+    assert (
+        info.value.message
+        == "signature mismatch: input x: dim 0 (batch) is dynamic in the config but static (4) in the artifact"
+    )
     assert info.value.details["candidates"]["archive"]["samples"] == []
 
 
@@ -162,7 +183,9 @@ def test_a_dim_the_export_specialized_is_not_varied() -> None:
     build = builder(models.batch_of_four)
     tr, dec = decomposed(build, mlp_inputs(1, 16))
     assert tr.metadata["dims"]["batch"]["static"] is True
-    result = validate(build, mlp_inputs(1, 16), tr.metadata["dims"], ValidateOptions(samples=3), archive=_archive(dec.output))
+    result = validate(
+        build, mlp_inputs(1, 16), tr.metadata["dims"], ValidateOptions(samples=3), archive=_archive(dec.output)
+    )
     assert result.output["passed"] is True
     assert [p["sizes"] for p in result.output["plan"]] == [{}, {}, {}]
 
@@ -227,7 +250,14 @@ def test_training_mode_checks_every_gradient(parameter: str) -> None:
     tr, dec = decomposed(build, regressor_inputs(), mode="training")
     _double_gradient(dec.output, parameter)
     with pytest.raises(StageError) as info:
-        validate(build, regressor_inputs(), tr.metadata["dims"], ValidateOptions(samples=2), archive=_archive(dec.output), training=True)
+        validate(
+            build,
+            regressor_inputs(),
+            tr.metadata["dims"],
+            ValidateOptions(samples=2),
+            archive=_archive(dec.output),
+            training=True,
+        )
     assert info.value.error_class == "numeric_mismatch"
     failures = info.value.details["candidates"]["archive"]["samples"][0]["failures"]
     assert [f.split(":")[0] for f in failures] == [f"[1]['{parameter}']"]  # the loss ([0]) still matches

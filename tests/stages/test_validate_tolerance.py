@@ -66,8 +66,16 @@ def _demo_case(name: str) -> dict[str, Any]:
     tr = trace(build(), inputs, TraceOptions())
     fn = functionalize(tr.output, FunctionalizeOptions(mode="training" if model.training else "inference"))
     dec = decompose(fn.output, DecomposeOptions())
-    return {"build": build, "inputs": inputs, "dims": tr.metadata["dims"], "functional": fn.output,
-            "program": dec.output, "archive": _archive(dec.output), "training": model.training, "options": model.options["validate"]}
+    return {
+        "build": build,
+        "inputs": inputs,
+        "dims": tr.metadata["dims"],
+        "functional": fn.output,
+        "program": dec.output,
+        "archive": _archive(dec.output),
+        "training": model.training,
+        "options": model.options["validate"],
+    }
 
 
 def _noise_rows(report: dict[str, Any], candidate: str) -> list[dict[str, Any]]:
@@ -77,21 +85,37 @@ def _noise_rows(report: dict[str, Any], candidate: str) -> list[dict[str, Any]]:
 # --- every demo model, and its targets ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["mlp", "small-cnn", "tiny-encoder", "running-normalizer", "multi-head", "residual-regressor-train"])
+@pytest.mark.parametrize(
+    "name", ["mlp", "small-cnn", "tiny-encoder", "running-normalizer", "multi-head", "residual-regressor-train"]
+)
 @pytest.mark.integration  # every demo model to every target
 def test_every_demo_model_passes_with_auto_and_reports_both_errors(name: str) -> None:
     case = _demo_case(name)
-    report = validate(case["build"], case["inputs"], case["dims"], case["options"].model_copy(update={"tolerance": "auto"}),
-                      archive=case["archive"], training=case["training"]).output
+    report = validate(
+        case["build"],
+        case["inputs"],
+        case["dims"],
+        case["options"].model_copy(update={"tolerance": "auto"}),
+        archive=case["archive"],
+        training=case["training"],
+    ).output
     assert report["passed"] is True
-    assert report["tolerance"] == {"mode": "auto", "applied": "auto", "noise_multiple": 10.0, "floor_ulps": FLOOR_ULPS,
-                                   "fallback": None, "reference_ms": report["tolerance"]["reference_ms"]}
+    assert report["tolerance"] == {
+        "mode": "auto",
+        "applied": "auto",
+        "noise_multiple": 10.0,
+        "floor_ulps": FLOOR_ULPS,
+        "fallback": None,
+        "reference_ms": report["tolerance"]["reference_ms"],
+    }
     assert report["tolerance"]["reference_ms"] > 0
     assert report["warnings"] == [] or not any("tolerance: auto" in w for w in report["warnings"])
     archive = report["candidates"]["archive"]
     assert all(s["ok"] and s["failures"] == [] for s in archive["samples"])
     rows = _noise_rows(report, "archive")
-    assert rows and all(set(r) == {"err", "eager_err", "ratio", "rel_err", "eager_rel_err", "allowed", "ok"} for r in rows)
+    assert rows and all(
+        set(r) == {"err", "eager_err", "ratio", "rel_err", "eager_rel_err", "allowed", "ok"} for r in rows
+    )
     # eager float32 is really measured against float64: some leaf is off by a few float32 ulps
     assert 0 < max(r["eager_err"] for r in rows) < 1e-5
     assert all(r["err"] <= r["allowed"] for r in rows)
@@ -103,7 +127,11 @@ def test_every_demo_model_passes_with_auto_and_reports_both_errors(name: str) ->
 # the targets' artifacts as the shared targets fleet built them (tests/fleets.py: configs/targets.yaml
 # as shipped, these models' deployment targets from the same functional programs, with the options
 # _demo() reads): the blobs its cold run recorded, with the loaders validate and check-compat use
-TARGET_KINDS = {"onnx": "onnx", "pte": "executorch", "openvino": "openvino"}  # the run document's kind: validate's candidate
+TARGET_KINDS = {
+    "onnx": "onnx",
+    "pte": "executorch",
+    "openvino": "openvino",
+}  # the run document's kind: validate's candidate
 
 
 def _targets(name: str, fleet: Fleet) -> dict[str, TargetArtifact]:
@@ -115,7 +143,10 @@ def _targets(name: str, fleet: Fleet) -> dict[str, TargetArtifact]:
     loaders = {"onnx": load_onnx, "executorch": load_pte, "openvino": load_runner}
     artifacts = fleet.cold.models()[name]["artifacts"]
     store = ArtifactStore(fleet.store)
-    return {candidate: TargetArtifact(store.get_blob(artifacts[kind]), loaders[candidate]) for kind, candidate in TARGET_KINDS.items()}
+    return {
+        candidate: TargetArtifact(store.get_blob(artifacts[kind]), loaders[candidate])
+        for kind, candidate in TARGET_KINDS.items()
+    }
 
 
 @pytest.mark.parametrize("name", ["mlp", "small-cnn", "tiny-encoder", "multi-head"])
@@ -123,8 +154,14 @@ def _targets(name: str, fleet: Fleet) -> dict[str, TargetArtifact]:
 @pytest.mark.compile  # the shared targets fleet compiles
 def test_every_deployment_target_of_the_demo_passes_with_auto(name: str, targets_fleet: Fleet) -> None:
     case = _demo_case(name)
-    report = validate(case["build"], case["inputs"], case["dims"], case["options"].model_copy(update={"tolerance": "auto"}),
-                      archive=case["archive"], targets=_targets(name, targets_fleet)).output
+    report = validate(
+        case["build"],
+        case["inputs"],
+        case["dims"],
+        case["options"].model_copy(update={"tolerance": "auto"}),
+        archive=case["archive"],
+        targets=_targets(name, targets_fleet),
+    ).output
     assert report["passed"] is True and report["tolerance"]["applied"] == "auto"
     assert set(report["candidates"]) == {"archive", "onnx", "executorch", "openvino"}
     for candidate, entry in report["candidates"].items():
@@ -143,7 +180,9 @@ def test_every_deployment_target_of_the_demo_passes_with_auto(name: str, targets
         (1e-3, False, False),  # both refuse it
     ],
 )
-def test_a_perturbed_weight_beyond_the_noise_floor_fails_auto_but_not_a_fixed_atol(delta: float, auto_passes: bool, fixed_passes: bool) -> None:
+def test_a_perturbed_weight_beyond_the_noise_floor_fails_auto_but_not_a_fixed_atol(
+    delta: float, auto_passes: bool, fixed_passes: bool
+) -> None:
     case = _demo_case("mlp")
     ep = copy.deepcopy(case["program"])
     with torch.no_grad():
@@ -161,7 +200,10 @@ def test_a_perturbed_weight_beyond_the_noise_floor_fails_auto_but_not_a_fixed_at
                 report = exc.details
                 assert report["tolerance"]["applied"] == "auto"
                 # the message names the candidate, the sample, the leaf, both errors and the multiple
-                assert "outputs differ beyond 10x eager's own error against a float64 reference (tolerance: auto)" in exc.message
+                assert (
+                    "outputs differ beyond 10x eager's own error against a float64 reference (tolerance: auto)"
+                    in exc.message
+                )
                 assert "archive on example: output: error vs float64 " in exc.message
                 assert "x eager float32's " in exc.message and "(allowed 10x, floor " in exc.message
                 row = report["candidates"]["archive"]["samples"][0]["noise"]["output"]
@@ -211,7 +253,10 @@ def test_a_deep_model_that_needs_a_loosened_fixed_tolerance_passes_auto_untouche
     with pytest.raises(StageError) as info:
         validate(build, inputs, tr.metadata["dims"], ValidateOptions(), targets=targets)
     assert info.value.error_class == "numeric_mismatch" and "atol=1e-05, rtol=0.0001" in info.value.message
-    assert validate(build, inputs, tr.metadata["dims"], ValidateOptions(atol=1e-2), targets=targets).output["passed"] is True
+    assert (
+        validate(build, inputs, tr.metadata["dims"], ValidateOptions(atol=1e-2), targets=targets).output["passed"]
+        is True
+    )
     report = validate(build, inputs, tr.metadata["dims"], AUTO, targets=targets).output
     assert report["passed"] is True and report["tolerance"]["applied"] == "auto"
     assert report["max_abs_err"] > 1e-4  # ten times what the default fixed tolerance allows near zero
@@ -264,7 +309,9 @@ class IntegerWeights(nn.Module):
         (IntegerWeights, "the model holds no floating-point parameter or buffer"),
     ],
 )
-def test_a_model_that_cannot_run_in_float64_falls_back_to_the_fixed_tolerance(factory: Callable[[], nn.Module], why: str) -> None:
+def test_a_model_that_cannot_run_in_float64_falls_back_to_the_fixed_tolerance(
+    factory: Callable[[], nn.Module], why: str
+) -> None:
     build = builder(factory)
     tr, dec = decomposed(build, static_inputs(3, 8))
     result = validate(build, static_inputs(3, 8), tr.metadata["dims"], AUTO, archive=_archive(dec.output))
@@ -295,7 +342,9 @@ def test_training_mode_judges_loss_and_every_gradient_against_float64() -> None:
 
     build = builder(models.regressor, training=True, loss_output=0)
     tr, dec = decomposed(build, regressor_inputs(), mode="training")
-    report = validate(build, regressor_inputs(), tr.metadata["dims"], AUTO, archive=_archive(dec.output), training=True).output
+    report = validate(
+        build, regressor_inputs(), tr.metadata["dims"], AUTO, archive=_archive(dec.output), training=True
+    ).output
     assert report["passed"] is True and report["tolerance"]["applied"] == "auto"
     leaves = set(report["candidates"]["archive"]["samples"][0]["noise"])
     assert "[0]" in leaves and "[1]['model.fc1.weight']" in leaves  # the loss and every gradient
@@ -331,13 +380,29 @@ def test_the_floor_where_eager_is_exact_is_a_few_ulps_of_the_leafs_magnitude() -
     eager = exact.float()  # exactly representable: eager's error is 0
     ulp = torch.finfo(torch.float32).eps * 4.0
     near = compare(eager + torch.tensor([ulp, 0.0, 0.0]), eager, 0.0, 0.0, NoiseReference(exact, 10.0))
-    assert near.ok and near.noise["output"]["ratio"] is None and near.noise["output"]["allowed"] == pytest.approx(FLOOR_ULPS * ulp)
-    far = compare(eager + torch.tensor([0.0, 0.0, 10 * FLOOR_ULPS * ulp]), eager, 1e-4, 1e-4, NoiseReference(exact, 10.0))
-    assert not far.ok and far.failures[0].startswith("output: error vs float64 ") and "where eager float32 is exact" in far.failures[0]
+    assert (
+        near.ok
+        and near.noise["output"]["ratio"] is None
+        and near.noise["output"]["allowed"] == pytest.approx(FLOOR_ULPS * ulp)
+    )
+    far = compare(
+        eager + torch.tensor([0.0, 0.0, 10 * FLOOR_ULPS * ulp]), eager, 1e-4, 1e-4, NoiseReference(exact, 10.0)
+    )
+    assert (
+        not far.ok
+        and far.failures[0].startswith("output: error vs float64 ")
+        and "where eager float32 is exact" in far.failures[0]
+    )
     # NaN where the reference has NaN is not an error; NaN where it has a number is
     nan = torch.tensor([float("nan"), 1.0], dtype=torch.float64)
     assert compare(nan.float(), nan.float(), 0.0, 0.0, NoiseReference(nan, 10.0)).ok
-    assert not compare(torch.tensor([float("nan"), 1.0]), torch.ones(2), 1.0, 1.0, NoiseReference(torch.ones(2, dtype=torch.float64), 10.0)).ok
+    assert not compare(
+        torch.tensor([float("nan"), 1.0]),
+        torch.ones(2),
+        1.0,
+        1.0,
+        NoiseReference(torch.ones(2, dtype=torch.float64), 10.0),
+    ).ok
 
 
 # --- options and the key ------------------------------------------------------------------------
@@ -351,8 +416,17 @@ def test_the_fixed_tolerance_keeps_its_key_and_auto_or_its_multiple_change_it(tm
     from pt2flow.flows.engine.orchestrator.stage_keys import stage_key
 
     def key(validate_options: dict[str, Any]) -> str:
-        config = {"version": 1, "models": [{"name": "m", "factory": "tests.models:plain", "inputs": {"input": {"shape": [2, 8]}},
-                                            "stages": {"validate": validate_options}}]}
+        config = {
+            "version": 1,
+            "models": [
+                {
+                    "name": "m",
+                    "factory": "tests.models:plain",
+                    "inputs": {"input": {"shape": [2, 8]}},
+                    "stages": {"validate": validate_options},
+                }
+            ],
+        }
         path = tmp_path / "c.yaml"
         path.write_text(yaml.safe_dump(config))
         model = load_config(path).models[0]
@@ -377,8 +451,17 @@ def test_the_options_refuse_an_unknown_tolerance_and_a_multiple_below_one(tmp_pa
 
     from pt2flow.flows.config.issues import ConfigError
 
-    config = {"version": 1, "models": [{"name": "m", "factory": "tests.models:plain", "inputs": {"input": {"shape": [2, 8]}},
-                                        "stages": {"validate": {"tolerance": "loose"}}}]}
+    config = {
+        "version": 1,
+        "models": [
+            {
+                "name": "m",
+                "factory": "tests.models:plain",
+                "inputs": {"input": {"shape": [2, 8]}},
+                "stages": {"validate": {"tolerance": "loose"}},
+            }
+        ],
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "c.yaml")

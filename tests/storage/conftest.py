@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import pytest
 
 
-
 @pytest.fixture(params=["local", "memory", "s3"])
 def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
     kind = request.param

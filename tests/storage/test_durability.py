@@ -43,7 +43,9 @@ def synced(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Synced], list[Path]]:
     return calls, watched
 
 
-def test_a_blobs_bytes_are_on_disk_before_its_name_and_its_folder_after(tmp_path: Path, synced: tuple[list[Synced], list[Path]]) -> None:
+def test_a_blobs_bytes_are_on_disk_before_its_name_and_its_folder_after(
+    tmp_path: Path, synced: tuple[list[Synced], list[Path]]
+) -> None:
     calls, watched = synced
     store = ArtifactStore(str(tmp_path / "store"))
     data = b"a blob that must survive a power cut" * 100
@@ -58,7 +60,9 @@ def test_a_blobs_bytes_are_on_disk_before_its_name_and_its_folder_after(tmp_path
     assert calls.index(files[0]) < calls.index(folders[-1])
 
 
-def test_an_index_files_bytes_are_on_disk_before_its_name_and_its_folder_after(tmp_path: Path, synced: tuple[list[Synced], list[Path]]) -> None:
+def test_an_index_files_bytes_are_on_disk_before_its_name_and_its_folder_after(
+    tmp_path: Path, synced: tuple[list[Synced], list[Path]]
+) -> None:
     calls, watched = synced
     store = ArtifactStore(str(tmp_path / "store"))
     make_chain(store, "warmup", "run-0", None)  # the index folder exists

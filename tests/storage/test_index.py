@@ -117,7 +117,10 @@ def test_crash_between_merge_and_delete_duplicates_nothing(store: ArtifactStore)
 def test_old_files_without_new_columns_read_as_null(store: ArtifactStore) -> None:
     """Schema evolution: a file written before a column existed still reads, the column null."""
     old_schema = pa.schema([SCHEMA.field(n) for n in ("schema_version", "record_id", "model", "stage", "status")])
-    old = pa.Table.from_pylist([{"schema_version": 0, "record_id": "r-old", "model": "legacy", "stage": "trace", "status": "ok"}], schema=old_schema)
+    old = pa.Table.from_pylist(
+        [{"schema_version": 0, "record_id": "r-old", "model": "legacy", "stage": "trace", "status": "ok"}],
+        schema=old_schema,
+    )
     sink = io.BytesIO()
     pq.write_table(old, sink)
     store.fs.makedirs(store.index.root, exist_ok=True)
@@ -153,7 +156,9 @@ def test_reads_see_files_appended_by_another_writer(store_url: str) -> None:
     assert sorted(reader.index.read(["model"])["model"].to_pylist()) == ["first", "second"]
 
 
-def test_with_key_gives_what_a_filter_on_the_key_gives_across_appends_compaction_and_other_writers(store_url: str) -> None:
+def test_with_key_gives_what_a_filter_on_the_key_gives_across_appends_compaction_and_other_writers(
+    store_url: str,
+) -> None:
     reader = ArtifactStore(store_url)
     writer = ArtifactStore(store_url)
     shared = "k-shared"
@@ -179,4 +184,6 @@ def test_with_key_gives_what_a_filter_on_the_key_gives_across_appends_compaction
     assert (row["model"], row["stage"], row["size"], row["ended_at"]) == ("d", "validate", 77, T0)
     # a compaction by another process: the small files are gone, their rows are in the merged one
     writer.index.compact()
-    assert by_key(shared) == by_filter(shared) == sorted([first[0]["record_id"], first[2]["record_id"], own["record_id"]])
+    assert (
+        by_key(shared) == by_filter(shared) == sorted([first[0]["record_id"], first[2]["record_id"], own["record_id"]])
+    )

@@ -11,6 +11,7 @@ from tests.records import CHAIN, T0, h, make_chain
 # the order the caller gives (flows passes the pipeline's: storage knows no stage)
 ORDER = ("source", "trace", "functionalize", "decompose", "serialize", "aot_compile", "validate")
 
+
 @pytest.fixture
 def graph(store: ArtifactStore) -> dict:
     w = h("checkpoint-1")

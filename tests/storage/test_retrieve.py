@@ -15,7 +15,10 @@ from pt2flow.storage.retrieve import ArtifactKinds, ArtifactRequestError, copy_o
 from tests.records import make_chain
 
 # what the flows layer derives from its stages (storage knows none)
-KINDS = ArtifactKinds({"serialized": "serialize", "compiled": "aot_compile", "report": "validate"}, frozenset({"serialize", "aot_compile"}))
+KINDS = ArtifactKinds(
+    {"serialized": "serialize", "compiled": "aot_compile", "report": "validate"},
+    frozenset({"serialize", "aot_compile"}),
+)
 
 
 def _zip(text: str) -> bytes:
@@ -30,6 +33,7 @@ def _publisher(store: ArtifactStore):
         data = _zip(name) if name.endswith(("serialize", "aot_compile")) else f'{{"name": "{name}"}}'.encode()
         ref = store.put_blob(data)
         return ref.digest, ref.size
+
     return blob
 
 
@@ -48,7 +52,10 @@ def test_by_model_the_newest_ok_artifact_of_each_kind(store: ArtifactStore, runs
         assert out["artifact"] == kind and out["path"] == str(tmp_path / f"{kind}.bin")
         assert (tmp_path / f"{kind}.bin").read_bytes() == store.get_blob(record["sha256"])
     # --run picks that run's artifact; an unknown model or run is refused
-    assert find_for_model(store.index, "alpha", "serialized", "run-1", kinds=KINDS)["sha256"] == runs["old"]["serialize"]["sha256"]
+    assert (
+        find_for_model(store.index, "alpha", "serialized", "run-1", kinds=KINDS)["sha256"]
+        == runs["old"]["serialize"]["sha256"]
+    )
     with pytest.raises(RecordNotFound, match="no ok serialized artifact of model 'beta'"):
         find_for_model(store.index, "beta", "serialized", kinds=KINDS)
     with pytest.raises(RecordNotFound, match="in run run-9"):
@@ -71,12 +78,16 @@ def test_by_id_only_what_an_ok_record_vouches_for(store: ArtifactStore, runs: di
         find_by_id(store.index, stray, kinds=KINDS)
     # a digest whose only record is a failure
     failed = store.put_blob(b"draft export report").digest
-    store.index.append([{**runs["old"]["serialize"], "record_id": "f1", "status": "failed", "sha256": failed, "size": 19}])
+    store.index.append(
+        [{**runs["old"]["serialize"], "record_id": "f1", "status": "failed", "sha256": failed, "size": 19}]
+    )
     with pytest.raises(RecordNotFound, match="only records are failures"):
         find_by_id(store.index, failed, kinds=KINDS)
 
 
-def test_a_corrupt_or_unsafe_blob_is_refused_and_nothing_is_written(store: ArtifactStore, runs: dict, tmp_path: Path) -> None:
+def test_a_corrupt_or_unsafe_blob_is_refused_and_nothing_is_written(
+    store: ArtifactStore, runs: dict, tmp_path: Path
+) -> None:
     record = find_for_model(store.index, "alpha", "serialized", kinds=KINDS)
     out = tmp_path / "out"
     out.mkdir()

@@ -19,7 +19,9 @@ class RunContext:
     stages: tuple[str, ...]
     force: bool = False
     retry_failed: bool = False  # re-run stages whose cached outcome is a deterministic failure
-    python: str | None = None  # the interpreter the workers run in (flows/engine/environment/interpreter.py); None: this one
+    python: str | None = (
+        None  # the interpreter the workers run in (flows/engine/environment/interpreter.py); None: this one
+    )
     verify_sources: bool = False  # build every model again (its source stage) instead of trusting its recorded manifest
 
 
@@ -37,4 +39,3 @@ class TransientStageError(Exception):
 
 def new_run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
-

@@ -59,8 +59,23 @@ class Outcome(BaseModel):
     error: str | None = None
 
     @classmethod
-    def failure(cls, key: str, error_class: ErrorClass, message: str, *, seconds: float, details: Mapping[str, Any] | None = None) -> Outcome:
-        return cls(status="failed", seconds=round(seconds, 6), key=key, details=dict(details or {}), error_class=error_class, error=message)
+    def failure(
+        cls,
+        key: str,
+        error_class: ErrorClass,
+        message: str,
+        *,
+        seconds: float,
+        details: Mapping[str, Any] | None = None,
+    ) -> Outcome:
+        return cls(
+            status="failed",
+            seconds=round(seconds, 6),
+            key=key,
+            details=dict(details or {}),
+            error_class=error_class,
+            error=message,
+        )
 
     @property
     def ok(self) -> bool:
@@ -84,7 +99,12 @@ class StageView(Document):
 
     @classmethod
     def of(cls, outcome: Outcome) -> StageView:
-        view = cls(status=outcome.status, cached=outcome.cached, seconds=outcome.seconds, artifact=outcome.artifact if outcome.ok else None)
+        view = cls(
+            status=outcome.status,
+            cached=outcome.cached,
+            seconds=outcome.seconds,
+            artifact=outcome.artifact if outcome.ok else None,
+        )
         if outcome.warnings:
             view.warnings = list(outcome.warnings)
         if not outcome.ok:
@@ -167,7 +187,9 @@ class ModelResult(Document):
     `stderr_tail` when a failed worker printed something; a result the model flow never
     reported (a crash of the flow itself) has no trace facts."""
 
-    optional: ClassVar[frozenset[str]] = frozenset({"source", "stderr_tail", "trace_strategy", "static_fallback", "timings", "components"})
+    optional: ClassVar[frozenset[str]] = frozenset(
+        {"source", "stderr_tail", "trace_strategy", "static_fallback", "timings", "components"}
+    )
 
     name: str
     status: str = "ok"
@@ -192,7 +214,12 @@ class ModelResult(Document):
 
     def fail(self, stage: str, outcome: Outcome) -> None:
         """The model ended at `stage` with this failed outcome."""
-        self.status, self.failed_stage, self.error_class, self.error = "failed", stage, outcome.error_class, outcome.error
+        self.status, self.failed_stage, self.error_class, self.error = (
+            "failed",
+            stage,
+            outcome.error_class,
+            outcome.error,
+        )
         tail = outcome.details.get("stderr_tail")
         if tail:
             self.stderr_tail = tail

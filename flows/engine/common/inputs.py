@@ -45,7 +45,9 @@ def model_inputs(model: ResolvedModel) -> Any:
         try:
             result = make()
         except Exception as exc:
-            raise StageError(ErrorClass.RUNTIME, f"inputs_factory {model.inputs_factory} raised {type(exc).__name__}: {exc}") from exc
+            raise StageError(
+                ErrorClass.RUNTIME, f"inputs_factory {model.inputs_factory} raised {type(exc).__name__}: {exc}"
+            ) from exc
         positional, inputs = check_inputs_call(result, f"inputs_factory {model.inputs_factory}")
     elif model.inputs_file:
         data, url = read_inputs_file(model)
@@ -73,7 +75,9 @@ def declared_paths(model: ResolvedModel) -> list[str]:
     """What the model declares it is made of beyond code and weights: its checkpoint folder and
     its `depends_on` files, folders and globs, resolved against its config's folder."""
     folder = checkpoint_folder(model)
-    return ([folder] if folder else []) + [os.path.abspath(resolve_model_url(p, model.search_path)) for p in model.depends_on]
+    return ([folder] if folder else []) + [
+        os.path.abspath(resolve_model_url(p, model.search_path)) for p in model.depends_on
+    ]
 
 
 def declared_problems(model: ResolvedModel) -> list[tuple[tuple[Any, ...], str]]:
@@ -158,7 +162,10 @@ def inputs_manifest(model: ResolvedModel) -> dict[str, Any]:
         "dynamic_shapes": {k: dynamic_json(v) for k, v in model.dynamic_shapes.items()},
     }
     if model.inputs_factory:
-        manifest["inputs_factory"] = {"factory": model.inputs_factory, "code_hash": module_source_hash(model.inputs_factory, model.search_path)[0]}
+        manifest["inputs_factory"] = {
+            "factory": model.inputs_factory,
+            "code_hash": module_source_hash(model.inputs_factory, model.search_path)[0],
+        }
     if model.inputs_file:
         data, _ = read_inputs_file(model)
         manifest["inputs_file"] = {"path": model.inputs_file, "sha256": hashlib.sha256(data).hexdigest()}

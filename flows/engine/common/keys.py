@@ -36,7 +36,6 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-
 @dataclass(frozen=True)
 class Environment:
     """What changes results besides the inputs: torch version and device go into every key."""

@@ -130,9 +130,14 @@ def describe(python: str | os.PathLike[str]) -> Interpreter:
             f"the pt2flow at {executable} ({theirs}) speaks worker protocol {facts['protocol']}, this one "
             f"({installed_version('pt2flow', 'unknown')}) speaks {WORKER_PROTOCOL}: install the same pt2flow into both environments"
         )
-    return Interpreter(python=executable, python_version=facts["python_version"], distributions=dict(facts["distributions"]),
-                       sys_path=tuple(facts["sys_path"]), site_packages=tuple(facts.get("site_packages", ())),
-                       dist_info=dict(facts.get("dist_info", {})))
+    return Interpreter(
+        python=executable,
+        python_version=facts["python_version"],
+        distributions=dict(facts["distributions"]),
+        sys_path=tuple(facts["sys_path"]),
+        site_packages=tuple(facts.get("site_packages", ())),
+        dist_info=dict(facts.get("dist_info", {})),
+    )
 
 
 def _source_hint() -> str:
@@ -152,7 +157,9 @@ def _executable(python: str) -> str:
                 path = os.path.join(path, inner)
                 break
     if not os.path.isfile(path):
-        raise UsageError(f"--python {python}: no such interpreter (give the path of a Python executable or of a virtualenv)")
+        raise UsageError(
+            f"--python {python}: no such interpreter (give the path of a Python executable or of a virtualenv)"
+        )
     if not os.access(path, os.X_OK):
         raise UsageError(f"--python {python}: {path} is not executable")
     return path
@@ -170,7 +177,10 @@ def _stamp(paths: Any, executable: str) -> list[list[Any]]:
 
 def _cached_facts(executable: str) -> dict[str, Any]:
     # the protocol in the name: facts cached by a pt2flow of another protocol were asked its module path
-    path = Path(cache_dir()) / f"interpreter-v2-p{WORKER_PROTOCOL}-{hashlib.sha256(executable.encode()).hexdigest()[:40]}.json"
+    path = (
+        Path(cache_dir())
+        / f"interpreter-v2-p{WORKER_PROTOCOL}-{hashlib.sha256(executable.encode()).hexdigest()[:40]}.json"
+    )
     try:
         cached = json.loads(path.read_text())
         if cached["stamp"] == _stamp(cached["facts"]["sys_path"], executable):
@@ -187,8 +197,14 @@ def query(executable: str) -> dict[str, Any]:
     """Ask the interpreter at `executable` for its facts (a subprocess; no torch is imported)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
     try:
-        result = subprocess.run([executable, "-c", _QUERY], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, env=env,
-                                stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            [executable, "-c", _QUERY],
+            capture_output=True,
+            text=True,
+            timeout=QUERY_TIMEOUT_S,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise UsageError(f"--python {executable}: could not run it: {exc}") from None
     lines = result.stdout.strip().splitlines()
@@ -198,7 +214,9 @@ def query(executable: str) -> dict[str, Any]:
     try:
         return dict(json.loads(lines[-1]))
     except ValueError:
-        raise UsageError(f"--python {executable}: its answer to pt2flow's query is not JSON: {lines[-1][:200]}") from None
+        raise UsageError(
+            f"--python {executable}: its answer to pt2flow's query is not JSON: {lines[-1][:200]}"
+        ) from None
 
 
 def _write(path: Path, payload: Mapping[str, Any]) -> None:

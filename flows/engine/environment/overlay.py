@@ -38,7 +38,9 @@ def overlay_environment(base: Any, candidate: Any, names: Sequence[str], root: s
     """The python executable of an overlay of `base` (an Interpreter) with the distributions
     `names` (canonical) of `candidate` (an Interpreter) linked in; made under `root` if absent."""
     recipe = {
-        "base": base.python, "base_site": list(base.site_packages), "candidate": candidate.python,
+        "base": base.python,
+        "base_site": list(base.site_packages),
+        "candidate": candidate.python,
         "dists": {name: [candidate.distributions.get(name), candidate.dist_info.get(name)] for name in sorted(names)},
     }
 
@@ -46,7 +48,9 @@ def overlay_environment(base: Any, candidate: Any, names: Sequence[str], root: s
         for name in names:
             info = candidate.dist_info.get(name)
             if not info:
-                raise UsageError(f"the candidate at {candidate.python} has no installed files of {name} to link into an overlay")
+                raise UsageError(
+                    f"the candidate at {candidate.python} has no installed files of {name} to link into an overlay"
+                )
             link_distribution(info, site)
 
     return _made_once(base, Path(root), f"overlay-{'-'.join(sorted(names))[:60]}", recipe, fill)
@@ -60,8 +64,24 @@ def candidate_environment(base: Any, requirements: Sequence[str], root: str | os
     recipe = {"base": base.python, "base_site": list(base.site_packages), "requirements": list(requirements)}
 
     def fill(site: str, python: Path) -> None:
-        result = subprocess.run([base.python, "-m", "pip", "--python", str(python), "install", "--quiet", "--disable-pip-version-check",
-                                 "--no-deps", *requirements], capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            [
+                base.python,
+                "-m",
+                "pip",
+                "--python",
+                str(python),
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                *requirements,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            stdin=subprocess.DEVNULL,
+        )
         if result.returncode != 0:
             tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise UsageError(f"could not install {' '.join(requirements)} into a candidate environment: {tail}")
@@ -92,12 +112,21 @@ def _new_overlay(base: Any, folder: Path) -> str:
     its site-packages."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([base.python, "-m", "venv", "--without-pip", str(folder)], capture_output=True, text=True, timeout=300,
-                            stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [base.python, "-m", "venv", "--without-pip", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     if result.returncode != 0:
-        raise UsageError(f"could not make an overlay environment in {folder}: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+        raise UsageError(
+            f"could not make an overlay environment in {folder}: {(result.stderr.strip().splitlines() or ['?'])[-1]}"
+        )
     site = _site_packages(str(folder / "bin" / "python"))
-    Path(site, OVERLAY_PTH).write_text("".join(f"import site; site.addsitedir({path!r})\n" for path in base.site_packages))
+    Path(site, OVERLAY_PTH).write_text(
+        "".join(f"import site; site.addsitedir({path!r})\n" for path in base.site_packages)
+    )
     return site
 
 
@@ -112,7 +141,9 @@ def link_distribution(dist_info: str, site: str) -> int:
     except OSError as exc:
         raise UsageError(f"{dist_info} has no RECORD to say which files it installed: {exc.strerror or exc}") from None
     linked = 0
-    for entry in dict.fromkeys([*entries, *(f"{Path(dist_info).name}/{p.name}" for p in Path(dist_info).iterdir() if p.is_file())]):
+    for entry in dict.fromkeys(
+        [*entries, *(f"{Path(dist_info).name}/{p.name}" for p in Path(dist_info).iterdir() if p.is_file())]
+    ):
         if not entry or entry.startswith("..") or os.path.isabs(entry) or "__pycache__" in entry.split("/"):
             continue
         source = source_root / entry
@@ -126,8 +157,13 @@ def link_distribution(dist_info: str, site: str) -> int:
 
 
 def _site_packages(python: str) -> str:
-    result = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
-                            timeout=60, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     path = result.stdout.strip()
     if result.returncode != 0 or not path:
         raise UsageError(f"could not ask {python} for its site-packages: {result.stderr.strip()[-300:]}")

@@ -35,7 +35,9 @@ print(json.dumps(native_toolchain(sys.argv[1], json.loads(sys.argv[2]))))
 """
 
 
-def toolchain_facts(device: str, inductor_configs: Mapping[str, Any] | None = None, python: Any = None) -> dict[str, Any]:
+def toolchain_facts(
+    device: str, inductor_configs: Mapping[str, Any] | None = None, python: Any = None
+) -> dict[str, Any]:
     """Cheap facts that determine the identity, read without torch (a few stats and file reads).
     `python`: the Interpreter the workers run in (flows/engine/environment/interpreter.py; None: this one)."""
     if python is None:
@@ -106,7 +108,6 @@ def _write_atomically(path: Path, payload: Mapping[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
 
 
 def _file_facts(program: str) -> dict[str, Any]:

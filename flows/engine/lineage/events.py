@@ -52,8 +52,11 @@ def configured() -> bool:
         return False
     if os.environ.get("OPENLINEAGE_URL") or any(k.startswith("OPENLINEAGE__TRANSPORT") for k in os.environ):
         return True
-    candidates = [os.environ.get("OPENLINEAGE_CONFIG"), os.path.join(os.getcwd(), "openlineage.yml"),
-                  os.path.join(os.path.expanduser("~/.openlineage"), "openlineage.yml")]
+    candidates = [
+        os.environ.get("OPENLINEAGE_CONFIG"),
+        os.path.join(os.getcwd(), "openlineage.yml"),
+        os.path.join(os.path.expanduser("~/.openlineage"), "openlineage.yml"),
+    ]
     return any(path and os.path.isfile(path) for path in candidates)
 
 
@@ -120,8 +123,11 @@ class Emitter:
                     sent, progress = self.sent.get(run_id, 0), now
                 if now >= deadline or now - progress >= stall:
                     waited = min(timeout, now - progress)
-                    self._give_up(run_id, f"the collector took no event within {waited:.1f} s at the end of the run "
-                                          f"({self._pending[run_id]} waiting)")
+                    self._give_up(
+                        run_id,
+                        f"the collector took no event within {waited:.1f} s at the end of the run "
+                        f"({self._pending[run_id]} waiting)",
+                    )
                     break
                 self._lock.wait(min(deadline, progress + stall) - now)
             self._pending.pop(run_id, None)
@@ -133,8 +139,11 @@ class Emitter:
             self._warned.add(run_id)
             # straight to stderr, not through logging: whatever configured logging in this process
             # (a logger disabled, a level raised) must not swallow the run's one warning
-            print(f"pt2flow: warning: OpenLineage: {why}; the lineage events of run {run_id} are dropped (the run goes on)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"pt2flow: warning: OpenLineage: {why}; the lineage events of run {run_id} are dropped (the run goes on)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _send_all(self) -> None:
         while True:
@@ -144,7 +153,9 @@ class Emitter:
             error = None
             if not skip:
                 try:
-                    event = event() if callable(event) else event  # built here: the client's import and attrs off the run's path
+                    event = (
+                        event() if callable(event) else event
+                    )  # built here: the client's import and attrs off the run's path
                 except Exception as exc:  # noqa: BLE001 - a pt2flow bug, said once; the run goes on
                     error = f"an event could not be built ({type(exc).__name__}: {_short(exc)})"
             if not skip and error is None:
@@ -279,23 +290,42 @@ def RunFacts(**fields: Any) -> Any:  # noqa: N802
     return _classes()[0](**fields)
 
 
-def run_event(event_type: str, *, run_id: str, model: str, stage: str, attempt: int, inputs: list[Any], outputs: list[Any],
-              facts: Mapping[str, Any], torch_version: str, error: str | None = None, when: str | None = None) -> Any:
+def run_event(
+    event_type: str,
+    *,
+    run_id: str,
+    model: str,
+    stage: str,
+    attempt: int,
+    inputs: list[Any],
+    outputs: list[Any],
+    facts: Mapping[str, Any],
+    torch_version: str,
+    error: str | None = None,
+    when: str | None = None,
+) -> Any:
     """One OpenLineage RunEvent of a stage run."""
     from openlineage.client.event_v2 import Job, Run, RunEvent, RunState
     from openlineage.client.facet_v2 import error_message_run, parent_run, processing_engine_run
 
     facets: dict[str, Any] = {
         "processing_engine": processing_engine_run.ProcessingEngineRunFacet(
-            version=torch_version, name="torch", openlineageAdapterVersion=facts.get("versions", {}).get("pt2flow", "unknown"), producer=PRODUCER,
+            version=torch_version,
+            name="torch",
+            openlineageAdapterVersion=facts.get("versions", {}).get("pt2flow", "unknown"),
+            producer=PRODUCER,
         ),
         "pt2flow": RunFacts(run=run_id, model=model, stage=stage, **facts, producer=PRODUCER),
         "parent": parent_run.ParentRunFacet(
-            run=parent_run.Run(runId=fleet_run_id(run_id)), job=parent_run.Job(namespace=namespace(), name="fleet"), producer=PRODUCER,
+            run=parent_run.Run(runId=fleet_run_id(run_id)),
+            job=parent_run.Job(namespace=namespace(), name="fleet"),
+            producer=PRODUCER,
         ),
     }
     if error is not None:
-        facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(message=error, programmingLanguage="python", producer=PRODUCER)
+        facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
+            message=error, programmingLanguage="python", producer=PRODUCER
+        )
     return RunEvent(
         eventType=getattr(RunState, event_type),
         eventTime=when or _now(),
@@ -347,15 +377,21 @@ class StageLineage:
 
         env = Environment.current()
         python = interpreter.current()
-        return {"torch": env.torch_version, "python": env.python_version, "pt2flow": env.pt2flow_version,
-                **{lib: str(python.version(lib, "unknown")) for lib in get_stage(self.stage).libraries}}
+        return {
+            "torch": env.torch_version,
+            "python": env.python_version,
+            "pt2flow": env.pt2flow_version,
+            **{lib: str(python.version(lib, "unknown")) for lib in get_stage(self.stage).libraries},
+        }
 
     def _event(self, event_type: str, outcome: Any, when: str, versions: dict[str, str]) -> Any:
         from pt2flow.flows.pipeline import get as get_stage
 
         spec = get_stage(self.stage)
         store = self.ctx.store_url
-        inputs = [dataset(store, o.artifact, name, o.size) for name, o in self.inputs.items() if getattr(o, "artifact", None)]
+        inputs = [
+            dataset(store, o.artifact, name, o.size) for name, o in self.inputs.items() if getattr(o, "artifact", None)
+        ]
         outputs: list[Any] = []
         if self.stage == "source" and self.model.weights:
             weights = (outcome.details.get("weights") or {}) if outcome is not None else {}
@@ -366,19 +402,36 @@ class StageLineage:
             facts["key"] = outcome.key
             facts["cache"] = ("hit" if outcome.ok else "cached_failure") if outcome.cached else "miss"
             if outcome.artifact:
-                outputs.append(dataset(store, outcome.artifact, spec.publishes if outcome.ok else "report", outcome.size, output=True))
+                outputs.append(
+                    dataset(
+                        store, outcome.artifact, spec.publishes if outcome.ok else "report", outcome.size, output=True
+                    )
+                )
             weights = outcome.details.get("weights") if self.stage == "source" and outcome.ok else None
             if weights and weights.get("sha256"):
                 outputs.append(dataset(store, weights["sha256"], "weights", weights.get("size"), output=True))
             validation = outcome.details.get("validation")
             if isinstance(validation, dict):
-                facts["validation"] = {k: validation.get(k) for k in ("passed", "max_abs_err", "max_rel_err", "samples") if k in validation}
+                facts["validation"] = {
+                    k: validation.get(k) for k in ("passed", "max_abs_err", "max_rel_err", "samples") if k in validation
+                }
             if not outcome.ok:
                 facts["error_class"] = outcome.error_class
                 facts["error"] = (outcome.error or "")[:2000]
                 error = f"[{outcome.error_class}] {outcome.error or ''}"[:4000]
-        return run_event(event_type, run_id=self.ctx.run_id, model=self.model.name, stage=self.stage, attempt=self.attempt,
-                         inputs=inputs, outputs=outputs, facts=facts, torch_version=versions.get("torch", "unknown"), error=error, when=when)
+        return run_event(
+            event_type,
+            run_id=self.ctx.run_id,
+            model=self.model.name,
+            stage=self.stage,
+            attempt=self.attempt,
+            inputs=inputs,
+            outputs=outputs,
+            facts=facts,
+            torch_version=versions.get("torch", "unknown"),
+            error=error,
+            when=when,
+        )
 
 
 def flush(run_id: str) -> None:

@@ -35,11 +35,11 @@ from pt2flow.storage.errors import RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
 
 
-
 def audited_stages() -> tuple[str, ...]:
     """The record kinds audit checks: the source, and every stage that declares how it is rebuilt
     (Stage.rebuild: the program stages and the archive, the records later runs are served)."""
     return (pipeline.SOURCE_NAME, *(s.name for s in pipeline.stages() if s.rebuild))
+
 
 AUDIT_TIMEOUT_S = 900.0  # one record: loading, and the stage run again
 
@@ -108,9 +108,17 @@ class Auditor:
 
     def check(self, record: Mapping[str, Any]) -> dict[str, Any]:
         entry: dict[str, Any] = {
-            "record_id": record["record_id"], "model": record["model"], "stage": record["stage"], "key": record["key"],
-            "sha256": record["sha256"], "fingerprint": record["fingerprint"], "cached": bool(record.get("cached")),
-            "stored": None, "rebuilt": None, "status": "ok", "problem": None,
+            "record_id": record["record_id"],
+            "model": record["model"],
+            "stage": record["stage"],
+            "key": record["key"],
+            "sha256": record["sha256"],
+            "fingerprint": record["fingerprint"],
+            "cached": bool(record.get("cached")),
+            "stored": None,
+            "rebuilt": None,
+            "status": "ok",
+            "problem": None,
         }
         index = self.store.index
         entry_stage = pipeline.entry().name  # the stage made from the model itself, not from a parent program
@@ -126,9 +134,14 @@ class Auditor:
             weights = (record.get("details") or {}).get("weights")
         elif record["stage"] == entry_stage and model is not None:
             weights = _source_weights(index, record)
-        budget = Budget(deadline=time.monotonic() + AUDIT_TIMEOUT_S, deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
-                        memory_bytes=self.memory_bytes)
-        message = RebuildRecord(record["stage"], data, record.get("options") or {}, parent, model, self.store.url, weights)
+        budget = Budget(
+            deadline=time.monotonic() + AUDIT_TIMEOUT_S,
+            deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
+            memory_bytes=self.memory_bytes,
+        )
+        message = RebuildRecord(
+            record["stage"], data, record.get("options") or {}, parent, model, self.store.url, weights
+        )
         try:
             status, payload = self._worker_for(record["model"]).call(message, budget)
         except WorkerLost as lost:
@@ -146,8 +159,11 @@ class Auditor:
         if payload["rebuilt"] is not None and payload["rebuilt"] != record["fingerprint"]:
             problems.append(f"{record['stage']} run again on the recorded inputs gives another program")
         if payload["rebuilt"] is None:
-            entry["note"] = (f"not rebuilt: pass --config with the model to run {record['stage']} again" if record["stage"] == entry_stage
-                             else "not rebuilt: no parent program")
+            entry["note"] = (
+                f"not rebuilt: pass --config with the model to run {record['stage']} again"
+                if record["stage"] == entry_stage
+                else "not rebuilt: no parent program"
+            )
         if problems:
             entry.update(status="failed", problem="; ".join(problems))
         return entry
@@ -167,8 +183,14 @@ class Auditor:
             self.current = None
 
 
-def _judge_source(entry: dict[str, Any], record: Mapping[str, Any], rebuilt: str | None, problem: str | None,
-                  model: ResolvedModel | None, versions: Mapping[str, str] | None) -> dict[str, Any]:
+def _judge_source(
+    entry: dict[str, Any],
+    record: Mapping[str, Any],
+    rebuilt: str | None,
+    problem: str | None,
+    model: ResolvedModel | None,
+    versions: Mapping[str, str] | None,
+) -> dict[str, Any]:
     """A source record against the model built again now: the same eager model (parameters,
     buffers, structure), unless a file of its manifest changed (a re-run would rebuild it then,
     so the cache is honest). A different model from unchanged files is what no tracker saw."""
@@ -181,10 +203,13 @@ def _judge_source(entry: dict[str, Any], record: Mapping[str, Any], rebuilt: str
     if model is None:
         entry["note"] = "not rebuilt: pass --config with the model to build it again"
         return entry
-    changed = changed_entries(deps, model.search_path, versions=versions, stats=details.get("stats"), taken_ns=details.get("stats_at"))
+    changed = changed_entries(
+        deps, model.search_path, versions=versions, stats=details.get("stats"), taken_ns=details.get("stats_at")
+    )
     if recorded is None and details.get("deps_problem"):  # it did not build when recorded (its trace failed for it)
         entry["note"] = f"the model did not build when recorded ({details['deps_problem'][:200]})" + (
-            f" and does not now ({problem[:200]})" if problem else " but builds now")
+            f" and does not now ({problem[:200]})" if problem else " but builds now"
+        )
         return entry
     if recorded is None:
         entry["note"] = "not compared: the record has no eager digest (made by an older pt2flow)"
@@ -192,17 +217,31 @@ def _judge_source(entry: dict[str, Any], record: Mapping[str, Any], rebuilt: str
     if changed:
         entry["note"] = f"its files changed since (a re-run rebuilds it): {'; '.join(changed[:5])}"
     elif rebuilt is None:
-        entry.update(status="failed", problem=f"the model no longer builds while every file it was recorded with is unchanged: {problem}")
+        entry.update(
+            status="failed",
+            problem=f"the model no longer builds while every file it was recorded with is unchanged: {problem}",
+        )
     elif rebuilt != recorded:
-        entry.update(status="failed", problem=(
-            "the eager model built now differs from the recorded one (parameters, buffers or structure) while every file "
-            "it was recorded with is unchanged: its construction depends on something pt2flow cannot see (an environment "
-            "variable, a subprocess, the network); declare it with depends_on, or run with --verify-sources"))
+        entry.update(
+            status="failed",
+            problem=(
+                "the eager model built now differs from the recorded one (parameters, buffers or structure) while every file "
+                "it was recorded with is unchanged: its construction depends on something pt2flow cannot see (an environment "
+                "variable, a subprocess, the network); declare it with depends_on, or run with --verify-sources"
+            ),
+        )
     return entry
 
 
-def audit(store: Any, run_id: str, *, fraction: float = 1.0, seed: int = 0, models: Sequence[ResolvedModel] = (),
-          python: str | None = None) -> dict[str, Any]:
+def audit(
+    store: Any,
+    run_id: str,
+    *,
+    fraction: float = 1.0,
+    seed: int = 0,
+    models: Sequence[ResolvedModel] = (),
+    python: str | None = None,
+) -> dict[str, Any]:
     """The audit document of a run: every sampled record with its stored and rebuilt fingerprints."""
     records = _records(store.index, run_id)
     if not records:
@@ -224,6 +263,10 @@ def audit(store: Any, run_id: str, *, fraction: float = 1.0, seed: int = 0, mode
         "run_id": run_id,
         "store": store.url,
         "sample": {"fraction": fraction, "seed": seed, "records": len(records), "checked": len(checked)},
-        "summary": {"ok": len(checked) - len(failed), "failed": len(failed), "rebuilt": sum(1 for c in checked if c["rebuilt"] is not None)},
+        "summary": {
+            "ok": len(checked) - len(failed),
+            "failed": len(failed),
+            "rebuilt": sum(1 for c in checked if c["rebuilt"] is not None),
+        },
         "records": checked,
     }

@@ -28,15 +28,26 @@ from pt2flow.stages.archive_meta import recorded_pytree_modules
 from pt2flow.stages.vocabulary import ErrorClass
 
 
-
 def checked_kinds() -> dict[str, str]:
     """The entry key of each candidate stage's artifact in a check-compat document -> the stage:
     `archive` (serialize's: the name this document has always used), `compiled`, then each
     target's artifact kind (`onnx`, `pte`)."""
-    return {("archive" if pipeline.get(name).publishes == "archive" else pipeline.get(name).artifact or name): name for name in pipeline.candidates()}
+    return {
+        ("archive" if pipeline.get(name).publishes == "archive" else pipeline.get(name).artifact or name): name
+        for name in pipeline.candidates()
+    }
+
 
 CHECK_TIMEOUT_S = 600.0  # one artifact: the worker's start, the load and every stored sample
-_UNCHECKED = {"loads": None, "runs": None, "matches": None, "max_abs_err": None, "max_rel_err": None, "samples": 0, "skipped": None}
+_UNCHECKED = {
+    "loads": None,
+    "runs": None,
+    "matches": None,
+    "max_abs_err": None,
+    "max_rel_err": None,
+    "samples": 0,
+    "skipped": None,
+}
 
 
 class Checker:
@@ -54,18 +65,38 @@ class Checker:
         self.torch_version: str | None = None  # the workers' torch.__version__, once one answered
         self.checked_in: str | None = None  # the workers' sys.executable, once one answered
 
-    def check(self, kind: str, data: bytes, io: bytes | None, atol: float, rtol: float, device: str, stage: str | None = None,
-              modules: list[str] | None = None) -> dict[str, Any]:
+    def check(
+        self,
+        kind: str,
+        data: bytes,
+        io: bytes | None,
+        atol: float,
+        rtol: float,
+        device: str,
+        stage: str | None = None,
+        modules: list[str] | None = None,
+    ) -> dict[str, Any]:
         if self.worker is None:
-            self.worker = Worker(threads=None, python=self.python, exports=False)  # loads and runs artifacts: no warm-up needed
-        budget = Budget(deadline=time.monotonic() + self.timeout_s, deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s",
-                        memory_bytes=self.memory_bytes)
+            self.worker = Worker(
+                threads=None, python=self.python, exports=False
+            )  # loads and runs artifacts: no warm-up needed
+        budget = Budget(
+            deadline=time.monotonic() + self.timeout_s,
+            deadline_reason=f"checking the {kind} took over {self.timeout_s:g} s",
+            memory_bytes=self.memory_bytes,
+        )
         try:
-            status, payload = self.worker.call(CheckArtifact(kind, data, io, atol, rtol, device, stage, modules), budget)
+            status, payload = self.worker.call(
+                CheckArtifact(kind, data, io, atol, rtol, device, stage, modules), budget
+            )
         except WorkerLost as lost:
             self.close()
-            return {**_UNCHECKED, "error_class": lost.error_class, "error": f"{lost.message} while checking the {kind}",
-                    "stderr_tail": lost.stderr_tail[-4000:]}
+            return {
+                **_UNCHECKED,
+                "error_class": lost.error_class,
+                "error": f"{lost.message} while checking the {kind}",
+                "stderr_tail": lost.stderr_tail[-4000:],
+            }
         if status != "ok":
             self.close()
             return {**_UNCHECKED, "error_class": payload["error_class"], "error": payload["error"]}
@@ -99,7 +130,9 @@ def _run_records(index: Any, run_id: str) -> dict[str, dict[str, dict[str, Any]]
     import pyarrow.compute as pc
 
     models: dict[str, dict[str, dict[str, Any]]] = {}
-    rows = sorted(index.scan(None, filter=pc.field("run_id") == run_id).to_pylist(), key=lambda r: r.get("ended_at") or 0)
+    rows = sorted(
+        index.scan(None, filter=pc.field("run_id") == run_id).to_pylist(), key=lambda r: r.get("ended_at") or 0
+    )
     for row in rows:
         models.setdefault(row["model"], {})[row["stage"]] = decode(row)
     return models
@@ -111,7 +144,9 @@ def _samples(store: Any, validate: Mapping[str, Any] | None) -> tuple[bytes | No
         return None, "no ok validate record in this run: loading is all that can be checked"
     io = (validate.get("details") or {}).get("io")
     if not io:
-        why = (validate.get("details") or {}).get("io_skipped") or "validate stored no inputs (a run of an older pt2flow)"
+        why = (validate.get("details") or {}).get(
+            "io_skipped"
+        ) or "validate stored no inputs (a run of an older pt2flow)"
         return None, why
     return store.get_blob(io["sha256"], io["size"]), None
 
@@ -121,7 +156,9 @@ def _pytree_modules(records: Mapping[str, Mapping[str, Any]], archive: bytes | N
     its archive records (read from the zip, no torch), else those its aot_compile record names."""
     named = recorded_pytree_modules(archive) if archive is not None else None
     if named is None:
-        named = ((records.get(pipeline.publisher_name("package") or "") or {}).get("details") or {}).get("pytree_modules")
+        named = ((records.get(pipeline.publisher_name("package") or "") or {}).get("details") or {}).get(
+            "pytree_modules"
+        )
     return list(named) if named else None
 
 
@@ -152,14 +189,18 @@ def recheck_command(store_url: str, python: str, run_id: str | None) -> str:
     return f"{shlex.quote(python)} -m pt2flow.flows.cli.main check-compat{run} --store {shlex.quote(store_url)} --json"
 
 
-def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]], checker: Checker) -> dict[str, Any] | None:
+def check_model(
+    store: Any, name: str, records: Mapping[str, Mapping[str, Any]], checker: Checker
+) -> dict[str, Any] | None:
     """One model's entry, or None when the run produced no archive or package of it. Its status:
     failed (an artifact failed), unchecked (none failed, one could not be run here: a CUDA package
     on a machine without CUDA), ok. Each artifact is loaded as a serving process would: its
     archive's pytree modules imported first (the package and targets record none of their own).
     A failed artifact carries `load_command`, the evidence a person can re-run: torch's own
     loader outside pt2flow when it does not load, else check-compat of its run again."""
-    built = {kind: records[stage] for kind, stage in checked_kinds().items() if records.get(stage, {}).get("status") == "ok"}
+    built = {
+        kind: records[stage] for kind, stage in checked_kinds().items() if records.get(stage, {}).get("status") == "ok"
+    }
     if not built:
         return None
     validate = records.get(pipeline.publisher_name("report") or "")
@@ -173,24 +214,47 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
             blobs[kind] = store.get_blob(record["sha256"], record.get("size"))
         except (StorageError, InvalidId) as exc:  # InvalidId: a record whose digest is not one
             blobs[kind] = None
-            entry[kind] = {"loads": False, "runs": None, "matches": None, "error_class": ErrorClass.STORAGE, "error": str(exc)}
+            entry[kind] = {
+                "loads": False,
+                "runs": None,
+                "matches": None,
+                "error_class": ErrorClass.STORAGE,
+                "error": str(exc),
+            }
     modules = _pytree_modules(records, blobs.get("archive"))
     if modules:
         entry["pytree_modules"] = modules
     for kind, record in built.items():
-        checked: dict[str, Any] = {"sha256": record["sha256"], "torch_version": record.get("torch_version"), "archive_version": record.get("archive_version")}
+        checked: dict[str, Any] = {
+            "sha256": record["sha256"],
+            "torch_version": record.get("torch_version"),
+            "archive_version": record.get("archive_version"),
+        }
         data = blobs[kind]
         if data is None:
             checked.update(entry[kind])
         else:
-            checked.update(checker.check(kind, data, samples, atol, rtol, record.get("device") or "cpu", record["stage"],
-                                         None if kind == "archive" else modules))
+            checked.update(
+                checker.check(
+                    kind,
+                    data,
+                    samples,
+                    atol,
+                    rtol,
+                    record.get("device") or "cpu",
+                    record["stage"],
+                    None if kind == "archive" else modules,
+                )
+            )
             if checked.get("error_class"):
                 python = checker.checked_in or checker.python or sys.executable
                 if os.path.isdir(python):  # a virtualenv's folder (`--python VENV`): its interpreter
                     python = os.path.join(python, "bin", "python")
-                checked["load_command"] = (load_command(store.url, python, name, kind, record["sha256"], modules) if checked.get("loads") is False
-                                           else recheck_command(store.url, python, record.get("run_id")))
+                checked["load_command"] = (
+                    load_command(store.url, python, name, kind, record["sha256"], modules)
+                    if checked.get("loads") is False
+                    else recheck_command(store.url, python, record.get("run_id"))
+                )
         entry[kind] = checked
         if checked["error_class"] and entry["error_class"] is None:
             entry.update(status="failed", error_class=checked["error_class"])
@@ -199,8 +263,14 @@ def check_model(store: Any, name: str, records: Mapping[str, Mapping[str, Any]],
     return entry
 
 
-def check_compat(store: Any, run_id: str, *, models_from: Mapping[str, str] | None = None,
-                 selection: Mapping[str, Any] | None = None, python: str | None = None) -> dict[str, Any]:
+def check_compat(
+    store: Any,
+    run_id: str,
+    *,
+    models_from: Mapping[str, str] | None = None,
+    selection: Mapping[str, Any] | None = None,
+    python: str | None = None,
+) -> dict[str, Any]:
     """The check-compat document of a run: one entry per model with an archive or package, each
     with the run it was taken from (`run_id`). `models_from` (model -> run) takes each model
     from its own run instead (a fleet whose newest run was partial); `selection` says which runs
@@ -217,13 +287,18 @@ def check_compat(store: Any, run_id: str, *, models_from: Mapping[str, str] | No
         raise RecordNotFound(f"no records of run {run_id!r} in the index")
     checker = Checker(python=python)
     try:
-        models = [{**entry, "run_id": origin[name]} for name in sorted(records)
-                  if (entry := check_model(store, name, records[name], checker)) is not None]
+        models = [
+            {**entry, "run_id": origin[name]}
+            for name in sorted(records)
+            if (entry := check_model(store, name, records[name], checker)) is not None
+        ]
     finally:
         checker.close()
     failed = sum(1 for m in models if m["status"] == "failed")
     unchecked = sum(1 for m in models if m["status"] == "unchecked")
-    built_with = sorted({a["torch_version"] for m in models for k in checked_kinds() if (a := m.get(k)) and a.get("torch_version")})
+    built_with = sorted(
+        {a["torch_version"] for m in models for k in checked_kinds() if (a := m.get(k)) and a.get("torch_version")}
+    )
     return {
         "run_id": run_id,
         "runs": sorted(set(origin.values()), key=[run_id, *taken.values()].index),

@@ -53,6 +53,7 @@ def reproducible() -> tuple[str, ...]:
     """The stages with a repro template, in pipeline order."""
     return tuple(s.name for s in pipeline.stages() if s.repro)
 
+
 # failures that happen before torch is reached: the model's code, its config or its weights, which
 # a torch-only script cannot show (the fix is the user's, and `pt2flow validate` names it)
 BEFORE_TORCH = {
@@ -155,7 +156,10 @@ def _resolved_model(source: Mapping[str, Any], manifest: Mapping[str, Any]) -> A
 
     details = source.get("details") or {}
     module = manifest["factory"].split(":", 1)[0]
-    inputs = {k: parse_input(from_json(v), ("inputs", k), problem, lambda exc, path: problem(path, str(exc))) for k, v in manifest.get("inputs", {}).items()}
+    inputs = {
+        k: parse_input(from_json(v), ("inputs", k), problem, lambda exc, path: problem(path, str(exc)))
+        for k, v in manifest.get("inputs", {}).items()
+    }
     inputs_file = (manifest.get("inputs_file") or {}).get("path")
     return ResolvedModel(
         name=source["model"],
@@ -230,8 +234,10 @@ def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
 
     record = find_failure(store.index, target)
     if (record.get("error_message") or "").startswith(MISSING_DEVICE_PREFIX):
-        raise ReproError(f"{record['model']}'s {record['stage']} failed because that machine lacked the device "
-                         f"({record.get('error_message')}), not inside torch: there is nothing to reproduce")
+        raise ReproError(
+            f"{record['model']}'s {record['stage']} failed because that machine lacked the device "
+            f"({record.get('error_message')}), not inside torch: there is nothing to reproduce"
+        )
     chain = _chain(store.index, record)
     source = chain.get("source")
     if source is None:
@@ -257,7 +263,9 @@ def write_repro(store: Any, target: str, out_dir: str) -> dict[str, Any]:
 
         if isinstance(exc, StageError):  # the model cannot be built here now (its code changed or moved since the run)
             first = (str(exc).strip().splitlines() or [""])[0]
-            raise ReproError(f"cannot rebuild {record['model']} to write its reproducer: {exc.error_class}: {first}") from None
+            raise ReproError(
+                f"cannot rebuild {record['model']} to write its reproducer: {exc.error_class}: {first}"
+            ) from None
         raise
 
 
@@ -273,8 +281,15 @@ def _remove_written(folder: Path, files: list[str], created: bool) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
-def _write(store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], source: Mapping[str, Any], model: Any, folder: Path,
-           files: list[str]) -> dict[str, Any]:
+def _write(
+    store: Any,
+    record: Mapping[str, Any],
+    chain: Mapping[str, Any],
+    source: Mapping[str, Any],
+    model: Any,
+    folder: Path,
+    files: list[str],
+) -> dict[str, Any]:
     """Write the reproducer's files into `folder`, naming each in `files` as it is written."""
     import torch
 
@@ -286,8 +301,15 @@ def _write(store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], sour
     script = _script(record, model, body, torch.__version__)
     files.append("repro.py")
     (folder / "repro.py").write_text(script)
-    return {"model": record["model"], "stage": record["stage"], "error_class": record.get("error_class"),
-            "error": record.get("error_message"), "run_id": record.get("run_id"), "dir": str(folder.resolve()), "files": sorted(files)}
+    return {
+        "model": record["model"],
+        "stage": record["stage"],
+        "error_class": record.get("error_class"),
+        "error": record.get("error_message"),
+        "run_id": record.get("run_id"),
+        "dir": str(folder.resolve()),
+        "files": sorted(files),
+    }
 
 
 class ReproJob:
@@ -295,9 +317,25 @@ class ReproJob:
     model as the run resolved it, and the folder to write data files into. `program()` writes the
     program the stage was given to program.pt2 and returns the line that loads it as `ep`."""
 
-    def __init__(self, store: Any, record: Mapping[str, Any], chain: Mapping[str, Any], source: Mapping[str, Any], model: Any,
-                 folder: Path, files: list[str]) -> None:
-        self.store, self.record, self.chain, self.source, self.model, self.folder, self.files = store, record, chain, source, model, folder, files
+    def __init__(
+        self,
+        store: Any,
+        record: Mapping[str, Any],
+        chain: Mapping[str, Any],
+        source: Mapping[str, Any],
+        model: Any,
+        folder: Path,
+        files: list[str],
+    ) -> None:
+        self.store, self.record, self.chain, self.source, self.model, self.folder, self.files = (
+            store,
+            record,
+            chain,
+            source,
+            model,
+            folder,
+            files,
+        )
         self.options: dict[str, Any] = dict(record.get("options") or {})
 
     def write(self, name: str, data: bytes) -> str:
@@ -309,7 +347,9 @@ class ReproJob:
     def program(self) -> str:
         parent = self.chain.get("program")
         if parent is None:
-            raise ReproError(f"the program that {self.record['model']}'s {self.record['stage']} was given is not in the index")
+            raise ReproError(
+                f"the program that {self.record['model']}'s {self.record['stage']} was given is not in the index"
+            )
         path = self.write("program.pt2", self.store.get_blob(parent["sha256"], parent.get("size")))
         return f"ep = torch.export.load({path})\n"
 
@@ -333,14 +373,18 @@ def build_model_code(model: Any, weights: bool) -> str:
         f"model = factory(**{dict(model.kwargs)!r})",
     ]
     if weights:
-        lines.append("model.load_state_dict(torch.load(os.path.join(HERE, 'weights.pt'), weights_only=True), strict=True)")
+        lines.append(
+            "model.load_state_dict(torch.load(os.path.join(HERE, 'weights.pt'), weights_only=True), strict=True)"
+        )
     lines.append("model.eval()")
     return "\n".join(lines) + "\n"
 
 
 def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str) -> str:
     message = (record.get("error_message") or "").strip().splitlines()
-    alone = "torch and transformers" if getattr(model, "component", None) else "torch"  # a component's program or export is transformers'
+    alone = (
+        "torch and transformers" if getattr(model, "component", None) else "torch"
+    )  # a component's program or export is transformers'
     head = [
         f'"""Reproduces the {record["stage"]} failure of model {record["model"]!r} with {alone} alone (no pt2flow).',
         "",
@@ -362,6 +406,10 @@ def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str
     if record["stage"] != pipeline.entry().name:
         head += [f"import {model.factory.split(':', 1)[0]}  # noqa: F401  (registers the model's pytree types)", ""]
         if "/" in str(record["model"]):  # a generative model's component: its program names transformers' cache classes
-            head += ["from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model",
-                     "", "register_cache_pytrees_for_model(torch.nn.Module())  # the Cache classes as pytrees, as the export had them", ""]
+            head += [
+                "from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model",
+                "",
+                "register_cache_pytrees_for_model(torch.nn.Module())  # the Cache classes as pytrees, as the export had them",
+                "",
+            ]
     return "\n".join(head) + "\n" + body

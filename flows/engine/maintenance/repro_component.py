@@ -55,8 +55,11 @@ def trace(job: ReproJob) -> str:
         job.files.append("weights.pt")
         torch.save(dict(state), job.folder / "weights.pt")
 
-    settings = [f"generation_config.{key} = {wanted.get(key)!r}" for key in sorted(set(base) | set(wanted))
-                if key != "transformers_version" and base.get(key) != wanted.get(key)]
+    settings = [
+        f"generation_config.{key} = {wanted.get(key)!r}"
+        for key in sorted(set(base) | set(wanted))
+        if key != "transformers_version" and base.get(key) != wanted.get(key)
+    ]
     dims, shapes = dims_code(component.dynamic_shapes)
     dims_text = "".join(line + "\n        " for line in dims)  # named Dims, defined before the tree
     body = "\n" + textwrap.dedent(f"""\

@@ -33,7 +33,15 @@ def _now() -> datetime:
 class StageRun:
     """The bookkeeping around one stage of one model."""
 
-    def __init__(self, stage: str, model: ResolvedModel, ctx: RunContext, key: str, parents: list[str], records: list[IndexRecord] | None = None) -> None:
+    def __init__(
+        self,
+        stage: str,
+        model: ResolvedModel,
+        ctx: RunContext,
+        key: str,
+        parents: list[str],
+        records: list[IndexRecord] | None = None,
+    ) -> None:
         self.stage = stage
         self.records = records  # None: append each record to the index at once
         self.model = model
@@ -53,8 +61,16 @@ class StageRun:
         planner's hit for this key, so the index is not read twice."""
         # with --force, only this run's own record counts: an earlier attempt of this task
         # (retried by Prefect) that did the work and recorded it
-        hit = planned if planned is not None and not self.ctx.force else find_cached(
-            self.store, self.key, run_id=self.ctx.run_id if self.ctx.force else None, failures=not self.ctx.retry_failed, model=self.model.name
+        hit = (
+            planned
+            if planned is not None and not self.ctx.force
+            else find_cached(
+                self.store,
+                self.key,
+                run_id=self.ctx.run_id if self.ctx.force else None,
+                failures=not self.ctx.retry_failed,
+                model=self.model.name,
+            )
         )
         if hit is None:
             return None
@@ -85,7 +101,14 @@ class StageRun:
         self.record(outcome)
         return outcome
 
-    def fail(self, error_class: ErrorClass, message: str, *, details: Mapping[str, Any] | None = None, report: bytes | None = None) -> StageFailed:
+    def fail(
+        self,
+        error_class: ErrorClass,
+        message: str,
+        *,
+        details: Mapping[str, Any] | None = None,
+        report: bytes | None = None,
+    ) -> StageFailed:
         outcome = Outcome.failure(self.key, error_class, message, seconds=self.seconds(), details=details)
         if report is not None:
             try:

@@ -96,15 +96,23 @@ def fleet_context(parameters: RunParameters, config: Pipeline | None = None) -> 
     from pt2flow.flows.engine.environment import interpreter
 
     if config is None:
-        config = apply_overrides(load_config(parameters.config_path), only=parameters.only or (),
-                                 stages=list(parameters.stages) if parameters.stages is not None else None)
+        config = apply_overrides(
+            load_config(parameters.config_path),
+            only=parameters.only or (),
+            stages=list(parameters.stages) if parameters.stages is not None else None,
+        )
     store_url = resolve_store_url(parameters.store or config.store)
     if not stores.storage_options(store_url) and config.storage_options:
         stores.set_storage_options(store_url, config.storage_options)
     chosen = interpreter.activate(parameters.python or config.python)
     return config, RunContext(
-        run_id=parameters.run_id or new_run_id(), store_url=store_url, stages=tuple(config.stages), force=parameters.force,
-        retry_failed=parameters.retry_failed, python=None if chosen.local else chosen.python, verify_sources=parameters.verify_sources,
+        run_id=parameters.run_id or new_run_id(),
+        store_url=store_url,
+        stages=tuple(config.stages),
+        force=parameters.force,
+        retry_failed=parameters.retry_failed,
+        python=None if chosen.local else chosen.python,
+        verify_sources=parameters.verify_sources,
     )
 
 
@@ -119,7 +127,9 @@ def plan_fleet(models: Sequence[ResolvedModel], ctx: RunContext, *, stop_at_work
     return plans
 
 
-def settle_from_index(models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext) -> dict[str, ModelResult]:
+def settle_from_index(
+    models: Sequence[ResolvedModel], plans: dict[str, Plan], ctx: RunContext
+) -> dict[str, ModelResult]:
     """Results of the models whose plan the index settles; their records in one index file."""
     records: list[IndexRecord] = []
     results = {m.name: run_model(m, ctx, plans[m.name], records=records) for m in models if plans[m.name].fully_cached}
@@ -143,8 +153,12 @@ def run_document(ctx: RunContext, results: list[ModelResult], started: float, wo
     if len(store.index.files()) >= AUTO_COMPACT_FILES:
         store.index.compact()
     ok, partial = (sum(1 for r in results if r.status == status) for status in ("ok", "partial"))
-    summary = RunSummary(ok=ok, failed=len(results) - ok - partial, seconds=round(time.perf_counter() - started, 3), partial=partial)
-    return RunDocument(run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers, python=ctx.python)
+    summary = RunSummary(
+        ok=ok, failed=len(results) - ok - partial, seconds=round(time.perf_counter() - started, 3), partial=partial
+    )
+    return RunDocument(
+        run_id=ctx.run_id, store=store.url, summary=summary, models=results, workers=workers, python=ctx.python
+    )
 
 
 def settle_fleet(config: Pipeline, ctx: RunContext) -> dict[str, Any]:

@@ -94,7 +94,12 @@ def runtime_folder() -> str:
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         status = os.lstat(folder)
-        if stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid() and not status.st_mode & 0o077 and len(folder) < 80:
+        if (
+            stat.S_ISDIR(status.st_mode)
+            and status.st_uid == os.getuid()
+            and not status.st_mode & 0o077
+            and len(folder) < 80
+        ):
             return folder
     except OSError:
         pass
@@ -125,7 +130,9 @@ class ForkServer:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._broken: str | None = None  # why it answers nothing more
-        self._retired: str | None = None  # why it forks no more for this process (its workers' ends are still polled through it)
+        self._retired: str | None = (
+            None  # why it forks no more for this process (its workers' ends are still polled through it)
+        )
         self._workers = 0  # forked through this connection, their end not yet seen
         try:
             self.sock = self._connect(python, env, cwd)
@@ -134,7 +141,9 @@ class ForkServer:
             self._broken = f"it could not be reached or started ({exc})"
             self._ready.set()
             return
-        threading.Thread(target=self._await_ready, args=(python, env, cwd), name="pt2flow-forkserver-start", daemon=True).start()
+        threading.Thread(
+            target=self._await_ready, args=(python, env, cwd), name="pt2flow-forkserver-start", daemon=True
+        ).start()
 
     @property
     def cwd(self) -> str | None:
@@ -167,8 +176,18 @@ class ForkServer:
             return sock
 
     def _start(self, python: str, env: dict[str, str], cwd: str | None, listener: socket.socket) -> None:
-        folder = tempfile.mkdtemp(prefix="pt2flow-forkserver-") if cwd is None else None  # the server removes it when it exits
-        argv = [python, "-m", "pt2flow.flows.engine.worker.forkserver", str(listener.fileno()), self.path, "--linger", str(_linger())]
+        folder = (
+            tempfile.mkdtemp(prefix="pt2flow-forkserver-") if cwd is None else None
+        )  # the server removes it when it exits
+        argv = [
+            python,
+            "-m",
+            "pt2flow.flows.engine.worker.forkserver",
+            str(listener.fileno()),
+            self.path,
+            "--linger",
+            str(_linger()),
+        ]
         try:
             os.unlink(self.path + ".log")  # a server retiring from this path may still write to its own
         except FileNotFoundError:
@@ -238,7 +257,9 @@ class ForkServer:
         if not self._ready.is_set() or not self._lock.acquire(blocking=False):
             return True  # starting, or a request in flight: it answers
         try:
-            ended, _, _ = select.select([self.sock], [], [], 0)  # nothing is sent unasked after "ready": readable is its end
+            ended, _, _ = select.select(
+                [self.sock], [], [], 0
+            )  # nothing is sent unasked after "ready": readable is its end
             if ended:
                 self._broken = "it went away"
             return not ended
@@ -404,8 +425,15 @@ class LaunchedProcess:
     """A worker process, forked by a fork server or started on its own (`fallback`), with the
     part of subprocess.Popen's interface the supervisor uses."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], conn_fd: int, log: Any, stopping: Callable[[], bool] = lambda: False,
-                 exports: bool = True) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        conn_fd: int,
+        log: Any,
+        stopping: Callable[[], bool] = lambda: False,
+        exports: bool = True,
+    ) -> None:
         self.args = argv
         self.exports = exports
         self.returncode: int | None = None
@@ -508,8 +536,15 @@ class LaunchedProcess:
             time.sleep(POLL_SECONDS)
 
 
-def launch(python: str | None, env: dict[str, str], conn_fd: int, parent: int, log: Any, stopping: Callable[[], bool],
-           exports: bool = True) -> LaunchedProcess:
+def launch(
+    python: str | None,
+    env: dict[str, str],
+    conn_fd: int,
+    parent: int,
+    log: Any,
+    stopping: Callable[[], bool],
+    exports: bool = True,
+) -> LaunchedProcess:
     """Start a worker on the connection `conn_fd` (closed here once the worker holds it) with
     `env`, its stdout and stderr on `log`; `exports`: whether it will export (a forked one then
     comes from a warm server)."""

@@ -49,13 +49,16 @@ def recorded_source(store: Any, model: ResolvedModel, request: str) -> dict[str,
         if getattr(model, "generate", None) is not None and "components" not in details:
             continue  # recorded before the source named a generative model's components: built again (same key)
         deps = (details.get("manifest") or {}).get("deps")
-        if deps is None or changed_entries(deps, model.search_path, versions=_worker_versions(),
-                                           stats=details.get("stats"), taken_ns=details.get("stats_at")):
+        if deps is None or changed_entries(
+            deps,
+            model.search_path,
+            versions=_worker_versions(),
+            stats=details.get("stats"),
+            taken_ns=details.get("stats_at"),
+        ):
             return None  # the newest build of this request depends on code or files that have changed since
         return row
     return None
-
-
 
 
 def _worker_versions() -> Mapping[str, str] | None:
@@ -66,7 +69,9 @@ def _worker_versions() -> Mapping[str, str] | None:
     return None if python.local else python.distributions
 
 
-def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bool = False, model: str | None = None) -> dict[str, Any] | None:
+def find_cached(
+    store: Any, key: str, run_id: str | None = None, *, failures: bool = False, model: str | None = None
+) -> dict[str, Any] | None:
     """The newest record for `key` (of run `run_id`, if given) that settles the stage: an ok
     record whose blob exists and verifies, or (failures=True) a failure of a deterministic
     class. Transient failures never settle a key. None if there is none.
@@ -84,7 +89,11 @@ def find_cached(store: Any, key: str, run_id: str | None = None, *, failures: bo
         table = filtered(table, pc.field("run_id") == run_id)
     if table.num_rows == 0:
         return None
-    rows = sorted(table.to_pylist(), key=lambda r: (r["model"] == model, r["ended_at"] or datetime.min.replace(tzinfo=UTC)), reverse=True)
+    rows = sorted(
+        table.to_pylist(),
+        key=lambda r: (r["model"] == model, r["ended_at"] or datetime.min.replace(tzinfo=UTC)),
+        reverse=True,
+    )
     for row in rows:
         if row["status"] == "ok":
             if not row["sha256"]:
@@ -164,7 +173,9 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
             return plan
         plan.hits["source"] = (plan.source_key, row)
         # the source's details name a generative model's components (flows.config.models.components_of)
-        outcomes: dict[str, Outcome] = {"source": _facts(plan.source_key, row).model_copy(update={"details": json.loads(row["details"] or "{}")})}
+        outcomes: dict[str, Outcome] = {
+            "source": _facts(plan.source_key, row).model_copy(update={"details": json.loads(row["details"] or "{}")})
+        }
         if model.generate is not None:
             if not _plan_components(plan, model, ctx, store, outcomes, failures):
                 return plan
@@ -180,7 +191,9 @@ def plan_model(model: ResolvedModel, ctx: RunContext) -> Plan:
                 plan.first_miss = stage
                 return plan
             plan.hits[stage] = (key, row)
-            if row["status"] != "ok":  # a known failure: the model ends here, as it did before, unless it may do without the stage
+            if (
+                row["status"] != "ok"
+            ):  # a known failure: the model ends here, as it did before, unless it may do without the stage
                 if model.tolerates_failure(stage):
                     continue
                 break
@@ -205,7 +218,9 @@ def chain_stages(stages: tuple[str, ...] | list[str]) -> tuple[list[str], list[s
     return list(stages[:judging]), list(stages[judging:])
 
 
-def _plan_components(plan: Plan, model: ResolvedModel, ctx: RunContext, store: Any, outcomes: dict[str, Outcome], failures: bool) -> bool:
+def _plan_components(
+    plan: Plan, model: ResolvedModel, ctx: RunContext, store: Any, outcomes: dict[str, Outcome], failures: bool
+) -> bool:
     """The component chains and the model's validate looked up as run_model walks them; False at
     the first miss (plan.first_miss names it), True when the index settles them all."""
     from pt2flow.flows.config.models import components_of

@@ -47,6 +47,7 @@ def preflight_seconds(model: ResolvedModel) -> float:
         return float(source)
     return min(PREFLIGHT_TIMEOUT_S, model.limits.timeout_s or PREFLIGHT_TIMEOUT_S)
 
+
 @dataclass(frozen=True)
 class Finding:
     path: KeyPath
@@ -63,8 +64,13 @@ class Preflight:
     imported: int = 0  # models whose modules a worker imported
 
 
-def preflight(models: Sequence[ResolvedModel] | Mapping[int, ResolvedModel], *, imports: bool = True,
-              url_exists: Callable[[str], bool] | None = None, code: Container[int] | None = None) -> Preflight:
+def preflight(
+    models: Sequence[ResolvedModel] | Mapping[int, ResolvedModel],
+    *,
+    imports: bool = True,
+    url_exists: Callable[[str], bool] | None = None,
+    code: Container[int] | None = None,
+) -> Preflight:
     """Check `models` (the config's, in config order: position i is `models[i]`; or a mapping of
     position to model): their files here, their code in a worker process unless `imports` is
     False (only the positions in `code`, when given)."""
@@ -82,7 +88,9 @@ def preflight(models: Sequence[ResolvedModel] | Mapping[int, ResolvedModel], *, 
     return found
 
 
-def _check_file(found: Preflight, path: KeyPath, location: str, search_path: str, url_exists: Callable[[str], bool] | None) -> None:
+def _check_file(
+    found: Preflight, path: KeyPath, location: str, search_path: str, url_exists: Callable[[str], bool] | None
+) -> None:
     url = resolve_model_url(location, search_path)
     if "://" not in url:
         if not os.path.isfile(url):
@@ -110,14 +118,21 @@ def _check_code(found: Preflight, models: Mapping[int, ResolvedModel]) -> None:
             worker = worker or Worker(threads=1, exports=False)  # imports and builds models: no warm-up needed
             memory = model.limits.memory_gb or default_memory_gb()
             seconds = preflight_seconds(model)
-            budget = Budget(deadline=time.monotonic() + seconds, memory_bytes=int(memory * 2**30),
-                            deadline_reason=f"importing and building it took over {seconds:g} s")
+            budget = Budget(
+                deadline=time.monotonic() + seconds,
+                memory_bytes=int(memory * 2**30),
+                deadline_reason=f"importing and building it took over {seconds:g} s",
+            )
             try:
                 status, payload = worker.call(InspectModel(model), budget)
             except WorkerLost as lost:
                 worker.close()
                 worker = None
-                found.problems.append(Finding(("models", i, "factory"), f"{lost.error_class} while importing or building it: {lost.message}"))
+                found.problems.append(
+                    Finding(
+                        ("models", i, "factory"), f"{lost.error_class} while importing or building it: {lost.message}"
+                    )
+                )
                 continue
             found.imported += 1
             if status != "ok":  # a bug in the check itself, not in the model

@@ -52,10 +52,19 @@ def stage_record(
 ) -> IndexRecord:
     """The record of one stage run; a cached one (`source_row`: the record that made the
     artifact) copies that record's artifact facts, a new one takes them from its details."""
-    facts = {column: source_row.get(column) for column in ARTIFACT_FACTS} if source_row is not None else artifact_facts(outcome)
+    facts = (
+        {column: source_row.get(column) for column in ARTIFACT_FACTS}
+        if source_row is not None
+        else artifact_facts(outcome)
+    )
     if stage == "source":
         manifest = outcome.details.get("manifest") or {}
-        facts.update(factory=model.factory, kwargs=_json(dict(model.kwargs)), code_hash=manifest.get("code_hash"), weights_digest=manifest.get("weights"))
+        facts.update(
+            factory=model.factory,
+            kwargs=_json(dict(model.kwargs)),
+            code_hash=manifest.get("code_hash"),
+            weights_digest=manifest.get("weights"),
+        )
     return IndexRecord(
         record_id=uuid.uuid4().hex,
         run_id=run_id,
@@ -89,7 +98,11 @@ def artifact_facts(outcome: Outcome) -> dict[str, Any]:
     """The record's artifact facts from a stage's details: the program's graph facts, the trace
     strategy, the validation summary; the rest of the details as JSON."""
     details = dict(outcome.details)
-    facts: dict[str, Any] = {column: _json(details.pop(column)) for column in ("op_histogram", "signature", "range_constraints") if column in details}
+    facts: dict[str, Any] = {
+        column: _json(details.pop(column))
+        for column in ("op_histogram", "signature", "range_constraints")
+        if column in details
+    }
     if "node_count" in details:
         facts["node_count"] = details.pop("node_count")
     if "strategy" in details:
@@ -98,7 +111,12 @@ def artifact_facts(outcome: Outcome) -> dict[str, Any]:
         facts["archive_version"] = details.pop("archive_version")
     validation = details.get("validation")
     if validation:
-        facts.update(validation=_json(validation), passed=bool(validation.get("passed")), max_abs_err=validation.get("max_abs_err"), max_rel_err=validation.get("max_rel_err"))
+        facts.update(
+            validation=_json(validation),
+            passed=bool(validation.get("passed")),
+            max_abs_err=validation.get("max_abs_err"),
+            max_rel_err=validation.get("max_rel_err"),
+        )
     facts["details"] = _json(details)
     facts["blob_stat"] = outcome.blob_stat
     return facts

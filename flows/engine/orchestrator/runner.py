@@ -52,10 +52,20 @@ class ModelRun:
     def budget(self, stage: str) -> Budget:
         deadlines = []
         if self.limits.timeout_s is not None:
-            deadlines.append((self.started + self.limits.timeout_s, f"the model ran past its time limit of {self.limits.timeout_s:g} s (limits.timeout_s)"))
+            deadlines.append(
+                (
+                    self.started + self.limits.timeout_s,
+                    f"the model ran past its time limit of {self.limits.timeout_s:g} s (limits.timeout_s)",
+                )
+            )
         stage_limit = self.limits.stage_budget(stage)
         if stage_limit is not None:
-            deadlines.append((time.monotonic() + stage_limit, f"{stage} ran past its time limit of {stage_limit:g} s (limits.stage_timeout_s.{stage})"))
+            deadlines.append(
+                (
+                    time.monotonic() + stage_limit,
+                    f"{stage} ran past its time limit of {stage_limit:g} s (limits.stage_timeout_s.{stage})",
+                )
+            )
         deadline, reason = min(deadlines) if deadlines else (None, "")
         memory_gb = self.limits.memory_gb if self.limits.memory_gb is not None else default_memory_gb()
         memory = int(memory_gb * 2**30)
@@ -135,7 +145,9 @@ def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], 
         status, payload = worker.call(request, model_run.budget(stage))
     except WorkerLost as lost:
         details = {"stderr_tail": lost.stderr_tail, "returncode": lost.returncode}
-        message = f"{lost.message} during {stage}" if lost.error_class == ErrorClass.CRASH else f"{stage}: {lost.message}"
+        message = (
+            f"{lost.message} during {stage}" if lost.error_class == ErrorClass.CRASH else f"{stage}: {lost.message}"
+        )
         raise run.fail(lost.error_class, message, details=details) from None
     if isinstance(payload, Produced):
         if stage == "source":  # the manifest the worker read is the one the key must cover
@@ -202,7 +214,13 @@ def run_model(
                     raise
                 tolerated[stage] = failure.outcome
                 result.stages[stage] = StageView.of(failure.outcome)
-                logger.warning("%s: %s failed (%s), not required: going on: %s", model.name, stage, failure.outcome.error_class, failure.outcome.error)
+                logger.warning(
+                    "%s: %s failed (%s), not required: going on: %s",
+                    model.name,
+                    stage,
+                    failure.outcome.error_class,
+                    failure.outcome.error,
+                )
                 continue
             result.stages[stage] = StageView.of(outcomes[stage])
             if stage in slots:
@@ -240,13 +258,24 @@ def component_error(model: ResolvedModel, component: str, outcome: Outcome) -> s
     """A component's failure as the model reports it: `prefill: dynamic_shape: ...`, with the
     way out when a dynamic cache has no maximum."""
     error = f"{component}: {outcome.error_class}: {outcome.error}"
-    if outcome.error_class == ErrorClass.DYNAMIC_SHAPE and model.generate is not None and model.generate.cache == "dynamic":
+    if (
+        outcome.error_class == ErrorClass.DYNAMIC_SHAPE
+        and model.generate is not None
+        and model.generate.cache == "dynamic"
+    ):
         error += " (generate: cache: static bounds the prompt and cache axes by max_cache_len)"
     return error
 
 
-def _run_components(model: ResolvedModel, ctx: RunContext, call: Callable[[str], StageCall], result: ModelResult,
-                    outcomes: dict[str, Outcome], slots: Mapping[str, str], tolerated: dict[str, Outcome]) -> str | None:
+def _run_components(
+    model: ResolvedModel,
+    ctx: RunContext,
+    call: Callable[[str], StageCall],
+    result: ModelResult,
+    outcomes: dict[str, Outcome],
+    slots: Mapping[str, str],
+    tolerated: dict[str, Outcome],
+) -> str | None:
     """Every component of a generative model through the export chain (the configured stages but
     the validating ones), each as the component-scoped model `M/component`: keyed, cached and
     recorded as a model's program is. Their outcomes go into `outcomes` as `component/stage`
@@ -264,12 +293,16 @@ def _run_components(model: ResolvedModel, ctx: RunContext, call: Callable[[str],
     logger = run_logger()
     chain, after = chain_stages(ctx.stages)
     result.components = {}
-    for component in components_of(outcomes["source"].details):  # in call order, from the model (the source records them)
+    for component in components_of(
+        outcomes["source"].details
+    ):  # in call order, from the model (the source records them)
         scoped = model.of_component(component)
         got: dict[str, Outcome] = {"source": outcomes["source"]}
         view = result.components[component] = ComponentResult()
         for stage in chain:
-            if stage in tolerated or blocked(get_stage(stage), got):  # its kind already failed for an earlier component, or what it needs did
+            if stage in tolerated or blocked(
+                get_stage(stage), got
+            ):  # its kind already failed for an earlier component, or what it needs did
                 logger.info("%s: %s skipped: the model does without it", scoped.name, stage)
                 continue
             logger.info("%s: %s", scoped.name, stage)
@@ -279,8 +312,16 @@ def _run_components(model: ResolvedModel, ctx: RunContext, call: Callable[[str],
                 view.stages[stage] = StageView.of(failure.outcome)
                 if not model.tolerates_failure(stage):
                     raise ComponentFailed(component, stage, failure.outcome) from None
-                tolerated[stage] = failure.outcome.model_copy(update={"error": component_error(model, component, failure.outcome)})
-                logger.warning("%s: %s failed (%s), not required: going on: %s", scoped.name, stage, failure.outcome.error_class, failure.outcome.error)
+                tolerated[stage] = failure.outcome.model_copy(
+                    update={"error": component_error(model, component, failure.outcome)}
+                )
+                logger.warning(
+                    "%s: %s failed (%s), not required: going on: %s",
+                    scoped.name,
+                    stage,
+                    failure.outcome.error_class,
+                    failure.outcome.error,
+                )
                 continue
             view.stages[stage] = StageView.of(got[stage])
             if stage in slots:
@@ -289,7 +330,9 @@ def _run_components(model: ResolvedModel, ctx: RunContext, call: Callable[[str],
     return after[0] if after else None
 
 
-def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome], tolerated: Mapping[str, Outcome] | None = None) -> None:
+def add_trace_and_validation(
+    result: ModelResult, outcomes: Mapping[str, Outcome], tolerated: Mapping[str, Outcome] | None = None
+) -> None:
     """The trace strategy (where the ladder gave up dynamic shapes, say so where the user looks,
     docs/architecture.md §4) and the validation summary of a model's outcomes, with a failed
     verdict for each artifact whose stage failed without failing the model (`tolerated`); such
@@ -301,14 +344,25 @@ def add_trace_and_validation(result: ModelResult, outcomes: Mapping[str, Outcome
     validate = outcomes.get(pipeline.publisher_name("report") or "")
     validation = validate.details.get("validation") if validate is not None else None
     if validation:
-        result.validation = ValidationSummary(**{k: validation[k] for k in ("passed", "max_abs_err", "max_rel_err", "samples", *ValidationSummary.optional) if k in validation})
+        result.validation = ValidationSummary(
+            **{
+                k: validation[k]
+                for k in ("passed", "max_abs_err", "max_rel_err", "samples", *ValidationSummary.optional)
+                if k in validation
+            }
+        )
     for stage, outcome in (tolerated or {}).items():
         kind = get_stage(stage).artifact or stage
         if result.validation is None:
             result.validation = ValidationSummary(passed=False, max_abs_err=None, max_rel_err=None, samples=None)
         result.validation.passed = False
-        result.validation.verdicts = {**(result.validation.verdicts or {}), kind: Verdict(passed=False, error_class=outcome.error_class, error=f"{stage} failed: {outcome.error}")}
-    if result.status == "ok" and result.validation is not None and result.validation.failed_artifacts():  # only artifacts the model does not require failed
+        result.validation.verdicts = {
+            **(result.validation.verdicts or {}),
+            kind: Verdict(passed=False, error_class=outcome.error_class, error=f"{stage} failed: {outcome.error}"),
+        }
+    if (
+        result.status == "ok" and result.validation is not None and result.validation.failed_artifacts()
+    ):  # only artifacts the model does not require failed
         result.status = "partial"
     timed = outcomes.get(pipeline.publisher_name(TIMINGS) or "")
     if timed is not None and timed.ok and timed.details.get(TIMINGS):

@@ -48,7 +48,11 @@ def blocked(stage: Stage, outcomes: Mapping[str, Outcome]) -> bool:
 
 
 def parent_keys(stage: Stage, inputs: Mapping[str, Outcome]) -> list[str]:
-    return list(dict.fromkeys(key for item in pipeline.inputs_of(stage) if item.name in inputs and (key := inputs[item.name].key)))
+    return list(
+        dict.fromkeys(
+            key for item in pipeline.inputs_of(stage) if item.name in inputs and (key := inputs[item.name].key)
+        )
+    )
 
 
 def stage_key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
@@ -73,5 +77,11 @@ def default_key(stage: Any, model: Any, inputs: Mapping[str, Any]) -> str:
     """A stage's key by default: its name and version, the identity of each input (a program's
     fingerprint, else its blob's digest), its options, and the torch, Python and library versions
     (Stage.libraries), on the CPU."""
-    parents = [inputs[item.name].fingerprint or inputs[item.name].artifact for item in pipeline.inputs_of(stage) if item.name in inputs]
-    return derivation_key(stage.name, parents, options_json(model, stage.name), environment_part("cpu", stage.libraries))
+    parents = [
+        inputs[item.name].fingerprint or inputs[item.name].artifact
+        for item in pipeline.inputs_of(stage)
+        if item.name in inputs
+    ]
+    return derivation_key(
+        stage.name, parents, options_json(model, stage.name), environment_part("cpu", stage.libraries)
+    )

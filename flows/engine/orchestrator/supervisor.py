@@ -126,8 +126,14 @@ class Worker:
     """One worker process, started at once (it imports torch while the orchestrator does other
     work) and used by one model at a time."""
 
-    def __init__(self, threads: int | None, env: dict[str, str] | None = None, stopping: Callable[[], bool] = lambda: False,
-                 python: str | None = None, exports: bool = True) -> None:
+    def __init__(
+        self,
+        threads: int | None,
+        env: dict[str, str] | None = None,
+        stopping: Callable[[], bool] = lambda: False,
+        python: str | None = None,
+        exports: bool = True,
+    ) -> None:
         """`python`: the interpreter to start (default: this one); another environment's must
         have pt2flow installed (flows/engine/environment/interpreter.py checks that before a run).
         `exports=False`: a worker that only imports models or loads artifacts, which a fork server
@@ -189,7 +195,8 @@ class Worker:
                 if used > budget.memory_bytes:
                     self.kill(dump_stacks=True)
                     raise self._lost(
-                        "out_of_memory", f"its processes used {used / 2**30:.2f} GiB, over the limit of {budget.memory_bytes / 2**30:.2f} GiB"
+                        "out_of_memory",
+                        f"its processes used {used / 2**30:.2f} GiB, over the limit of {budget.memory_bytes / 2**30:.2f} GiB",
                     )
 
     def _lost(self, error_class: ErrorClass, reason: str) -> WorkerLost:
@@ -209,7 +216,9 @@ class Worker:
                 self._raise_if_interrupted()
                 time.sleep(POLL_SECONDS)
         if error_class == "crash":
-            message = f"the worker process (pid {self.pid}) {describe_exit(returncode)}" + (f" {reason}" if reason else "")
+            message = f"the worker process (pid {self.pid}) {describe_exit(returncode)}" + (
+                f" {reason}" if reason else ""
+            )
         else:
             message = f"{reason}; its worker process (pid {self.pid}) and everything it started were stopped"
         return WorkerLost(error_class, message, self.stderr_tail(), returncode)
@@ -317,7 +326,9 @@ class WorkerPool:
     """`size` workers, reused across models (torch is imported once per worker); a worker that
     died or was stopped is replaced by a fresh one for the next model."""
 
-    def __init__(self, size: int, threads: int | None = None, env: dict[str, str] | None = None, python: str | None = None) -> None:
+    def __init__(
+        self, size: int, threads: int | None = None, env: dict[str, str] | None = None, python: str | None = None
+    ) -> None:
         self.size = max(1, size)
         self.python = python or sys.executable
         self.threads = threads
@@ -415,7 +426,9 @@ def workers_from_environment() -> int | None:
         return None
     count = int(value) if value.isdigit() else 0
     if count < 1:
-        raise ValueError(f"{WORKERS_VARIABLE} must be a whole number of at least 1 (the default for --workers), not {value!r}")
+        raise ValueError(
+            f"{WORKERS_VARIABLE} must be a whole number of at least 1 (the default for --workers), not {value!r}"
+        )
     return count
 
 
@@ -497,4 +510,3 @@ class Lease:
         if self.worker is not None:
             self.pool.release(self.worker)
             self.worker = None
-

@@ -53,7 +53,11 @@ class ClusterWatch:
     which of the models still pending it gives up on."""
 
     def __init__(
-        self, client: Any, run_id: str, time_limits: Mapping[str, float | None], no_worker_timeout_s: float,
+        self,
+        client: Any,
+        run_id: str,
+        time_limits: Mapping[str, float | None],
+        no_worker_timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -69,7 +73,11 @@ class ClusterWatch:
     def _on_started(self, event: tuple[float, Mapping[str, Any]]) -> None:
         """Called on the client's event loop for every announcement (of any run on the cluster)."""
         _, message = event
-        if isinstance(message, Mapping) and message.get("run_id") == self.run_id and message.get("model") in self.time_limits:
+        if (
+            isinstance(message, Mapping)
+            and message.get("run_id") == self.run_id
+            and message.get("model") in self.time_limits
+        ):
             self.started[str(message["model"])] = (self.clock(), str(message.get("worker") or "?"))
 
     def workers(self) -> int:
@@ -112,4 +120,7 @@ class ClusterWatch:
             where = f"it was running on Dask worker {self.started[name][1]}, which is gone"
         else:
             where = "it was never started on a worker"
-        return GaveUp(ErrorClass.TIMEOUT, f"{cluster} had no worker for {self.no_worker_timeout_s:g} s ({NO_WORKER_SETTING}); {where}")
+        return GaveUp(
+            ErrorClass.TIMEOUT,
+            f"{cluster} had no worker for {self.no_worker_timeout_s:g} s ({NO_WORKER_SETTING}); {where}",
+        )

@@ -209,13 +209,26 @@ def _spawn_shared(port: int, home: Path, log_path: Path) -> None:
     """Start the shared server (it detaches at once; this waits only for its first process)."""
     env = {k: v for k, v in os.environ.items() if k in _SERVER_ENV_KEEP or k.startswith(("PREFECT_", "LC_", "XDG_"))}
     env.pop("PREFECT_API_URL", None)
-    env.update({"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1", "PREFECT_HOME": str(home)})
+    env.update(
+        {
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            "PREFECT_HOME": str(home),
+        }
+    )
     server_defaults(env)
     idle = os.environ.get(SERVER_IDLE_ENV) or str(DEFAULT_SERVER_IDLE_S)
     with open(log_path, "ab") as log:
         subprocess.run(
             [sys.executable, "-m", "pt2flow.flows.engine.services.prefect_server", str(port), str(home), idle],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, timeout=60, check=False,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            timeout=60,
+            check=False,
         )
 
 
@@ -251,8 +264,19 @@ def _spawn_server(port: int, log_path: Path) -> subprocess.Popen[bytes]:
     log = open(log_path, "ab")
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on",
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "prefect.server.api.server:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "error",
+            "--lifespan",
+            "on",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

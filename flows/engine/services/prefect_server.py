@@ -117,7 +117,11 @@ def seed_database(home: str) -> str:
     settings = get_current_settings()
     url = settings.server.database.connection_url
     target = Path(home) / DATABASE
-    if url is None or url.get_secret_value() != f"sqlite+aiosqlite:///{settings.home}/{DATABASE}" or Path(settings.home) != Path(home):
+    if (
+        url is None
+        or url.get_secret_value() != f"sqlite+aiosqlite:///{settings.home}/{DATABASE}"
+        or Path(settings.home) != Path(home)
+    ):
         return "not the default database"
     if target.exists():
         return "exists"
@@ -142,8 +146,15 @@ def _make_template(template: Path) -> str | None:
     try:
         env = {k: v for k, v in os.environ.items() if not k.endswith("DATABASE_CONNECTION_URL")}
         env["PREFECT_HOME"] = str(scratch)
-        done = subprocess.run([sys.executable, "-c", MIGRATE], env=env, cwd=scratch, stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=300, check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", MIGRATE],
+            env=env,
+            cwd=scratch,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
         made = scratch / DATABASE
         wal = scratch / f"{DATABASE}-wal"
         if done.returncode != 0 or not made.is_file():
@@ -172,13 +183,25 @@ def main(port: int, home: str, idle: float) -> int:
     folder = Path(home) / LEASES
     folder.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}/api"
-    payload = {"pid": os.getpid(), "port": port, "url": url, "python": sys.executable, "environment": environment(),
-               "prefect": metadata.version("prefect")}
+    payload = {
+        "pid": os.getpid(),
+        "port": port,
+        "url": url,
+        "python": sys.executable,
+        "environment": environment(),
+        "prefect": metadata.version("prefect"),
+    }
     tmp = state.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload))
     os.replace(tmp, state)
-    config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, host="127.0.0.1", port=port,
-                            log_level="error", lifespan="on")
+    config = uvicorn.Config(
+        "prefect.server.api.server:create_app",
+        factory=True,
+        host="127.0.0.1",
+        port=port,
+        log_level="error",
+        lifespan="on",
+    )
     server = uvicorn.Server(config)
     threading.Thread(target=_watch, args=(server, folder, idle, state), name="pt2flow-idle", daemon=True).start()
     try:

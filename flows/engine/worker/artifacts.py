@@ -15,7 +15,9 @@ def vouch(store: Any, digest: str, stage: str) -> None:
     _OWN[(store.url, digest)] = stage
 
 
-def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, ...], what: str, *, zipped: bool | None = True) -> bytes:
+def load_artifact(
+    store: Any, digest: str, size: int | None, stages: tuple[str, ...], what: str, *, zipped: bool | None = True
+) -> bytes:
     """The bytes of an artifact about to go to a loader: only a digest the index records as an
     ok output of one of `stages`, read with its size and sha256 verified; a zip artifact
     (program, .pt2 archive, AOTInductor package) also passes the zip safety check
@@ -31,7 +33,9 @@ def load_artifact(store: Any, digest: str, size: int | None, stages: tuple[str, 
         condition = (pc.field("sha256") == digest) & (pc.field("status") == "ok") & pc.field("stage").isin(list(stages))
         rows = store.index.read(["size"], filter=condition).to_pylist()
         if not rows:
-            raise RecordNotFound(f"{what} {digest} has no ok {'/'.join(stages)} record in the index of {store.url}: not loading it")
+            raise RecordNotFound(
+                f"{what} {digest} has no ok {'/'.join(stages)} record in the index of {store.url}: not loading it"
+            )
         size = size if size is not None else rows[0]["size"]
     data = store.get_blob(digest, size, remove_corrupt=True)
     if zipped or (zipped is None and data[:4] == b"PK\x03\x04"):

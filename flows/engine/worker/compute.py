@@ -75,7 +75,14 @@ def _load_program(store: Any, outcome: Outcome, model: ResolvedModel) -> Any:
     return program
 
 
-def _publish(store: Any, data: bytes, *, fingerprint: str | None, details: Mapping[str, Any], warnings: tuple[str, ...] | list[str] = ()) -> Produced:
+def _publish(
+    store: Any,
+    data: bytes,
+    *,
+    fingerprint: str | None,
+    details: Mapping[str, Any],
+    warnings: tuple[str, ...] | list[str] = (),
+) -> Produced:
     ref = store.put_blob(data)
     return Produced(
         artifact=ref.digest,
@@ -126,9 +133,18 @@ class StageCall:
 
     def eager(self) -> Callable[[], Any]:
         """A function returning a fresh eager model with the weights the source recorded."""
-        return model_builder(self.model, self.store, self.inputs["source"].details.get("weights") if "source" in self.inputs else None)
+        return model_builder(
+            self.model, self.store, self.inputs["source"].details.get("weights") if "source" in self.inputs else None
+        )
 
-    def publish(self, data: bytes, *, fingerprint: str | None = None, details: Mapping[str, Any] | None = None, warnings: tuple[str, ...] | list[str] = ()) -> Produced:
+    def publish(
+        self,
+        data: bytes,
+        *,
+        fingerprint: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        warnings: tuple[str, ...] | list[str] = (),
+    ) -> Produced:
         """Store `data` as this stage's artifact (by digest) and describe it for the index."""
         produced = _publish(self.store, data, fingerprint=fingerprint, details=details or {}, warnings=warnings)
         vouch(self.store, produced.artifact, self.stage)
@@ -174,7 +190,9 @@ class StageCall:
         outcome = self.inputs[name]
         if not outcome.artifact:
             raise KeyError(f"input {name!r} of {self.stage} has no artifact")
-        return load_artifact(self.store, outcome.artifact, outcome.size, (stage or self._provider(name),), what, zipped=zipped)
+        return load_artifact(
+            self.store, outcome.artifact, outcome.size, (stage or self._provider(name),), what, zipped=zipped
+        )
 
     def _provider(self, name: str) -> str:
         item = next(i for i in pipeline.inputs_of(pipeline.get(self.stage)) if i.name == name)
@@ -190,8 +208,13 @@ def generate_spec(model: ResolvedModel) -> Any:
     generate = model.generate
     if generate is None:
         raise ValueError(f"{model.name} has no generate:")
-    return GenerateSpec(prompt_len=CAPTURE_PROMPT_LEN, max_new_tokens=generate.max_new_tokens, cache=generate.cache,
-                        max_cache_len=generate.max_cache_len, multi_token_decode=generate.multi_token_decode)
+    return GenerateSpec(
+        prompt_len=CAPTURE_PROMPT_LEN,
+        max_new_tokens=generate.max_new_tokens,
+        cache=generate.cache,
+        max_cache_len=generate.max_cache_len,
+        multi_token_decode=generate.multi_token_decode,
+    )
 
 
 def model_component(model: ResolvedModel, build: Callable[[], Any]) -> Any:
@@ -218,7 +241,10 @@ def model_builder(model: ResolvedModel, store: Any, weights: Mapping[str, Any] |
     def build() -> Any:
         module = build_model(factory, model.kwargs, state, training=model.training, checkpoint=checkpoint)
         if model.training:
-            module = training_step(module, stage_options(model, pipeline.configured_by(FunctionalizeOptions), FunctionalizeOptions).loss_output)
+            module = training_step(
+                module,
+                stage_options(model, pipeline.configured_by(FunctionalizeOptions), FunctionalizeOptions).loss_output,
+            )
         return module
 
     return build
@@ -243,8 +269,15 @@ def source(call: StageCall) -> Produced:
     static, origin = source_manifest(model, weights["sha256"] if weights else None)
     built = build_recorded(model, store, weights)
     manifest = {**static, "deps": built.deps}
-    details = {"manifest": manifest, "request": request_key(static), "module_file": origin, "weights": weights, "weights_url": model.weights,
-               "stats": built.stats, "stats_at": built.stats_at}
+    details = {
+        "manifest": manifest,
+        "request": request_key(static),
+        "module_file": origin,
+        "weights": weights,
+        "weights_url": model.weights,
+        "stats": built.stats,
+        "stats_at": built.stats_at,
+    }
     if built.problem:  # trace meets the same problem and reports it with its class
         details["deps_problem"] = built.problem
     if model.generate is not None:  # its components, in call order, from the model (outside the key)
@@ -300,7 +333,9 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
     pipeline.stages()  # the registry reads installed distributions' entry points: not while the model's reads are recorded
     missing = declared_problems(model)
     if missing:  # what the config declares the model is made of must be there
-        raise StageError(ErrorClass.CONFIG, "; ".join(f"{'.'.join(map(str, path))}: {message}" for path, message in missing))
+        raise StageError(
+            ErrorClass.CONFIG, "; ".join(f"{'.'.join(map(str, path))}: {message}" for path, message in missing)
+        )
     _BUILT.clear()
     built = None
     problem = None
@@ -342,7 +377,9 @@ def validation_summary(report: Mapping[str, Any]) -> dict[str, Any]:
         },
         # each artifact's own verdict, by artifact kind (a report written before verdicts has none)
         "verdicts": {
-            c.get("artifact", name): c["verdict"] for name, c in (report.get("candidates") or {}).items() if "verdict" in c
+            c.get("artifact", name): c["verdict"]
+            for name, c in (report.get("candidates") or {}).items()
+            if "verdict" in c
         },
         **({"latency_ms": report["latency_ms"]} if "latency_ms" in report else {}),
         **_noise_summary(report),
@@ -436,8 +473,18 @@ def check_artifact(request: CheckArtifact) -> tuple[str, dict[str, Any]]:
         flat = pipeline.resolve(str(pipeline.get(stage).candidate))
         lacking = missing_libraries(stage)
     try:
-        result = check(kind, data, unpack(io) if io is not None else None, request.atol, request.rtol, request.device, flat=flat, target=stage,
-                       modules=request.modules, lacking=lacking)
+        result = check(
+            kind,
+            data,
+            unpack(io) if io is not None else None,
+            request.atol,
+            request.rtol,
+            request.device,
+            flat=flat,
+            target=stage,
+            modules=request.modules,
+            lacking=lacking,
+        )
     except Exception as exc:
         failure = classify("check-compat", exc)
         return "failed", {"error_class": str(failure.error_class), "error": failure.error}

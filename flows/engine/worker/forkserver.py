@@ -107,7 +107,9 @@ def _as_started(env: dict[str, str], cwd: str, start_folder: str) -> None:
         config.compile_threads = config.decide_compile_threads()  # type: ignore[attr-defined]
 
 
-def _child(closing: list[socket.socket], fds: list[int], env: dict[str, str], cwd: str, start_folder: str, orchestrator: int) -> None:
+def _child(
+    closing: list[socket.socket], fds: list[int], env: dict[str, str], cwd: str, start_folder: str, orchestrator: int
+) -> None:
     """In the forked worker: become what a worker started on its own is, then serve. Never returns."""
     code = 1
     try:
@@ -124,7 +126,9 @@ def _child(closing: list[socket.socket], fds: list[int], env: dict[str, str], cw
         from pt2flow.flows.engine.worker import process
 
         sys.argv = [process.__file__, str(conn_fd), str(orchestrator)]  # as `python -m ...process FD PARENT` has it
-        process.watch(os.getppid())  # this server: a worker goes with it (and with its orchestrator: the server stops it)
+        process.watch(
+            os.getppid()
+        )  # this server: a worker goes with it (and with its orchestrator: the server stops it)
         code = process.serve(Connection(conn_fd))
     except BaseException:
         traceback.print_exc()
@@ -277,7 +281,9 @@ def main(fd: int, path: str, linger: float = LINGER_SECONDS, own_folder: bool = 
 def _peer(conn: socket.socket) -> int:
     """The process id of the client on `conn` (as the kernel saw it connect)."""
     try:
-        pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        pid, _uid, _gid = struct.unpack(
+            "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )
         return int(pid)
     except OSError:
         return 0

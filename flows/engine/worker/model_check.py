@@ -108,7 +108,9 @@ def _forward_signature(factory: Any, kwargs: Any) -> tuple[inspect.Signature | N
 _NAMED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
-def argument_problems(signature: inspect.Signature, names: Sequence[str], positional: int = 0) -> list[tuple[KeyPath, str]]:
+def argument_problems(
+    signature: inspect.Signature, names: Sequence[str], positional: int = 0
+) -> list[tuple[KeyPath, str]]:
     """Input names forward() cannot take (none when it takes **kwargs), and forward()'s required
     parameters the inputs leave out: as stages/binding.py binds inputs, by name (a `*args`
     parameter takes its list by its name). `positional` arguments (an inputs factory's args)
@@ -125,8 +127,12 @@ def argument_problems(signature: inspect.Signature, names: Sequence[str], positi
     if not takes_any:
         for name in names:
             if name not in known:
-                found.append((("inputs", name), f"forward() has no parameter {name!r} (it takes {', '.join(known) or 'none'})"))
-    missing = [p.name for p in parameters if p.kind in _NAMED and p.default is inspect.Parameter.empty and p.name not in names]
+                found.append(
+                    (("inputs", name), f"forward() has no parameter {name!r} (it takes {', '.join(known) or 'none'})")
+                )
+    missing = [
+        p.name for p in parameters if p.kind in _NAMED and p.default is inspect.Parameter.empty and p.name not in names
+    ]
     if missing:
         found.append((("inputs",), f"forward() requires {', '.join(map(repr, missing))}, which the inputs do not give"))
     return found

@@ -107,8 +107,12 @@ def _imports_seen() -> dict[str, object]:
 
     from pt2flow.stages.distributions import import_path
 
-    return {"path0": sys.path[0], "import_path": list(import_path()), "prefect": "prefect" in sys.modules,
-            "compile_threads": torch._inductor.config.compile_threads}
+    return {
+        "path0": sys.path[0],
+        "import_path": list(import_path()),
+        "prefect": "prefect" in sys.modules,
+        "compile_threads": torch._inductor.config.compile_threads,
+    }
 
 
 def serve(conn: Connection) -> int:
@@ -150,13 +154,27 @@ def serve(conn: Connection) -> int:
                 compute.forget_programs()
                 reply = ("ok", None)
             case messages.Describe():  # tests and benchmarks: what this worker sees (pid, parent, folder, env)
-                reply = ("ok", {"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "environ": dict(os.environ),
-                                "threads": os.environ.get("PT2FLOW_WORKER_THREADS"), "torch_threads": _torch_threads(),
-                                # torch's first export done before this worker's first model (a fork server's warm-up)
-                                "warm": "torch._dynamo.eval_frame" in sys.modules, **_imports_seen()})
+                reply = (
+                    "ok",
+                    {
+                        "pid": os.getpid(),
+                        "ppid": os.getppid(),
+                        "cwd": os.getcwd(),
+                        "environ": dict(os.environ),
+                        "threads": os.environ.get("PT2FLOW_WORKER_THREADS"),
+                        "torch_threads": _torch_threads(),
+                        # torch's first export done before this worker's first model (a fork server's warm-up)
+                        "warm": "torch._dynamo.eval_frame" in sys.modules,
+                        **_imports_seen(),
+                    },
+                )
             case _:  # an orchestrator of another protocol: say so rather than hang it
-                reply = ("failed", {"error_class": "internal", "error": f"unknown worker message {type(message).__name__}"})
+                reply = (
+                    "failed",
+                    {"error_class": "internal", "error": f"unknown worker message {type(message).__name__}"},
+                )
         conn.send(reply)
+
 
 if __name__ == "__main__":
     sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

@@ -91,15 +91,24 @@ def rebuild(request: RebuildRecord) -> tuple[str, dict[str, Any]]:
     from pt2flow.stages.source import import_factory
 
     stage, stored, parent, model, store_url, weights = (
-        request.stage, request.stored, request.parent, request.model, request.store_url, request.weights
+        request.stage,
+        request.stored,
+        request.parent,
+        request.model,
+        request.store_url,
+        request.weights,
     )
     try:
         if stage == pipeline.SOURCE_NAME:
-            found = _rebuild_source(model, store_url, weights) if model is not None else {"rebuilt": None, "problem": None}
+            found = (
+                _rebuild_source(model, store_url, weights) if model is not None else {"rebuilt": None, "problem": None}
+            )
             return "ok", {"stored": None, **found}
         if model is not None:  # the pytree types the program uses, as the run had them
             import_factory(model.factory, model.search_path)
-        if model is None or getattr(model, "generate", None) is not None:  # a component's program names transformers' cache classes
+        if (
+            model is None or getattr(model, "generate", None) is not None
+        ):  # a component's program names transformers' cache classes
             _register_cache_pytrees()
         found: dict[str, Any] = {"stored": _loaded(stored)[1], "rebuilt": None}
         parent_program, parent_fingerprint = _loaded(parent) if parent is not None else (None, None)
