@@ -36,10 +36,10 @@ STAGE = Stage(
 
 
 def compute(call: StageCall) -> Produced:
-    from pt2flow.flows.engine.stage_api import Environment
+    from pt2flow.flows.engine.stage_api import current_environment
     from pt2flow.stages.serialize import serialize
 
-    env = Environment.current()
+    env = current_environment()
     parent = call.inputs["program"]
     metadata = {
         "pt2flow_version": env.pt2flow_version,

@@ -6,7 +6,7 @@ imports from the engine, typed (mypy checks flows/builtin against it in `make te
   `validation_summary` condenses a validation report, `model_component` builds a component;
 - a key function: `key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str` from `derivation_key(stage, parents, options,
   env)`, with `options_json` (the model's options of a stage, as keyed), `environment_part` (the
-  versions a target's key names) and `stage_options`; `Environment`, `current_interpreter`,
+  versions a target's key names) and `stage_options`; `Environment`, `current_environment`, `current_interpreter`,
   `toolchain_identity`, `toolchain_facts`, `cache_dir` for what the environment adds;
 - a repro function: `repro(job: ReproJob) -> str` (the body of a torch-only script), with
   `build_model_code`, `dims_code`, `recorded_weights`, `model_inputs`, `repro_component`;
@@ -41,6 +41,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "environment_part": ("pt2flow.flows.engine.orchestrator.stage_keys", "environment_part"),
     "options_json": ("pt2flow.flows.engine.orchestrator.stage_keys", "options_json"),
     "current_interpreter": ("pt2flow.flows.engine.environment.interpreter", "current"),
+    "current_environment": ("pt2flow.flows.engine.environment.interpreter", "current_environment"),
     "cache_dir": ("pt2flow.flows.engine.environment.interpreter", "cache_dir"),
     "toolchain_identity": ("pt2flow.flows.engine.environment.toolchain", "toolchain_identity"),
     "toolchain_facts": ("pt2flow.flows.engine.environment.toolchain", "toolchain_facts"),
@@ -54,6 +55,7 @@ __all__ = [  # _WHERE's names
     "StageCall",
     "build_model_code",
     "cache_dir",
+    "current_environment",
     "current_interpreter",
     "derivation_key",
     "dims_code",
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
     from pt2flow.flows.engine.common.stage_options import stage_options
     from pt2flow.flows.engine.environment.interpreter import cache_dir
     from pt2flow.flows.engine.environment.interpreter import current as current_interpreter
+    from pt2flow.flows.engine.environment.interpreter import current_environment
     from pt2flow.flows.engine.environment.toolchain import toolchain_facts, toolchain_identity
     from pt2flow.flows.engine.maintenance import repro_component
     from pt2flow.flows.engine.maintenance.repro import ReproJob, build_model_code, dims_code, recorded_weights

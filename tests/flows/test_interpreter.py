@@ -50,7 +50,7 @@ def test_a_manifest_is_checked_against_the_workers_distributions() -> None:
 
 
 def test_activation_changes_the_keys_environment(cache: Path) -> None:
-    from pt2flow.flows.engine.common.keys import Environment
+    from pt2flow.flows.engine.environment.interpreter import current_environment
     from pt2flow.flows.engine.orchestrator.stage_keys import environment_part as _env
 
     candidate = overlay_env("candidate", ["tinyops-2.0", f"transformers=={CANDIDATE_TRANSFORMERS}"])
@@ -61,7 +61,7 @@ def test_activation_changes_the_keys_environment(cache: Path) -> None:
         assert there["transformers"] == CANDIDATE_TRANSFORMERS and here["transformers"] == importlib.metadata.version(
             "transformers"
         )
-        assert Environment.current().torch_version == importlib.metadata.version("torch")
+        assert current_environment().torch_version == importlib.metadata.version("torch")
     finally:
         interpreter.activate(None)
     assert interpreter.current().local

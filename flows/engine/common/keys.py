@@ -8,7 +8,6 @@ that yields an identical program reuses everything downstream (docs/architecture
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import socket
@@ -45,22 +44,14 @@ class Environment:
     pt2flow_version: str
     host: str
 
-    @classmethod
-    def current(cls) -> Environment:
-        """The environment the workers run in (flows/engine/environment/interpreter.py: this interpreter unless
-        the fleet runs under another one), read once per interpreter."""
-        from pt2flow.flows.engine.environment import interpreter
-
-        return _environment_of(interpreter.current())
-
     def key_part(self, device: str) -> dict[str, str]:
         py = ".".join(self.python_version.split(".")[:2])
         return {"torch": self.torch_version, "python": py, "device": device}
 
 
-@functools.lru_cache(maxsize=8)
-def _environment_of(python: Any) -> Environment:
-    """Installed versions do not change under a running interpreter."""
+def environment_of(python: Any) -> Environment:
+    """The Environment of an interpreter (flows/engine/environment/interpreter.py's Interpreter:
+    its versions and this host); `interpreter.current_environment()` is the workers'."""
     return Environment(
         torch_version=python.version("torch", "unknown"),
         python_version=python.python_version,

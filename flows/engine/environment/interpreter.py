@@ -15,6 +15,7 @@ after another), so the active interpreter is process state, set by the fleet bef
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from collections.abc import Mapping
 
+from pt2flow.flows.engine.common.keys import Environment, environment_of
 from pt2flow.flows.engine.common.protocol import WORKER_PROTOCOL
 from pt2flow.flows.options import UsageError
 from pt2flow.stages.distributions import installed_version, normalize_name
@@ -103,6 +105,17 @@ _active: Interpreter | None = None
 def current() -> Interpreter:
     """The interpreter this process's workers run in (this one unless a fleet chose another)."""
     return _active if _active is not None else this_process()
+
+
+def current_environment() -> Environment:
+    """The environment the workers run in (torch, Python and pt2flow's versions, the host: what
+    every key names), read once per interpreter."""
+    return _environment(current())
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(python: Interpreter) -> Environment:
+    return environment_of(python)  # installed versions do not change under a running interpreter
 
 
 def activate(python: str | os.PathLike[str] | None) -> Interpreter:

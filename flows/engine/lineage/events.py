@@ -372,10 +372,10 @@ class StageLineage:
         """torch, python, pt2flow and the stage's libraries, as the workers' interpreter has them
         (flows/engine/environment/interpreter.py: this one unless the fleet runs under another)."""
         from pt2flow.flows.engine.environment import interpreter
-        from pt2flow.flows.engine.common.keys import Environment
+        from pt2flow.flows.engine.environment.interpreter import current_environment
         from pt2flow.flows.pipeline import get as get_stage
 
-        env = Environment.current()
+        env = current_environment()
         python = interpreter.current()
         return {
             "torch": env.torch_version,

@@ -16,7 +16,7 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common.context import Outcome, RunContext, StageFailed
 from pt2flow.flows.engine.orchestrator.planner import cached_outcome, find_cached
 from pt2flow.flows.engine.orchestrator.stage_keys import options_json
-from pt2flow.flows.engine.common.keys import Environment
+from pt2flow.flows.engine.environment.interpreter import current_environment
 from pt2flow.flows.engine.orchestrator.records import stage_record
 from pt2flow.storage import StorageError
 from pt2flow.storage.records import IndexRecord
@@ -131,7 +131,7 @@ class StageRun:
             outcome=outcome,
             parents=self.parents,
             options=options_json(self.model, self.stage),
-            env=Environment.current(),
+            env=current_environment(),
             started=self.started,
             ended=_now(),
             source_row=source_row,

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common.context import Outcome
-from pt2flow.flows.engine.common.keys import Environment, derivation_key
+from pt2flow.flows.engine.common.keys import derivation_key
+from pt2flow.flows.engine.environment.interpreter import current_environment
 from pt2flow.flows.pipeline import Stage
 from pt2flow.flows.engine.environment import interpreter
 
@@ -67,7 +68,7 @@ def stage_key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome])
 
 def environment_part(device: str, libraries: Sequence[str] = ()) -> dict[str, str]:
     """The environment a key covers: torch, Python and pt2flow on `device`, and `libraries`' versions."""
-    env = Environment.current().key_part(device)
+    env = current_environment().key_part(device)
     for name in libraries:  # a target's output depends on its library's version as much as on torch's
         env[name] = interpreter.current().version(name, "absent")
     return env
