@@ -14,7 +14,7 @@ from pt2flow.stages.options import AotCompileOptions
 if TYPE_CHECKING:
     from pt2flow.flows.config.models import ResolvedModel
     from pt2flow.flows.engine.stage_api import Outcome, Produced, ReproJob, StageCall
-    from pt2flow.stages.generation import StepContext, StepFn
+    from pt2flow.stages.generation_steps import StepContext, StepFn
 
 # 2: the program fingerprint covers every node's tensor metadata (stages/program.py)
 STAGE = Stage(
@@ -92,6 +92,6 @@ def repro(job: ReproJob) -> str:
 
 def step(data: bytes, context: StepContext) -> StepFn:
     """A generative component's package as a step, unpacked into the context's folder (its own call spec flattens the kwargs)."""
-    from pt2flow.stages.generation import aoti_step
+    from pt2flow.stages.generation_steps import aoti_step
 
     return aoti_step(data, context.workdir)

@@ -12,7 +12,7 @@ from pt2flow.stages.target_options import ExecutorchOptions
 
 if TYPE_CHECKING:
     from pt2flow.flows.engine.stage_api import Produced, ReproJob, StageCall
-    from pt2flow.stages.generation import StepContext, StepFn
+    from pt2flow.stages.generation_steps import StepContext, StepFn
 
 STAGE = Stage(
     "executorch",
@@ -51,6 +51,6 @@ def repro(job: ReproJob) -> str:
 def step(data: bytes, context: StepContext) -> StepFn:
     """A generative component's .pte as a step: unlike other flat runners, the method keeps a None
     input in its place (stages.generation.pte_step)."""
-    from pt2flow.stages.generation import pte_step
+    from pt2flow.stages.generation_steps import pte_step
 
     return pte_step(data, context.specs())

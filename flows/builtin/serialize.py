@@ -11,7 +11,7 @@ from pt2flow.stages.options import SerializeOptions
 
 if TYPE_CHECKING:
     from pt2flow.flows.engine.stage_api import Produced, RebuildCall, ReproJob, StageCall
-    from pt2flow.stages.generation import StepContext, StepFn
+    from pt2flow.stages.generation_steps import StepContext, StepFn
 
 # 2: the archive names the modules its pytree types need; 3: the new fingerprint; 4: the same
 # program saves to the same bytes (graph ids of the pass provenance numbered, not addresses);
@@ -71,6 +71,6 @@ def repro(job: ReproJob) -> str:
 
 def step(data: bytes, context: StepContext) -> StepFn:
     """A generative component's archive as a step: torch.export.load's module, called with the kwargs it was traced with."""
-    from pt2flow.stages.generation import archive_step
+    from pt2flow.stages.generation_steps import archive_step
 
     return archive_step(data)

@@ -48,7 +48,8 @@ def trace_component(component: Any) -> Any:
     from pt2flow.stages import program as described
     from pt2flow.stages.classify import classify_trace_error, short_message
     from pt2flow.stages.errors import StageError
-    from pt2flow.stages.generation import CallSpecs, export_component
+    from pt2flow.stages.generation_export import export_component
+    from pt2flow.stages.generation_steps import CallSpecs
     from pt2flow.stages.result import StageResult
 
     start = time.perf_counter()

@@ -141,7 +141,7 @@ def _compute_generation(call: StageCall, generate: GenerateConfig) -> Produced:
 
 def _candidate_steps(runner: Callable[[bytes], Any], data: bytes, context: Any) -> Any:
     """The step function of a kind without one of its own: its flat runner's, over `data`."""
-    from pt2flow.stages.generation import candidate_step
+    from pt2flow.stages.generation_steps import candidate_step
 
     return candidate_step(runner(data), context)
 

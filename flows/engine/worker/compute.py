@@ -62,7 +62,7 @@ def _load_program(store: Any, outcome: Outcome, model: ResolvedModel) -> Any:
         _PROGRAMS.move_to_end(digest)
         return _PROGRAMS[digest]
     if getattr(model, "generate", None) is not None:  # a component's program names transformers' cache classes
-        from pt2flow.stages.generation import register_cache_pytrees
+        from pt2flow.stages.generation_export import register_cache_pytrees
 
         register_cache_pytrees()
     # the pytree types a program's inputs and outputs use (a transformers ModelOutput, a user
@@ -203,7 +203,7 @@ def generate_spec(model: ResolvedModel) -> Any:
     """A generative model's `generate:` as stages.generation.GenerateSpec (components are captured
     at CAPTURE_PROMPT_LEN; the prompt axis is dynamic)."""
     from pt2flow.flows.config.models import CAPTURE_PROMPT_LEN
-    from pt2flow.stages.generation import GenerateSpec
+    from pt2flow.stages.generation_export import GenerateSpec
 
     generate = model.generate
     if generate is None:
@@ -220,7 +220,7 @@ def generate_spec(model: ResolvedModel) -> Any:
 def model_component(model: ResolvedModel, build: Callable[[], Any]) -> Any:
     """The component a component-scoped model (`M/decode`) names, from the parent model `build()`
     makes, decomposed (stages.generation.components)."""
-    from pt2flow.stages.generation import components
+    from pt2flow.stages.generation_export import components
 
     if not model.component:
         raise ValueError(f"{model.name} is not a component of a generative model")
@@ -281,7 +281,7 @@ def source(call: StageCall) -> Produced:
     if built.problem:  # trace meets the same problem and reports it with its class
         details["deps_problem"] = built.problem
     if model.generate is not None:  # its components, in call order, from the model (outside the key)
-        from pt2flow.stages.generation import component_names
+        from pt2flow.stages.generation_export import component_names
 
         details["components"] = list(component_names(built.module)) if built.module is not None else None
     return call.publish(canonical_json(manifest).encode(), details=details)

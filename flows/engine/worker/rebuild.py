@@ -50,7 +50,7 @@ def _register_cache_pytrees() -> None:
     import importlib.util
 
     if importlib.util.find_spec("transformers") is not None:
-        from pt2flow.stages.generation import register_cache_pytrees
+        from pt2flow.stages.generation_export import register_cache_pytrees
 
         register_cache_pytrees()
 
