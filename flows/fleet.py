@@ -259,20 +259,19 @@ def _failure_groups(store_obj: Any, run_id: str) -> list[dict[str, Any]] | None:
         return None
 
 
-def _publish_artifacts(document: RunDocument, store_obj: Any, comparison: str | None = None) -> None:
-    """A table and a markdown summary of the fleet in the Prefect UI. Best effort: the run's
-    result does not depend on the UI."""
+def _publish_artifacts(document: RunDocument, comparison: str | None = None) -> None:
+    """A table and a markdown summary of the fleet in the Prefect UI (its failure groups the
+    document's). Best effort: the run's result does not depend on the UI."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     try:
-        groups = _failure_groups(store_obj, document.run_id)
         create_table_artifact(
             table=_fleet_rows(document),
             key="pt2flow-fleet-models",
             description=f"pt2flow run {document.run_id}: one row per model",
         )
         create_markdown_artifact(
-            markdown=fleet_markdown(document, comparison, groups),
+            markdown=fleet_markdown(document, comparison, document.failure_groups),
             key="pt2flow-fleet-summary",
             description=f"pt2flow run {document.run_id}",
         )
@@ -303,9 +302,9 @@ def run_fleet(
         for m, r in zip(to_run, _run_models(to_run, plans, ctx, runner, used, dask_address, no_worker)):
             results[m.name] = r
     document = run_document(ctx, [results[m.name] for m in models], started, used)
-    _publish_artifacts(
-        document, stores.open_store(ctx.store_url), _drift_markdown(stores.open_store(ctx.store_url), ctx.run_id)
-    )
+    store_obj = stores.open_store(ctx.store_url)
+    document.failure_groups = _failure_groups(store_obj, ctx.run_id)  # once: the document's and the UI's
+    _publish_artifacts(document, _drift_markdown(store_obj, ctx.run_id))
     return document
 
 

@@ -2,7 +2,7 @@
 has one weight wrong, while the model itself (eager `generate()`) and its prefill program are right.
 
 No configuration can make torch.export produce a wrong program, so the fault is injected: building
-the model wraps pt2flow's component export (stages.generation.export_component, which the trace
+the model wraps pt2flow's component export (stages.generation_export.export_component, which the trace
 stage looks up when it runs) so that the decode program it returns holds `lm_head.weight[7, 3] +
 1.0` (a copy: the model's own parameter is untouched). Every artifact built from that program
 (archive, ONNX, .pte) carries the fault; validation by generation must catch it at the first new
@@ -24,10 +24,11 @@ def tiny_llama_bad_decode(seed: int = 0, **overrides: Any) -> Any:
     """tiny_llama, with the decode program it will be exported to perturbed (see the module's doc)."""
     import torch
 
-    from pt2flow.stages import generation
+    from pt2flow.stages import generation, generation_export
 
-    if not getattr(generation.export_component, "perturbs_decode", False):
-        export = generation.export_component
+    # where export_component is defined, which the trace stage imports it from when it runs
+    if not getattr(generation_export.export_component, "perturbs_decode", False):
+        export = generation_export.export_component
 
         def export_component(component: Any) -> Any:
             program = export(component)
@@ -40,5 +41,5 @@ def tiny_llama_bad_decode(seed: int = 0, **overrides: Any) -> Any:
             return program
 
         export_component.perturbs_decode = True  # type: ignore[attr-defined]
-        generation.export_component = export_component
+        generation_export.export_component = generation.export_component = export_component
     return tiny_llama(seed, **overrides)

@@ -18,13 +18,20 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.orchestrator.bookkeeping import StageRun
 from pt2flow.flows.engine.common.messages import Produced, StageRequest
 from pt2flow.flows.engine.common.context import Limits, Outcome, RunContext, StageFailed, TransientStageError
-from pt2flow.flows.engine.common.documents import BenchmarkSummary, ModelResult, StageView, ValidationSummary, Verdict
+from pt2flow.flows.engine.common.documents import (
+    Artifacts,
+    BenchmarkSummary,
+    ModelResult,
+    StageView,
+    ValidationSummary,
+    Verdict,
+)
 from pt2flow.flows.engine.lineage.events import StageLineage
 from pt2flow.flows.engine.orchestrator.planner import Plan, chain_stages, plan_model, plan_slot, source_key
 from pt2flow.flows.engine.orchestrator.supervisor import Budget, Lease, WorkerLost, WorkerPool
@@ -201,35 +208,17 @@ def run_model(
                 inputs = {"source": outcomes["source"], **{name: o for name, o in outcomes.items() if "/" in name}}
                 outcomes[validating] = call(validating)(validating, model, ctx, inputs)
                 result.stages[validating] = StageView.of(outcomes[validating])
-        for stage in ctx.stages if model.generate is None else ():
-            current = stage
-            if blocked(get_stage(stage), outcomes):  # a stage it needs failed, and the model went on without it
-                logger.info("%s: %s skipped: what it needs was not built", model.name, stage)
-                continue
-            logger.info("%s: %s", model.name, stage)
-            try:
-                outcomes[stage] = call(stage)(stage, model, ctx, gather(get_stage(stage), outcomes))
-            except StageFailed as failure:
-                if not model.tolerates_failure(stage):
-                    raise
-                tolerated[stage] = failure.outcome
-                result.stages[stage] = StageView.of(failure.outcome)
-                logger.warning(
-                    "%s: %s failed (%s), not required: going on: %s",
-                    model.name,
-                    stage,
-                    failure.outcome.error_class,
-                    failure.outcome.error,
-                )
-                continue
-            result.stages[stage] = StageView.of(outcomes[stage])
-            if stage in slots:
-                result.artifacts.put(slots[stage], outcomes[stage].artifact)
-    except ComponentFailed as failed:
+        else:
+            _run_chain(model, None, ctx.stages, ctx, call, outcomes, result.stages, result.artifacts, slots, tolerated)
+    except ChainFailed as failed:
         result.fail(failed.stage, failed.outcome)
-        result.error = component_error(model, failed.component, failed.outcome)
-        logger.warning("%s failed at %s/%s: %s", model.name, failed.component, failed.stage, result.error)
-    except StageFailed as failure:
+        if failed.component is None:  # the model's own chain
+            outcomes[failed.stage] = failed.outcome
+            logger.warning("%s failed at %s (%s): %s", model.name, failed.stage, result.error_class, result.error)
+        else:
+            result.error = component_error(model, failed.component, failed.outcome)
+            logger.warning("%s failed at %s/%s: %s", model.name, failed.component, failed.stage, result.error)
+    except StageFailed as failure:  # the source, or a generative model's validation
         outcomes[current] = failure.outcome
         if current != "source":
             result.stages[current] = StageView.of(failure.outcome)
@@ -245,13 +234,66 @@ def run_model(
     return result
 
 
-class ComponentFailed(Exception):
-    """A stage of one component of a generative model failed: the model fails with its class,
-    the component named in the message (`decode: dynamic_shape: ...`)."""
+class ChainFailed(Exception):
+    """A stage of a model's chain failed, and the model requires its artifact: the model fails
+    with its class; a generative model's component named in the message (`decode:
+    dynamic_shape: ...`)."""
 
-    def __init__(self, component: str, stage: str, outcome: Outcome) -> None:
-        super().__init__(f"{component}/{stage}")
+    def __init__(self, component: str | None, stage: str, outcome: Outcome) -> None:
+        super().__init__(f"{component}/{stage}" if component else stage)
         self.component, self.stage, self.outcome = component, stage, outcome
+
+
+def _run_chain(
+    model: ResolvedModel,
+    component: str | None,
+    stages: Sequence[str],
+    ctx: RunContext,
+    call: Callable[[str], StageCall],
+    got: dict[str, Outcome],
+    views: dict[str, StageView],
+    artifacts: Artifacts,
+    slots: Mapping[str, str],
+    tolerated: dict[str, Outcome],
+) -> None:
+    """`stages` in order for the model (component None) or one of its components (the scoped
+    model `M/component`), each given what it needs from `got`, where its outcome goes; its view
+    into `views`, its artifact into `artifacts` under its slot. The one stage loop of models and
+    components alike.
+
+    A stage that fails raises ChainFailed unless the model may do without its artifact
+    (`require:`, ResolvedModel.tolerates_failure): then it goes into `tolerated` (a component's
+    error naming the component), and it, and every stage that needs it, is skipped from then on
+    (for the later components too); the other stages go on."""
+    logger = run_logger()
+    scoped = model if component is None else model.of_component(component)
+    for stage in stages:
+        if stage in tolerated or blocked(get_stage(stage), got):  # what it needs was not built, and the model goes on
+            logger.info("%s: %s skipped: the model does without it", scoped.name, stage)
+            continue
+        logger.info("%s: %s", scoped.name, stage)
+        try:
+            got[stage] = call(stage)(stage, scoped, ctx, gather(get_stage(stage), got))
+        except StageFailed as failure:
+            views[stage] = StageView.of(failure.outcome)
+            if not model.tolerates_failure(stage):
+                raise ChainFailed(component, stage, failure.outcome) from None
+            tolerated[stage] = (
+                failure.outcome
+                if component is None
+                else failure.outcome.model_copy(update={"error": component_error(model, component, failure.outcome)})
+            )
+            logger.warning(
+                "%s: %s failed (%s), not required: going on: %s",
+                scoped.name,
+                stage,
+                failure.outcome.error_class,
+                failure.outcome.error,
+            )
+            continue
+        views[stage] = StageView.of(got[stage])
+        if stage in slots:
+            artifacts.put(slots[stage], got[stage].artifact)
 
 
 def component_error(model: ResolvedModel, component: str, outcome: Outcome) -> str:
@@ -282,51 +324,23 @@ def _run_components(
     (validate's inputs), their views into the document's `components`. Returns the validating
     stage to run next for the model itself (None: there is none).
 
-    A stage that fails for one component fails the model (ComponentFailed) unless the model may
-    do without its artifact (`require:`, ResolvedModel.tolerates_failure): then that artifact
-    kind is unusable for the model, the stage goes into `tolerated` (its error naming the
-    component) and is skipped for the later components, as is every stage that needs it; the
-    other stages and kinds go on (planner._plan_components walks the same way)."""
+    A stage that fails for one component fails the model (ChainFailed, the component named)
+    unless the model may do without its artifact (`_run_chain`): then that artifact kind is
+    unusable for the model and skipped for the later components; the other stages and kinds go
+    on (planner._plan_components walks the same way)."""
     from pt2flow.flows.config.models import components_of
     from pt2flow.flows.engine.common.documents import ComponentResult
 
-    logger = run_logger()
     chain, after = chain_stages(ctx.stages)
     result.components = {}
-    for component in components_of(
-        outcomes["source"].details
-    ):  # in call order, from the model (the source records them)
-        scoped = model.of_component(component)
+    # in call order, from the model (the source records them)
+    for component in components_of(outcomes["source"].details):
         got: dict[str, Outcome] = {"source": outcomes["source"]}
         view = result.components[component] = ComponentResult()
-        for stage in chain:
-            if stage in tolerated or blocked(
-                get_stage(stage), got
-            ):  # its kind already failed for an earlier component, or what it needs did
-                logger.info("%s: %s skipped: the model does without it", scoped.name, stage)
-                continue
-            logger.info("%s: %s", scoped.name, stage)
-            try:
-                got[stage] = call(stage)(stage, scoped, ctx, gather(get_stage(stage), got))
-            except StageFailed as failure:
-                view.stages[stage] = StageView.of(failure.outcome)
-                if not model.tolerates_failure(stage):
-                    raise ComponentFailed(component, stage, failure.outcome) from None
-                tolerated[stage] = failure.outcome.model_copy(
-                    update={"error": component_error(model, component, failure.outcome)}
-                )
-                logger.warning(
-                    "%s: %s failed (%s), not required: going on: %s",
-                    scoped.name,
-                    stage,
-                    failure.outcome.error_class,
-                    failure.outcome.error,
-                )
-                continue
-            view.stages[stage] = StageView.of(got[stage])
-            if stage in slots:
-                view.artifacts.put(slots[stage], got[stage].artifact)
-            outcomes[f"{component}/{stage}"] = got[stage]
+        try:
+            _run_chain(model, component, chain, ctx, call, got, view.stages, view.artifacts, slots, tolerated)
+        finally:
+            outcomes.update({f"{component}/{stage}": o for stage, o in got.items() if stage != "source"})
     return after[0] if after else None
 
 
