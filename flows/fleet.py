@@ -303,7 +303,9 @@ def run_fleet(
             results[m.name] = r
     document = run_document(ctx, [results[m.name] for m in models], started, used)
     store_obj = stores.open_store(ctx.store_url)
-    document.failure_groups = _failure_groups(store_obj, ctx.run_id)  # once: the document's and the UI's
+    groups = _failure_groups(store_obj, ctx.run_id)  # once: the document's and the UI's
+    if groups:  # an optional field: given (even as None) it is dumped
+        document.failure_groups = groups
     _publish_artifacts(document, _drift_markdown(store_obj, ctx.run_id))
     return document
 
