@@ -15,10 +15,13 @@ code in one place, errors.exit_code.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import signal
 import sys
-from typing import Any
+import threading
+from typing import Any, NoReturn
 from collections.abc import Mapping, Sequence
 
 import click
@@ -148,5 +151,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code(exc, root.invoked_subcommand if root is not None else None)
 
 
+def console() -> NoReturn:
+    """The `pt2flow` console script (and `python -m pt2flow.flows.cli.main`): `main`, then `leave`."""
+    leave(main())
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with `code` once its work is done, as the interpreter would up to the point
+    where it starts tearing itself down: wait for the threads that are not daemons, run the atexit
+    callbacks (the private Prefect server's and the worker pool's stop, logging's flush), flush
+    stdout and stderr; then `os._exit`, which skips what comes after, the C-level exit handlers
+    and C++ static destructors. One of those, in a library pt2flow does not own, now and then
+    found a thread it had started still running and called std::terminate: a finished command,
+    its answer printed, died with SIGABRT ("terminate called without an active exception"), a
+    query on S3 about once in a hundred and, on CI, a `run` on S3 (tests/flows/
+    test_query_cli.py test_a_command_exits_with_its_code_whatever_a_c_exit_handler_would_do)."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that closed the pipe, or a stream already closed
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

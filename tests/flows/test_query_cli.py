@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pt2flow.storage import ArtifactStore
-from tests.conftest import cli_in_process, run_cli, run_cli_into_closed_pipe, run_json
+from tests.conftest import BIN, cli_in_process, run_cli, run_cli_into_closed_pipe, run_json
 from tests.records import CHAIN, h, make_chain
 
 pytestmark = pytest.mark.integration  # each test runs the `pt2flow` query commands as subprocesses
@@ -337,6 +339,44 @@ def test_a_closed_stdout_ends_every_query_quietly_with_141(populated: dict) -> N
         assert (proc.returncode, proc.stderr) == (141, ""), (args, proc.stderr)
     proc = run_cli_into_closed_pipe(["schema"])  # no store: stdout only
     assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
+
+
+EXIT_HANDLER_THAT_ABORTS = """import atexit, ctypes, os
+libc = ctypes.CDLL(None)
+# a C-level exit handler that aborts, as a C++ std::thread destroyed while it still runs does
+libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
+atexit.register(lambda: open(os.environ["ATEXIT_MARK"], "a").write("ran\\n"))  # Python's own atexit
+"""
+
+
+def test_a_command_exits_with_its_code_whatever_a_c_exit_handler_would_do(populated: dict, tmp_path: Path) -> None:
+    """A library's C++ thread still running when the interpreter tore itself down made a finished
+    command die with SIGABRT ("terminate called without an active exception") after printing its
+    answer: a query on S3 about once in a hundred, a `run` on S3 on CI. The console script leaves
+    after the atexit callbacks, before any C-level exit handler (flows/cli/main.py leave); here a
+    handler that aborts is planted in the real process (a sitecustomize on PYTHONPATH)."""
+    plant = tmp_path / "plant"
+    plant.mkdir()
+    (plant / "sitecustomize.py").write_text(EXIT_HANDLER_THAT_ABORTS)
+    mark = tmp_path / "atexit.txt"
+    env = {**os.environ, "PYTHONPATH": str(plant), "ATEXIT_MARK": str(mark)}
+    root = str(populated["root"])
+    python = str(Path(sys.executable))
+    # the handler is real: the process dies with it when the interpreter exits the usual way
+    proc = subprocess.run([python, "-c", "pass"], env=env, capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGABRT and mark.read_text() == "ran\n"
+    mark.unlink()
+    commands = [
+        (["ls", "--store", root, "--json"], 0),
+        (["show", "zzzz", "--store", root], 2),  # an unknown ID: its own exit code, not SIGABRT's
+    ]
+    for args, code in commands:
+        for argv in ([str(BIN / "pt2flow"), *args], [python, "-m", "pt2flow.flows.cli.main", *args]):
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+            assert proc.returncode == code, (argv, proc.returncode, proc.stderr[-2000:])
+            if code == 0:
+                assert [r["model"] for r in json.loads(proc.stdout)], proc.stdout  # the answer, whole
+    assert mark.read_text() == "ran\n" * 4  # every process ran Python's atexit callbacks first
 
 
 def test_bad_ids_are_not_storage_errors_in_python(populated: dict) -> None:
