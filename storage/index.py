@@ -69,7 +69,7 @@ def filtered(table: pa.Table, expression: Any) -> pa.Table:
     `Table.filter(expression)` runs an Acero plan on pyarrow's CPU thread pool; a query command
     that had started those threads, on an S3 store, died with SIGABRT ("terminate called without
     an active exception") as it exited, about once in a hundred (tests/integration/test_run_cli.py
-    test_queries_on_s3_exit_cleanly_every_time). The index's tables are small in memory: one
+    test_queries_on_s3_exit_cleanly). The index's tables are small in memory: one
     thread costs nothing."""
     import pyarrow.dataset as ds
 
@@ -81,8 +81,10 @@ def parquet_table(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
     pyarrow thread calls back into Python (from an io.BytesIO, pyarrow's I/O threads call its
     read() through the GIL). A query on S3 still died now and then with SIGABRT after printing its
     answer ("terminate called without an active exception": 1 `lineage` in 24, then 1 in 100, under
-    load; tests/integration/test_run_cli.py test_queries_on_s3_exit_cleanly_every_time): this takes
-    away the last Python callback on a pyarrow thread in a query, a suspected cause, not a proven one."""
+    load; tests/integration/test_run_cli.py test_queries_on_s3_exit_cleanly): this takes
+    away the last Python callback on a pyarrow thread in a query, a suspected cause, not a proven one.
+    A `run` on S3 still died so on CI; the console script now ends the process before any C-level
+    exit handler runs, which settles it whatever the cause."""
     return pq.read_table(pa.BufferReader(data), schema=schema, use_threads=False, pre_buffer=False)
 
 
