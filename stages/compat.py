@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import tempfile
 from typing import Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.utils._pytree as pytree
 
+from pt2flow.stages.accuracy import Accuracy, judge
 from pt2flow.stages.aot_compile import load_runner
 from pt2flow.stages.classify import short_message
 from pt2flow.stages.devices import missing_device
@@ -65,6 +66,7 @@ def check_artifact(
     target: str | None = None,
     modules: Sequence[str] | None = None,
     lacking: str | None = None,
+    accuracy: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """{loads, runs, matches, max_abs_err, max_rel_err, samples, error_class, error, skipped,
     imported} of one artifact; runs/matches are None without stored samples, all three None when
@@ -74,7 +76,9 @@ def check_artifact(
     (its stage's candidate: bytes -> a runner of flat tensor lists) loads it; target: that
     stage; lacking: why its libraries are missing here (the check is then skipped). modules: for a
     package or target, the pytree modules its model's archive records (imported first, as a
-    serving process must; one that does not import here is `import`, not `incompatible`)."""
+    serving process must; one that does not import here is `import`, not `incompatible`).
+    accuracy: the budgets of an artifact not meant to be exact (an int8 one), judged over the
+    stored samples against eager's stored outputs instead of atol/rtol (stages/accuracy.py)."""
     result: dict[str, Any] = {
         "loads": False,
         "runs": None,
@@ -114,16 +118,23 @@ def check_artifact(
         result["loads"] = True
         if not samples:
             return result
-        return {**result, **_run_samples(fn, samples, atol, rtol, flat=flat is not None)}
+        return {**result, **_run_samples(fn, samples, atol, rtol, flat=flat is not None, accuracy=accuracy)}
 
 
 def _run_samples(
-    fn: Callable[..., Any], samples: Sequence[IOSample], atol: float, rtol: float, *, flat: bool = False
+    fn: Callable[..., Any],
+    samples: Sequence[IOSample],
+    atol: float,
+    rtol: float,
+    *,
+    flat: bool = False,
+    accuracy: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """flat: fn is a target's runner (flat input tensors in, output tensors out); the stored
     outputs' non-tensor leaves, constants a target does not return, are left out of the comparison."""
     worst_abs = worst_rel = 0.0
     failures: list[str] = []
+    measured = Accuracy()
     for sample in samples:
         try:
             got = fn(flat_tensor_inputs(sample.args, sample.kwargs)) if flat else fn(*sample.args, **sample.kwargs)
@@ -135,9 +146,16 @@ def _run_samples(
                 "error": f"raised on sample {sample.label}: {short_message(exc, 1000)}",
             }
         expected = [o for o in sample.outputs if isinstance(o, torch.Tensor)] if flat else list(sample.outputs)
+        if accuracy is not None:  # judged over every sample once all are in
+            measured.add(sample.label, list(pytree.tree_leaves(got)), expected)
+            continue
         comparison = compare(pytree.tree_leaves(got), expected, atol, rtol)
         worst_abs, worst_rel = max(worst_abs, comparison.max_abs_err), max(worst_rel, comparison.max_rel_err)
         failures += [f"{sample.label}: {f}" for f in comparison.failures]
+    if accuracy is not None:
+        judged, missed = judge(measured, accuracy)
+        worst_abs = judged["metrics"]["max_abs_err"] or 0.0
+        failures += [f"misses its accuracy budget: {line}" for line in missed]
     out: dict[str, Any] = {
         "runs": True,
         "matches": not failures,

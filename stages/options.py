@@ -76,6 +76,28 @@ class AotCompileOptions(_Options):
     inductor_configs: dict[str, Any] = Field(default_factory=dict)
 
 
+AccuracyMetric = Literal["sqnr_db", "cosine", "max_abs_err", "mean_abs_err", "top1_agreement"]
+
+
+class Bound(_Options):
+    """A goal for one accuracy metric: the least and/or the most it may be."""
+
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Bound:
+        if self.min is None and self.max is None:
+            raise ValueError("a bound needs min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is more than max ({self.max})")
+        return self
+
+
+# what an artifact not meant to be exact (an int8 one) must meet when the model sets no budget
+DEFAULT_ACCURACY: dict[str, Bound] = {"sqnr_db": Bound(min=20.0)}
+
+
 class ValidateOptions(_Options):
     """Tolerances, sample count and seed, optional latency benchmark.
 
@@ -83,6 +105,8 @@ class ValidateOptions(_Options):
     auto judges each floating output leaf against a float64 copy of the eager model, within
     noise_multiple times eager's own error against it (docs/architecture.md §6). atol/rtol still
     judge integer leaves, the eager model against itself, and a model that cannot run in float64.
+    accuracy: the goals of the artifacts not meant to be exact (an int8 one), which are judged by
+    them instead (stages/accuracy.py).
     """
 
     atol: float = Field(default=1.0e-5, ge=0)
@@ -93,6 +117,10 @@ class ValidateOptions(_Options):
     seed: int = 0
     benchmark: bool = False
     benchmark_runs: int = Field(default=20, ge=1, le=10000)
+    # the budgets of the artifacts not meant to be exact (Stage.exact false: int8), judged on the
+    # samples instead of atol/rtol, each metric over all samples against eager (stages/accuracy.py);
+    # unset: DEFAULT_ACCURACY
+    accuracy: dict[AccuracyMetric, Bound] | None = None
 
 
 class BenchmarkOptions(_Options):

@@ -46,3 +46,21 @@ class OpenvinoOptions(_TargetOptions):
 
     compress_to_fp16: bool = False
     inference_precision: Literal["f32", "bf16", "f16"] = "f32"
+
+
+class Int8Options(_TargetOptions):
+    """Post-training static int8 through PT2E (stages/quantize.py): prepare_pt2e with the target's
+    quantizer, calibration, convert_pt2e, then the target's own lowering.
+
+    per_channel: weights quantized per output channel (else one scale per tensor); activations:
+    static (scales fixed by calibration) or dynamic (computed per call from the activation);
+    float_modules: modules left in float, by their name in the model (`conv1`, `encoder.layer.0`;
+    every module under a name stays float); calibration_batches: how many batches of the model's
+    inputs calibrate the observers, drawn from its inputs spec at the example sizes with seeds
+    calibration_seed*1000 + 1_000_000 + i, none of which validate's samples use."""
+
+    per_channel: bool = True
+    activations: Literal["static", "dynamic"] = "static"
+    float_modules: tuple[str, ...] = ()
+    calibration_batches: int = Field(default=8, ge=1, le=1024)
+    calibration_seed: int = Field(default=0, ge=0)

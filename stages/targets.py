@@ -162,6 +162,7 @@ class TargetArtifact:
 
     data: bytes
     load: Callable[[bytes], FlatRunner]
+    exact: bool = True  # false: judged by the accuracy budgets, not allclose (an int8 artifact)
 
     def candidate(self) -> FlatCandidate:
         """Its bytes loaded, as a candidate called like the model."""

@@ -28,13 +28,14 @@ import torch
 import torch.utils._pytree as pytree
 
 from pt2flow.stages import program, signature
+from pt2flow.stages.accuracy import Accuracy, budget_of, judge
 from pt2flow.stages.aot_compile import load_runner
 from pt2flow.stages.binding import bind_inputs
 from pt2flow.stages.classify import short_message
 from pt2flow.stages.comparison import FLOOR_ULPS, Comparison, Observed, compare_observed, leaves_by_path
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.example_inputs import BoundInputs, ModelInputs, clone_tree
-from pt2flow.stages.options import ValidateOptions
+from pt2flow.stages.options import DEFAULT_ACCURACY, ValidateOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.serialize import load_archive
@@ -163,6 +164,8 @@ class _Findings:
     unloadable: dict[str, tuple[ErrorClass, str]] = field(default_factory=dict)
     nondeterministic: list[str] = field(default_factory=list)
     io: list[IOSample] = field(default_factory=list)  # each sample's inputs and eager outputs
+    # the candidates judged by accuracy budgets (not meant to be exact), their outputs gathered
+    accuracy: dict[str, Accuracy] = field(default_factory=dict)
     # every comparison, judged once the tolerance is settled (auto can fall back on a later sample):
     # (candidate, sample label, its report entry, the fixed comparison, the noise comparison or None)
     judged: list[tuple[str, str, dict[str, Any], Comparison, Comparison | None]] = field(default_factory=list)
@@ -278,7 +281,7 @@ def validate(
         reference = build_reference()
         twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
         noise = _Noise.start(reference, options.noise_multiple) if options.tolerance == "auto" else None
-        findings = _Findings()
+        findings = _Findings(accuracy={name: Accuracy() for name, target in targets.items() if not target.exact})
         candidates, buffer_names, archived = _load_candidates(archive, package, workdir, device, targets, findings)
         names = [*candidates, *findings.unloadable]
         must = set(names) if required is None else set(required) & set(names)
@@ -318,8 +321,10 @@ def validate(
             )
 
         _judge(findings, report, auto=noise is not None and noise.model is not None)
-        report["max_abs_err"] = max((c["max_abs_err"] for c in report["candidates"].values()), default=0.0)
-        report["max_rel_err"] = max((c["max_rel_err"] for c in report["candidates"].values()), default=0.0)
+        _judge_accuracy(findings, report, options)
+        exact = [c for name, c in report["candidates"].items() if name not in findings.accuracy]
+        report["max_abs_err"] = max((c["max_abs_err"] for c in exact), default=0.0)
+        report["max_rel_err"] = max((c["max_rel_err"] for c in exact), default=0.0)
         report["nondeterministic"] = bool(findings.nondeterministic)
         failed = _verdicts(findings, report)
         report["passed"] = not (failed or findings.nondeterministic)
@@ -463,6 +468,10 @@ def _check_sample(
             continue
         if isinstance(fn, FlatCandidate):  # a target returns flat tensors: put them in eager's structure
             got.output = restructure(got.output, expected.output)
+        if name in findings.accuracy:  # judged by the budgets once every sample is in (_judge_accuracy)
+            findings.accuracy[name].add(sample.label, got.output, expected.output)
+            entry["samples"].append({"label": sample.label, "sizes": sample.sizes, "ok": True})
+            continue
         buffers = isinstance(fn, torch.nn.Module)
         result = compare_observed(got, expected, options.atol, options.rtol, buffers=buffers)
         noisy = None
@@ -502,6 +511,21 @@ def _judge(findings: _Findings, report: dict[str, Any], *, auto: bool) -> None:
     if auto:
         ratios = [c["max_noise_ratio"] for c in report["candidates"].values() if "max_noise_ratio" in c]
         report["max_noise_ratio"] = max(ratios, default=0.0)
+
+
+def _judge_accuracy(findings: _Findings, report: dict[str, Any], options: ValidateOptions) -> None:
+    """Each candidate not meant to be exact, measured over every sample against eager and held to
+    the model's budgets (options.accuracy, else DEFAULT_ACCURACY): its report entry gets the
+    metrics, a missed budget is a mismatch naming the metric and by how much."""
+    budget = budget_of(options.accuracy, DEFAULT_ACCURACY)
+    for name, accuracy in findings.accuracy.items():
+        if name not in report["candidates"] or name in findings.unloadable:
+            continue
+        entry = report["candidates"][name]
+        measured, missed = judge(accuracy, budget)
+        entry["accuracy"] = measured
+        entry["max_abs_err"] = measured["metrics"]["max_abs_err"] or 0.0
+        findings.mismatches.extend((name, f"{name} misses its accuracy budget: {line}") for line in missed)
 
 
 def _latency(

@@ -24,6 +24,7 @@ class ErrorClass(StrEnum):
     SERIALIZATION = "serialization"
     COMPILE = "compile"
     LOWERING = "lowering"  # a deployment target (ONNX, ExecuTorch) refuses an op of the program
+    QUANTIZATION = "quantization"  # PT2E refuses the program (prepare, calibration, convert, export again)
     NUMERIC_MISMATCH = "numeric_mismatch"
     NONDETERMINISTIC = "nondeterministic"
     RUNTIME = "runtime"
@@ -51,6 +52,7 @@ DETERMINISTIC_FAILURES: frozenset[str] = frozenset(
         ErrorClass.SERIALIZATION,
         ErrorClass.COMPILE,
         ErrorClass.LOWERING,
+        ErrorClass.QUANTIZATION,
         ErrorClass.NUMERIC_MISMATCH,
         ErrorClass.NONDETERMINISTIC,
     }

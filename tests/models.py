@@ -244,3 +244,43 @@ class Spectrum(nn.Module):
 
 def spectrum() -> nn.Module:
     return Spectrum()
+
+
+class SmallConvNet(nn.Module):
+    """A conv, a ReLU, a global mean and a classifier: what PT2E int8 is made for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def small_convnet() -> nn.Module:
+    return SmallConvNet()
+
+
+class OutlierMLP(nn.Module):
+    """Three linears; `wide`'s first output channel is 1000x the others, and `head` reads it 1000x
+    weaker: in float it is one feature among eight, but one int8 scale per tensor for `wide`'s
+    output (sized for the outlier) rounds the seven others away. Keeping `wide` and `head` float
+    keeps that tensor float; `stem` stays int8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 8)
+        self.wide = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.wide.weight[0] *= 1000.0
+            self.wide.bias[0] *= 1000.0
+            self.head.weight[:, 0] /= 1000.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.wide(torch.relu(self.stem(x)))))
+
+
+def outlier_mlp() -> nn.Module:
+    return OutlierMLP()

@@ -158,7 +158,7 @@ def target_artifacts(call: StageCall) -> dict[str, Any]:
         if stage.publishes in LOADED_HERE or name not in call.inputs:
             continue
         found[name] = TargetArtifact(
-            call.artifact(name, stage.publishes, zipped=None), pipeline.resolve(str(stage.candidate))
+            call.artifact(name, stage.publishes, zipped=None), pipeline.resolve(str(stage.candidate)), stage.exact
         )
     return found
 
@@ -238,7 +238,10 @@ def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> st
 
 def _keyed_options(options: dict[str, Any]) -> dict[str, Any]:
     """The options that change the verdict: with the fixed tolerance, noise_multiple does not, and
-    leaving both out keeps the key of a config written before tolerance: auto existed."""
+    leaving both out keeps the key of a config written before tolerance: auto existed; so does
+    leaving out accuracy budgets the model does not set (the defaults are this stage's version's)."""
+    if options.get("accuracy") is None:
+        options = {k: v for k, v in options.items() if k != "accuracy"}
     if options.get("tolerance", "fixed") == "fixed":
         return {k: v for k, v in options.items() if k not in ("tolerance", "noise_multiple")}
     return options

@@ -91,7 +91,10 @@ class Stage:
       which validate drives token by token against eager generate(); a candidate without one
       is run by stages.generation.flat_step over its `candidate` runner (the component's
       tensor leaves in, by its traced call spec; the output leaves back into the output's
-      structure), as ONNX and OpenVINO are.
+      structure), as ONNX and OpenVINO are;
+    exact: whether its artifact is meant to compute what eager does (validate: allclose, or
+      tolerance auto); false for an artifact that trades accuracy for speed (int8), which
+      validate judges by the model's accuracy budgets instead (stages/accuracy.py).
     """
 
     name: str
@@ -115,6 +118,7 @@ class Stage:
     device: str | None = None
     checks_candidates: bool = False
     step: str | None = None
+    exact: bool = True
     origin: str = field(default="pt2flow", compare=False)  # the distribution or module that declared it
 
     def __post_init__(self) -> None:

@@ -76,6 +76,8 @@ class CheckArtifact(Request[Reply]):
     device: str
     stage: str | None = None
     modules: list[str] | None = None
+    # the accuracy budgets an artifact not meant to be exact (Stage.exact false) is held to, instead of atol/rtol
+    accuracy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from pt2flow.flows.engine.orchestrator.runner import default_memory_gb
 from pt2flow.storage.errors import InvalidId, RecordNotFound, StorageError
 from pt2flow.storage.lineage import decode
 from pt2flow.stages.archive_meta import recorded_pytree_modules
+from pt2flow.stages.options import DEFAULT_ACCURACY
 from pt2flow.stages.vocabulary import ErrorClass
 
 
@@ -75,6 +76,7 @@ class Checker:
         device: str,
         stage: str | None = None,
         modules: list[str] | None = None,
+        accuracy: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         if self.worker is None:
             self.worker = Worker(
@@ -87,7 +89,7 @@ class Checker:
         )
         try:
             status, payload = self.worker.call(
-                CheckArtifact(kind, data, io, atol, rtol, device, stage, modules), budget
+                CheckArtifact(kind, data, io, atol, rtol, device, stage, modules, accuracy), budget
             )
         except WorkerLost as lost:
             self.close()
@@ -207,6 +209,7 @@ def check_model(
     samples, note = _samples(store, validate)
     options = (validate or {}).get("options") or {}
     atol, rtol = float(options.get("atol", 1e-5)), float(options.get("rtol", 1e-4))
+    accuracy = options.get("accuracy") or {m: b.model_dump() for m, b in DEFAULT_ACCURACY.items()}
     entry: dict[str, Any] = {"name": name, "status": "ok", "error_class": None, "note": note}
     blobs: dict[str, bytes | None] = {}
     for kind, record in built.items():
@@ -244,6 +247,7 @@ def check_model(
                     record.get("device") or "cpu",
                     record["stage"],
                     None if kind == "archive" else modules,
+                    None if pipeline.get(record["stage"]).exact else accuracy,
                 )
             )
             if checked.get("error_class"):

@@ -484,6 +484,7 @@ def check_artifact(request: CheckArtifact) -> tuple[str, dict[str, Any]]:
             target=stage,
             modules=request.modules,
             lacking=lacking,
+            accuracy=request.accuracy,
         )
     except Exception as exc:
         failure = classify("check-compat", exc)

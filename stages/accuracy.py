@@ -1,0 +1,135 @@
+"""How an artifact that is not meant to equal eager (an int8 one) is judged: accuracy metrics of
+its outputs against eager's over every validation sample, each held to a budget (the model's
+`validate.accuracy`, else options.DEFAULT_ACCURACY), instead of allclose.
+
+Per floating output leaf, over all samples (each flattened): sqnr_db, 10 log10(sum ref^2 / sum
+(ref - out)^2), capped at SQNR_CAP_DB for an exact match; cosine similarity; max and mean absolute
+error; top1_agreement, where the leaf has a class dim (two dims or more: argmax over the last),
+the share of rows whose argmax is eager's. A budget is judged on the worst leaf (the least sqnr,
+cosine and agreement, the most error). Integer and bool leaves must be equal, as everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pt2flow.stages.comparison import leaves_by_path
+
+SQNR_CAP_DB = 200.0
+# the direction that is worse for each metric: the worst leaf decides the verdict
+LOWER_IS_WORSE = {"sqnr_db": True, "cosine": True, "top1_agreement": True, "max_abs_err": False, "mean_abs_err": False}
+
+
+@dataclass
+class _Leaf:
+    reference: list[torch.Tensor] = field(default_factory=list)
+    output: list[torch.Tensor] = field(default_factory=list)
+    agree: int = 0
+    rows: int = 0
+    unequal: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Accuracy:
+    """The outputs of one candidate and eager, gathered sample by sample, then measured."""
+
+    leaves: dict[str, _Leaf] = field(default_factory=lambda: defaultdict(_Leaf))
+    problems: list[str] = field(default_factory=list)
+
+    def add(self, label: str, output: Any, reference: Any) -> None:
+        got, want = leaves_by_path(output), leaves_by_path(reference)
+        if set(got) != set(want):
+            self.problems.append(f"on {label}: output leaves {sorted(got)} are not eager's {sorted(want)}")
+            return
+        for path, ref in want.items():
+            out = got[path]
+            if not isinstance(ref, torch.Tensor):
+                continue
+            if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                self.problems.append(f"on {label}: {path} is {shape}, eager's is {tuple(ref.shape)}")
+                continue
+            leaf = self.leaves[path]
+            if not ref.is_floating_point():
+                if not torch.equal(out.to(ref.dtype), ref):
+                    leaf.unequal.append(label)
+                continue
+            leaf.reference.append(ref.detach().double().flatten())
+            leaf.output.append(out.detach().double().flatten())
+            if ref.dim() >= 2 and ref.shape[-1] >= 2:
+                leaf.agree += int((out.argmax(-1) == ref.argmax(-1)).sum())
+                leaf.rows += ref[..., 0].numel()
+
+    def measure(self) -> dict[str, dict[str, float | None]]:
+        """Each floating leaf's metrics (top1_agreement None without a class dim)."""
+        measured = {}
+        for path, leaf in self.leaves.items():
+            if not leaf.reference:
+                continue
+            ref, out = torch.cat(leaf.reference), torch.cat(leaf.output)
+            diff = ref - out
+            noise, signal = float((diff * diff).sum()), float((ref * ref).sum())
+            sqnr = SQNR_CAP_DB if noise == 0 else min(SQNR_CAP_DB, 10 * math.log10(max(signal, 1e-300) / noise))
+            norms = float(ref.norm() * out.norm())
+            cosine = float((ref * out).sum()) / norms if norms > 0 else (1.0 if noise == 0 else 0.0)
+            measured[path] = {
+                "sqnr_db": round(sqnr, 3),
+                "cosine": round(cosine, 6),
+                "max_abs_err": float(diff.abs().max()),
+                "mean_abs_err": float(diff.abs().mean()),
+                "top1_agreement": round(leaf.agree / leaf.rows, 6) if leaf.rows else None,
+            }
+        return measured
+
+
+def worst(measured: Mapping[str, Mapping[str, float | None]]) -> dict[str, float | None]:
+    """Each metric at its worst leaf (None: no leaf has it)."""
+    result: dict[str, float | None] = {}
+    for metric, lower_is_worse in LOWER_IS_WORSE.items():
+        values = [v[metric] for v in measured.values() if v.get(metric) is not None]
+        result[metric] = (min if lower_is_worse else max)(values) if values else None  # type: ignore[type-var]
+    return result
+
+
+def judge(accuracy: Accuracy, budget: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the report's accuracy entry, what missed the budget, one line each)."""
+    measured = accuracy.measure()
+    overall = worst(measured)
+    missed = list(accuracy.problems)
+    for path, leaf in accuracy.leaves.items():
+        if leaf.unequal:
+            missed.append(f"{path} (integer) differs from eager on {', '.join(leaf.unequal)}")
+    for metric, bound in budget.items():
+        low, high = _bounds(bound)
+        value = overall.get(metric)
+        if value is None:
+            missed.append(f"{metric}: no output leaf has it (top1_agreement needs a class dim)")
+        elif low is not None and value < low:
+            missed.append(f"{metric} {value:.4g} < {low:g} (min), by {low - value:.3g}")
+        elif high is not None and value > high:
+            missed.append(f"{metric} {value:.4g} > {high:g} (max), by {value - high:.3g}")
+    entry = {
+        "metrics": overall,
+        "leaves": measured,
+        "budget": {metric: dict(zip(("min", "max"), _bounds(bound))) for metric, bound in budget.items()},
+    }
+    return entry, missed
+
+
+def _bounds(bound: Any) -> tuple[float | None, float | None]:
+    if isinstance(bound, Mapping):
+        return bound.get("min"), bound.get("max")
+    return bound.min, bound.max
+
+
+def budget_of(configured: Mapping[Any, Any] | None, default: Mapping[str, Any]) -> Mapping[str, Any]:
+    return dict(configured) if configured else dict(default)
+
+
+__all__: Sequence[str] = ("Accuracy", "judge", "worst", "budget_of", "SQNR_CAP_DB")

@@ -1,0 +1,190 @@
+"""Post-training int8 through PT2E (torchao.quantization.pt2e): the functional program's module
+annotated by a target's quantizer (`prepare_pt2e`), its observers calibrated on batches of the
+model's inputs, the observed module converted (`convert_pt2e`: quantize/dequantize pairs around
+int8 weights) and exported again with the program's own dynamic dims, then lowered by the target
+(ExecuTorch with XNNPACK, which fuses the pairs into int8 kernels).
+
+The result is not meant to equal eager: validate judges it by the model's accuracy budgets
+(stages/accuracy.py), on its own samples, none of which calibrated it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from collections.abc import Sequence
+
+import torch
+from torch.export import ExportedProgram
+
+from pt2flow.stages import program
+from pt2flow.stages.classify import short_message
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.example_inputs import BoundInputs
+from pt2flow.stages.quiet import quiet_torch
+from pt2flow.stages.result import StageResult
+from pt2flow.stages.target_options import ExecutorchOptions, Int8Options
+from pt2flow.stages.targets import refuse_training
+from pt2flow.stages.vocabulary import ErrorClass
+
+CALIBRATION_SEED_BASE = 1_000_000  # far from validate's seeds (options.seed + sample index)
+
+
+def calibration_seeds(options: Int8Options) -> list[int]:
+    """The seeds of the calibration batches (stages.binding.bind_inputs draws each batch)."""
+    base = CALIBRATION_SEED_BASE + 1000 * options.calibration_seed
+    return [base + i for i in range(options.calibration_batches)]
+
+
+def xnnpack_quantizer(options: Int8Options) -> Any:
+    """ExecuTorch's XNNPACKQuantizer, symmetric, set as the options say (the modules under
+    float_modules get no annotation: they stay float and run on XNNPACK's float kernels)."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    config = get_symmetric_quantization_config(
+        is_per_channel=options.per_channel, is_dynamic=options.activations == "dynamic"
+    )
+    quantizer = XNNPACKQuantizer().set_global(config)
+    if options.float_modules:  # (its set_module_name(name, None) is "not supported yet")
+        from torchao.quantization.pt2e.quantizer.utils import get_module_name_filter
+
+        kept = [get_module_name_filter(name) for name in options.float_modules]
+        quantizer.set_filter_function(lambda node: not any(inside(node) for inside in kept))
+    return quantizer
+
+
+def module_names(ep: ExportedProgram) -> set[str]:
+    """The names of the model's modules that own a node of the program (its nn_module_stack),
+    every prefix included (`encoder`, `encoder.layer`, `encoder.layer.0`)."""
+    names: set[str] = set()
+    for node in ep.graph.nodes:
+        for path, _ in (node.meta.get("nn_module_stack") or {}).values():
+            path = path[len("L['self'].") :] if path.startswith("L['self'].") else path
+            parts = path.split(".")
+            names.update(".".join(parts[: i + 1]) for i in range(len(parts)) if path)
+    return names
+
+
+def program_dynamic_shapes(ep: ExportedProgram, example: BoundInputs) -> Any:
+    """The dynamic dims `ep` has, for exporting its module again on `example` (the same pytree
+    as the program's inputs): one torch.export.Dim per symbol, with the program's range for it.
+    A dim the program computes from others (2*s0) is refused: the converted module would need
+    the derivation spelled out again."""
+    ranges = {str(k): v for k, v in ep.range_constraints.items()}
+    dims: dict[str, Any] = {}
+    shapes = torch.export.ShapesCollection()
+    leaves = [tensor for _, tensor, _ in example.tensor_leaves()]
+    nodes = program.user_tensor_inputs(ep)
+    if len(leaves) != len(nodes):
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"the model's inputs have {len(leaves)} tensors and its program {len(nodes)}: they do not match",
+        )
+    dynamic = False
+    for tensor, node in zip(leaves, nodes):
+        val = node.meta.get("val") if node is not None else None
+        if node is None or not isinstance(val, torch.Tensor):
+            continue
+        spec = {}
+        for index, size in enumerate(val.shape):
+            if not isinstance(size, torch.SymInt):
+                continue
+            expr = size.node.expr
+            name = str(expr)
+            if not expr.is_Symbol:
+                raise StageError(
+                    ErrorClass.DYNAMIC_SHAPE,
+                    f"int8: input {node.name!r} dim {index} is {name}, a dim derived from others; "
+                    "only plain dynamic dims can be exported again after quantization",
+                )
+            if name not in dims:
+                vr = ranges.get(name)
+                low = program.range_end(vr.lower) if vr is not None else None
+                high = program.range_end(vr.upper) if vr is not None else None
+                dims[name] = torch.export.Dim(f"d_{name}", min=max(low or 0, 0), max=high or torch.export.Dim.AUTO)
+            spec[index] = dims[name]
+        if spec:
+            shapes[tensor] = spec
+            dynamic = True
+    return shapes if dynamic else None
+
+
+def quantize(
+    ep: ExportedProgram,
+    calibration: Sequence[BoundInputs],
+    example: BoundInputs,
+    options: Int8Options,
+    quantizer: Any,
+) -> tuple[ExportedProgram, dict[str, Any]]:
+    """`ep` quantized: prepare_pt2e(ep.module(), quantizer), every calibration batch run through
+    it, convert_pt2e, and torch.export.export again on `example` with the program's dims. Errors:
+    StageError(quantization) naming what PT2E refused."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    refuse_training(ep, "int8")
+    unknown = [name for name in options.float_modules if name not in (known := module_names(ep))]
+    if unknown:
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"executorch_int8.float_modules names {unknown}, which the program has no node of "
+            f"(its modules: {', '.join(sorted(known)[:20]) or 'none'})",
+        )
+    start = time.perf_counter()
+    try:
+        prepared = prepare_pt2e(ep.module(), quantizer)
+    except Exception as exc:
+        raise StageError(
+            ErrorClass.QUANTIZATION, f"prepare_pt2e refused the program: {short_message(exc, 800)}"
+        ) from exc
+    try:
+        with torch.no_grad():
+            for batch in calibration:
+                prepared(*batch.args, **batch.kwargs)
+    except Exception as exc:
+        raise StageError(
+            ErrorClass.QUANTIZATION, f"calibration failed on the observed program: {short_message(exc, 800)}"
+        ) from exc
+    try:
+        converted = convert_pt2e(prepared)
+    except Exception as exc:
+        raise StageError(ErrorClass.QUANTIZATION, f"convert_pt2e failed: {short_message(exc, 800)}") from exc
+    args, kwargs = tuple(example.args), dict(example.kwargs)
+    collected = program_dynamic_shapes(ep, example)
+    try:
+        shaped = collected.dynamic_shapes(converted, args, kwargs) if collected is not None else None
+        quantized = torch.export.export(converted, args, kwargs, dynamic_shapes=shaped)
+    except Exception as exc:
+        raise StageError(
+            ErrorClass.QUANTIZATION, f"the quantized program does not export again: {short_message(exc, 800)}"
+        ) from exc
+    seeds = calibration_seeds(options)
+    quantized_ops = {k: v for k, v in program.op_histogram(quantized).items() if "quantize" in k}
+    metadata = {
+        "scheme": "pt2e-int8",
+        "per_channel": options.per_channel,
+        "activations": options.activations,
+        "float_modules": list(options.float_modules),
+        "calibration_batches": len(calibration),
+        "calibration_seeds": [seeds[0], seeds[-1]],
+        "quantize_ops": quantized_ops,
+        "quantize_seconds": round(time.perf_counter() - start, 3),
+    }
+    return quantized, metadata
+
+
+def quantize_for_executorch(
+    ep: ExportedProgram, calibration: Sequence[BoundInputs], example: BoundInputs, options: Int8Options
+) -> StageResult:
+    """Output: the .pte bytes of `ep` quantized with XNNPACKQuantizer and lowered with the XNNPACK
+    partitioner (stages.executorch_target.lower_executorch). StageError(quantization) for what
+    PT2E refuses; lowering and dynamic_shape as the executorch stage has them."""
+    from pt2flow.stages.executorch_target import lower_executorch
+
+    with quiet_torch() as sink:
+        quantized, described = quantize(ep, calibration, example, options, xnnpack_quantizer(options))
+    lowered = lower_executorch(quantized, ExecutorchOptions(partitioners=("xnnpack",), portable_fallback=True))
+    metadata = {**lowered.metadata, **described}
+    return StageResult(output=lowered.output, metadata=metadata, warnings=(*sink.items, *lowered.warnings))

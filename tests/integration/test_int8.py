@@ -1,0 +1,101 @@
+"""int8 through a fleet (flows/builtin/executorch_int8.py): a conv net and a model with an outlier
+channel quantized with PT2E and lowered to .pte, judged by their accuracy budgets; the artifact
+`get` serves run by the ExecuTorch runtime in a plain interpreter; a calibration change or a module
+kept float rebuilds exactly the int8 artifacts (and the verdicts that read them), nothing else;
+check-compat holds the int8 artifacts to the same budgets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, run_cli, run_in_process, write_config
+from tests.stages.test_quantize import PLAIN_SCRIPT
+
+pytest.importorskip("executorch")
+pytestmark = pytest.mark.integration
+
+STAGES = ["trace", "functionalize", "serialize", "executorch_int8", "validate"]
+
+
+def _config(tmp_path: Path, *, seed: int = 0, kept: tuple[str, ...] = ()) -> Path:
+    convnet = {
+        "name": "convnet",
+        "factory": "tests.models:small_convnet",
+        "inputs": {"x": {"shape": [2, 3, 16, 16]}},
+        "stages": {"executorch_int8": {"calibration_seed": seed}},
+    }
+    outlier = {
+        "name": "outlier",
+        "factory": "tests.models:outlier_mlp",
+        "inputs": {"x": {"shape": [4, 8]}},
+        "require": ["serialized"],  # the int8 artifact may miss its budget without failing the model
+        "stages": {
+            "executorch_int8": {"float_modules": list(kept)},
+            "validate": {"accuracy": {"sqnr_db": {"min": 25}}},
+        },
+    }
+    return write_config(tmp_path / "int8.yaml", [convnet, outlier], stages=STAGES, store="store")
+
+
+def _stages(model: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    return {name: (view["status"], view["cached"]) for name, view in model["stages"].items()}
+
+
+def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calibration_changes(
+    tmp_path: Path,
+) -> None:
+    code, first = run_in_process(_config(tmp_path))
+    assert code == 0, first  # the outlier's int8 missing its budget leaves it partial, not failed
+    models = {m["name"]: m for m in first["models"]}
+    convnet, outlier = models["convnet"], models["outlier"]
+    assert convnet["status"] == "ok" and convnet["validation"]["passed"] is True
+    assert outlier["status"] == "partial", outlier
+    assert "executorch_int8 misses its accuracy budget: sqnr_db" in json.dumps(outlier), outlier
+
+    # what `get` serves is the int8 program: the runtime runs it in a plain interpreter, close to eager
+    store = str(tmp_path / "store")
+    pte = tmp_path / "convnet.int8.pte"
+    proc = run_cli(["get", "--model", "convnet", "--artifact", "pte-int8", "-o", str(pte), "--store", store])
+    assert proc.returncode == 0, proc.stderr
+    plain = subprocess.run(
+        [sys.executable, "-c", PLAIN_SCRIPT, str(pte), "7", str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
+    )
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    seen = json.loads(plain.stdout.strip().splitlines()[-1])
+    assert seen["argmax_agrees"] and 20 < seen["sqnr_db"] < 120, seen
+
+    # other calibration batches for the conv net, `wide` and `head` kept float in the outlier model
+    code, second = run_in_process(_config(tmp_path, seed=1, kept=("wide", "head")))
+    assert code == 0, second
+    again = {m["name"]: m for m in second["models"]}
+    for name in ("convnet", "outlier"):
+        assert _stages(again[name]) == {
+            "trace": ("ok", True),
+            "functionalize": ("ok", True),
+            "serialize": ("ok", True),
+            "executorch_int8": ("ok", False),
+            "validate": ("ok", False),
+        }, (name, _stages(again[name]))
+        assert again[name]["artifacts"]["pte-int8"] != models[name]["artifacts"]["pte-int8"]
+        assert again[name]["artifacts"]["serialized"] == models[name]["artifacts"]["serialized"]
+    assert again["outlier"]["status"] == "ok" and again["outlier"]["validation"]["passed"] is True
+
+    # check-compat runs the stored samples again and holds the int8 artifact to the same budget:
+    # errors allclose(atol=1e-5) would refuse, within the budget, pass
+    proc = run_cli(["check-compat", "--store", store, "--json"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    checked = {m["name"]: m for m in json.loads(proc.stdout)["models"]}
+    for name in ("convnet", "outlier"):
+        int8 = checked[name]["pte-int8"]
+        assert (int8["loads"], int8["runs"], int8["matches"]) == (True, True, True), int8
+        assert int8["max_abs_err"] > 1e-4 and int8["sha256"] == again[name]["artifacts"]["pte-int8"]

@@ -1,0 +1,152 @@
+"""PT2E int8 (stages/quantize.py): the functional program quantized with XNNPACK's quantizer,
+calibrated, converted, lowered to a .pte; validate judges it by accuracy budgets
+(stages/accuracy.py), not allclose. Ground truth from outside pt2flow: the .pte run by the
+ExecuTorch runtime in a plain interpreter, its outputs measured there against eager. The outlier
+channel that misses a budget until its modules stay float, and a calibration change rebuilding
+only the int8 artifacts, are tests/integration/test_int8.py's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pt2flow.stages.binding import bind_inputs
+from pt2flow.stages.errors import StageError
+from pt2flow.stages.example_inputs import InputSpec, ModelInputs
+from pt2flow.stages.executorch_target import load_pte
+from pt2flow.stages.options import Bound, ValidateOptions
+from pt2flow.stages.quantize import calibration_seeds, quantize_for_executorch
+from pt2flow.stages.result import StageResult
+from pt2flow.stages.target_options import Int8Options
+from pt2flow.stages.targets import TargetArtifact
+from pt2flow.stages.validate import validate
+from pt2flow.stages.vocabulary import ErrorClass
+from tests import models
+from tests.stages.conftest import TargetCase, _target_case
+
+pytest.importorskip("executorch")
+pytest.importorskip("torchao")
+pytestmark = pytest.mark.integration  # quantizes and lowers to ExecuTorch (5-15 s each)
+
+
+def image_inputs() -> ModelInputs:
+    return ModelInputs({"x": InputSpec((2, 3, 16, 16))}, {}, {})
+
+
+def int8(case: TargetCase, **options: object) -> StageResult:
+    chosen = Int8Options(**options)  # type: ignore[arg-type]
+    eager = case.build()
+    calibration = [bind_inputs(eager, case.inputs, seed=s) for s in calibration_seeds(chosen)]
+    return quantize_for_executorch(case.program, calibration, bind_inputs(eager, case.inputs), chosen)
+
+
+def judged(case: TargetCase, pte: bytes, **validate_options: object) -> dict:
+    result = validate(
+        case.build,
+        case.inputs,
+        case.dims,
+        ValidateOptions(**validate_options),  # type: ignore[arg-type]
+        targets={"executorch_int8": TargetArtifact(pte, load_pte, exact=False)},
+    )
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def convnet() -> TargetCase:
+    return _target_case(models.small_convnet, image_inputs())
+
+
+@pytest.fixture(scope="module")
+def convnet_int8(convnet: TargetCase) -> StageResult:
+    return int8(convnet)
+
+
+PLAIN_SCRIPT = """
+import json, sys, torch
+from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+sys.path.insert(0, sys.argv[3])
+from tests import models
+torch.manual_seed(0)
+model = models.small_convnet().eval()
+data = open(sys.argv[1], "rb").read()  # kept: the runtime reads the program from these bytes
+runtime = _load_for_executorch_from_buffer(data)
+x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(int(sys.argv[2])))
+out = runtime.forward((x,))[0]
+ref = model(x).detach()
+noise = ((out - ref) ** 2).sum()
+print(json.dumps({
+    "sqnr_db": float(10 * torch.log10((ref ** 2).sum() / noise)) if noise > 0 else None,
+    "argmax_agrees": bool((out.argmax(1) == ref.argmax(1)).all()),
+    "max_abs_err": float((out - ref).abs().max()),
+}))
+"""
+
+
+def test_a_conv_net_in_int8_runs_in_a_plain_interpreter_within_its_budget(
+    convnet: TargetCase, convnet_int8: StageResult, tmp_path: Path
+) -> None:
+    meta = convnet_int8.metadata
+    assert meta["backends"] == ["XnnpackBackend"] and meta["calibration_batches"] == 8
+    assert meta["quantize_ops"], meta  # quantize/dequantize pairs went into the program: it is int8
+    pte = tmp_path / "model.int8.pte"
+    pte.write_bytes(convnet_int8.output)
+    root = str(Path(__file__).resolve().parents[2])
+    # the model as tests.models builds it under pt2flow's builder: seeded the same way
+    built = convnet.build()
+    assert torch.equal(built.conv.weight, (torch.manual_seed(0), models.small_convnet())[1].conv.weight)
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAIN_SCRIPT, str(pte), "12345", root],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    # int8, not float: close to eager, not equal to it
+    assert seen["sqnr_db"] is not None and 20 < seen["sqnr_db"] < 120, seen
+    assert seen["argmax_agrees"] and 0 < seen["max_abs_err"] < 0.05, seen
+
+    report = judged(convnet, convnet_int8.output)
+    entry = report["candidates"]["executorch_int8"]
+    assert report["passed"] and entry["verdict"]["passed"], entry["verdict"]
+    metrics = entry["accuracy"]["metrics"]
+    assert 20 < metrics["sqnr_db"] < 120 and metrics["top1_agreement"] == 1.0 and metrics["cosine"] > 0.99
+    assert entry["accuracy"]["budget"] == {"sqnr_db": {"min": 20.0, "max": None}}  # the default budget
+    assert report["max_abs_err"] == 0.0  # the exact candidates' figure: the int8 one has its own
+    assert entry["max_abs_err"] == metrics["max_abs_err"] > 0
+
+
+def test_a_budget_the_int8_artifact_misses_fails_it_naming_the_metric(
+    convnet: TargetCase, convnet_int8: StageResult
+) -> None:
+    with pytest.raises(StageError) as caught:
+        judged(convnet, convnet_int8.output, accuracy={"sqnr_db": Bound(min=150.0), "top1_agreement": {"min": 0.5}})
+    assert caught.value.error_class == ErrorClass.NUMERIC_MISMATCH
+    assert "executorch_int8 misses its accuracy budget: sqnr_db" in caught.value.message
+    assert "< 150 (min)" in caught.value.message and "top1_agreement" not in caught.value.message
+    # allclose would have failed it too: the budget, not atol, is what judged it
+    report = judged(convnet, convnet_int8.output, atol=0.0, rtol=0.0)
+    assert report["candidates"]["executorch_int8"]["verdict"]["passed"]
+
+
+def test_a_dynamic_batch_and_sequence_are_kept_through_quantization(seq_case: TargetCase) -> None:
+    pte = int8(seq_case)
+    runner = load_pte(pte.output)
+    for sizes in ({"batch": 1, "seq": 2}, {"batch": 5, "seq": 11}):
+        bound = seq_case.bound(**sizes)
+        (x,) = [t for _, t, _ in bound.tensor_leaves()]
+        hidden, pooled = runner([x])
+        assert hidden.shape == (sizes["batch"], sizes["seq"], 8) and pooled.shape == (sizes["batch"], 8)
+
+
+def test_a_float_module_the_model_does_not_have_is_a_config_error(convnet: TargetCase) -> None:
+    with pytest.raises(StageError) as caught:
+        int8(convnet, float_modules=("fc", "cnov"))
+    assert caught.value.error_class == ErrorClass.CONFIG
+    assert "float_modules names ['cnov']" in caught.value.message and "conv, fc" in caught.value.message
