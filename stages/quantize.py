@@ -23,7 +23,7 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.example_inputs import BoundInputs
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
-from pt2flow.stages.target_options import ExecutorchOptions, Int8Options
+from pt2flow.stages.target_options import INT8_INDUCTOR_CONFIGS, ExecutorchOptions, Int8Options
 from pt2flow.stages.targets import refuse_training
 from pt2flow.stages.vocabulary import ErrorClass
 
@@ -44,16 +44,54 @@ def xnnpack_quantizer(options: Int8Options) -> Any:
         get_symmetric_quantization_config,
     )
 
+    class Quantizer(XNNPACKQuantizer):
+        def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            return float_scalars_to_attrs(model)
+
     config = get_symmetric_quantization_config(
         is_per_channel=options.per_channel, is_dynamic=options.activations == "dynamic"
     )
-    quantizer = XNNPACKQuantizer().set_global(config)
+    quantizer = Quantizer().set_global(config)
     if options.float_modules:  # (its set_module_name(name, None) is "not supported yet")
         from torchao.quantization.pt2e.quantizer.utils import get_module_name_filter
 
         kept = [get_module_name_filter(name) for name in options.float_modules]
         quantizer.set_filter_function(lambda node: not any(inside(node) for inside in kept))
     return quantizer
+
+
+SCALAR_OPERAND_OPS = ("aten.add.Tensor", "aten.mul.Tensor")
+
+
+def float_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The number operands of the floating adds and muls of `model` made tensor constants, so that
+    the quantizer can give them a scale as it does to a tensor operand. XNNPACKQuantizer's own pass
+    does this to every add and mul, integer ones included: transformers' attention masks index
+    with `arange(n) + k`, which then became a float tensor and failed as an index during
+    calibration (tiny BERT: "tensors used as indices must be long")."""
+    changed = False
+    for node in list(model.graph.nodes):
+        value = node.meta.get("val")
+        if node.op != "call_function" or str(node.target) not in SCALAR_OPERAND_OPS:
+            continue
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        args = list(node.args)
+        for index, arg in enumerate(args):
+            if isinstance(arg, torch.fx.Node) or not isinstance(arg, int | float) or isinstance(arg, bool):
+                continue
+            name = f"_pt2flow_scalar_{len(list(model.buffers()))}"
+            constant = torch.tensor(float(arg))
+            model.register_buffer(name, constant)
+            with model.graph.inserting_before(node):
+                attr = model.graph.get_attr(name)
+            attr.meta["val"] = value.fake_mode.from_tensor(constant, static_shapes=True)
+            args[index] = attr
+            changed = True
+        node.args = tuple(args)
+    if changed:
+        model.recompile()
+    return model
 
 
 def module_names(ep: ExportedProgram) -> set[str]:
@@ -188,3 +226,78 @@ def quantize_for_executorch(
     lowered = lower_executorch(quantized, ExecutorchOptions(partitioners=("xnnpack",), portable_fallback=True))
     metadata = {**lowered.metadata, **described}
     return StageResult(output=lowered.output, metadata=metadata, warnings=(*sink.items, *lowered.warnings))
+
+
+def x86_inductor_quantizer(options: Int8Options) -> Any:
+    """torchao's X86InductorQuantizer (weights per channel, activations per tensor, static or
+    dynamic), the modules under float_modules given no config: they stay float."""
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+
+    if not options.per_channel:
+        raise StageError(
+            ErrorClass.CONFIG,
+            "aot_compile_int8 quantizes weights per channel (X86InductorQuantizer has no per-tensor "
+            "weights): leave per_channel at true for this stage",
+        )
+    config = x86.get_default_x86_inductor_quantization_config(is_dynamic=options.activations == "dynamic")
+    quantizer = x86.X86InductorQuantizer().set_global(config)
+    for name in options.float_modules:
+        quantizer.set_module_name_qconfig(name, None)
+    return quantizer
+
+
+def quantize_for_inductor(
+    ep: ExportedProgram, calibration: Sequence[BoundInputs], example: BoundInputs, options: Int8Options
+) -> StageResult:
+    """Output: the bytes of an AOTInductor package (a .pt2 zip) of `ep` quantized with
+    X86InductorQuantizer and compiled with INT8_INDUCTOR_CONFIGS, for the CPU. StageError
+    (quantization) for what PT2E refuses, a compile failure classified as aot_compile's."""
+    import tempfile
+    from pathlib import Path
+
+    from torch._inductor import aoti_compile_and_package
+
+    from pt2flow.stages.classify import classify_compile_error
+
+    with quiet_torch() as sink:
+        quantized, described = quantize(ep, calibration, example, options, x86_inductor_quantizer(options))
+        with tempfile.TemporaryDirectory(prefix="pt2flow-aoti-int8-") as folder:
+            try:
+                path = aoti_compile_and_package(
+                    quantized,
+                    package_path=str(Path(folder) / "model.pt2"),
+                    inductor_configs=dict(INT8_INDUCTOR_CONFIGS),
+                )
+            except Exception as exc:
+                raise StageError(
+                    classify_compile_error(exc), f"AOTInductor compile of the int8 program failed: {short_message(exc)}"
+                ) from exc
+            data = Path(path).read_bytes()
+    metadata = {"size": len(data), "device": "cpu", "inductor_configs": INT8_INDUCTOR_CONFIGS, **described}
+    return StageResult(output=data, metadata=metadata, warnings=tuple(sink.items))
+
+
+class PackageRunner:
+    """An AOTInductor package run on flat tensor inputs (its loader's own flat call: the user's
+    tensor inputs in, in torch's flattening order, the output leaves out)."""
+
+    def __init__(self, data: bytes) -> None:
+        import tempfile
+        from pathlib import Path
+
+        from torch._inductor import aoti_load_package
+
+        self._folder = tempfile.TemporaryDirectory(prefix="pt2flow-int8-package-")  # kept while loaded
+        path = Path(self._folder.name) / "model.pt2"
+        path.write_bytes(data)
+        with quiet_torch():
+            self.compiled = aoti_load_package(str(path))
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        flat = [t.detach().contiguous() for t in inputs if isinstance(t, torch.Tensor)]
+        return list(self.compiled.loader.run(flat))
+
+
+def load_int8_package(data: bytes) -> PackageRunner:
+    """A runner of quantize_for_inductor's bytes (validate's, check-compat's and benchmark's loader)."""
+    return PackageRunner(data)

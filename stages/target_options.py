@@ -64,3 +64,8 @@ class Int8Options(_TargetOptions):
     float_modules: tuple[str, ...] = ()
     calibration_batches: int = Field(default=8, ge=1, le=1024)
     calibration_seed: int = Field(default=0, ge=0)
+
+
+# the Inductor configs of an int8 AOTInductor package (stages/quantize.py): freezing folds the int8
+# weights' dequantization into constants, so Inductor's int8 patterns (oneDNN qconv/qlinear) apply
+INT8_INDUCTOR_CONFIGS = {"freezing": True}

@@ -53,7 +53,8 @@ def compute(call: StageCall) -> Produced:
             ErrorClass.CONFIG,
             "benchmark times inference, and this model is in training mode (functionalize.mode: training): leave benchmark out of its stages",
         )
-    passed = validated(json.loads(call.blob("validate")))
+    verdicts = json.loads(call.blob("validate"))
+    passed = validated(verdicts)
     own = {kind: pipeline.publisher_name(kind) for kind in LOADED_BY_VALIDATE}
     blobs = {
         kind: call.artifact(name, kind) if name and name in call.inputs and _slot(name) in passed else None
@@ -72,9 +73,17 @@ def compute(call: StageCall) -> Produced:
             targets=targets,
             machine=machine(),
         )
+    summary = dict(result.metadata["summary"])
+    judged = {  # what an artifact judged by accuracy budgets costs, beside what it saves
+        name: entry["accuracy"]["metrics"]
+        for name, entry in (verdicts.get("candidates") or {}).items()
+        if name in targets and "accuracy" in entry
+    }
+    if judged:
+        summary["accuracy"] = judged
     return call.publish(
         json.dumps(result.output, indent=1).encode(),
-        details={TIMINGS: result.metadata["summary"]},
+        details={TIMINGS: summary},
         warnings=result.warnings,
     )
 

@@ -5,7 +5,7 @@ calibrated on batches of the model's inputs, and lowered for ExecuTorch with the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pt2flow.flows.builtin._programs import FUNCTIONAL_PROGRAM
 from pt2flow.flows.pipeline.stage import Stage
@@ -34,15 +34,23 @@ STAGE = Stage(
 
 
 def compute(call: StageCall) -> Produced:
+    from pt2flow.stages.quantize import quantize_for_executorch
+
+    options = call.options(Int8Options)
+    calibration, example = calibration_inputs(call, options, STAGE.name)
+    return call.publish_result(quantize_for_executorch(call.program(), calibration, example, options))
+
+
+def calibration_inputs(call: StageCall, options: Int8Options, stage: str) -> tuple[list[Any], Any]:
+    """The calibration batches (drawn from the model's inputs spec at the example sizes, seeded
+    by stages.quantize.calibration_seeds) and the example the quantized module is exported on."""
     from pt2flow.stages.binding import bind_inputs
     from pt2flow.stages.errors import StageError
-    from pt2flow.stages.quantize import calibration_seeds, quantize_for_executorch
+    from pt2flow.stages.quantize import calibration_seeds
     from pt2flow.stages.vocabulary import ErrorClass
 
     if call.model.component:
-        raise StageError(ErrorClass.CONFIG, "executorch_int8 does not quantize a generative model's components yet")
-    options = call.options(Int8Options)
+        raise StageError(ErrorClass.CONFIG, f"{stage} does not quantize a generative model's components yet")
     eager, inputs = call.eager_model(), call.example_inputs()
     calibration = [bind_inputs(eager, inputs, seed=seed) for seed in calibration_seeds(options)]
-    example = bind_inputs(eager, inputs, seed=0)
-    return call.publish_result(quantize_for_executorch(call.program(), calibration, example, options))
+    return calibration, bind_inputs(eager, inputs, seed=0)

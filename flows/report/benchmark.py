@@ -95,9 +95,19 @@ def summary_line(summary: Mapping[str, Any]) -> str:
         for label, best in summary["best"].items()
     }
     wins = sum(1 for best in summary["best"].values() if best == summary["recommended"])
-    return recommendation_sentence(
+    sentence = recommendation_sentence(
         {"artifact": summary["recommended"], "wins": wins, "points": points}, summary["points"]
     )
+    cost = (summary.get("accuracy") or {}).get(summary["recommended"])
+    if cost:  # an int8 artifact: what it gives up, as validate measured it
+        shown = ", ".join(
+            f"{metric} {value:.4g}" for metric in ACCURACY_SHOWN if (value := cost.get(metric)) is not None
+        )
+        sentence += f"; within its accuracy budget: {shown}"
+    return sentence
+
+
+ACCURACY_SHOWN = ("top1_agreement", "sqnr_db", "cosine")  # the metrics the summary line quotes
 
 
 def _series(summary: Mapping[str, Any]) -> tuple[list[str], dict[str, list[float | None]]]:

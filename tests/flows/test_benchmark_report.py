@@ -81,3 +81,27 @@ def test_without_a_benchmark_validates_medians_stay_the_latency(store: ArtifactS
     )
     m = by_model(build_report(store.index, "run-1", "run-2").model_dump(mode="json"))["m"]
     assert set(m["latency_ms"]) == {"eager"} and m["timings"] is None
+
+
+def test_an_int8_recommendation_says_what_accuracy_it_costs() -> None:
+    """The run summary's line for a model whose fastest artifact is judged by accuracy budgets
+    names the metrics validate measured (the benchmark stage copies them into its summary);
+    a float recommendation's line is as before, and the summary validates as the run document's."""
+    from pt2flow.flows.engine.common.documents import BenchmarkSummary
+    from pt2flow.flows.report.benchmark import summary_line
+
+    summary = {
+        **_summary(onnx=0.5),
+        "recommended": "executorch_int8",
+        "best": {"batch=1": "executorch_int8", "batch=8": "onnx"},
+        "speedup_vs_eager": {"batch=1": 2.5, "batch=8": 1.5},
+        "accuracy": {"executorch_int8": {"sqnr_db": 31.25, "cosine": 0.9996, "top1_agreement": 0.984375}},
+    }
+    line = summary_line(BenchmarkSummary(**summary).model_dump())
+    assert line == (
+        "recommended: executorch_int8, fastest at 1 of 2 sizes (2.5x eager); onnx at batch=8; "
+        "within its accuracy budget: top1_agreement 0.9844, sqnr_db 31.25, cosine 0.9996"
+    )
+    plain = {k: v for k, v in _summary(onnx=0.5).items()}
+    assert "accuracy" not in BenchmarkSummary(**plain).model_dump()  # not given: not in the document
+    assert summary_line(plain) == "recommended: onnx, fastest at 2 of 2 sizes (2x eager)"

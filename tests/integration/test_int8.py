@@ -1,5 +1,5 @@
-"""int8 through a fleet (flows/builtin/executorch_int8.py): a conv net and a model with an outlier
-channel quantized with PT2E and lowered to .pte, judged by their accuracy budgets; the artifact
+"""int8 through a fleet (flows/builtin/executorch_int8.py): a conv net, a model with an outlier
+channel and tiny BERT quantized with PT2E and lowered to .pte, judged by their accuracy budgets; the artifact
 `get` serves run by the ExecuTorch runtime in a plain interpreter; a calibration change or a module
 kept float rebuilds exactly the int8 artifacts (and the verdicts that read them), nothing else;
 check-compat holds the int8 artifacts to the same budgets."""
@@ -40,7 +40,15 @@ def _config(tmp_path: Path, *, seed: int = 0, kept: tuple[str, ...] = ()) -> Pat
             "validate": {"accuracy": {"sqnr_db": {"min": 25}}},
         },
     }
-    return write_config(tmp_path / "int8.yaml", [convnet, outlier], stages=STAGES, store="store")
+    bert = {  # transformers' attention mask indexes with integer arithmetic the quantizer must leave alone
+        "name": "tiny-bert",
+        "factory": "tests.hf_models:bert_tiny",
+        "inputs": {
+            "input_ids": {"shape": [2, 8], "dtype": "int64", "low": 0, "high": 100},
+            "attention_mask": {"shape": [2, 8], "dtype": "int64", "value": 1},
+        },
+    }
+    return write_config(tmp_path / "int8.yaml", [convnet, outlier, bert], stages=STAGES, store="store")
 
 
 def _stages(model: dict[str, Any]) -> dict[str, tuple[str, bool]]:
@@ -57,6 +65,7 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
     assert convnet["status"] == "ok" and convnet["validation"]["passed"] is True
     assert outlier["status"] == "partial", outlier
     assert "executorch_int8 misses its accuracy budget: sqnr_db" in json.dumps(outlier), outlier
+    assert models["tiny-bert"]["status"] == "ok" and models["tiny-bert"]["artifacts"]["pte-int8"]
 
     # what `get` serves is the int8 program: the runtime runs it in a plain interpreter, close to eager
     store = str(tmp_path / "store")
@@ -89,6 +98,8 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
         assert again[name]["artifacts"]["pte-int8"] != models[name]["artifacts"]["pte-int8"]
         assert again[name]["artifacts"]["serialized"] == models[name]["artifacts"]["serialized"]
     assert again["outlier"]["status"] == "ok" and again["outlier"]["validation"]["passed"] is True
+    # tiny BERT's int8 options did not change: nothing of it is built again
+    assert {view[1] for view in _stages(again["tiny-bert"]).values()} == {True}, _stages(again["tiny-bert"])
 
     # check-compat runs the stored samples again and holds the int8 artifact to the same budget:
     # errors allclose(atol=1e-5) would refuse, within the budget, pass

@@ -20,7 +20,7 @@ from pt2flow.stages.errors import StageError
 from pt2flow.stages.example_inputs import InputSpec, ModelInputs
 from pt2flow.stages.executorch_target import load_pte
 from pt2flow.stages.options import Bound, ValidateOptions
-from pt2flow.stages.quantize import calibration_seeds, quantize_for_executorch
+from pt2flow.stages.quantize import calibration_seeds, load_int8_package, quantize_for_executorch, quantize_for_inductor
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import Int8Options
 from pt2flow.stages.targets import TargetArtifact
@@ -150,3 +150,51 @@ def test_a_float_module_the_model_does_not_have_is_a_config_error(convnet: Targe
         int8(convnet, float_modules=("fc", "cnov"))
     assert caught.value.error_class == ErrorClass.CONFIG
     assert "float_modules names ['cnov']" in caught.value.message and "conv, fc" in caught.value.message
+
+
+PLAIN_PACKAGE_SCRIPT = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[3])
+from tests import models
+torch.manual_seed(0)
+model = models.small_convnet().eval()
+package = torch._inductor.aoti_load_package(sys.argv[1])
+x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(int(sys.argv[2])))  # a static batch
+out, ref = package(x), model(x).detach()
+print(json.dumps({
+    "sqnr_db": float(10 * torch.log10((ref ** 2).sum() / ((out - ref) ** 2).sum())),
+    "argmax_agrees": bool((out.argmax(1) == ref.argmax(1)).all()),
+}))
+"""
+
+
+@pytest.mark.compile
+def test_a_conv_net_in_an_int8_aotinductor_package_runs_in_a_plain_interpreter(
+    convnet: TargetCase, tmp_path: Path
+) -> None:
+    options = Int8Options()
+    eager = convnet.build()
+    calibration = [bind_inputs(eager, convnet.inputs, seed=s) for s in calibration_seeds(options)]
+    package = quantize_for_inductor(convnet.program, calibration, bind_inputs(eager, convnet.inputs), options)
+    assert package.metadata["quantize_ops"] and package.metadata["inductor_configs"] == {"freezing": True}
+    path = tmp_path / "model.int8.pt2"
+    path.write_bytes(package.output)
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAIN_PACKAGE_SCRIPT, str(path), "99", str(Path(__file__).resolve().parents[2])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["argmax_agrees"] and 20 < seen["sqnr_db"] < 120, seen  # int8: close to eager, not equal
+
+    report = validate(
+        convnet.build,
+        convnet.inputs,
+        convnet.dims,
+        ValidateOptions(),
+        targets={"aot_compile_int8": TargetArtifact(package.output, load_int8_package, exact=False)},
+    ).output
+    metrics = report["candidates"]["aot_compile_int8"]["accuracy"]["metrics"]
+    assert report["passed"] and metrics["sqnr_db"] > 20 and metrics["top1_agreement"] == 1.0, metrics

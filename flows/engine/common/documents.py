@@ -171,7 +171,11 @@ class ComponentResult(Document):
 class BenchmarkSummary(Document):
     """The benchmark stage's summary (stages/benchmark.summary): the recommended artifact (fastest
     at the most sizes), the sizes timed (labels such as "batch=1 seq=2"), the fastest artifact and
-    its speedup over eager at each, and every artifact's p50 in ms at each (None: it failed there)."""
+    its speedup over eager at each, and every artifact's p50 in ms at each (None: it failed there);
+    `accuracy`, where an artifact timed is judged by accuracy budgets (int8), its metrics as
+    validate measured them (stages/accuracy.py), so the recommendation can say what it costs."""
+
+    optional: ClassVar[frozenset[str]] = frozenset({"accuracy"})
 
     recommended: str | None
     points: list[str]
@@ -179,6 +183,7 @@ class BenchmarkSummary(Document):
     speedup_vs_eager: dict[str, float | None]
     p50_ms: dict[str, dict[str, float | None]]
     threads: int | None = None
+    accuracy: dict[str, dict[str, float | None]] | None = None
 
 
 class ModelResult(Document):
