@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from collections.abc import Mapping
 
 from pt2flow.flows.builtin._programs import FUNCTIONAL_PROGRAM
-from pt2flow.flows.pipeline.stage import Stage
+from pt2flow.flows.pipeline.stage import Input, Stage
 from pt2flow.stages.target_options import Int8Options
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ STAGE = Stage(
     "aot_compile_int8",
     1,
     compute=f"{__name__}:compute",
-    inputs=(FUNCTIONAL_PROGRAM,),
+    inputs=(FUNCTIONAL_PROGRAM, Input.of("source")),  # the calibration's source: flows/builtin/executorch_int8.py key
     options=Int8Options,
     publishes="package-int8",
     artifact="compiled-int8",
@@ -46,8 +46,9 @@ def compute(call: StageCall) -> Produced:
 
 
 def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
-    """Native code, as aot_compile's package: the key also covers the CPU's vector ISA and the
-    C++ compiler it was built with (flows/builtin/aot_compile.py key)."""
+    """executorch_int8's (the program's fingerprint, the source's key: what calibrates it), and,
+    native code as aot_compile's package is, the CPU's vector ISA and the C++ compiler it was
+    built with (flows/builtin/aot_compile.py key)."""
     from pt2flow.flows.engine.stage_api import (
         cache_dir,
         current_interpreter,
@@ -64,4 +65,4 @@ def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> st
         "torchao": current_interpreter().version("torchao", "absent"),
         "toolchain": toolchain_identity("cpu", cache_dir(), INT8_INDUCTOR_CONFIGS, current_interpreter()),
     }
-    return derivation_key(stage.name, [inputs["program"].fingerprint], options, env)
+    return derivation_key(stage.name, [inputs["program"].fingerprint, inputs["source"].key], options, env)

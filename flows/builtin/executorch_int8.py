@@ -6,20 +6,25 @@ calibrated on batches of the model's inputs, and lowered for ExecuTorch with the
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from pt2flow.flows.builtin._programs import FUNCTIONAL_PROGRAM
-from pt2flow.flows.pipeline.stage import Stage
+from pt2flow.flows.pipeline.stage import Input, Stage
 from pt2flow.stages.target_options import Int8Options
 
 if TYPE_CHECKING:
-    from pt2flow.flows.engine.stage_api import Produced, StageCall
+    from pt2flow.flows.config.models import ResolvedModel
+    from pt2flow.flows.engine.stage_api import Outcome, Produced, StageCall
 
 STAGE = Stage(
     "executorch_int8",
     1,
     compute=f"{__name__}:compute",
-    inputs=(FUNCTIONAL_PROGRAM,),
+    # the source: what the calibration batches are drawn from (the inputs spec, an inputs factory
+    # or file and what it reads) is in its key, not in the program's fingerprint
+    inputs=(FUNCTIONAL_PROGRAM, Input.of("source")),
     options=Int8Options,
+    key=f"{__name__}:key",
     publishes="pte-int8",
     artifact="pte-int8",
     suffix=".int8.pte",
@@ -39,6 +44,20 @@ def compute(call: StageCall) -> Produced:
     options = call.options(Int8Options)
     calibration, example = calibration_inputs(call, options, STAGE.name)
     return call.publish_result(quantize_for_executorch(call.program(), calibration, example, options))
+
+
+def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
+    """The program's fingerprint, the source's key (the calibration batches are drawn from the
+    model's inputs: a change of their spec, factory or file that leaves the program as it was
+    changes them), the options, and the torch, Python, ExecuTorch and torchao versions."""
+    from pt2flow.flows.engine.stage_api import derivation_key, environment_part, options_json
+
+    return derivation_key(
+        stage.name,
+        [inputs["program"].fingerprint, inputs["source"].key],
+        options_json(model, stage.name),
+        environment_part("cpu", stage.libraries),
+    )
 
 
 def calibration_inputs(call: StageCall, options: Int8Options, stage: str) -> tuple[list[Any], Any]:
