@@ -61,15 +61,26 @@ def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> st
 
 
 def calibration_inputs(call: StageCall, options: Int8Options, stage: str) -> tuple[list[Any], Any]:
-    """The calibration batches (drawn from the model's inputs spec at the example sizes, seeded
-    by stages.quantize.calibration_seeds) and the example the quantized module is exported on."""
+    """The calibration batches and the example the quantized module is exported on: the model's
+    own data (`data:`, its first `data.calibration` batches) where it has some, else
+    `calibration_batches` batches drawn from its inputs spec at the example sizes (seeded by
+    stages.quantize.calibration_seeds)."""
     from pt2flow.stages.binding import bind_inputs
     from pt2flow.stages.errors import StageError
+    from pt2flow.stages.example_inputs import ModelInputs
     from pt2flow.stages.quantize import calibration_seeds
     from pt2flow.stages.vocabulary import ErrorClass
 
     if call.model.component:
         raise StageError(ErrorClass.CONFIG, f"{stage} does not quantize a generative model's components yet")
     eager, inputs = call.eager_model(), call.example_inputs()
-    calibration = [bind_inputs(eager, inputs, seed=seed) for seed in calibration_seeds(options)]
-    return calibration, bind_inputs(eager, inputs, seed=0)
+    example = bind_inputs(eager, inputs, seed=0)
+    if call.model.data is not None:
+        from pt2flow.flows.engine.stage_api import data_batches
+
+        given = [
+            ModelInputs(inputs=kwargs, dynamic={}, dims={}, positional=args)
+            for args, kwargs in data_batches(call.model)
+        ]
+        return [bind_inputs(eager, batch) for batch in given], example
+    return [bind_inputs(eager, inputs, seed=seed) for seed in calibration_seeds(options)], example

@@ -106,6 +106,7 @@ def check_model(
         checkpoint=model.checkpoint,
         depends_on=tuple(model.depends_on),
         generate=model.generate,
+        data=model.data,
     )
 
 
@@ -193,6 +194,8 @@ def _check_identity(model: ModelConfig, search_path: str, add: Add) -> None:
         problem = factory_problem(value, search_path) if value is not None else None
         if problem:
             add((key,), problem)
+    if model.data is not None and (problem := factory_problem(model.data.factory, search_path)):
+        add(("data", "factory"), problem)
     if model.weights is not None:
         if not _plain_name(model.weights).endswith(WEIGHT_SUFFIXES):
             add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")

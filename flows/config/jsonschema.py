@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
 from pt2flow.flows.config.limits import DaskConfig, LimitsConfig
 from pt2flow.flows.config.checks import NAME_PATTERN
-from pt2flow.flows.config.models import DimConfig, GenerateConfig
+from pt2flow.flows.config.models import DataConfig, DimConfig, GenerateConfig
 from pt2flow.flows import pipeline
 from pt2flow.stages.vocabulary import FACTORY_PATTERN
 from pt2flow.flows.config.retention import RetentionConfig
@@ -139,6 +139,10 @@ def _model(defs: dict[str, Any], stage_options: dict[str, Any], limits: dict[str
             "stages": stage_options,
             "limits": limits,
             "require": _require(),
+            "data": {
+                "anyOf": [_definition(DataConfig, defs, "data"), {"type": "null"}],
+                "description": "the model's own calibration data: a module:callable giving batches of forward() arguments",
+            },
             "generate": {
                 "anyOf": [_definition(GenerateConfig, defs, "generate"), {"type": "null"}],
                 "description": "a generative model: exported as components (prefill, decode), validated by greedy generation",

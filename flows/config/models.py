@@ -54,6 +54,18 @@ class GenerateConfig(_Strict):
     multi_token_decode: bool = False
 
 
+class DataConfig(_Strict):
+    """`data:`: the model's own calibration data. `factory` is a `module:callable` (resolved from
+    the config's folder, like `factory`) called with no arguments and giving an iterable of
+    batches, each as an inputs factory gives the example inputs: a dict of forward() arguments by
+    name, or (args, kwargs). The first `calibration` batches calibrate the int8 stages. The
+    module's source and the files it reads while it gives them are part of the model's source
+    identity (docs/architecture.md §2, "int8")."""
+
+    factory: str
+    calibration: int = Field(default=8, ge=1, le=1024)
+
+
 # the components of a generative model, in call order (stages/generation.py COMPONENTS; torch-free
 # here): a decoder-only model's, and an encoder-decoder's (its encoder first: every component name)
 COMPONENTS = ("prefill", "decode")
@@ -97,6 +109,8 @@ class ModelConfig(_Strict):
     require: list[str] | None = None
     # a generative model: its components go through the stages, validation is by generation
     generate: GenerateConfig | None = None
+    # the model's own calibration data (the int8 stages'); unset: batches drawn from its inputs spec
+    data: DataConfig | None = None
 
 
 class PipelineConfig(_Strict):
@@ -147,6 +161,7 @@ class ResolvedModel:
     depends_on: tuple[str, ...] = ()  # as the config names them
     require: tuple[str, ...] | None = None  # artifact kinds that must validate; None: every one built
     generate: GenerateConfig | None = None  # a generative model (its components go through the stages)
+    data: DataConfig | None = None  # its own calibration data (the int8 stages')
     # set on a component-scoped model (`M/decode`): which component of the parent `parent` it is
     component: str | None = None
     parent: str | None = None

@@ -8,6 +8,7 @@ imports from the engine, typed (mypy checks flows/builtin against it in `make te
   env)`, with `options_json` (the model's options of a stage, as keyed), `environment_part` (the
   versions a target's key names) and `stage_options`; `Environment`, `current_environment`, `current_interpreter`,
   `toolchain_identity`, `toolchain_facts`, `cache_dir` for what the environment adds;
+- `data_batches`: a model's own calibration data (`data:`), as (args, kwargs) per batch;
 - a repro function: `repro(job: ReproJob) -> str` (the body of a torch-only script), with
   `build_model_code`, `dims_code`, `recorded_weights`, `model_inputs`, `repro_component`;
 - a rebuild function (audit): `rebuild(call: RebuildCall) -> ...`.
@@ -38,6 +39,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Environment": ("pt2flow.flows.engine.common.keys", "Environment"),
     "stage_options": ("pt2flow.flows.engine.common.stage_options", "stage_options"),
     "model_inputs": ("pt2flow.flows.engine.common.inputs", "model_inputs"),
+    "data_batches": ("pt2flow.flows.engine.common.inputs", "data_batches"),
     "environment_part": ("pt2flow.flows.engine.orchestrator.stage_keys", "environment_part"),
     "options_json": ("pt2flow.flows.engine.orchestrator.stage_keys", "options_json"),
     "current_interpreter": ("pt2flow.flows.engine.environment.interpreter", "current"),
@@ -57,6 +59,7 @@ __all__ = [  # _WHERE's names
     "cache_dir",
     "current_environment",
     "current_interpreter",
+    "data_batches",
     "derivation_key",
     "dims_code",
     "environment_part",
@@ -73,7 +76,7 @@ __all__ = [  # _WHERE's names
 
 if TYPE_CHECKING:
     from pt2flow.flows.engine.common.documents import Outcome
-    from pt2flow.flows.engine.common.inputs import model_inputs
+    from pt2flow.flows.engine.common.inputs import data_batches, model_inputs
     from pt2flow.flows.engine.common.keys import Environment, derivation_key
     from pt2flow.flows.engine.common.stage_options import stage_options
     from pt2flow.flows.engine.environment.interpreter import cache_dir

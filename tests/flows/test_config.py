@@ -421,6 +421,20 @@ def test_factory_module_not_found(tmp_path: Path) -> None:
     assert str(tmp_path) in issue.message
 
 
+def test_a_data_factory_is_checked_where_it_is_written(tmp_path: Path) -> None:
+    """`data:` (a model's own calibration data): its factory resolves as `factory` does, without
+    running its module, and a bad one is named at its own key path."""
+    issue = only_issue(one_model(data="{factory: pt2flow_no_such_data_q7:batches}"), base_dir=tmp_path)
+    assert issue.path == "models[0].data.factory" and issue.line == 6
+    assert "module 'pt2flow_no_such_data_q7' not found" in issue.message
+    module = _marker_module(tmp_path, "calib_q7", "def batches():\n    yield {}\n")
+    model = parse(one_model(data="{factory: calib_q7:batches, calibration: 3}"), base_dir=tmp_path).models[0]
+    assert (model.data.factory, model.data.calibration) == ("calib_q7:batches", 3)
+    assert not module.with_suffix(".imported").exists()  # checked, never run
+    issue = only_issue(one_model(data="{factory: calib_q7:batches, calibration: 0}"), base_dir=tmp_path)
+    assert issue.path == "models[0].data.calibration" and "greater than or equal to 1" in issue.message
+
+
 def test_factory_submodule_of_a_plain_module_is_not_found(tmp_path: Path) -> None:
     (tmp_path / "flatmod_q7.py").write_text("def make():\n    return None\n")
     issue = only_issue(one_model(factory="flatmod_q7.sub:make"), base_dir=tmp_path)

@@ -1,7 +1,9 @@
 """int8 through a fleet (flows/builtin/executorch_int8.py): a conv net, a model with an outlier
 channel and tiny BERT quantized with PT2E and lowered to .pte, judged by their accuracy budgets; the artifact
-`get` serves run by the ExecuTorch runtime in a plain interpreter; a calibration change or a module
-kept float rebuilds exactly the int8 artifacts (and the verdicts that read them), nothing else;
+`get` serves run by the ExecuTorch runtime in a plain interpreter; calibration on the model's own
+data (`data:`, a factory reading a file), one batch of that file changed, an inputs change that
+leaves the program as it was, or a module kept float rebuilds exactly the int8 artifacts (and the
+verdicts that read them), nothing else;
 check-compat holds the int8 artifacts to the same budgets."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.conftest import ROOT, run_cli, run_in_process, write_config
 from tests.stages.test_quantize import PLAIN_SCRIPT
@@ -23,12 +26,25 @@ pytestmark = pytest.mark.integration
 STAGES = ["trace", "functionalize", "serialize", "executorch_int8", "validate"]
 
 
-def _config(tmp_path: Path, *, seed: int = 0, kept: tuple[str, ...] = (), high: int = 100) -> Path:
+DATA_MODULE = """import os
+
+import torch
+
+
+def batches():
+    # the user's own calibration data: a file this factory reads, which no config line names
+    for x in torch.load(os.path.join(os.path.dirname(__file__), "calibration.pt")):
+        yield {"x": x}
+"""
+
+
+def _config(tmp_path: Path, *, seed: int = 0, kept: tuple[str, ...] = (), high: int = 100, data: bool = False) -> Path:
     convnet = {
         "name": "convnet",
         "factory": "tests.models:small_convnet",
         "inputs": {"x": {"shape": [2, 3, 16, 16]}},
         "stages": {"executorch_int8": {"calibration_seed": seed}},
+        **({"data": {"factory": "int8data:batches", "calibration": 4}} if data else {}),
     }
     outlier = {
         "name": "outlier",
@@ -83,13 +99,17 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
     seen = json.loads(plain.stdout.strip().splitlines()[-1])
     assert seen["argmax_agrees"] and 20 < seen["sqnr_db"] < 120, seen
 
-    # other calibration batches for the conv net, `wide` and `head` kept float in the outlier model
-    code, second = run_in_process(_config(tmp_path, seed=1, kept=("wide", "head"), high=60))
+    # the conv net calibrated on its own data (a factory reading a file no config line names),
+    # `wide` and `head` kept float in the outlier model, tiny BERT's token ids drawn below 60
+    (tmp_path / "int8data.py").write_text(DATA_MODULE)
+    batches = [torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(i)) * 3 for i in range(4)]
+    torch.save(batches, tmp_path / "calibration.pt")
+    code, second = run_in_process(_config(tmp_path, kept=("wide", "head"), high=60, data=True))
     assert code == 0, second
     again = {m["name"]: m for m in second["models"]}
     for name in ("convnet", "outlier"):
         assert _stages(again[name]) == {
-            "trace": ("ok", True),
+            "trace": ("ok", name == "outlier"),  # the conv net's source changed: it has data now
             "functionalize": ("ok", True),
             "serialize": ("ok", True),
             "executorch_int8": ("ok", False),
@@ -119,3 +139,20 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
         int8 = checked[name]["pte-int8"]
         assert (int8["loads"], int8["runs"], int8["matches"]) == (True, True, True), int8
         assert int8["max_abs_err"] > 1e-4 and int8["sha256"] == again[name]["artifacts"]["pte-int8"]
+
+    # one batch of the conv net's calibration file changed: its int8 artifact, and nothing else
+    batches[2] = batches[2] * 0.5
+    torch.save(batches, tmp_path / "calibration.pt")
+    code, third = run_in_process(_config(tmp_path, kept=("wide", "head"), high=60, data=True))
+    assert code == 0, third
+    changed = {m["name"]: m for m in third["models"]}
+    assert _stages(changed["convnet"]) == {
+        "trace": ("ok", False),  # its source's data changed
+        "functionalize": ("ok", True),  # into the same program
+        "serialize": ("ok", True),
+        "executorch_int8": ("ok", False),
+        "validate": ("ok", False),
+    }, _stages(changed["convnet"])
+    assert changed["convnet"]["artifacts"]["pte-int8"] != again["convnet"]["artifacts"]["pte-int8"]
+    for name in ("outlier", "tiny-bert"):  # nothing of theirs changed
+        assert {view[1] for view in _stages(changed[name]).values()} == {True}, (name, _stages(changed[name]))

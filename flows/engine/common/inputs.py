@@ -169,4 +169,38 @@ def inputs_manifest(model: ResolvedModel) -> dict[str, Any]:
     if model.inputs_file:
         data, _ = read_inputs_file(model)
         manifest["inputs_file"] = {"path": model.inputs_file, "sha256": hashlib.sha256(data).hexdigest()}
+    if model.data is not None:  # its calibration data: the factory's code (the files it reads: the deps)
+        manifest["data"] = {
+            **model.data.model_dump(mode="json"),
+            "code_hash": module_source_hash(model.data.factory, model.search_path)[0],
+        }
     return manifest
+
+
+def data_batches(model: ResolvedModel) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The first `data.calibration` batches `data.factory` gives, each as (args, kwargs), checked as
+    an inputs factory's result is. StageError(runtime) when the factory raises, (config) when a
+    batch is not forward()'s arguments or there are fewer batches than asked for."""
+    from pt2flow.stages.errors import StageError
+    from pt2flow.stages.example_inputs import check_inputs_call
+    from pt2flow.stages.source import import_factory
+
+    assert model.data is not None
+    reference, wanted = model.data.factory, model.data.calibration
+    make = import_factory(reference, model.search_path)
+    batches = []
+    try:
+        for index, batch in enumerate(make()):
+            if index == wanted:
+                break
+            batches.append(check_inputs_call(batch, f"data.factory {reference} batch {index}"))
+    except StageError:
+        raise
+    except Exception as exc:
+        raise StageError(ErrorClass.RUNTIME, f"data.factory {reference} raised {type(exc).__name__}: {exc}") from exc
+    if len(batches) < wanted:
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"data.factory {reference} gave {len(batches)} batches and data.calibration asks for {wanted}",
+        )
+    return batches

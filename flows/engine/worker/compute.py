@@ -9,6 +9,7 @@ records. Torch is imported inside the functions, so planning never needs it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
@@ -24,7 +25,13 @@ from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common import stores
 from pt2flow.flows.engine.worker.artifacts import load_artifact, vouch
 from pt2flow.flows.engine.common.context import Outcome, RunContext
-from pt2flow.flows.engine.common.inputs import checkpoint_folder, declared_paths, declared_problems, model_inputs
+from pt2flow.flows.engine.common.inputs import (
+    checkpoint_folder,
+    data_batches,
+    declared_paths,
+    declared_problems,
+    model_inputs,
+)
 from pt2flow.flows.engine.common.keys import canonical_json
 from pt2flow.flows.engine.common.messages import CheckArtifact, Failure, Produced, StageRequest
 from pt2flow.flows.engine.common.source_manifest import read_weights, source_manifest
@@ -345,6 +352,9 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
                 import_factory(model.inputs_factory, model.search_path)
             built = model_builder(model, store, weights)()
             model_inputs(model)  # an inputs factory's reads are the model's too
+            if model.data is not None:  # so are the calibration data's: the int8 stages' keys see them
+                with contextlib.suppress(Exception):  # a failing data factory fails the int8 stages alone
+                    data_batches(model)
         except Exception as exc:  # noqa: BLE001 - an unimportable or unbuildable model fails at trace, classified
             problem = f"{type(exc).__name__}: {exc}"
     if built is not None:
@@ -352,6 +362,8 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
     seeds: list[Any] = [model.factory.split(":", 1)[0]]
     if model.inputs_factory:
         seeds.append(model.inputs_factory.split(":", 1)[0])
+    if model.data is not None:
+        seeds.append(model.data.factory.split(":", 1)[0])
     if built is not None:
         seeds += sorted({type(m) for m in built.modules()}, key=lambda t: f"{t.__module__}.{t.__qualname__}")
     hashed = Hashed()
