@@ -129,7 +129,9 @@ def _bounds(bound: Any) -> tuple[float | None, float | None]:
 
 
 def budget_of(configured: Mapping[Any, Any] | None, default: Mapping[str, Any]) -> Mapping[str, Any]:
-    return dict(configured) if configured else dict(default)
+    """The model's budget; `default` only where it sets none (`accuracy: {}` is a budget with no
+    goals: integer leaves must still be equal)."""
+    return dict(configured) if configured is not None else dict(default)
 
 
 __all__: Sequence[str] = ("Accuracy", "judge", "worst", "budget_of", "SQNR_CAP_DB")

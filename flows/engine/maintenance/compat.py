@@ -209,7 +209,9 @@ def check_model(
     samples, note = _samples(store, validate)
     options = (validate or {}).get("options") or {}
     atol, rtol = float(options.get("atol", 1e-5)), float(options.get("rtol", 1e-4))
-    accuracy = options.get("accuracy") or {m: b.model_dump() for m, b in DEFAULT_ACCURACY.items()}
+    accuracy = options.get("accuracy")
+    if accuracy is None:  # the model set no budget: the default one (an empty one has no goals)
+        accuracy = {m: b.model_dump() for m, b in DEFAULT_ACCURACY.items()}
     entry: dict[str, Any] = {"name": name, "status": "ok", "error_class": None, "note": note}
     blobs: dict[str, bytes | None] = {}
     for kind, record in built.items():
