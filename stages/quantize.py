@@ -22,6 +22,7 @@ from pt2flow.stages.classify import short_message
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.example_inputs import BoundInputs
 from pt2flow.stages.quiet import quiet_torch
+from pt2flow.stages.options import AotCompileOptions
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.target_options import INT8_INDUCTOR_CONFIGS, ExecutorchOptions, Int8Options
 from pt2flow.stages.targets import refuse_training
@@ -250,31 +251,16 @@ def quantize_for_inductor(
     ep: ExportedProgram, calibration: Sequence[BoundInputs], example: BoundInputs, options: Int8Options
 ) -> StageResult:
     """Output: the bytes of an AOTInductor package (a .pt2 zip) of `ep` quantized with
-    X86InductorQuantizer and compiled with INT8_INDUCTOR_CONFIGS, for the CPU. StageError
-    (quantization) for what PT2E refuses, a compile failure classified as aot_compile's."""
-    import tempfile
-    from pathlib import Path
-
-    from torch._inductor import aoti_compile_and_package
-
-    from pt2flow.stages.classify import classify_compile_error
+    X86InductorQuantizer and compiled for the CPU by the aot_compile stage's own function with
+    INT8_INDUCTOR_CONFIGS. StageError(quantization) for what PT2E refuses, a compile failure
+    classified as aot_compile's."""
+    from pt2flow.stages.aot_compile import aot_compile
 
     with quiet_torch() as sink:
         quantized, described = quantize(ep, calibration, example, options, x86_inductor_quantizer(options))
-        with tempfile.TemporaryDirectory(prefix="pt2flow-aoti-int8-") as folder:
-            try:
-                path = aoti_compile_and_package(
-                    quantized,
-                    package_path=str(Path(folder) / "model.pt2"),
-                    inductor_configs=dict(INT8_INDUCTOR_CONFIGS),
-                )
-            except Exception as exc:
-                raise StageError(
-                    classify_compile_error(exc), f"AOTInductor compile of the int8 program failed: {short_message(exc)}"
-                ) from exc
-            data = Path(path).read_bytes()
-    metadata = {"size": len(data), "device": "cpu", "inductor_configs": INT8_INDUCTOR_CONFIGS, **described}
-    return StageResult(output=data, metadata=metadata, warnings=tuple(sink.items))
+    compiled = aot_compile(quantized, AotCompileOptions(device="cpu", inductor_configs=dict(INT8_INDUCTOR_CONFIGS)))
+    metadata = {**compiled.metadata, "inductor_configs": INT8_INDUCTOR_CONFIGS, **described}
+    return StageResult(output=compiled.output, metadata=metadata, warnings=(*sink.items, *compiled.warnings))
 
 
 class PackageRunner:
@@ -283,15 +269,11 @@ class PackageRunner:
 
     def __init__(self, data: bytes) -> None:
         import tempfile
-        from pathlib import Path
 
-        from torch._inductor import aoti_load_package
+        from pt2flow.stages.aot_compile import load_package
 
         self._folder = tempfile.TemporaryDirectory(prefix="pt2flow-int8-package-")  # kept while loaded
-        path = Path(self._folder.name) / "model.pt2"
-        path.write_bytes(data)
-        with quiet_torch():
-            self.compiled = aoti_load_package(str(path))
+        self.compiled = load_package(data, self._folder.name)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         flat = [t.detach().contiguous() for t in inputs if isinstance(t, torch.Tensor)]

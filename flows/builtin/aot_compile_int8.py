@@ -46,23 +46,12 @@ def compute(call: StageCall) -> Produced:
 
 
 def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
-    """executorch_int8's (the program's fingerprint, the source's key: what calibrates it), and,
-    native code as aot_compile's package is, the CPU's vector ISA and the C++ compiler it was
-    built with (flows/builtin/aot_compile.py key)."""
-    from pt2flow.flows.engine.stage_api import (
-        cache_dir,
-        current_interpreter,
-        derivation_key,
-        environment_part,
-        options_json,
-        toolchain_identity,
-    )
+    """executorch_int8's (flows/builtin/executorch_int8.py int8_key: the program's fingerprint,
+    the source's key, the options, torchao's version), and, native code as aot_compile's package
+    is, the CPU's vector ISA and the C++ compiler it was built with (flows/builtin/aot_compile.py key)."""
+    from pt2flow.flows.builtin.executorch_int8 import int8_key
+    from pt2flow.flows.engine.stage_api import cache_dir, current_interpreter, toolchain_identity
     from pt2flow.stages.target_options import INT8_INDUCTOR_CONFIGS
 
-    options = options_json(model, stage.name)
-    env = {
-        **environment_part("cpu"),
-        "torchao": current_interpreter().version("torchao", "absent"),
-        "toolchain": toolchain_identity("cpu", cache_dir(), INT8_INDUCTOR_CONFIGS, current_interpreter()),
-    }
-    return derivation_key(stage.name, [inputs["program"].fingerprint, inputs["source"].key], options, env)
+    toolchain = toolchain_identity("cpu", cache_dir(), INT8_INDUCTOR_CONFIGS, current_interpreter())
+    return int8_key(stage, model, inputs, {"toolchain": toolchain})

@@ -49,14 +49,20 @@ def compute(call: StageCall) -> Produced:
 def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
     """The program's fingerprint, the source's key (the calibration batches are drawn from the
     model's inputs: a change of their spec, factory or file that leaves the program as it was
-    changes them), the options, and the torch, Python, ExecuTorch and torchao versions."""
+    changes them), the options, and the torch, Python and libraries' versions (Stage.libraries)."""
+    return int8_key(stage, model, inputs)
+
+
+def int8_key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome], env: Mapping[str, Any] = {}) -> str:  # noqa: B006 - read only
+    """What an int8 artifact's key covers (key's docstring), with `env` added to the environment
+    part: what else the artifact depends on (aot_compile_int8's native toolchain)."""
     from pt2flow.flows.engine.stage_api import derivation_key, environment_part, options_json
 
     return derivation_key(
         stage.name,
         [inputs["program"].fingerprint, inputs["source"].key],
         options_json(model, stage.name),
-        environment_part("cpu", stage.libraries),
+        {**environment_part("cpu", stage.libraries), **env},
     )
 
 

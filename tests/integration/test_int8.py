@@ -9,16 +9,14 @@ check-compat holds the int8 artifacts to the same budgets."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.conftest import ROOT, run_cli, run_in_process, write_config
-from tests.stages.test_quantize import PLAIN_SCRIPT
+from tests.conftest import run_cli, run_in_process, write_config
+from tests.stages.test_quantize import PLAIN_SCRIPT, run_plain
 
 pytest.importorskip("executorch")
 pytestmark = pytest.mark.integration
@@ -88,15 +86,7 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
     pte = tmp_path / "convnet.int8.pte"
     proc = run_cli(["get", "--model", "convnet", "--artifact", "pte-int8", "-o", str(pte), "--store", store])
     assert proc.returncode == 0, proc.stderr
-    plain = subprocess.run(
-        [sys.executable, "-c", PLAIN_SCRIPT, str(pte), "7", str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
-    )
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    seen = json.loads(plain.stdout.strip().splitlines()[-1])
+    seen = run_plain(PLAIN_SCRIPT, pte, 7)
     assert seen["argmax_agrees"] and 20 < seen["sqnr_db"] < 120, seen
 
     # the conv net calibrated on its own data (a factory reading a file no config line names),

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -87,6 +88,21 @@ print(json.dumps({
 """
 
 
+def run_plain(script: str, artifact: Path, seed: int) -> dict[str, Any]:
+    """`script` run by this interpreter with no variable of pt2flow's or the tests' (PATH alone):
+    the artifact's path, the seed of its input and the repository (for tests.models) as its
+    arguments; the JSON line it printed last."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(artifact), str(seed), str(Path(__file__).resolve().parents[2])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_a_conv_net_in_int8_runs_in_a_plain_interpreter_within_its_budget(
     convnet: TargetCase, convnet_int8: StageResult, tmp_path: Path
 ) -> None:
@@ -95,19 +111,10 @@ def test_a_conv_net_in_int8_runs_in_a_plain_interpreter_within_its_budget(
     assert meta["quantize_ops"], meta  # quantize/dequantize pairs went into the program: it is int8
     pte = tmp_path / "model.int8.pte"
     pte.write_bytes(convnet_int8.output)
-    root = str(Path(__file__).resolve().parents[2])
     # the model as tests.models builds it under pt2flow's builder: seeded the same way
     built = convnet.build()
     assert torch.equal(built.conv.weight, (torch.manual_seed(0), models.small_convnet())[1].conv.weight)
-    proc = subprocess.run(
-        [sys.executable, "-c", PLAIN_SCRIPT, str(pte), "12345", root],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = run_plain(PLAIN_SCRIPT, pte, 12345)
     # int8, not float: close to eager, not equal to it
     assert seen["sqnr_db"] is not None and 20 < seen["sqnr_db"] < 120, seen
     assert seen["argmax_agrees"] and 0 < seen["max_abs_err"] < 0.05, seen
@@ -179,14 +186,7 @@ def test_a_conv_net_in_an_int8_aotinductor_package_runs_in_a_plain_interpreter(
     assert package.metadata["quantize_ops"] and package.metadata["inductor_configs"] == {"freezing": True}
     path = tmp_path / "model.int8.pt2"
     path.write_bytes(package.output)
-    proc = subprocess.run(
-        [sys.executable, "-c", PLAIN_PACKAGE_SCRIPT, str(path), "99", str(Path(__file__).resolve().parents[2])],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = run_plain(PLAIN_PACKAGE_SCRIPT, path, 99)
     assert seen["argmax_agrees"] and 20 < seen["sqnr_db"] < 120, seen  # int8: close to eager, not equal
 
     report = validate(
