@@ -73,3 +73,23 @@ def test_sigterm_to_a_worker_alone_is_a_crash_naming_sigterm() -> None:
         assert "stopped by SIGTERM" in lost.value.message and "OOM" not in lost.value.message, lost.value.message
     finally:
         worker.close()
+
+
+def test_a_model_that_starts_after_the_interrupt_gets_no_fresh_pool() -> None:
+    """CI: SIGTERM 3 s into a run, before the model's task thread had started. The interrupt
+    stopped the pool; the model's task, starting a moment later, found it unusable and started a
+    fresh one, whose worker ran the hung model while the unwinding main thread waited on it
+    past the test's 60 s. A stopped pool is now the end of the run for every model that asks."""
+    from pt2flow.flows.engine.orchestrator import supervisor
+
+    pool = supervisor.start_pool(1)
+    try:
+        supervisor.interrupt_pool()
+        with pytest.raises(Interrupted):
+            supervisor.shared_pool()
+        with pytest.raises(Interrupted):
+            supervisor.start_pool(1)
+        assert supervisor._pool is pool and len(pool.pids()) == 1  # no worker was started in its place
+    finally:
+        supervisor.stop_pool()
+    assert supervisor._pool is None  # stopped: the next run in this process (serve) starts afresh

@@ -456,6 +456,7 @@ def start_pool(size: int, python: str | None = None) -> WorkerPool:
     global _pool
     python = python or sys.executable
     with _pool_lock:
+        _refuse_if_interrupted(_pool)
         if _pool is not None and _pool.size >= size and _pool.usable and _pool.python == python:
             return _pool
         if _pool is not None:
@@ -468,9 +469,19 @@ def start_pool(size: int, python: str | None = None) -> WorkerPool:
 def shared_pool(size: int = 1, python: str | None = None) -> WorkerPool:
     with _pool_lock:
         existing = _pool
+    _refuse_if_interrupted(existing)
     if existing is not None and existing.usable and existing.python == (python or sys.executable):
         return existing
     return start_pool(size, python)
+
+
+def _refuse_if_interrupted(pool: WorkerPool | None) -> None:
+    """Interrupted when `pool` was interrupted: a model task that starts after the interrupt (its
+    thread was still being scheduled) must not start a fresh pool in place of the stopped one,
+    whose worker would run its stages while the unwinding main thread waits on it (CI saw a
+    SIGTERM 3 s into a run wait out a hung model's 600 s that way). stop_pool() clears it."""
+    if pool is not None and pool.stopping:
+        raise Interrupted("the run was interrupted before this model started")
 
 
 def interrupt_pool() -> None:
