@@ -7,6 +7,11 @@ Per floating output leaf, over all samples (each flattened): sqnr_db, 10 log10(s
 error; top1_agreement, where the leaf has a class dim (two dims or more: argmax over the last),
 the share of rows whose argmax is eager's. A budget is judged on the worst leaf (the least sqnr,
 cosine and agreement, the most error). Integer and bool leaves must be equal, as everywhere.
+
+Where the model has evaluation batches of its own (`data.evaluation`: batches of its data that no
+int8 stage calibrated on, labelled `evaluation[i]`), the metrics are measured on those alone: the
+validation samples, drawn at random at the edges of every dynamic dim, still check that the
+artifact runs there, but random inputs are not the data an int8 artifact is calibrated for.
 """
 
 from __future__ import annotations
@@ -22,6 +27,17 @@ import torch
 from pt2flow.stages.comparison import leaves_by_path
 
 SQNR_CAP_DB = 200.0
+EVALUATION = "evaluation"  # the label of the model's own evaluation batches: evaluation[0], ...
+
+
+def evaluation_label(index: int) -> str:
+    return f"{EVALUATION}[{index}]"
+
+
+def is_evaluation(label: str) -> bool:
+    return label.startswith(f"{EVALUATION}[")
+
+
 # the direction that is worse for each metric: the worst leaf decides the verdict
 LOWER_IS_WORSE = {"sqnr_db": True, "cosine": True, "top1_agreement": True, "max_abs_err": False, "mean_abs_err": False}
 
@@ -41,8 +57,13 @@ class Accuracy:
 
     leaves: dict[str, _Leaf] = field(default_factory=lambda: defaultdict(_Leaf))
     problems: list[str] = field(default_factory=list)
+    evaluation_only: bool = False  # measured on the model's evaluation batches alone (it has some)
+    labels: list[str] = field(default_factory=list)  # the samples measured
 
     def add(self, label: str, output: Any, reference: Any) -> None:
+        if self.evaluation_only and not is_evaluation(label):
+            return
+        self.labels.append(label)
         got, want = leaves_by_path(output), leaves_by_path(reference)
         if set(got) != set(want):
             self.problems.append(f"on {label}: output leaves {sorted(got)} are not eager's {sorted(want)}")
@@ -115,6 +136,8 @@ def judge(accuracy: Accuracy, budget: Mapping[str, Any]) -> tuple[dict[str, Any]
         elif high is not None and value > high:
             missed.append(f"{metric} {value:.4g} > {high:g} (max), by {value - high:.3g}")
     entry = {
+        "on": EVALUATION if accuracy.evaluation_only else "samples",
+        "measured_on": len(accuracy.labels),
         "metrics": overall,
         "leaves": measured,
         "budget": {metric: dict(zip(("min", "max"), _bounds(bound))) for metric, bound in budget.items()},
@@ -134,4 +157,13 @@ def budget_of(configured: Mapping[Any, Any] | None, default: Mapping[str, Any]) 
     return dict(configured) if configured is not None else dict(default)
 
 
-__all__: Sequence[str] = ("Accuracy", "judge", "worst", "budget_of", "SQNR_CAP_DB")
+__all__: Sequence[str] = (
+    "Accuracy",
+    "judge",
+    "worst",
+    "budget_of",
+    "evaluation_label",
+    "is_evaluation",
+    "EVALUATION",
+    "SQNR_CAP_DB",
+)

@@ -22,13 +22,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 import torch.utils._pytree as pytree
 
 from pt2flow.stages import program, signature
-from pt2flow.stages.accuracy import Accuracy, budget_of, judge
+from pt2flow.stages.accuracy import Accuracy, budget_of, evaluation_label, judge
 from pt2flow.stages.aot_compile import load_runner
 from pt2flow.stages.binding import bind_inputs
 from pt2flow.stages.classify import short_message
@@ -256,6 +256,7 @@ def validate(
     targets: Mapping[str, TargetArtifact] | None = None,
     required: Collection[str] | None = None,
     kinds: Mapping[str, str] | None = None,
+    evaluation: Sequence[tuple[tuple[Any, ...], dict[str, Any]]] = (),
 ) -> StageResult:
     """Output: the validation report (a dict), with a verdict per candidate
     (`candidates[name]["verdict"]`: passed, error_class, error). Raises StageError(serialization |
@@ -265,7 +266,10 @@ def validate(
     device: where the package was compiled for; it runs there on copies of the CPU inputs.
     targets: deployment-target artifacts by candidate name ("onnx", "executorch"), inference only.
     required: the candidates that must pass ("archive", "compiled", a target's name); None: all.
-    kinds: candidate name -> the artifact kind the caller calls it, recorded as its `artifact`."""
+    kinds: candidate name -> the artifact kind the caller calls it, recorded as its `artifact`.
+    evaluation: the model's own evaluation batches, (args, kwargs) each (`data.evaluation`): every
+    candidate runs on them after the samples (labelled evaluation[i]), and the candidates not
+    meant to be exact are measured on them alone (stages/accuracy.py). Inference only."""
     targets = dict(targets or {})
     if archive is None and package is None and not targets:
         raise StageError(
@@ -281,7 +285,12 @@ def validate(
         reference = build_reference()
         twin = copy.deepcopy(reference)  # same state, same inputs: any disagreement is the model's own
         noise = _Noise.start(reference, options.noise_multiple) if options.tolerance == "auto" else None
-        findings = _Findings(accuracy={name: Accuracy() for name, target in targets.items() if not target.exact})
+        evaluation = () if training else evaluation
+        findings = _Findings(
+            accuracy={
+                name: Accuracy(evaluation_only=bool(evaluation)) for name, target in targets.items() if not target.exact
+            }
+        )
         candidates, buffer_names, archived = _load_candidates(archive, package, workdir, device, targets, findings)
         names = [*candidates, *findings.unloadable]
         must = set(names) if required is None else set(required) & set(names)
@@ -295,6 +304,7 @@ def validate(
             "tolerance": noise.report() if noise is not None else {"mode": "fixed", "applied": "fixed"},
             "samples": len(plan),
             "plan": [{"label": s.label, "sizes": s.sizes} for s in plan],
+            "evaluation": len(evaluation),
             "candidates": {
                 name: {"artifact": (kinds or {}).get(name, name), "max_abs_err": 0.0, "max_rel_err": 0.0, "samples": []}
                 for name in names
@@ -307,6 +317,22 @@ def validate(
                 _check_signature(archived, candidates.get("compiled"), bound, dims, report)
             _check_sample(
                 sample,
+                bound,
+                reference,
+                twin,
+                noise,
+                candidates,
+                archived,
+                buffer_names,
+                training,
+                options,
+                report,
+                findings,
+            )
+        for i, (args, kwargs) in enumerate(evaluation):  # the model's own data, after the samples
+            bound = bind_inputs(reference, ModelInputs(inputs=kwargs, positional=tuple(args)))
+            _check_sample(
+                Sample(evaluation_label(i), {}),
                 bound,
                 reference,
                 twin,
@@ -590,6 +616,9 @@ def _raise_findings(
         raise StageError(unloadable[0][0], " | ".join(text for _, text in unloadable[:3]), details=report)
     if raised:
         raise StageError(ErrorClass.RUNTIME, " | ".join(raised[:3]), details=report)
+    close = [text for name, text in findings.mismatches if name in required and name not in findings.accuracy]
+    if mismatches and not close:  # only budgets missed: atol and rtol judged none of them
+        raise StageError(ErrorClass.NUMERIC_MISMATCH, " | ".join(mismatches[:5]), details=report)
     if mismatches:
         shown = " | ".join(mismatches[:5])
         more = f" (+{len(mismatches) - 5} more)" if len(mismatches) > 5 else ""

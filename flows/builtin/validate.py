@@ -63,6 +63,7 @@ def compute(call: StageCall) -> Produced:
         targets=target_artifacts(call),
         required=required_candidates(model),
         kinds={name: kind for kind, name in candidate_names().items()},
+        evaluation=evaluation_batches(model),
     )
     report = json.dumps(result.output, indent=1, default=str).encode()
     details: dict[str, Any] = {"validation": validation_summary(result.output)}
@@ -144,6 +145,16 @@ def _candidate_steps(runner: Callable[[bytes], Any], data: bytes, context: Any) 
     from pt2flow.stages.generation_steps import candidate_step
 
     return candidate_step(runner(data), context)
+
+
+def evaluation_batches(model: ResolvedModel) -> list[Any]:
+    """The model's evaluation batches (`data.evaluation` of them, after its calibration ones), or
+    none. Their source and the files they read are in the source's key, and so in this stage's."""
+    if model.data is None or not model.data.evaluation or model.training:
+        return []
+    from pt2flow.flows.engine.stage_api import data_batches
+
+    return data_batches(model, "evaluation")
 
 
 def target_artifacts(call: StageCall) -> dict[str, Any]:

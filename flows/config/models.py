@@ -55,15 +55,18 @@ class GenerateConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    """`data:`: the model's own calibration data. `factory` is a `module:callable` (resolved from
-    the config's folder, like `factory`) called with no arguments and giving an iterable of
-    batches, each as an inputs factory gives the example inputs: a dict of forward() arguments by
-    name, or (args, kwargs). The first `calibration` batches calibrate the int8 stages. The
-    module's source and the files it reads while it gives them are part of the model's source
-    identity (docs/architecture.md §2, "int8")."""
+    """`data:`: the model's own data. `factory` is a `module:callable` (resolved from the config's
+    folder, like `factory`) called with no arguments and giving an iterable of batches, each as an
+    inputs factory gives the example inputs: a dict of forward() arguments by name, or (args,
+    kwargs). The first `calibration` batches calibrate the int8 stages; the `evaluation` batches
+    after them, which nothing calibrated on, are what validate and check-compat measure the int8
+    artifacts' accuracy on (every candidate runs on them too). The module's source and the files
+    it reads while it gives them are part of the model's source identity (docs/architecture.md
+    §2, "int8")."""
 
     factory: str
     calibration: int = Field(default=8, ge=1, le=1024)
+    evaluation: int = Field(default=0, ge=0, le=1024)
 
 
 # the components of a generative model, in call order (stages/generation.py COMPONENTS; torch-free

@@ -435,6 +435,30 @@ def test_a_data_factory_is_checked_where_it_is_written(tmp_path: Path) -> None:
     assert issue.path == "models[0].data.calibration" and "greater than or equal to 1" in issue.message
 
 
+def test_calibration_and_evaluation_batches_are_consecutive_and_both_counted(tmp_path: Path) -> None:
+    """`data.evaluation` takes the batches after the calibration ones, never one of them; a
+    factory that gives fewer than both ask for is a config error naming both counts."""
+    from pt2flow.flows.engine.stage_api import data_batches
+    from pt2flow.stages.errors import StageError
+
+    (tmp_path / "split_q7.py").write_text(
+        "import torch\n\ndef batches():\n    for i in range(5):\n        yield {'x': torch.full((4, 8), float(i))}\n"
+    )
+    model = parse(one_model(data="{factory: split_q7:batches, calibration: 3, evaluation: 2}"), tmp_path).models[0]
+    firsts = {
+        part: [float(kwargs["x"][0, 0]) for _, kwargs in data_batches(model, part)]
+        for part in ("calibration", "evaluation")
+    }
+    assert firsts == {"calibration": [0.0, 1.0, 2.0], "evaluation": [3.0, 4.0]}
+    model = parse(one_model(data="{factory: split_q7:batches, calibration: 4, evaluation: 2}"), tmp_path).models[0]
+    with pytest.raises(StageError) as caught:
+        data_batches(model, "calibration")  # a calibration the factory could give: both parts are read
+    assert caught.value.error_class == "config"
+    assert caught.value.message == (
+        "data.factory split_q7:batches gave 5 batches and data.calibration asks for 4 and data.evaluation for 2 more"
+    )
+
+
 def test_factory_submodule_of_a_plain_module_is_not_found(tmp_path: Path) -> None:
     (tmp_path / "flatmod_q7.py").write_text("def make():\n    return None\n")
     issue = only_issue(one_model(factory="flatmod_q7.sub:make"), base_dir=tmp_path)

@@ -42,7 +42,7 @@ def _config(tmp_path: Path, *, seed: int = 0, kept: tuple[str, ...] = (), high: 
         "factory": "tests.models:small_convnet",
         "inputs": {"x": {"shape": [2, 3, 16, 16]}},
         "stages": {"executorch_int8": {"calibration_seed": seed}},
-        **({"data": {"factory": "int8data:batches", "calibration": 4}} if data else {}),
+        **({"data": {"factory": "int8data:batches", "calibration": 4, "evaluation": 2}} if data else {}),
     }
     outlier = {
         "name": "outlier",
@@ -92,7 +92,8 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
     # the conv net calibrated on its own data (a factory reading a file no config line names),
     # `wide` and `head` kept float in the outlier model, tiny BERT's token ids drawn below 60
     (tmp_path / "int8data.py").write_text(DATA_MODULE)
-    batches = [torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(i)) * 3 for i in range(4)]
+    # four to calibrate on, two held out that its accuracy is measured on
+    batches = [torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(i)) * 3 for i in range(6)]
     torch.save(batches, tmp_path / "calibration.pt")
     code, second = run_in_process(_config(tmp_path, kept=("wide", "head"), high=60, data=True))
     assert code == 0, second
@@ -108,6 +109,12 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
         assert again[name]["artifacts"]["pte-int8"] != models[name]["artifacts"]["pte-int8"]
         assert again[name]["artifacts"]["serialized"] == models[name]["artifacts"]["serialized"]
     assert again["outlier"]["status"] == "ok" and again["outlier"]["validation"]["passed"] is True
+    from pt2flow.storage import ArtifactStore
+
+    report = json.loads(ArtifactStore(store).get_blob(again["convnet"]["stages"]["validate"]["artifact"]))
+    measured = report["candidates"]["executorch_int8"]["accuracy"]
+    assert (report["evaluation"], measured["on"], measured["measured_on"]) == (2, "evaluation", 2), measured
+    assert report["candidates"]["archive"]["samples"][-1]["label"] == "evaluation[1]"  # every candidate ran them
     # tiny BERT's token ids now drawn below 60: the same program, other calibration batches
     bert, before = again["tiny-bert"], models["tiny-bert"]
     assert bert["stages"]["trace"]["cached"] is False and bert["stages"]["executorch_int8"]["cached"] is False

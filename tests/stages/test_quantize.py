@@ -8,6 +8,7 @@ only the int8 artifacts, are tests/integration/test_int8.py's."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -198,3 +199,61 @@ def test_a_conv_net_in_an_int8_aotinductor_package_runs_in_a_plain_interpreter(
     ).output
     metrics = report["candidates"]["aot_compile_int8"]["accuracy"]["metrics"]
     assert report["passed"] and metrics["sqnr_db"] > 20 and metrics["top1_agreement"] == 1.0, metrics
+
+
+def unit_images(seed: int) -> dict[str, torch.Tensor]:
+    """A batch of the conv net's data as its user has it: images in [0, 1)."""
+    return {"x": torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(seed))}
+
+
+def test_int8_accuracy_is_measured_on_the_models_own_evaluation_batches(convnet: TargetCase) -> None:
+    """Calibrated on the model's own data (images in [0, 1)), its int8 artifact is judged on
+    held-out batches of that data (`data.evaluation`), not on validate's random samples, half of
+    whose values are negatives that an input scale calibrated on [0, 1) clips. Ground truth: the
+    SQNR computed here from ExecuTorch's own runtime on those batches; and check-compat, from the
+    stored samples, judges on the same batches alone."""
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+    from pt2flow.stages.compat import check_artifact
+    from pt2flow.stages.validation_io import unpack
+
+    eager = convnet.build()
+    calibration = [bind_inputs(eager, ModelInputs(unit_images(seed))) for seed in range(8)]
+    pte = quantize_for_executorch(convnet.program, calibration, bind_inputs(eager, convnet.inputs), Int8Options())
+    target = {"executorch_int8": TargetArtifact(pte.output, load_pte, exact=False)}
+    evaluation = [((), unit_images(100 + i)) for i in range(4)]
+
+    with pytest.raises(StageError) as caught:  # on random samples: far outside what it was calibrated for
+        validate(convnet.build, convnet.inputs, convnet.dims, ValidateOptions(), targets=target)
+    assert caught.value.error_class == ErrorClass.NUMERIC_MISMATCH
+    assert caught.value.message.startswith("executorch_int8 misses its accuracy budget: sqnr_db ")  # no atol in it
+    random_sqnr = caught.value.details["candidates"]["executorch_int8"]["accuracy"]["metrics"]["sqnr_db"]
+    assert random_sqnr < 20
+
+    result = validate(
+        convnet.build, convnet.inputs, convnet.dims, ValidateOptions(), targets=target, evaluation=evaluation
+    )
+    report = result.output
+    measured = report["candidates"]["executorch_int8"]["accuracy"]
+    assert report["passed"] and report["evaluation"] == 4
+    assert measured["on"] == "evaluation" and measured["measured_on"] == 4
+    labels = [s["label"] for s in report["candidates"]["executorch_int8"]["samples"]]
+    assert labels[-4:] == [f"evaluation[{i}]" for i in range(4)] and len(labels) == report["samples"] + 4
+
+    runtime = _load_for_executorch_from_buffer(pte.output)
+    noise = signal = 0.0
+    for _, batch in evaluation:
+        out, ref = runtime.forward((batch["x"],))[0], eager(batch["x"]).detach()
+        noise, signal = noise + float(((out - ref) ** 2).sum()), signal + float((ref**2).sum())
+    by_hand = 10 * math.log10(signal / noise)
+    assert measured["metrics"]["sqnr_db"] == pytest.approx(by_hand, abs=1e-3) and by_hand > 30 > random_sqnr
+
+    samples = unpack(result.side["io"])
+    assert [s.label for s in samples][-4:] == [f"evaluation[{i}]" for i in range(4)]
+    budget = {"sqnr_db": {"min": 20.0}}
+    rechecked = check_artifact("pte-int8", pte.output, samples, 0.0, 0.0, flat=load_pte, accuracy=budget)
+    assert rechecked["matches"] and rechecked["samples"] == len(samples), rechecked
+    strict = check_artifact(
+        "pte-int8", pte.output, samples, 0.0, 0.0, flat=load_pte, accuracy={"sqnr_db": {"min": by_hand + 1}}
+    )
+    assert not strict["matches"] and f"sqnr_db {by_hand:.4g} < " in strict["error"], strict

@@ -177,16 +177,20 @@ def inputs_manifest(model: ResolvedModel) -> dict[str, Any]:
     return manifest
 
 
-def data_batches(model: ResolvedModel) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """The first `data.calibration` batches `data.factory` gives, each as (args, kwargs), checked as
-    an inputs factory's result is. StageError(runtime) when the factory raises, (config) when a
-    batch is not forward()'s arguments or there are fewer batches than asked for."""
+def data_batches(model: ResolvedModel, part: str = "calibration") -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The batches `data.factory` gives for `part`: its first `data.calibration` ("calibration"),
+    or the `data.evaluation` after them ("evaluation"), each as (args, kwargs), checked as an
+    inputs factory's result is. The factory is read as far as both parts go, whichever is asked
+    for (so the files it reads for either are read, and recorded, the same way). StageError
+    (runtime) when the factory raises, (config) when a batch is not forward()'s arguments or
+    there are fewer batches than both parts ask for."""
     from pt2flow.stages.errors import StageError
     from pt2flow.stages.example_inputs import check_inputs_call
     from pt2flow.stages.source import import_factory
 
-    assert model.data is not None
-    reference, wanted = model.data.factory, model.data.calibration
+    assert model.data is not None and part in ("calibration", "evaluation")
+    reference, calibration, evaluation = model.data.factory, model.data.calibration, model.data.evaluation
+    wanted = calibration + evaluation
     make = import_factory(reference, model.search_path)
     batches = []
     try:
@@ -199,8 +203,8 @@ def data_batches(model: ResolvedModel) -> list[tuple[tuple[Any, ...], dict[str, 
     except Exception as exc:
         raise StageError(ErrorClass.RUNTIME, f"data.factory {reference} raised {type(exc).__name__}: {exc}") from exc
     if len(batches) < wanted:
-        raise StageError(
-            ErrorClass.CONFIG,
-            f"data.factory {reference} gave {len(batches)} batches and data.calibration asks for {wanted}",
+        asked = f"data.calibration asks for {calibration}" + (
+            f" and data.evaluation for {evaluation} more" if evaluation else ""
         )
-    return batches
+        raise StageError(ErrorClass.CONFIG, f"data.factory {reference} gave {len(batches)} batches and {asked}")
+    return batches[:calibration] if part == "calibration" else batches[calibration:]
