@@ -1,9 +1,10 @@
 # pt2flow: two commands do all the set-up on a fresh machine.
 #   make demo   create .venv, install pinned dependencies, run configs/demo.yaml (then its models to
 #               every deployment target, configs/targets.yaml, then the generative models of
-#               configs/generative.yaml) into ./pt2-store; DEMO_ARGS="--only mlp" passes arguments to
-#               the first two runs, GENERATIVE_ARGS="--only tiny-llama" to the third (the README's
-#               test runs a small part of the demo)
+#               configs/generative.yaml, then the int8 deployments of configs/quantized.yaml) into
+#               ./pt2-store; DEMO_ARGS="--only mlp" passes arguments to the first two runs,
+#               GENERATIVE_ARGS="--only tiny-llama" to the third, QUANTIZED_ARGS to the fourth (the
+#               README's test runs a small part of the demo)
 #   make test   the same install, then the whole test suite (every tier)
 #
 # Prefect runs offline with its ephemeral server; PREFECT_HOME is project-local, telemetry off.
@@ -15,6 +16,7 @@ STAMP := $(VENV)/.installed
 STORE ?= ./pt2-store
 DEMO_ARGS ?=
 GENERATIVE_ARGS ?=
+QUANTIZED_ARGS ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers of `make test` and `make test-fast`: 2 on this project's 2-core machines
 # (measured: docs/architecture.md, "Testing"); TEST_WORKERS=0 runs every test in one process
@@ -68,6 +70,7 @@ demo: install
 	$(BIN)/pt2flow run configs/demo.yaml --store $(STORE) $(DEMO_ARGS)
 	$(BIN)/pt2flow run configs/targets.yaml --store $(STORE) $(DEMO_ARGS)
 	$(BIN)/pt2flow run configs/generative.yaml --store $(STORE) $(GENERATIVE_ARGS)
+	$(BIN)/pt2flow run configs/quantized.yaml --store $(STORE) $(QUANTIZED_ARGS)
 
 # the tree's bytecode is written before the tests start: a folder that gains a __pycache__/ later
 # changes its mtime under a running fork server that imports from it (a stale server, started again)

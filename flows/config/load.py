@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import ValidationError
 
 from pt2flow.flows.config.checks import check_model, check_stage_list, missing_extras, partial_model, require_problems
+from pt2flow.flows.config.factories import factory_problem
 from pt2flow.flows.config.inputs import parse_inputs
 from pt2flow.flows.config.issues import ConfigError, ConfigIssue, YamlLines, pydantic_issues
 from pt2flow.flows.config.limits import resolve_limits
@@ -204,6 +205,10 @@ def _semantic_checks(
     defaults = config.defaults.model_dump(by_alias=True)
     default_limits = defaults.pop("limits")
     default_require = defaults.pop("require")
+    defaults.pop("data")
+    default_data = config.defaults.data
+    if default_data is not None and (problem := factory_problem(default_data.factory, folder)):
+        issues.append(lines.issue(("defaults", "data", "factory"), problem))
     for problem, at in require_problems(default_require, None if "stages" in salvaged.top else config.stages):
         issues.append(lines.issue(("defaults", "require", *at), problem))
     defaults_valid = "defaults" not in salvaged.top and _check_defaults(defaults, lines, issues)
@@ -233,6 +238,8 @@ def _semantic_checks(
                     r,
                     limits=resolve_limits(default_limits, model.limits),
                     require=tuple(require) if require is not None else None,
+                    # the defaults' data, where the model names none (a generative model has prompts)
+                    data=model.data if model.data is not None or model.generate is not None else default_data,
                 )
             )
     return resolved, storage_options

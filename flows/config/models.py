@@ -33,27 +33,6 @@ class DimConfig(_Strict):
     max: int = Field(ge=1, le=2**31 - 1)
 
 
-class StageDefaults(_Strict):
-    """`defaults`: limits, and one section of options per registered stage (config_model adds
-    them: the stages come from flows/pipeline, so a registered stage gets its section too)."""
-
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
-    require: list[str] | None = None  # the artifact kinds that must validate (None: every one built)
-
-
-class GenerateConfig(_Strict):
-    """`generate:`: the model is a generative one, exported as components (prefill, decode) and
-    validated by greedy generation against eager `generate()` (docs/architecture.md, "Generative
-    models"). The prompts are pt2flow's: fixed pseudo-random token ids of each length in
-    `prompt_lens` (no `inputs` needed)."""
-
-    prompt_lens: list[int] = Field(default_factory=lambda: [2, 16], min_length=1)
-    max_new_tokens: int = Field(default=32, ge=1)
-    cache: Literal["static", "dynamic"] = "static"
-    max_cache_len: int = Field(default=128, ge=2)
-    multi_token_decode: bool = False
-
-
 class DataConfig(_Strict):
     """`data:`: the model's own data. `factory` is a `module:callable` (resolved from the config's
     folder, like `factory`) called with no arguments and giving an iterable of batches, each as an
@@ -67,6 +46,29 @@ class DataConfig(_Strict):
     factory: str
     calibration: int = Field(default=8, ge=1, le=1024)
     evaluation: int = Field(default=0, ge=0, le=1024)
+
+
+class StageDefaults(_Strict):
+    """`defaults`: limits, and one section of options per registered stage (config_model adds
+    them: the stages come from flows/pipeline, so a registered stage gets its section too)."""
+
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    require: list[str] | None = None  # the artifact kinds that must validate (None: every one built)
+    # every model's data where it names none of its own (a generative model's never: it has prompts)
+    data: DataConfig | None = None
+
+
+class GenerateConfig(_Strict):
+    """`generate:`: the model is a generative one, exported as components (prefill, decode) and
+    validated by greedy generation against eager `generate()` (docs/architecture.md, "Generative
+    models"). The prompts are pt2flow's: fixed pseudo-random token ids of each length in
+    `prompt_lens` (no `inputs` needed)."""
+
+    prompt_lens: list[int] = Field(default_factory=lambda: [2, 16], min_length=1)
+    max_new_tokens: int = Field(default=32, ge=1)
+    cache: Literal["static", "dynamic"] = "static"
+    max_cache_len: int = Field(default=128, ge=2)
+    multi_token_decode: bool = False
 
 
 # the components of a generative model, in call order (stages/generation.py COMPONENTS; torch-free

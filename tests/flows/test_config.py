@@ -459,6 +459,44 @@ def test_calibration_and_evaluation_batches_are_consecutive_and_both_counted(tmp
     )
 
 
+def test_the_defaults_data_is_every_models_that_names_none_but_a_generative_ones(tmp_path: Path) -> None:
+    """`defaults.data`: a fleet of models fed the same data (image classifiers on one set of
+    images) names it once. A model's own `data:` wins; a generative model gets none (its prompts
+    are pt2flow's); a factory that does not resolve is named at `defaults.data.factory`."""
+    _marker_module(tmp_path, "shared_q7", "def batches():\n    yield {}\n\ndef own():\n    yield {}\n")
+    (tmp_path / "gen_q7.py").write_text("def tiny():\n    raise RuntimeError('never built here')\n")
+    text = textwrap.dedent(
+        """\
+        version: 1
+        defaults:
+          data: {factory: shared_q7:batches, calibration: 2, evaluation: 1}
+        models:
+          - {name: plain, factory: tests.models:tiny_mlp, inputs: {x: {shape: [4, 8]}}}
+          - name: own
+            factory: tests.models:tiny_mlp
+            inputs: {x: {shape: [4, 8]}}
+            data: {factory: shared_q7:own}
+          - {name: lm, factory: "gen_q7:tiny", generate: {prompt_lens: [2]}}
+        """
+    )
+    models = {m.name: m for m in parse_config(text, source="cfg.yaml", base_dir=str(tmp_path)).models}
+    assert models["plain"].data is not None
+    assert (models["plain"].data.factory, models["plain"].data.calibration, models["plain"].data.evaluation) == (
+        "shared_q7:batches",
+        2,
+        1,
+    )
+    assert models["own"].data is not None and (models["own"].data.factory, models["own"].data.evaluation) == (
+        "shared_q7:own",
+        0,
+    )
+    assert models["lm"].data is None
+    with pytest.raises(ConfigError) as info:
+        parse_config(text.replace("shared_q7:batches", "no_such_q7:batches"), source="cfg.yaml", base_dir=str(tmp_path))
+    (issue,) = info.value.issues
+    assert issue.path == "defaults.data.factory" and issue.line == 3 and "no_such_q7" in issue.message
+
+
 def test_factory_submodule_of_a_plain_module_is_not_found(tmp_path: Path) -> None:
     (tmp_path / "flatmod_q7.py").write_text("def make():\n    return None\n")
     issue = only_issue(one_model(factory="flatmod_q7.sub:make"), base_dir=tmp_path)

@@ -61,7 +61,7 @@ CONFIGS = [pytest.param(name, marks=pytest.mark.compile) if name in FLEETS else 
 
 
 def test_every_shipped_config_is_covered() -> None:
-    assert SHIPPED == ["demo.yaml", "failures.yaml", "generative.yaml", "targets.yaml"]
+    assert SHIPPED == ["demo.yaml", "failures.yaml", "generative.yaml", "quantized.yaml", "targets.yaml"]
 
 
 def _audit_entry(model: ResolvedModel) -> tuple[Any, ...]:
@@ -80,6 +80,7 @@ def _audit_entry(model: ResolvedModel) -> tuple[Any, ...]:
         repr(model.dynamic_shapes),
         repr(model.dims),
         repr(model.generate),
+        repr(model.data),  # its data's identity is the source's (the int8 stages' calibration)
         repr(options),
     )
 
