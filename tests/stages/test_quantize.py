@@ -257,3 +257,53 @@ def test_int8_accuracy_is_measured_on_the_models_own_evaluation_batches(convnet:
         "pte-int8", pte.output, samples, 0.0, 0.0, flat=load_pte, accuracy={"sqnr_db": {"min": by_hand + 1}}
     )
     assert not strict["matches"] and f"sqnr_db {by_hand:.4g} < " in strict["error"], strict
+
+
+PLAIN_BERT_SCRIPT = """
+import json, sys, torch
+import torch.utils._pytree as pytree
+from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+sys.path.insert(0, sys.argv[3])
+from tests.hf_models import bert_tiny
+model = bert_tiny()  # seeds itself: the weights pt2flow's build had
+generator = torch.Generator().manual_seed(int(sys.argv[2]))
+ids, mask = torch.randint(0, 100, (2, 8), generator=generator), torch.ones(2, 8, dtype=torch.long)
+reference = [t.detach() for t in pytree.tree_leaves(model(input_ids=ids, attention_mask=mask))]
+pte = open(sys.argv[1] + ".pte", "rb").read()  # kept: the runtime reads the program from these bytes
+outputs = {
+    "pte": list(_load_for_executorch_from_buffer(pte).forward((ids, mask))),
+    "package": pytree.tree_leaves(torch._inductor.aoti_load_package(sys.argv[1] + ".pt2")(ids, mask)),  # positional
+}
+def sqnr(out, ref):
+    return float(10 * torch.log10((ref ** 2).sum() / ((out - ref) ** 2).sum()))
+print(json.dumps({kind: [sqnr(o, r) for o, r in zip(leaves, reference)] + [len(leaves)] for kind, leaves in outputs.items()}))
+"""
+
+
+@pytest.mark.compile
+def test_tiny_bert_in_int8_runs_in_executorch_and_aotinductor_in_a_plain_interpreter(tmp_path: Path) -> None:
+    """A transformers encoder nobody on the team wrote (tiny random BERT, an integer attention
+    mask whose arithmetic must stay integer), quantized for both runtimes: each artifact, run by
+    its runtime in an interpreter without pt2flow against transformers' own eager model, is
+    int8 (close to eager, not equal) on both of its outputs."""
+    from tests.hf_models import bert_tiny
+
+    inputs = ModelInputs(
+        {
+            "input_ids": InputSpec((2, 8), "int64", low=0, high=100),
+            "attention_mask": InputSpec((2, 8), "int64", value=1),
+        }
+    )
+    case = _target_case(bert_tiny, inputs)
+    options = Int8Options()
+    eager = case.build()
+    calibration = [bind_inputs(eager, inputs, seed=s) for s in calibration_seeds(options)]
+    example = bind_inputs(eager, inputs)
+    (tmp_path / "bert.pte").write_bytes(quantize_for_executorch(case.program, calibration, example, options).output)
+    package = quantize_for_inductor(case.program, calibration, example, options)
+    assert package.metadata["quantize_ops"], package.metadata
+    (tmp_path / "bert.pt2").write_bytes(package.output)
+    seen = run_plain(PLAIN_BERT_SCRIPT, tmp_path / "bert", 5)
+    for kind in ("pte", "package"):
+        *sqnrs, leaves = seen[kind]
+        assert leaves == 2 and all(20 < s < 120 for s in sqnrs), (kind, seen)
