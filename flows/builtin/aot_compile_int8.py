@@ -41,7 +41,9 @@ def compute(call: StageCall) -> Produced:
     from pt2flow.stages.quantize import quantize_for_inductor
 
     options = call.options(Int8Options)
-    calibration, example = calibration_inputs(call, options, STAGE.name)
+    calibration, example = calibration_inputs(
+        call.model, call.eager_model(), call.example_inputs(), options, STAGE.name
+    )
     return call.publish_result(quantize_for_inductor(call.program(), calibration, example, options))
 
 

@@ -14,7 +14,7 @@ from pt2flow.stages.target_options import Int8Options
 
 if TYPE_CHECKING:
     from pt2flow.flows.config.models import ResolvedModel
-    from pt2flow.flows.engine.stage_api import Outcome, Produced, StageCall
+    from pt2flow.flows.engine.stage_api import Outcome, Produced, RebuildCall, StageCall
 
 STAGE = Stage(
     "executorch_int8",
@@ -34,6 +34,7 @@ STAGE = Stage(
     accepts_training=False,
     exact=False,
     position=75,
+    rebuild=f"{__name__}:rebuild",
     description="int8 .pte (PT2E, XNNPACK), for the ExecuTorch runtime; judged by accuracy budgets",
 )
 
@@ -42,8 +43,27 @@ def compute(call: StageCall) -> Produced:
     from pt2flow.stages.quantize import quantize_for_executorch
 
     options = call.options(Int8Options)
-    calibration, example = calibration_inputs(call, options, STAGE.name)
+    calibration, example = calibration_inputs(
+        call.model, call.eager_model(), call.example_inputs(), options, STAGE.name
+    )
     return call.publish_result(quantize_for_executorch(call.program(), calibration, example, options))
+
+
+def rebuild(call: RebuildCall) -> str | None:
+    """`pt2flow audit`: the .pte made again from the stored functional program, the recorded
+    options and the model's calibration batches (so the config's model: --config), as the sha256
+    of its bytes, which the record's fingerprint is. PT2E, XNNPACK's lowering and ExecuTorch's
+    serializer are deterministic here (the same bytes in fresh stores and processes), so any
+    other digest is a dependency the key misses. None without the model or the program."""
+    import hashlib
+
+    from pt2flow.stages.quantize import quantize_for_executorch
+
+    if call.model is None or call.parent is None:
+        return None
+    options = Int8Options(**call.options)
+    calibration, example = calibration_inputs(call.model, call.eager(), call.example_inputs(), options, STAGE.name)
+    return hashlib.sha256(quantize_for_executorch(call.parent, calibration, example, options).output).hexdigest()
 
 
 def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:
@@ -66,7 +86,9 @@ def int8_key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome], 
     )
 
 
-def calibration_inputs(call: StageCall, options: Int8Options, stage: str) -> tuple[list[Any], Any]:
+def calibration_inputs(
+    model: ResolvedModel, eager: Any, inputs: Any, options: Int8Options, stage: str
+) -> tuple[list[Any], Any]:
     """The calibration batches and the example the quantized module is exported on: the model's
     own data (`data:`, its first `data.calibration` batches) where it has some, else
     `calibration_batches` batches drawn from its inputs spec at the example sizes (seeded by
@@ -77,16 +99,14 @@ def calibration_inputs(call: StageCall, options: Int8Options, stage: str) -> tup
     from pt2flow.stages.quantize import calibration_seeds
     from pt2flow.stages.vocabulary import ErrorClass
 
-    if call.model.component:
+    if model.component:
         raise StageError(ErrorClass.CONFIG, f"{stage} does not quantize a generative model's components yet")
-    eager, inputs = call.eager_model(), call.example_inputs()
     example = bind_inputs(eager, inputs, seed=0)
-    if call.model.data is not None:
+    if model.data is not None:
         from pt2flow.flows.engine.stage_api import data_batches
 
         given = [
-            ModelInputs(inputs=kwargs, dynamic={}, dims={}, positional=args)
-            for args, kwargs in data_batches(call.model)
+            ModelInputs(inputs=kwargs, dynamic={}, dims={}, positional=args) for args, kwargs in data_batches(model)
         ]
         return [bind_inputs(eager, batch) for batch in given], example
     return [bind_inputs(eager, inputs, seed=seed) for seed in calibration_seeds(options)], example

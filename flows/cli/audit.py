@@ -12,7 +12,8 @@ from pt2flow.flows.cli.support import Args, command, dump, json_option, open_sto
 
 @command(
     "audit",
-    help="Check a sample of RUN's program records (trace, functionalize, decompose, serialize; default run: the newest) in fresh "
+    help="Check a sample of RUN's program records (trace, functionalize, decompose, serialize, and the int8 .pte of "
+    "executorch_int8, rebuilt byte for byte; default run: the newest) in fresh "
     "worker processes: each record's blob must load as the program its fingerprint names, and the stage run again on the "
     "record's inputs (its parent program, its options; trace from --config's model) must give that program again. "
     "Exit 1 naming every record that does not. Nightly, this proves that what the cache serves is what a cold run would build.",

@@ -153,3 +153,54 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
     assert changed["convnet"]["artifacts"]["pte-int8"] != again["convnet"]["artifacts"]["pte-int8"]
     for name in ("outlier", "tiny-bert"):  # nothing of theirs changed
         assert {view[1] for view in _stages(changed[name]).values()} == {True}, (name, _stages(changed[name]))
+
+
+UNSEEN_DATA_MODULE = """import os
+
+import torch
+
+
+def batches():
+    # the user's data, scaled by a variable that no key sees: a dependency pt2flow cannot track
+    scale = float(os.environ.get("PT2FLOW_TEST_DATA_SCALE", "1"))
+    for i in range(4):
+        yield {"x": torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) * scale}
+"""
+
+
+def test_audit_rebuilds_the_int8_pte_byte_for_byte_and_names_what_its_key_missed(tmp_path: Path) -> None:
+    """`pt2flow audit --config` quantizes the stored functional program again in a fresh worker,
+    on the model's calibration data: the same bytes as the record's (the blob `get` serves); with
+    the data changed through something no key sees (a variable its factory reads), the int8
+    record alone fails, naming its stage; every program record still passes."""
+    import hashlib
+
+    from tests.conftest import run_json
+
+    (tmp_path / "unseen.py").write_text(UNSEEN_DATA_MODULE)
+    model = {
+        "name": "mlp",
+        "factory": "tests.models:tiny_mlp",
+        "inputs": {"x": {"shape": [4, 8]}},
+        "data": {"factory": "unseen:batches", "calibration": 4},
+    }
+    config = write_config(
+        tmp_path / "q.yaml", [model], stages=["trace", "functionalize", "executorch_int8"], store="store"
+    )
+    code, document = run_in_process(config)
+    assert code == 0, document
+    served = tmp_path / "mlp.int8.pte"
+    proc = run_cli(["get", "--model", "mlp", "--artifact", "pte-int8", "-o", str(served), "--config", str(config)])
+    assert proc.returncode == 0, proc.stderr
+
+    code, audited, stderr = run_json(["audit", "--config", str(config)])
+    assert code == 0, (audited, stderr[-2000:])
+    assert audited["summary"] == {"ok": 4, "failed": 0, "rebuilt": 4}  # source, trace, functionalize, the .pte
+    (int8,) = [r for r in audited["records"] if r["stage"] == "executorch_int8"]
+    assert int8["stored"] == int8["rebuilt"] == int8["fingerprint"] == hashlib.sha256(served.read_bytes()).hexdigest()
+
+    proc = run_cli(["audit", "--config", str(config), "--json"], env={"PT2FLOW_TEST_DATA_SCALE": "3"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    failed = [r for r in json.loads(proc.stdout)["records"] if r["status"] != "ok"]
+    assert [r["stage"] for r in failed] == ["executorch_int8"], failed
+    assert failed[0]["problem"] == "executorch_int8 run again on the recorded inputs gives another artifact", failed

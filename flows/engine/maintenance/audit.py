@@ -1,8 +1,9 @@
 """`pt2flow audit`: prove that the cache is honest, as reproducible-build checkers do.
 
 A sample of a run's source and program records (source, trace, functionalize, decompose,
-serialize: the records the cache serves to later runs) is checked in fresh worker processes, one
-per model (docs/architecture.md §5, "Audit"):
+serialize: the records the cache serves to later runs; and the int8 .pte, executorch_int8's,
+whose bytes are reproducible) is checked in fresh worker processes, one per model
+(docs/architecture.md §5, "Audit"):
 
 - source: the model is built again from the config (`--config`) and its eager digest
   (parameters, buffers, structure) must be the recorded one while the files of its manifest are
@@ -80,8 +81,18 @@ def _parent(index: Any, record: Mapping[str, Any]) -> dict[str, Any] | None:
     return decode(max(rows, key=lambda r: r.get("ended_at") or 0)) if rows else None
 
 
-def _source_weights(index: Any, record: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    source = _parent(index, record)
+def _source_weights(index: Any, record: Mapping[str, Any], among: bool = False) -> Mapping[str, Any] | None:
+    """The weights the model's source record holds: the record's parent's (trace's), or, `among`
+    its parents, the source one's (an int8 stage's parents are a program and the source)."""
+    if not among:
+        source = _parent(index, record)
+        return ((source or {}).get("details") or {}).get("weights")
+    import pyarrow.compute as pc
+
+    keys = list(record.get("parent_keys") or [])
+    condition = pc.field("key").isin(keys) & (pc.field("stage") == pipeline.SOURCE_NAME) & (pc.field("status") == "ok")
+    rows = index.scan(None, filter=condition).to_pylist()
+    source = decode(max(rows, key=lambda r: r.get("ended_at") or 0)) if rows else None
     return ((source or {}).get("details") or {}).get("weights")
 
 
@@ -134,6 +145,8 @@ class Auditor:
             weights = (record.get("details") or {}).get("weights")
         elif record["stage"] == entry_stage and model is not None:
             weights = _source_weights(index, record)
+        elif model is not None and _needs_model(record):  # made from the source too (an int8 stage)
+            weights = _source_weights(index, record, among=True)
         budget = Budget(
             deadline=time.monotonic() + AUDIT_TIMEOUT_S,
             deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
@@ -154,14 +167,15 @@ class Auditor:
             return _judge_source(entry, record, payload["rebuilt"], payload.get("problem"), model, self._versions())
         entry.update(stored=payload["stored"], rebuilt=payload["rebuilt"])
         problems = []
+        what = "program" if pipeline.get(record["stage"]).publishes in ("program", "archive") else "artifact"
         if payload["stored"] != record["fingerprint"]:
-            problems.append("the stored blob holds another program than the record says")
+            problems.append(f"the stored blob holds another {what} than the record says")
         if payload["rebuilt"] is not None and payload["rebuilt"] != record["fingerprint"]:
-            problems.append(f"{record['stage']} run again on the recorded inputs gives another program")
+            problems.append(f"{record['stage']} run again on the recorded inputs gives another {what}")
         if payload["rebuilt"] is None:
             entry["note"] = (
                 f"not rebuilt: pass --config with the model to run {record['stage']} again"
-                if record["stage"] == entry_stage
+                if record["stage"] == entry_stage or (model is None and _needs_model(record))
                 else "not rebuilt: no parent program"
             )
         if problems:
@@ -181,6 +195,12 @@ class Auditor:
             self.worker.close()
             self.worker = None
             self.current = None
+
+
+def _needs_model(record: Mapping[str, Any]) -> bool:
+    """Whether its stage is made from the model as well as a program (an int8 stage calibrates on
+    the model's inputs or data: its parents are the program and the source)."""
+    return len(record.get("parent_keys") or []) > 1
 
 
 def _judge_source(

@@ -3,7 +3,8 @@
 For a source record: the eager digest of the model built again now (the caller compares it with
 the recorded one). For a program record, two fingerprints of the record's program, compared by
 the caller with the one the record holds:
-`stored`, of the program in the record's blob as it loads now, and `rebuilt`, of the stage run
+`stored`, of the program in the record's blob as it loads now (of a deployment artifact, the int8
+.pte, the sha256 of its bytes), and `rebuilt`, of the stage run
 again on its recorded inputs by its declaration's rebuild function (Stage.rebuild: the parent
 program from the store and the recorded options; for the stage that starts from the source, the
 model from the config). Imports torch; runs only in a worker process.
@@ -53,6 +54,17 @@ def _register_cache_pytrees() -> None:
         from pt2flow.stages.generation_export import register_cache_pytrees
 
         register_cache_pytrees()
+
+
+def _stored_identity(stage: str, stored: bytes) -> str:
+    """What a record's fingerprint is of its blob: a program's fingerprint as it loads now (a
+    program stage's, the archive's), else the sha256 of its bytes (a deployment artifact's, the
+    int8 .pte's)."""
+    import hashlib
+
+    if pipeline.get(stage).publishes in ("program", "archive"):
+        return _loaded(stored)[1]
+    return hashlib.sha256(stored).hexdigest()
 
 
 @dataclass
@@ -110,7 +122,7 @@ def rebuild(request: RebuildRecord) -> tuple[str, dict[str, Any]]:
             model is None or getattr(model, "generate", None) is not None
         ):  # a component's program names transformers' cache classes
             _register_cache_pytrees()
-        found: dict[str, Any] = {"stored": _loaded(stored)[1], "rebuilt": None}
+        found: dict[str, Any] = {"stored": _stored_identity(stage, stored), "rebuilt": None}
         parent_program, parent_fingerprint = _loaded(parent) if parent is not None else (None, None)
         again = RebuildCall(request.options, parent_program, model, store_url, weights, parent_fingerprint)
         found["rebuilt"] = pipeline.resolve(str(pipeline.get(stage).rebuild))(again)
