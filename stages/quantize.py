@@ -199,15 +199,13 @@ def quantize(
         raise StageError(
             ErrorClass.QUANTIZATION, f"the quantized program does not export again: {short_message(exc, 800)}"
         ) from exc
-    seeds = calibration_seeds(options)
     quantized_ops = {k: v for k, v in program.op_histogram(quantized).items() if "quantize" in k}
     metadata = {
         "scheme": "pt2e-int8",
         "per_channel": options.per_channel,
         "activations": options.activations,
         "float_modules": list(options.float_modules),
-        "calibration_batches": len(calibration),
-        "calibration_seeds": [seeds[0], seeds[-1]],
+        "calibration_batches": len(calibration),  # what they were: the caller's to say (`calibration`)
         "quantize_ops": quantized_ops,
         "quantize_seconds": round(time.perf_counter() - start, 3),
     }
@@ -227,6 +225,77 @@ def quantize_for_executorch(
     lowered = lower_executorch(quantized, ExecutorchOptions(partitioners=("xnnpack",), portable_fallback=True))
     metadata = {**lowered.metadata, **described}
     return StageResult(output=lowered.output, metadata=metadata, warnings=(*sink.items, *lowered.warnings))
+
+
+def int8_repro_body(options: Int8Options, target: str) -> str:
+    """The lines of a torch + torchao (+ ExecuTorch) script, after `ep` is loaded and
+    `calibration.pt` written beside it (its `calibration` batches and its `example`, each (args,
+    kwargs)), that quantize as quantize() does, with `target`'s quantizer ("executorch":
+    XNNPACKQuantizer with pt2flow's float_scalars_to_attrs, written out; "inductor":
+    X86InductorQuantizer), then lower (the .pte) or compile (the package) as the stage does. The
+    export again is static: a failure only the program's dynamic dims cause is not reproduced."""
+    import inspect
+
+    per_channel, dynamic = options.per_channel, options.activations == "dynamic"
+    lines = ["from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e", ""]
+    if target == "executorch":
+        lines += [
+            "from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (",
+            "    XNNPACKQuantizer,",
+            "    get_symmetric_quantization_config,",
+            ")",
+            "",
+            f"SCALAR_OPERAND_OPS = {SCALAR_OPERAND_OPS!r}",
+            "",
+            "",
+            inspect.getsource(float_scalars_to_attrs),
+            "",
+            "class Quantizer(XNNPACKQuantizer):  # as the stage's: only floating adds and muls get tensor operands",
+            "    def transform_for_annotation(self, model):",
+            "        return float_scalars_to_attrs(model)",
+            "",
+            "",
+            f"config = get_symmetric_quantization_config(is_per_channel={per_channel}, is_dynamic={dynamic})",
+            "quantizer = Quantizer().set_global(config)",
+        ]
+        if options.float_modules:
+            lines += [
+                "from torchao.quantization.pt2e.quantizer.utils import get_module_name_filter",
+                f"kept = [get_module_name_filter(name) for name in {list(options.float_modules)!r}]",
+                "quantizer.set_filter_function(lambda node: not any(inside(node) for inside in kept))",
+            ]
+    else:
+        lines += [
+            "import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86",
+            "",
+            f"config = x86.get_default_x86_inductor_quantization_config(is_dynamic={dynamic})",
+            "quantizer = x86.X86InductorQuantizer().set_global(config)",
+            *(f"quantizer.set_module_name_qconfig({name!r}, None)" for name in options.float_modules),
+        ]
+    lines += [
+        "data = torch.load(os.path.join(HERE, 'calibration.pt'), weights_only=True)",
+        "prepared = prepare_pt2e(ep.module(), quantizer)",
+        "with torch.no_grad():",
+        "    for args, kwargs in data['calibration']:",
+        "        prepared(*args, **kwargs)",
+        "converted = convert_pt2e(prepared)",
+        "args, kwargs = data['example']",
+        "program = torch.export.export(converted, tuple(args), dict(kwargs))",
+    ]
+    if target == "executorch":
+        lines += [
+            "from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner",
+            "from executorch.exir import to_edge_transform_and_lower",
+            "",
+            "to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()",
+        ]
+    else:
+        lines += [
+            "import torch._inductor",
+            "",
+            f"torch._inductor.aoti_compile_and_package(program, inductor_configs={dict(INT8_INDUCTOR_CONFIGS)!r})",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def x86_inductor_quantizer(options: Int8Options) -> Any:

@@ -32,10 +32,16 @@ _TRANSIENT_NAMES = {
     "ConnectionResetError",
     "BrokenPipeError",
     "IncompleteRead",
+    # a connection lost mid-request, as aiohttp, botocore and http.client name it
+    "ClientConnectionError",
+    "ClientConnectionResetError",
+    "ConnectionClosedError",
+    "RemoteDisconnected",
+    "ConnectionAbortedError",
 }
 _TRANSIENT_TEXT = re.compile(
     r"\b(500|502|503|504)\b|InternalError|ServiceUnavailable|SlowDown|Throttl|RequestTimeout|"
-    r"TooManyRequests|Connection reset|connection was closed|Server disconnected",
+    r"TooManyRequests|Connection reset|connection was closed|Server disconnected|Connection lost",
     re.IGNORECASE,
 )
 

@@ -14,7 +14,7 @@ from pt2flow.stages.target_options import Int8Options
 
 if TYPE_CHECKING:
     from pt2flow.flows.config.models import ResolvedModel
-    from pt2flow.flows.engine.stage_api import Outcome, Produced, StageCall
+    from pt2flow.flows.engine.stage_api import Outcome, Produced, ReproJob, StageCall
 
 STAGE = Stage(
     "aot_compile_int8",
@@ -31,20 +31,30 @@ STAGE = Stage(
     extra="executorch",
     accepts_training=False,
     exact=False,
+    repro=f"{__name__}:repro",
     position=55,
     description="int8 AOTInductor package (PT2E, X86InductorQuantizer), for the CPU; judged by accuracy budgets",
 )
 
 
 def compute(call: StageCall) -> Produced:
-    from pt2flow.flows.builtin.executorch_int8 import calibration_inputs
+    from pt2flow.flows.builtin.executorch_int8 import calibration_inputs, described
     from pt2flow.stages.quantize import quantize_for_inductor
 
     options = call.options(Int8Options)
     calibration, example = calibration_inputs(
         call.model, call.eager_model(), call.example_inputs(), options, STAGE.name
     )
-    return call.publish_result(quantize_for_inductor(call.program(), calibration, example, options))
+    result = quantize_for_inductor(call.program(), calibration, example, options)
+    return call.publish_result(described(result, call.model, options))
+
+
+def repro(job: ReproJob) -> str:
+    """The failed quantization and compile again with torch and torchao alone
+    (flows/builtin/executorch_int8.py int8_repro, X86InductorQuantizer and aoti_compile_and_package)."""
+    from pt2flow.flows.builtin.executorch_int8 import int8_repro
+
+    return int8_repro(job, "inductor")
 
 
 def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> str:

@@ -14,7 +14,7 @@ from pt2flow.stages.target_options import Int8Options
 
 if TYPE_CHECKING:
     from pt2flow.flows.config.models import ResolvedModel
-    from pt2flow.flows.engine.stage_api import Outcome, Produced, RebuildCall, StageCall
+    from pt2flow.flows.engine.stage_api import Outcome, Produced, RebuildCall, ReproJob, StageCall
 
 STAGE = Stage(
     "executorch_int8",
@@ -35,6 +35,7 @@ STAGE = Stage(
     exact=False,
     position=75,
     rebuild=f"{__name__}:rebuild",
+    repro=f"{__name__}:repro",
     description="int8 .pte (PT2E, XNNPACK), for the ExecuTorch runtime; judged by accuracy budgets",
 )
 
@@ -46,7 +47,55 @@ def compute(call: StageCall) -> Produced:
     calibration, example = calibration_inputs(
         call.model, call.eager_model(), call.example_inputs(), options, STAGE.name
     )
-    return call.publish_result(quantize_for_executorch(call.program(), calibration, example, options))
+    result = quantize_for_executorch(call.program(), calibration, example, options)
+    return call.publish_result(described(result, call.model, options))
+
+
+def repro(job: ReproJob) -> str:
+    """The failed quantization again with torch, torchao and ExecuTorch alone: the functional
+    program it was given, the calibration batches it took (written to calibration.pt, made as the
+    stage made them), the quantizer as configured (stages.quantize.int8_repro_body)."""
+    return int8_repro(job, "executorch")
+
+
+def int8_repro(job: ReproJob, target: str) -> str:
+    """An int8 stage's repro body for `target` (executorch, inductor): calibration.pt written."""
+    import dataclasses
+
+    import torch
+
+    from pt2flow.flows.engine.stage_api import model_inputs, recorded_weights
+    from pt2flow.stages.quantize import int8_repro_body
+    from pt2flow.stages.source import build_model, import_factory
+
+    model, options, details = job.model, Int8Options(**job.options), job.source.get("details") or {}
+    state = recorded_weights(job.store, details)
+    eager = build_model(import_factory(model.factory, model.search_path), model.kwargs, state)
+    if model.data is not None and details.get("search_path"):  # its data factory, from the config's folder
+        model = dataclasses.replace(model, search_path=details["search_path"])
+    calibration, example = calibration_inputs(model, eager, model_inputs(model), options, str(job.record["stage"]))
+    job.files.append("calibration.pt")
+    torch.save(
+        {"calibration": [(b.args, b.kwargs) for b in calibration], "example": (example.args, example.kwargs)},
+        job.folder / "calibration.pt",
+    )
+    return job.program() + int8_repro_body(options, target)
+
+
+def described(result: Any, model: ResolvedModel, options: Int8Options) -> Any:
+    """`result` with its record's `calibration`: what it was calibrated on, for `get --json` and
+    `show` (the model's own data: its factory and the batches taken, whose module's source hash
+    and files are its source parent's; else the seeds of the batches drawn from its inputs spec)."""
+    import dataclasses
+
+    from pt2flow.stages.quantize import calibration_seeds
+
+    if model.data is not None:
+        source: dict[str, Any] = {"data": model.data.factory, "batches": model.data.calibration, "first_batch": 0}
+    else:
+        seeds = calibration_seeds(options)
+        source = {"inputs": "drawn from the model's inputs spec", "batches": len(seeds), "seeds": [seeds[0], seeds[-1]]}
+    return dataclasses.replace(result, metadata={**result.metadata, "calibration": source})
 
 
 def rebuild(call: RebuildCall) -> str | None:

@@ -6,6 +6,7 @@ torch (it builds the model's example inputs), never Prefect."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -85,7 +86,17 @@ def get_command(args: Args) -> int:
         print(
             f"{result['artifact']} artifact of {result['model']} ({result['sha256']}, {format_size(result['size'])}, run {result['run_id']}) -> {result['path']}"
         )
+        if calibration := (result.get("details") or {}).get("calibration"):  # an int8 artifact's
+            print(f"calibrated on {calibration_text(calibration)}")
     return EXIT_OK
+
+
+def calibration_text(calibration: dict[str, Any]) -> str:
+    """What an int8 artifact's record says it was calibrated on, in words."""
+    if "data" in calibration:
+        return f"the first {calibration['batches']} batches of data.factory {calibration['data']}"
+    first, last = calibration.get("seeds") or ["?", "?"]
+    return f"{calibration['batches']} batches drawn from the model's inputs spec (seeds {first}..{last})"
 
 
 @command(

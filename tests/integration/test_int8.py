@@ -86,6 +86,8 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
     pte = tmp_path / "convnet.int8.pte"
     proc = run_cli(["get", "--model", "convnet", "--artifact", "pte-int8", "-o", str(pte), "--store", store])
     assert proc.returncode == 0, proc.stderr
+    # what it was calibrated on, as its record says: no data of the model's own, so its inputs spec
+    assert "calibrated on 8 batches drawn from the model's inputs spec (seeds 1000000..1000007)" in proc.stdout
     seen = run_plain(PLAIN_SCRIPT, pte, 7)
     assert seen["argmax_agrees"] and 20 < seen["sqnr_db"] < 120, seen
 
@@ -109,6 +111,12 @@ def test_int8_artifacts_are_judged_by_budgets_and_rebuilt_alone_when_their_calib
         assert again[name]["artifacts"]["pte-int8"] != models[name]["artifacts"]["pte-int8"]
         assert again[name]["artifacts"]["serialized"] == models[name]["artifacts"]["serialized"]
     assert again["outlier"]["status"] == "ok" and again["outlier"]["validation"]["passed"] is True
+    proc = run_cli(["get", "--model", "convnet", "--artifact", "pte-int8", "-o", str(pte), "--store", store, "--json"])
+    assert json.loads(proc.stdout)["details"]["calibration"] == {
+        "data": "int8data:batches",
+        "batches": 4,
+        "first_batch": 0,
+    }
     from pt2flow.storage import ArtifactStore
 
     report = json.loads(ArtifactStore(store).get_blob(again["convnet"]["stages"]["validate"]["artifact"]))
@@ -204,3 +212,63 @@ def test_audit_rebuilds_the_int8_pte_byte_for_byte_and_names_what_its_key_missed
     failed = [r for r in json.loads(proc.stdout)["records"] if r["status"] != "ok"]
     assert [r["stage"] for r in failed] == ["executorch_int8"], failed
     assert failed[0]["problem"] == "executorch_int8 run again on the recorded inputs gives another artifact", failed
+
+
+MISSHAPEN_DATA_MODULE = """import torch
+
+
+def batches():
+    # the user's data, one feature short of what the model takes: calibration fails on it
+    for i in range(4):
+        yield {"x": torch.randn(4, 7, generator=torch.Generator().manual_seed(i))}
+"""
+
+
+def test_a_failed_quantization_names_its_class_spares_the_float_artifacts_and_reproduces_alone(tmp_path: Path) -> None:
+    """Calibration data of another shape than the program takes: executorch_int8 fails with class
+    `quantization` naming the step, the model is partial (its archive validated), and `pt2flow
+    repro` writes a script that raises the same error with torch, torchao and ExecuTorch alone,
+    in an interpreter without pt2flow, on the calibration batches the stage took."""
+    import subprocess
+    import sys
+
+    (tmp_path / "misshapen.py").write_text(MISSHAPEN_DATA_MODULE)
+    model = {
+        "name": "mlp",
+        "factory": "tests.models:tiny_mlp",
+        "inputs": {"x": {"shape": [4, 8]}},
+        "data": {"factory": "misshapen:batches", "calibration": 4},
+        "require": ["serialized"],
+    }
+    stages = ["trace", "functionalize", "serialize", "executorch_int8", "validate"]
+    config = write_config(tmp_path / "q.yaml", [model], stages=stages, store="store")
+    code, document = run_in_process(config)
+    (mlp,) = document["models"]
+    assert code == 0 and mlp["status"] == "partial", mlp  # the int8 artifact is not required
+    int8 = mlp["stages"]["executorch_int8"]
+    assert int8["status"] == "failed" and int8["error_class"] == "quantization", int8
+    assert int8["error"].startswith("calibration failed on the observed program"), int8
+    assert mlp["stages"]["serialize"]["status"] == "ok" and mlp["validation"]["verdicts"]["serialized"]["passed"]
+
+    proc = run_cli(["repro", "mlp", "-o", str(tmp_path / "repro"), "--config", str(config), "--json"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads(proc.stdout)
+    assert (written["stage"], written["error_class"]) == ("executorch_int8", "quantization")
+    assert written["files"] == ["calibration.pt", "program.pt2", "repro.py"], written
+    script = (tmp_path / "repro" / "repro.py").read_text()
+    assert "import pt2flow" not in script and "from pt2flow" not in script  # torch, torchao, ExecuTorch alone
+    ran = subprocess.run(
+        [sys.executable, str(tmp_path / "repro" / "repro.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
+        cwd=tmp_path,
+    )
+    assert ran.returncode != 0 and "no error" not in ran.stdout, (ran.stdout, ran.stderr[-2000:])
+    # it fails where the stage did: calibrating, on the batch of 7 features. (The run's worker
+    # met the batch in the matmul, "mat1 and mat2 shapes cannot be multiplied (4x7 and 8x16)";
+    # a plain interpreter meets the program's own guard first, "Guard failed: x.size()[1] == 8".)
+    assert "prepared(*args, **kwargs)" in ran.stderr, ran.stderr[-3000:]
+    assert "4x7" in int8["error"] or "x.size()[1] == 8" in int8["error"], int8
+    assert "4x7" in ran.stderr or "x.size()[1] == 8" in ran.stderr, ran.stderr[-3000:]

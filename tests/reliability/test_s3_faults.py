@@ -139,9 +139,10 @@ def test_persistent_faults_become_a_storage_error_after_the_budget(
     assert time.monotonic() - started < 10
 
     append = proxy.plan("PUT", "/index/", [fault] * 20)
-    with pytest.raises(StorageError, match="cannot write index file"):
+    with pytest.raises(StorageError, match="cannot write index file") as appended:
         store.index.append(_records(store, "lost", 2))
-    assert policy_attempts(retries("index append")) == ATTEMPTS
+    # fc44 saw one attempt only, once in many runs: the message says which error was not retried
+    assert policy_attempts(retries("index append")) == ATTEMPTS, (str(appended.value), append.seen)
     _assert_bounded_and_backed_off(retries("index append"), append.seen)
     proxy.clear()
     assert list(store.list_blobs()) == [] and store.index.files() == []  # nothing half-written

@@ -92,6 +92,9 @@ class RebuildRecord(Request[Reply]):
     model: ResolvedModel | None
     store_url: str
     weights: Mapping[str, Any] | None
+    # what the record's fingerprint is of: "program" (a program the blob holds, loaded), "bytes"
+    # (the blob's sha256: a deployment artifact's, the int8 .pte's)
+    identity: str = "program"
 
 
 @dataclass(frozen=True)

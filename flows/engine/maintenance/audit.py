@@ -152,8 +152,11 @@ class Auditor:
             deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
             memory_bytes=self.memory_bytes,
         )
+        # a record whose fingerprint is its blob's sha256 (a deployment artifact: the int8 .pte) is
+        # checked by its bytes, any other by the program its blob holds
+        identity = "bytes" if record["fingerprint"] == record["sha256"] else "program"
         message = RebuildRecord(
-            record["stage"], data, record.get("options") or {}, parent, model, self.store.url, weights
+            record["stage"], data, record.get("options") or {}, parent, model, self.store.url, weights, identity
         )
         try:
             status, payload = self._worker_for(record["model"]).call(message, budget)
@@ -167,7 +170,7 @@ class Auditor:
             return _judge_source(entry, record, payload["rebuilt"], payload.get("problem"), model, self._versions())
         entry.update(stored=payload["stored"], rebuilt=payload["rebuilt"])
         problems = []
-        what = "program" if pipeline.get(record["stage"]).publishes in ("program", "archive") else "artifact"
+        what = "artifact" if identity == "bytes" else "program"
         if payload["stored"] != record["fingerprint"]:
             problems.append(f"the stored blob holds another {what} than the record says")
         if payload["rebuilt"] is not None and payload["rebuilt"] != record["fingerprint"]:

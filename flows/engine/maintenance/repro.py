@@ -140,7 +140,7 @@ def _resolved_model(source: Mapping[str, Any], manifest: Mapping[str, Any]) -> A
     """The model as the run resolved it, from its source record (no config needed)."""
     from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, parse_input
     from pt2flow.flows.config import ResolvedModel
-    from pt2flow.flows.config.models import GenerateConfig
+    from pt2flow.flows.config.models import DataConfig, GenerateConfig
 
     def problem(path: Any, message: str) -> None:
         raise ReproError(f"the recorded inputs of {source['model']} do not parse at {path}: {message}")
@@ -174,6 +174,9 @@ def _resolved_model(source: Mapping[str, Any], manifest: Mapping[str, Any]) -> A
         inputs_factory=(manifest.get("inputs_factory") or {}).get("factory"),
         inputs_file=inputs_file,
         generate=GenerateConfig(**manifest["generate"]) if manifest.get("generate") else None,
+        data=DataConfig(**{k: v for k, v in manifest["data"].items() if k != "code_hash"})
+        if manifest.get("data")
+        else None,
     )
 
 

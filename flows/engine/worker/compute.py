@@ -280,6 +280,7 @@ def source(call: StageCall) -> Produced:
         "manifest": manifest,
         "request": request_key(static),
         "module_file": origin,
+        "search_path": model.search_path,  # the config's folder: where its data factory is found (repro)
         "weights": weights,
         "weights_url": model.weights,
         "stats": built.stats,

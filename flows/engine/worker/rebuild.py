@@ -56,15 +56,12 @@ def _register_cache_pytrees() -> None:
         register_cache_pytrees()
 
 
-def _stored_identity(stage: str, stored: bytes) -> str:
-    """What a record's fingerprint is of its blob: a program's fingerprint as it loads now (a
-    program stage's, the archive's), else the sha256 of its bytes (a deployment artifact's, the
-    int8 .pte's)."""
+def _stored_identity(identity: str, stored: bytes) -> str:
+    """What the record's fingerprint is of its blob (RebuildRecord.identity): the program's
+    fingerprint as it loads now, or the sha256 of its bytes (a deployment artifact's, the int8 .pte's)."""
     import hashlib
 
-    if pipeline.get(stage).publishes in ("program", "archive"):
-        return _loaded(stored)[1]
-    return hashlib.sha256(stored).hexdigest()
+    return hashlib.sha256(stored).hexdigest() if identity == "bytes" else _loaded(stored)[1]
 
 
 @dataclass
@@ -122,7 +119,7 @@ def rebuild(request: RebuildRecord) -> tuple[str, dict[str, Any]]:
             model is None or getattr(model, "generate", None) is not None
         ):  # a component's program names transformers' cache classes
             _register_cache_pytrees()
-        found: dict[str, Any] = {"stored": _stored_identity(stage, stored), "rebuilt": None}
+        found: dict[str, Any] = {"stored": _stored_identity(request.identity, stored), "rebuilt": None}
         parent_program, parent_fingerprint = _loaded(parent) if parent is not None else (None, None)
         again = RebuildCall(request.options, parent_program, model, store_url, weights, parent_fingerprint)
         found["rebuilt"] = pipeline.resolve(str(pipeline.get(stage).rebuild))(again)
