@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -311,28 +311,20 @@ def validate(
             },
             "required": sorted(must),
         }
-        for i, sample in enumerate(plan):
-            bound = bind_inputs(reference, model_inputs, seed=options.seed + i, dim_sizes=sample.sizes)
+
+        def bound_samples() -> Iterator[tuple[Sample, BoundInputs]]:
+            """The plan's samples, then the model's own evaluation batches (evaluation[i])."""
+            for i, sample in enumerate(plan):
+                yield sample, bind_inputs(reference, model_inputs, seed=options.seed + i, dim_sizes=sample.sizes)
+            for i, (args, kwargs) in enumerate(evaluation):
+                batch = ModelInputs(inputs=kwargs, positional=tuple(args))
+                yield Sample(evaluation_label(i), {}), bind_inputs(reference, batch)
+
+        for i, (sample, bound) in enumerate(bound_samples()):
             if i == 0:  # before any number: do the artifacts take these inputs at all?
                 _check_signature(archived, candidates.get("compiled"), bound, dims, report)
             _check_sample(
                 sample,
-                bound,
-                reference,
-                twin,
-                noise,
-                candidates,
-                archived,
-                buffer_names,
-                training,
-                options,
-                report,
-                findings,
-            )
-        for i, (args, kwargs) in enumerate(evaluation):  # the model's own data, after the samples
-            bound = bind_inputs(reference, ModelInputs(inputs=kwargs, positional=tuple(args)))
-            _check_sample(
-                Sample(evaluation_label(i), {}),
                 bound,
                 reference,
                 twin,
