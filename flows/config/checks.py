@@ -274,8 +274,13 @@ def _stage_options(
     for stage in model.stages:
         if stage not in known:
             add(("stages", stage), f"unknown stage {stage!r}; per-model overrides are for {list(known)}")
+    checker = pipeline.configured_by(ValidateOptions)
+    if model.accuracy is not None and "accuracy" in model.stages.get(checker, {}):
+        add(("accuracy",), f"the budget is given twice: here and at stages.{checker}.accuracy (keep one)")
     for spec in pipeline.stages() if check_options else ():
         merged = {**defaults.get(spec.name, {}), **model.stages.get(spec.name, {})}
+        if spec.name == checker and model.accuracy is not None:  # DESIGN §3's name for validate.accuracy
+            merged["accuracy"] = {metric: bound.model_dump() for metric, bound in model.accuracy.items()}
         try:
             options[spec.name] = spec.options(**merged)
         except ValidationError as exc:

@@ -42,8 +42,9 @@ from pt2flow.flows.config.reading import (  # noqa: F401  (MAX_*, read_store_set
     resolve_store_url,
     safe_yaml,
 )
+from pt2flow.flows.pipeline import configured_by
 from pt2flow.flows.pipeline import get as get_stage
-from pt2flow.stages.options import UNION_TAGS
+from pt2flow.stages.options import UNION_TAGS, ValidateOptions
 
 
 def load_config(path: str | os.PathLike[str]) -> Pipeline:
@@ -206,6 +207,18 @@ def _semantic_checks(
     default_limits = defaults.pop("limits")
     default_require = defaults.pop("require")
     defaults.pop("data")
+    if (accuracy := defaults.pop("accuracy")) is not None:  # DESIGN §3's name for validate.accuracy
+        checker = configured_by(ValidateOptions)
+        section = defaults.setdefault(checker, {})
+        if section.get("accuracy") is not None:
+            issues.append(
+                lines.issue(
+                    ("defaults", "accuracy"),
+                    f"the budget is given twice: here and at defaults.{checker}.accuracy (keep one)",
+                )
+            )
+        else:
+            section["accuracy"] = accuracy
     default_data = config.defaults.data
     if default_data is not None and (problem := factory_problem(default_data.factory, folder)):
         issues.append(lines.issue(("defaults", "data", "factory"), problem))

@@ -20,6 +20,7 @@ from pt2flow.flows import pipeline
 from pt2flow.flows.config.limits import DaskConfig, Limits, LimitsConfig
 from pt2flow.flows.config.retention import RetentionConfig
 from pt2flow.flows.config.reading import DEFAULT_STORE
+from pt2flow.stages.options import AccuracyMetric, Bound
 
 CONFIG_VERSION = 1
 
@@ -56,6 +57,8 @@ class StageDefaults(_Strict):
     require: list[str] | None = None  # the artifact kinds that must validate (None: every one built)
     # every model's data where it names none of its own (a generative model's never: it has prompts)
     data: DataConfig | None = None
+    # every model's accuracy budgets where it sets none: the same as validate.accuracy in defaults
+    accuracy: dict[AccuracyMetric, Bound] | None = None
 
 
 class GenerateConfig(_Strict):
@@ -116,6 +119,9 @@ class ModelConfig(_Strict):
     generate: GenerateConfig | None = None
     # the model's own calibration data (the int8 stages'); unset: batches drawn from its inputs spec
     data: DataConfig | None = None
+    # the accuracy budgets of its artifacts not meant to be exact (DESIGN §3's `accuracy:`): the
+    # same as stages.validate.accuracy, which it fills (flows/config/checks.py _stage_options)
+    accuracy: dict[AccuracyMetric, Bound] | None = None
 
 
 class PipelineConfig(_Strict):

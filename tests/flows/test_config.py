@@ -19,7 +19,7 @@ from pt2flow.flows.config.load import apply_overrides, load_config, parse_config
 from pt2flow.flows.config.models import Pipeline
 from pt2flow.flows import pipeline
 from pt2flow.flows.config.reading import read_store_settings
-from pt2flow.stages.options import FunctionalizeOptions, ValidateOptions
+from pt2flow.stages.options import Bound, FunctionalizeOptions, ValidateOptions
 from tests.conftest import ROOT, run_cli, write_config
 
 KNOWN = list(pipeline.names())  # the built-in stages and the targets, in pipeline order
@@ -495,6 +495,41 @@ def test_the_defaults_data_is_every_models_that_names_none_but_a_generative_ones
         parse_config(text.replace("shared_q7:batches", "no_such_q7:batches"), source="cfg.yaml", base_dir=str(tmp_path))
     (issue,) = info.value.issues
     assert issue.path == "defaults.data.factory" and issue.line == 3 and "no_such_q7" in issue.message
+
+
+def test_a_top_level_accuracy_is_validate_accuracy_per_model_and_in_defaults() -> None:
+    """DESIGN §3's `accuracy:` (per model, or in defaults) is validate's accuracy budget: the same
+    resolved options, so the same keys, as `stages.validate.accuracy`; a model's wins over the
+    defaults'; one budget given both ways at one level is refused where it is written."""
+    text = textwrap.dedent(
+        """\
+        version: 1
+        defaults:
+          accuracy: {sqnr_db: {min: 25}}
+        models:
+          - {name: inherits, factory: tests.models:tiny_mlp, inputs: {x: {shape: [4, 8]}}}
+          - name: own
+            factory: tests.models:tiny_mlp
+            inputs: {x: {shape: [4, 8]}}
+            accuracy: {top1_agreement: {min: 0.99}}
+          - name: spelled-out
+            factory: tests.models:tiny_mlp
+            inputs: {x: {shape: [4, 8]}}
+            stages: {validate: {accuracy: {top1_agreement: {min: 0.99}}}}
+        """
+    )
+    models = {m.name: m.options["validate"] for m in parse(text).models}
+    assert models["inherits"].accuracy == {"sqnr_db": Bound(min=25.0)}
+    assert models["own"].accuracy == {"top1_agreement": Bound(min=0.99)} and models["own"] == models["spelled-out"]
+    twice = text.replace(
+        "stages: {validate: {accuracy:", "accuracy: {cosine: {min: 0.9}}\n    stages: {validate: {accuracy:"
+    )
+    issue = only_issue(twice)
+    assert issue.path == "models[2].accuracy" and "given twice" in issue.message
+    issue = only_issue(
+        text.replace("  accuracy: {sqnr_db", "  validate: {accuracy: {cosine: {min: 0.5}}}\n  accuracy: {sqnr_db")
+    )
+    assert issue.path == "defaults.accuracy" and "defaults.validate.accuracy" in issue.message
 
 
 def test_factory_submodule_of_a_plain_module_is_not_found(tmp_path: Path) -> None:
