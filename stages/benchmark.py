@@ -3,7 +3,7 @@
 Artifacts: eager (the model built from its factory and weights), the archive, the AOTInductor
 package and each target's artifact (their candidate loaders, stages/targets.py), one at a time:
 loaded from bytes (timed, its peak resident memory measured), then called at every size with the
-same inputs. Sizes: every dynamic dim at its min, example size and max (stages/validate.plan_samples)
+same inputs. Sizes: every dynamic dim at its min, example size and max (stages/sample_plan.py plan_samples)
 or the configured ones. At each size: `warmup` untimed calls, then timed calls until the median of
 all calls moves by less than `stable_fraction` over the last `window` calls (at least `min_runs`,
 at most `max_runs` and `max_seconds`). The recommendation at each size is the artifact with the
@@ -38,7 +38,7 @@ from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
 from pt2flow.stages.serialize import load_archive
 from pt2flow.stages.targets import TargetArtifact
-from pt2flow.stages.validate import plan_samples
+from pt2flow.stages.sample_plan import plan_samples
 from pt2flow.stages.vocabulary import ErrorClass
 
 EAGER = "eager"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import random
 import statistics
 import tempfile
 import time
@@ -38,51 +37,12 @@ from pt2flow.stages.example_inputs import BoundInputs, ModelInputs, clone_tree
 from pt2flow.stages.options import DEFAULT_ACCURACY, ValidateOptions
 from pt2flow.stages.quiet import quiet_torch
 from pt2flow.stages.result import StageResult
+from pt2flow.stages.sample_plan import Sample, plan_samples
 from pt2flow.stages.serialize import load_archive
 from pt2flow.stages.targets import FlatCandidate, TargetArtifact, restructure
 from pt2flow.stages.validation_io import IOSample, NotStorable
 from pt2flow.stages.validation_io import pack as pack_io
 from pt2flow.stages.vocabulary import ErrorClass
-
-
-@dataclass(frozen=True)
-class Sample:
-    label: str
-    sizes: dict[str, int]
-
-
-def plan_samples(
-    dims: Mapping[str, Mapping[str, Any]],
-    configured: Mapping[str, tuple[int, int]],
-    samples: int,
-    seed: int,
-) -> list[Sample]:
-    """example, all dims at min, all at max, then random sizes; `samples` in all.
-
-    dims: what the exported program accepts (trace metadata); a dim it specialized stays at its
-    static value. configured: the config's (min, max), used where the program is unbounded.
-    """
-    ranges: dict[str, tuple[int, int]] = {}
-    for name, (cmin, cmax) in configured.items():
-        eff = dims.get(name, {})
-        if eff.get("static"):
-            continue
-        lo = eff["min"] if eff.get("min") is not None else cmin
-        hi = eff["max"] if eff.get("max") is not None else cmax
-        lo, hi = max(int(lo), int(cmin)), min(int(hi), int(cmax))
-        if lo <= hi:
-            ranges[name] = (lo, hi)
-    plan = [Sample("example", {})]
-    if ranges:
-        plan.append(Sample("min", {d: lo for d, (lo, _) in ranges.items()}))
-        plan.append(Sample("max", {d: hi for d, (_, hi) in ranges.items()}))
-    rng = random.Random(seed)
-    index = 1
-    while len(plan) < samples:
-        sizes = {d: rng.randint(lo, hi) for d, (lo, hi) in sorted(ranges.items())}
-        plan.append(Sample(f"random-{index}", sizes))
-        index += 1
-    return plan[:samples]
 
 
 def _observe(module: Any, call: Callable[[BoundInputs], Any], bound: BoundInputs, buffer_names: list[str]) -> Observed:

@@ -15,7 +15,8 @@ from pt2flow.stages.options import ValidateOptions
 from pt2flow.stages.serialize import serialize
 from pt2flow.stages.example_inputs import InputSpec, ModelInputs
 from pt2flow.stages.comparison import compare
-from pt2flow.stages.validate import Sample, plan_samples, validate
+from pt2flow.stages.sample_plan import Sample, plan_samples
+from pt2flow.stages.validate import validate
 from tests import models
 from tests.stages.helpers import builder, decomposed, mlp_inputs, regressor_inputs, static_inputs
 

@@ -69,14 +69,19 @@ def _owner(model: str) -> str:
     return model.split("/", 1)[0]
 
 
-def _parent(index: Any, record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ok record the program stage consumed: its first parent key's newest ok record."""
+def _parent(index: Any, record: Mapping[str, Any], stage: str | None = None) -> dict[str, Any] | None:
+    """The ok record the stage consumed: its first parent key's newest ok record, or, given
+    `stage`, the newest ok record of that stage among all its parent keys (an int8 stage's
+    parents are a program and the source)."""
     import pyarrow.compute as pc
 
     keys = list(record.get("parent_keys") or [])
     if not keys:
         return None
-    rows = index.scan(None, filter=(pc.field("key") == keys[0]) & (pc.field("status") == "ok")).to_pylist()
+    condition = (
+        (pc.field("key") == keys[0]) if stage is None else pc.field("key").isin(keys) & (pc.field("stage") == stage)
+    )
+    rows = index.scan(None, filter=condition & (pc.field("status") == "ok")).to_pylist()
     rows = [r for r in rows if r.get("sha256")]
     return decode(max(rows, key=lambda r: r.get("ended_at") or 0)) if rows else None
 
@@ -84,15 +89,7 @@ def _parent(index: Any, record: Mapping[str, Any]) -> dict[str, Any] | None:
 def _source_weights(index: Any, record: Mapping[str, Any], among: bool = False) -> Mapping[str, Any] | None:
     """The weights the model's source record holds: the record's parent's (trace's), or, `among`
     its parents, the source one's (an int8 stage's parents are a program and the source)."""
-    if not among:
-        source = _parent(index, record)
-        return ((source or {}).get("details") or {}).get("weights")
-    import pyarrow.compute as pc
-
-    keys = list(record.get("parent_keys") or [])
-    condition = pc.field("key").isin(keys) & (pc.field("stage") == pipeline.SOURCE_NAME) & (pc.field("status") == "ok")
-    rows = index.scan(None, filter=condition).to_pylist()
-    source = decode(max(rows, key=lambda r: r.get("ended_at") or 0)) if rows else None
+    source = _parent(index, record, pipeline.SOURCE_NAME if among else None)
     return ((source or {}).get("details") or {}).get("weights")
 
 
