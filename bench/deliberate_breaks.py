@@ -53,7 +53,7 @@ BREAKS = [
     ),
     (
         "B6 a generation step of a flat runtime (pte, onnx, openvino) is fed a zeroed cache",
-        "stages/generation.py",
+        "stages/generation_steps.py",
         "            return specs.unflatten(list(runner(specs.flatten(kwargs, keep_none=keep_none))))",
         "            flat = [x if not (isinstance(x, torch.Tensor) and x.is_floating_point()) else torch.zeros_like(x) for x in specs.flatten(kwargs, keep_none=keep_none)]\n            return specs.unflatten(list(runner(flat)))",
         [
@@ -64,8 +64,8 @@ BREAKS = [
     (
         "B7 a stage's key ignores its options",
         "flows/engine/orchestrator/stage_keys.py",
-        "return derivation_key(stage.name, parents, options_json(model, stage.name),",
-        "return derivation_key(stage.name, parents, {},",
+        "stage.name, parents, options_json(model, stage.name), environment_part",
+        "stage.name, parents, {}, environment_part",
         ["tests/flows/test_key_properties.py"],
     ),
     (
