@@ -5,7 +5,9 @@ its outputs against eager's over every validation sample, each held to a budget 
 Per floating output leaf, over all samples (each flattened): sqnr_db, 10 log10(sum ref^2 / sum
 (ref - out)^2), capped at SQNR_CAP_DB for an exact match; cosine similarity; max and mean absolute
 error; top1_agreement, where the leaf has a class dim (two dims or more: argmax over the last),
-the share of rows whose argmax is eager's. A budget is judged on the worst leaf (the least sqnr,
+the share of rows whose argmax is eager's; top5_agreement, where that dim has more than 5
+classes, the share of rows whose five largest hold eager's argmax (top-5 accuracy, eager's
+argmax as the label). A budget is judged on the worst leaf (the least sqnr,
 cosine and agreement, the most error). Integer and bool leaves must be equal, as everywhere.
 
 Where the model has evaluation batches of its own (`data.evaluation`: batches of its data that no
@@ -39,7 +41,17 @@ def is_evaluation(label: str) -> bool:
 
 
 # the direction that is worse for each metric: the worst leaf decides the verdict
-LOWER_IS_WORSE = {"sqnr_db": True, "cosine": True, "top1_agreement": True, "max_abs_err": False, "mean_abs_err": False}
+LOWER_IS_WORSE = {
+    "sqnr_db": True,
+    "cosine": True,
+    "top1_agreement": True,
+    "top5_agreement": True,
+    "max_abs_err": False,
+    "mean_abs_err": False,
+}
+# what a leaf needs for each metric that not every floating leaf has
+NEEDS = {"top1_agreement": "a class dim", "top5_agreement": "a class dim of more than 5"}
+TOP_K = 5
 
 
 @dataclass
@@ -48,6 +60,8 @@ class _Leaf:
     output: list[torch.Tensor] = field(default_factory=list)
     agree: int = 0
     rows: int = 0
+    agree_k: int = 0  # rows whose TOP_K largest hold eager's argmax (a class dim of more than TOP_K)
+    rows_k: int = 0
     unequal: list[str] = field(default_factory=list)
 
 
@@ -84,11 +98,16 @@ class Accuracy:
             leaf.reference.append(ref.detach().double().flatten())
             leaf.output.append(out.detach().double().flatten())
             if ref.dim() >= 2 and ref.shape[-1] >= 2:
-                leaf.agree += int((out.argmax(-1) == ref.argmax(-1)).sum())
+                eager_top = ref.argmax(-1)
+                leaf.agree += int((out.argmax(-1) == eager_top).sum())
                 leaf.rows += ref[..., 0].numel()
+                if ref.shape[-1] > TOP_K:
+                    leaf.agree_k += int((out.topk(TOP_K, dim=-1).indices == eager_top.unsqueeze(-1)).any(-1).sum())
+                    leaf.rows_k += ref[..., 0].numel()
 
     def measure(self) -> dict[str, dict[str, float | None]]:
-        """Each floating leaf's metrics (top1_agreement None without a class dim)."""
+        """Each floating leaf's metrics (top1_agreement None without a class dim, top5_agreement
+        without more than 5 classes)."""
         measured = {}
         for path, leaf in self.leaves.items():
             if not leaf.reference:
@@ -105,6 +124,7 @@ class Accuracy:
                 "max_abs_err": float(diff.abs().max()),
                 "mean_abs_err": float(diff.abs().mean()),
                 "top1_agreement": round(leaf.agree / leaf.rows, 6) if leaf.rows else None,
+                "top5_agreement": round(leaf.agree_k / leaf.rows_k, 6) if leaf.rows_k else None,
             }
         return measured
 
@@ -130,7 +150,9 @@ def judge(accuracy: Accuracy, budget: Mapping[str, Any]) -> tuple[dict[str, Any]
         low, high = _bounds(bound)
         value = overall.get(metric)
         if value is None:
-            missed.append(f"{metric}: no output leaf has it (top1_agreement needs a class dim)")
+            missed.append(
+                f"{metric}: no output leaf has it" + (f" ({metric} needs {NEEDS[metric]})" if metric in NEEDS else "")
+            )
         elif low is not None and value < low:
             missed.append(f"{metric} {value:.4g} < {low:g} (min), by {low - value:.3g}")
         elif high is not None and value > high:

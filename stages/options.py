@@ -76,7 +76,7 @@ class AotCompileOptions(_Options):
     inductor_configs: dict[str, Any] = Field(default_factory=dict)
 
 
-AccuracyMetric = Literal["sqnr_db", "cosine", "max_abs_err", "mean_abs_err", "top1_agreement"]
+AccuracyMetric = Literal["sqnr_db", "cosine", "max_abs_err", "mean_abs_err", "top1_agreement", "top5_agreement"]
 
 
 class Bound(_Options):

@@ -223,3 +223,59 @@ def load_example_inputs(data: bytes, filename: str) -> tuple[tuple[Any, ...], di
             f"{filename}: refused to load example inputs (torch.load with weights_only=True): {_unpickling_reason(exc)}",
         ) from exc
     return check_inputs_call(loaded, filename)
+
+
+def load_data_batches(data: bytes, filename: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """A model's data batches from a file (`data.file`), each as (args, kwargs) for forward():
+    - `.npz` (numpy.savez, read without pickles) or `.safetensors`: arrays by forward() argument
+      name, each with the batch index as its leading axis (batch i is {name: array[i]}), every
+      array as many batches long;
+    - `.pt`/`.pth` (torch.save, read with torch.load(weights_only=True)): a list of batches, each a
+      dict of arguments by name or (args, kwargs), or a dict of stacked tensors as above.
+    StageError (config) naming the file when it is unreadable or not batches."""
+    lower = filename.lower()
+    stacked: Any
+    if lower.endswith(".npz"):
+        import numpy
+
+        try:
+            with numpy.load(io.BytesIO(data), allow_pickle=False) as arrays:
+                stacked = {name: torch.from_numpy(arrays[name].copy()) for name in arrays.files}
+        except Exception as exc:
+            raise StageError(ErrorClass.CONFIG, f"{filename}: not a readable .npz file: {exc}") from exc
+    elif lower.endswith(".safetensors"):
+        stacked = _read_safetensors(data, filename, ErrorClass.CONFIG)
+    else:
+        try:
+            stacked = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise StageError(
+                ErrorClass.CONFIG,
+                f"{filename}: refused to load data batches (torch.load with weights_only=True): {_unpickling_reason(exc)}",
+            ) from exc
+        if isinstance(stacked, (list, tuple)):
+            return [check_inputs_call(batch, f"{filename} batch {i}") for i, batch in enumerate(stacked)]
+    if not isinstance(stacked, dict) or not stacked:
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"{filename} must hold a list of batches or arrays by forward() argument name (batch index first); "
+            f"got {type(stacked).__name__ if stacked else 'nothing'}",
+        )
+    lengths = {}
+    for name, value in stacked.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            raise StageError(
+                ErrorClass.CONFIG, f"{filename}: {name!r} must be an array whose leading axis is the batch index"
+            )
+        lengths[name] = value.shape[0]
+    if len(set(lengths.values())) != 1:
+        raise StageError(
+            ErrorClass.CONFIG,
+            f"{filename}: every array must hold as many batches (its leading axis); got "
+            + ", ".join(f"{name} {n}" for name, n in lengths.items()),
+        )
+    count = next(iter(lengths.values()))
+    return [
+        check_inputs_call({name: value[i].clone() for name, value in stacked.items()}, f"{filename} batch {i}")
+        for i in range(count)
+    ]

@@ -90,8 +90,10 @@ def described(result: Any, model: ResolvedModel, options: Int8Options) -> Any:
 
     from pt2flow.stages.quantize import calibration_seeds
 
-    if model.data is not None:
-        source: dict[str, Any] = {"data": model.data.factory, "batches": model.data.calibration, "first_batch": 0}
+    if model.data is not None and model.data.file is not None:  # the file's bytes are its source parent's
+        source: dict[str, Any] = {"data_file": model.data.file, "batches": model.data.calibration, "first_batch": 0}
+    elif model.data is not None:
+        source = {"data": model.data.factory, "batches": model.data.calibration, "first_batch": 0}
     else:
         seeds = calibration_seeds(options)
         source = {"inputs": "drawn from the model's inputs spec", "batches": len(seeds), "seeds": [seeds[0], seeds[-1]]}

@@ -95,6 +95,8 @@ def calibration_text(calibration: dict[str, Any]) -> str:
     """What an int8 artifact's record says it was calibrated on, in words."""
     if "data" in calibration:
         return f"the first {calibration['batches']} batches of data.factory {calibration['data']}"
+    if "data_file" in calibration:
+        return f"the first {calibration['batches']} batches of data.file {calibration['data_file']}"
     first, last = calibration.get("seeds") or ["?", "?"]
     return f"{calibration['batches']} batches drawn from the model's inputs spec (seeds {first}..{last})"
 

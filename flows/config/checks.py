@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pydantic import BaseModel, ValidationError
 
 from pt2flow.flows.config.factories import factory_problem
-from pt2flow.flows.config.inputs import INPUT_FILE_SUFFIXES, check_dims_named, check_dynamic
+from pt2flow.flows.config.inputs import DATA_FILE_SUFFIXES, INPUT_FILE_SUFFIXES, check_dims_named, check_dynamic
 from pt2flow.flows.config.issues import ConfigIssue, YamlLines, pydantic_issues
 from pt2flow.flows.config.limits import Limits
-from pt2flow.flows.config.models import ModelConfig, ResolvedModel
+from pt2flow.flows.config.models import DataConfig, ModelConfig, ResolvedModel
 from pt2flow.flows import pipeline
 from pt2flow.storage.urls import holds_credentials
 from pt2flow.stages.options import ValidateOptions
@@ -194,8 +194,9 @@ def _check_identity(model: ModelConfig, search_path: str, add: Add) -> None:
         problem = factory_problem(value, search_path) if value is not None else None
         if problem:
             add((key,), problem)
-    if model.data is not None and (problem := factory_problem(model.data.factory, search_path)):
-        add(("data", "factory"), problem)
+    if model.data is not None:
+        for at, problem in data_problems(model.data, search_path):
+            add(("data", *at), problem)
     if model.weights is not None:
         if not _plain_name(model.weights).endswith(WEIGHT_SUFFIXES):
             add(("weights",), f"weights must be a state_dict file ending in one of {list(WEIGHT_SUFFIXES)}")
@@ -212,6 +213,31 @@ def _check_identity(model: ModelConfig, search_path: str, add: Add) -> None:
     for i, pattern in enumerate(model.depends_on):
         if "://" in pattern:
             add(("depends_on", i), "depends_on names local files, folders or globs, not URLs")
+
+
+def data_problems(data: DataConfig, search_path: str) -> list[tuple[tuple[str, ...], str]]:
+    """Why `data:` (a model's or the defaults') is unusable, each at its key inside `data`: not
+    exactly one of factory and file, a factory that does not resolve, a file of another kind, a
+    URL with credentials, a local file that is not there (resolved from the config's folder)."""
+    if (data.factory is None) == (data.file is None):
+        return [
+            (
+                (),
+                "give the data one way: factory (module:callable giving batches) or file "
+                f"(a file of batches ending in one of {list(DATA_FILE_SUFFIXES)}), exactly one",
+            )
+        ]
+    if data.factory is not None:
+        problem = factory_problem(data.factory, search_path)
+        return [(("factory",), problem)] if problem else []
+    file = str(data.file)
+    if not _plain_name(file).endswith(DATA_FILE_SUFFIXES):
+        return [(("file",), f"data.file must end in one of {list(DATA_FILE_SUFFIXES)}: {file}")]
+    if holds_credentials(file):
+        return [(("file",), "the data.file URL holds credentials; use storage_options or the environment")]
+    if "://" not in file and not (Path(search_path) / file).is_file():
+        return [(("file",), f"file not found: {Path(search_path) / file}")]
+    return []
 
 
 def _check_input_sources(model: ModelConfig, search_path: str, add: Add) -> None:

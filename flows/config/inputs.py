@@ -19,6 +19,8 @@ from pt2flow.stages.vocabulary import INTEGER_RANGES, DType
 TUPLE_KEY = "tuple"  # {tuple: [a, b]} is the tuple (a, b)
 DICT_KEY = "dict"  # {dict: {...}} is a dict, whatever its keys (shape, tuple, dict included)
 INPUT_FILE_SUFFIXES = (".safetensors", ".pt", ".pth")
+# what `data.file` may be (stages.source.load_data_batches reads each by its suffix)
+DATA_FILE_SUFFIXES = (".npz", ".safetensors", ".pt", ".pth")
 
 Path = tuple[Any, ...]
 Add = Callable[[Path, str], None]

@@ -20,8 +20,14 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
 
-from pt2flow.flows.config.checks import check_model, check_stage_list, missing_extras, partial_model, require_problems
-from pt2flow.flows.config.factories import factory_problem
+from pt2flow.flows.config.checks import (
+    check_model,
+    check_stage_list,
+    data_problems,
+    missing_extras,
+    partial_model,
+    require_problems,
+)
 from pt2flow.flows.config.inputs import parse_inputs
 from pt2flow.flows.config.issues import ConfigError, ConfigIssue, YamlLines, pydantic_issues
 from pt2flow.flows.config.limits import resolve_limits
@@ -220,8 +226,9 @@ def _semantic_checks(
         else:
             section["accuracy"] = accuracy
     default_data = config.defaults.data
-    if default_data is not None and (problem := factory_problem(default_data.factory, folder)):
-        issues.append(lines.issue(("defaults", "data", "factory"), problem))
+    if default_data is not None:
+        for at, problem in data_problems(default_data, folder):
+            issues.append(lines.issue(("defaults", "data", *at), problem))
     for problem, at in require_problems(default_require, None if "stages" in salvaged.top else config.stages):
         issues.append(lines.issue(("defaults", "require", *at), problem))
     defaults_valid = "defaults" not in salvaged.top and _check_defaults(defaults, lines, issues)

@@ -35,16 +35,20 @@ class DimConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    """`data:`: the model's own data. `factory` is a `module:callable` (resolved from the config's
-    folder, like `factory`) called with no arguments and giving an iterable of batches, each as an
-    inputs factory gives the example inputs: a dict of forward() arguments by name, or (args,
-    kwargs). The first `calibration` batches calibrate the int8 stages; the `evaluation` batches
-    after them, which nothing calibrated on, are what validate and check-compat measure the int8
-    artifacts' accuracy on (every candidate runs on them too). The module's source and the files
-    it reads while it gives them are part of the model's source identity (docs/architecture.md
-    §2, "int8")."""
+    """`data:`: the model's own data, one of two ways (flows.config.checks data_problems).
+    `factory` is a `module:callable` (resolved from the config's folder, like `factory`) called
+    with no arguments and giving an iterable of batches, each as an inputs factory gives the
+    example inputs: a dict of forward() arguments by name, or (args, kwargs). `file` is a file of
+    batches (stages.source.load_data_batches: .npz or .safetensors arrays by argument name, batch
+    index first; a torch.save list of batches), resolved from the config's folder or a URL. The
+    first `calibration` batches calibrate the int8 stages; the `evaluation` batches after them,
+    which nothing calibrated on, are what validate and check-compat measure the int8 artifacts'
+    accuracy on (every candidate runs on them too). The file's sha256, or the factory's module
+    source and the files it reads while it gives them, are part of the model's source identity
+    (docs/architecture.md §2, "int8")."""
 
-    factory: str
+    factory: str | None = None
+    file: str | None = None
     calibration: int = Field(default=8, ge=1, le=1024)
     evaluation: int = Field(default=0, ge=0, le=1024)
 

@@ -9,6 +9,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -457,6 +458,88 @@ def test_calibration_and_evaluation_batches_are_consecutive_and_both_counted(tmp
     assert caught.value.message == (
         "data.factory split_q7:batches gave 5 batches and data.calibration asks for 4 and data.evaluation for 2 more"
     )
+
+
+def test_a_data_file_gives_the_same_batches_in_each_format_and_its_bytes_are_the_key(tmp_path: Path) -> None:
+    """`data.file`: the user's batches saved by numpy (.npz: arrays by forward() argument name,
+    batch index first), safetensors or torch.save (a list of batches) give the same (args, kwargs)
+    batches, split into calibration and evaluation as a factory's are; the file's sha256 is in the
+    model's source manifest, so changing one value of it changes the model's source identity, and
+    a factory model's manifest keeps the form it had before files existed."""
+    import numpy
+    import torch
+    from safetensors.torch import save_file
+
+    from pt2flow.flows.engine.common.inputs import inputs_manifest
+    from pt2flow.flows.engine.stage_api import data_batches
+
+    stacked = numpy.arange(5 * 4 * 8, dtype=numpy.float32).reshape(5, 4, 8)
+    numpy.savez(tmp_path / "batches.npz", x=stacked)
+    save_file({"x": torch.from_numpy(stacked.copy())}, str(tmp_path / "batches.safetensors"))
+    torch.save([{"x": torch.from_numpy(stacked[i].copy())} for i in range(5)], tmp_path / "batches.pt")
+    seen = {}
+    for name in ("batches.npz", "batches.safetensors", "batches.pt"):
+        model = parse(one_model(data=f"{{file: {name}, calibration: 3, evaluation: 2}}"), tmp_path).models[0]
+        parts = [data_batches(model, part) for part in ("calibration", "evaluation")]
+        assert [len(p) for p in parts] == [3, 2] and all(args == () for p in parts for args, _ in p), name
+        seen[name] = [kwargs["x"] for p in parts for _, kwargs in p]
+        assert [tuple(x.shape) for x in seen[name]] == [(4, 8)] * 5, name
+        assert all(torch.equal(x, torch.from_numpy(stacked[i])) for i, x in enumerate(seen[name])), name
+
+    model = parse(one_model(data="{file: batches.npz, calibration: 3, evaluation: 2}"), tmp_path).models[0]
+    before = inputs_manifest(model)["data"]
+    assert set(before) == {"file", "calibration", "evaluation", "sha256"} and before["file"] == "batches.npz"
+    stacked[4, 0, 0] += 1.0  # one value of an evaluation batch
+    numpy.savez(tmp_path / "batches.npz", x=stacked)
+    assert inputs_manifest(model)["data"]["sha256"] != before["sha256"]
+    (tmp_path / "own_q7.py").write_text("def batches():\n    yield {}\n")
+    factory = parse(one_model(data="{factory: own_q7:batches}"), tmp_path).models[0]
+    assert set(inputs_manifest(factory)["data"]) == {"factory", "calibration", "evaluation", "code_hash"}
+
+
+def test_a_data_file_that_is_not_batches_is_named(tmp_path: Path) -> None:
+    """Where `data.file` goes wrong, the config check or the read says where: neither or both
+    ways given, another kind of file, a file that is not there, arrays of unequal batch counts, a
+    pickle the safe loader refuses, fewer batches than the parts ask for."""
+    import numpy
+    import torch
+
+    from pt2flow.flows.engine.stage_api import data_batches
+    from pt2flow.stages.errors import StageError
+
+    (tmp_path / "own_q7.py").write_text("def batches():\n    yield {}\n")
+    (tmp_path / "batches.csv").write_text("1,2\n")
+    for data, path, message in [
+        ("{calibration: 2}", "models[0].data", "give the data one way: factory"),
+        ("{factory: own_q7:batches, file: b.npz}", "models[0].data", "exactly one"),
+        ("{file: batches.csv}", "models[0].data.file", "data.file must end in one of ['.npz'"),
+        ("{file: missing.npz}", "models[0].data.file", f"file not found: {tmp_path / 'missing.npz'}"),
+    ]:
+        issue = only_issue(one_model(data=data), base_dir=tmp_path)
+        assert issue.path == path and issue.line == 6 and message in issue.message, (data, issue)
+
+    def refusal(name: str) -> StageError:
+        model = parse(one_model(data=f"{{file: {name}, calibration: 2, evaluation: 1}}"), tmp_path).models[0]
+        with pytest.raises(StageError) as caught:
+            data_batches(model)
+        assert caught.value.error_class == "config"
+        return caught.value
+
+    numpy.savez(tmp_path / "uneven.npz", x=numpy.zeros((3, 4)), mask=numpy.ones((2, 4)))
+    assert "every array must hold as many batches (its leading axis); got x 3, mask 2" in refusal("uneven.npz").message
+    torch.save([{"x": torch.zeros(2)}, {"x": torch.ones(2)}], tmp_path / "two.pt")
+    assert refusal("two.pt").message == (
+        "data.file two.pt holds 2 batches and data.calibration asks for 2 and data.evaluation for 1 more"
+    )
+    torch.save([{"x": torch.zeros(2)}, 7, {"x": torch.ones(2)}], tmp_path / "odd.pt")
+    assert "odd.pt batch 1 must give (args, kwargs) for forward()" in refusal("odd.pt").message
+
+    class Evil:
+        def __reduce__(self) -> Any:
+            return (print, ("never run",))
+
+    torch.save([Evil()], tmp_path / "evil.pt")
+    assert "evil.pt: refused to load data batches (torch.load with weights_only=True)" in refusal("evil.pt").message
 
 
 def test_the_defaults_data_is_every_models_that_names_none_but_a_generative_ones(tmp_path: Path) -> None:

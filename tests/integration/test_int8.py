@@ -272,3 +272,63 @@ def test_a_failed_quantization_names_its_class_spares_the_float_artifacts_and_re
     assert "prepared(*args, **kwargs)" in ran.stderr, ran.stderr[-3000:]
     assert "4x7" in int8["error"] or "x.size()[1] == 8" in int8["error"], int8
     assert "4x7" in ran.stderr or "x.size()[1] == 8" in ran.stderr, ran.stderr[-3000:]
+
+
+def test_calibration_from_a_data_file_takes_its_first_batches_and_its_bytes_are_the_key(tmp_path: Path) -> None:
+    """`data: {file: batches.npz}` (numpy.savez, batch index first): the .pte is calibrated on the
+    file's first `calibration` batches and measured on the `evaluation` ones after them. A change
+    to an evaluation batch rebuilds the int8 stage (the file's bytes are in the key) into the same
+    bytes (nothing it calibrates on changed) and measures again; a change to a calibration batch
+    gives another artifact. `get` names the file it was calibrated on."""
+    import numpy
+
+    batches = numpy.stack([numpy.random.default_rng(i).normal(size=(4, 8)).astype(numpy.float32) for i in range(6)])
+    numpy.savez(tmp_path / "batches.npz", x=batches)
+    model = {
+        "name": "mlp",
+        "factory": "tests.models:tiny_mlp",
+        "inputs": {"x": {"shape": [4, 8]}},
+        "data": {"file": "batches.npz", "calibration": 4, "evaluation": 2},
+    }
+    config = write_config(tmp_path / "q.yaml", [model], stages=STAGES, store="store")
+
+    def run() -> dict[str, Any]:
+        code, document = run_in_process(config)
+        (mlp,) = document["models"]
+        assert mlp["stages"]["executorch_int8"]["status"] == "ok", mlp
+        return mlp
+
+    first = run()
+    assert first["status"] == "ok", first
+    store = tmp_path / "store"
+    from pt2flow.storage import ArtifactStore
+
+    report = json.loads(ArtifactStore(str(store)).get_blob(first["stages"]["validate"]["artifact"]))
+    assert report["evaluation"] == 2 and report["candidates"]["executorch_int8"]["accuracy"]["measured_on"] == 2
+    proc = run_cli(
+        ["get", "--model", "mlp", "--artifact", "pte-int8", "-o", str(tmp_path / "m.pte"), "--store", str(store)]
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "calibrated on the first 4 batches of data.file batches.npz" in proc.stdout
+
+    batches[5] *= (
+        0.5  # an evaluation batch (inside the calibrated range): the int8 stage runs again, on the same batches
+    )
+    numpy.savez(tmp_path / "batches.npz", x=batches)
+    second = run()
+    assert second["status"] == "ok", second
+    assert _stages(second) == {
+        "trace": ("ok", False),  # the model's source: its data file changed
+        "functionalize": ("ok", True),
+        "serialize": ("ok", True),
+        "executorch_int8": ("ok", False),
+        "validate": ("ok", False),
+    }, _stages(second)
+    assert second["artifacts"]["pte-int8"] == first["artifacts"]["pte-int8"]  # calibrated on the first four alone
+
+    batches[1] *= 3.0  # a calibration batch, now the widest: other ranges, another artifact
+    numpy.savez(tmp_path / "batches.npz", x=batches)
+    third = run()
+    assert third["stages"]["executorch_int8"]["cached"] is False
+    assert third["artifacts"]["pte-int8"] != first["artifacts"]["pte-int8"]
+    assert third["artifacts"]["serialized"] == first["artifacts"]["serialized"]

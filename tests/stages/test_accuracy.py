@@ -30,6 +30,35 @@ def test_each_metric_is_the_one_computed_by_hand_over_every_sample() -> None:
     assert measured["cosine"] == pytest.approx(cosine, abs=1e-6)
 
 
+def test_top5_agreement_counts_rows_whose_five_largest_hold_eagers_argmax() -> None:
+    """Ten classes, four rows: eager's argmax is class 0 in each. The artifact ranks it first in
+    row 0, third in row 1, fifth in row 2 and sixth in row 3: top-1 1/4, top-5 3/4. An output with
+    three classes has top1_agreement and no top5_agreement, and a goal on it says what it needs."""
+    reference = torch.zeros(4, 10)
+    reference[:, 0] = 10.0
+    output = torch.zeros(4, 10)
+    for row, rank in enumerate([0, 2, 4, 5]):
+        output[row, 1 : rank + 1] = torch.arange(rank + 1, 1, -1, dtype=torch.float32) + 10  # `rank` classes above it
+        output[row, 0] = 10.0
+    accuracy = Accuracy()
+    ids = torch.tensor([1, 2])  # an integer leaf after the class dims: named by the sample's label
+    accuracy.add(
+        "a",
+        {"logits": output, "small": torch.eye(3), "z": ids + 1},
+        {"logits": reference, "small": torch.eye(3), "z": ids},
+    )
+    measured = accuracy.measure()
+    assert (measured["['logits']"]["top1_agreement"], measured["['logits']"]["top5_agreement"]) == (0.25, 0.75)
+    assert (measured["['small']"]["top1_agreement"], measured["['small']"]["top5_agreement"]) == (1.0, None)
+    entry, missed = judge(accuracy, {"top5_agreement": {"min": 0.9}})
+    assert entry["metrics"]["top5_agreement"] == 0.75
+    assert missed == ["['z'] (integer) differs from eager on a", "top5_agreement 0.75 < 0.9 (min), by 0.15"]
+    small = Accuracy()
+    small.add("a", {"small": torch.eye(3)}, {"small": torch.eye(3)})
+    _, missed = judge(small, {"top5_agreement": {"min": 0.9}})
+    assert missed == ["top5_agreement: no output leaf has it (top5_agreement needs a class dim of more than 5)"]
+
+
 def test_the_worst_leaf_decides_and_a_miss_says_by_how_much() -> None:
     accuracy = Accuracy()
     good, bad = torch.ones(4, 3), torch.ones(4, 3)

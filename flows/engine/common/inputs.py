@@ -169,42 +169,66 @@ def inputs_manifest(model: ResolvedModel) -> dict[str, Any]:
     if model.inputs_file:
         data, _ = read_inputs_file(model)
         manifest["inputs_file"] = {"path": model.inputs_file, "sha256": hashlib.sha256(data).hexdigest()}
-    if model.data is not None:  # its calibration data: the factory's code (the files it reads: the deps)
+    if model.data is not None and model.data.factory is not None:  # the factory's code (the files it reads: the deps)
         manifest["data"] = {
-            **model.data.model_dump(mode="json"),
+            **model.data.model_dump(mode="json", exclude_none=True),
             "code_hash": module_source_hash(model.data.factory, model.search_path)[0],
+        }
+    elif model.data is not None:  # a file of batches: its bytes
+        data, _ = read_data_file(model)
+        manifest["data"] = {
+            **model.data.model_dump(mode="json", exclude_none=True),
+            "sha256": hashlib.sha256(data).hexdigest(),
         }
     return manifest
 
 
+def read_data_file(model: ResolvedModel) -> tuple[bytes, str]:
+    assert model.data is not None and model.data.file is not None
+    return read_model_file(model.data.file, model.search_path, ErrorClass.CONFIG, "data.file")
+
+
+def data_source(model: ResolvedModel) -> str:
+    """Where the model's data batches come from, as its messages name it."""
+    assert model.data is not None
+    return f"data.factory {model.data.factory}" if model.data.factory is not None else f"data.file {model.data.file}"
+
+
 def data_batches(model: ResolvedModel, part: str = "calibration") -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """The batches `data.factory` gives for `part`: its first `data.calibration` ("calibration"),
-    or the `data.evaluation` after them ("evaluation"), each as (args, kwargs), checked as an
-    inputs factory's result is. The factory is read as far as both parts go, whichever is asked
-    for (so the files it reads for either are read, and recorded, the same way). StageError
-    (runtime) when the factory raises, (config) when a batch is not forward()'s arguments or
-    there are fewer batches than both parts ask for."""
+    """The batches of the model's data (`data.factory` gives them, or `data.file` holds them) for
+    `part`: the first `data.calibration` ("calibration"), or the `data.evaluation` after them
+    ("evaluation"), each as (args, kwargs), checked as an inputs factory's result is. A factory is
+    read as far as both parts go, whichever is asked for (so the files it reads for either are
+    read, and recorded, the same way). StageError (runtime) when the factory raises, (config)
+    when a batch is not forward()'s arguments, the file is unreadable, or there are fewer batches
+    than both parts ask for."""
     from pt2flow.stages.errors import StageError
     from pt2flow.stages.example_inputs import check_inputs_call
-    from pt2flow.stages.source import import_factory
+    from pt2flow.stages.source import import_factory, load_data_batches
 
     assert model.data is not None and part in ("calibration", "evaluation")
-    reference, calibration, evaluation = model.data.factory, model.data.calibration, model.data.evaluation
+    calibration, evaluation = model.data.calibration, model.data.evaluation
     wanted = calibration + evaluation
-    make = import_factory(reference, model.search_path)
+    source = data_source(model)
     batches = []
-    try:
-        for index, batch in enumerate(make()):
-            if index == wanted:
-                break
-            batches.append(check_inputs_call(batch, f"data.factory {reference} batch {index}"))
-    except StageError:
-        raise
-    except Exception as exc:
-        raise StageError(ErrorClass.RUNTIME, f"data.factory {reference} raised {type(exc).__name__}: {exc}") from exc
+    if model.data.file is not None:
+        data, url = read_data_file(model)
+        batches = load_data_batches(data, Path(url.split("?")[0]).name)[:wanted]
+    else:
+        make = import_factory(str(model.data.factory), model.search_path)
+        try:
+            for index, batch in enumerate(make()):
+                if index == wanted:
+                    break
+                batches.append(check_inputs_call(batch, f"{source} batch {index}"))
+        except StageError:
+            raise
+        except Exception as exc:
+            raise StageError(ErrorClass.RUNTIME, f"{source} raised {type(exc).__name__}: {exc}") from exc
     if len(batches) < wanted:
         asked = f"data.calibration asks for {calibration}" + (
             f" and data.evaluation for {evaluation} more" if evaluation else ""
         )
-        raise StageError(ErrorClass.CONFIG, f"data.factory {reference} gave {len(batches)} batches and {asked}")
+        verb = "gave" if model.data.file is None else "holds"
+        raise StageError(ErrorClass.CONFIG, f"{source} {verb} {len(batches)} batches and {asked}")
     return batches[:calibration] if part == "calibration" else batches[calibration:]

@@ -174,7 +174,7 @@ def _resolved_model(source: Mapping[str, Any], manifest: Mapping[str, Any]) -> A
         inputs_factory=(manifest.get("inputs_factory") or {}).get("factory"),
         inputs_file=inputs_file,
         generate=GenerateConfig(**manifest["generate"]) if manifest.get("generate") else None,
-        data=DataConfig(**{k: v for k, v in manifest["data"].items() if k != "code_hash"})
+        data=DataConfig(**{k: v for k, v in manifest["data"].items() if k not in ("code_hash", "sha256")})
         if manifest.get("data")
         else None,
     )

@@ -363,7 +363,7 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
     seeds: list[Any] = [model.factory.split(":", 1)[0]]
     if model.inputs_factory:
         seeds.append(model.inputs_factory.split(":", 1)[0])
-    if model.data is not None:
+    if model.data is not None and model.data.factory is not None:
         seeds.append(model.data.factory.split(":", 1)[0])
     if built is not None:
         seeds += sorted({type(m) for m in built.modules()}, key=lambda t: f"{t.__module__}.{t.__qualname__}")
