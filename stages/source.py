@@ -215,14 +215,19 @@ def load_example_inputs(data: bytes, filename: str) -> tuple[tuple[Any, ...], di
     arguments by name (containers, scalars and strings allowed; never arbitrary objects)."""
     if filename.lower().endswith(".safetensors"):
         return (), _read_safetensors(data, filename, ErrorClass.CONFIG)
+    return check_inputs_call(_load_plain(data, filename, "example inputs"), filename)
+
+
+def _load_plain(data: bytes, filename: str, what: str) -> Any:
+    """A torch.save file of tensors, containers, scalars and strings (torch.load with
+    weights_only=True: never arbitrary objects); StageError (config) naming the file otherwise."""
     try:
-        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
         raise StageError(
             ErrorClass.CONFIG,
-            f"{filename}: refused to load example inputs (torch.load with weights_only=True): {_unpickling_reason(exc)}",
+            f"{filename}: refused to load {what} (torch.load with weights_only=True): {_unpickling_reason(exc)}",
         ) from exc
-    return check_inputs_call(loaded, filename)
 
 
 def load_data_batches(data: bytes, filename: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -246,13 +251,7 @@ def load_data_batches(data: bytes, filename: str) -> list[tuple[tuple[Any, ...],
     elif lower.endswith(".safetensors"):
         stacked = _read_safetensors(data, filename, ErrorClass.CONFIG)
     else:
-        try:
-            stacked = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise StageError(
-                ErrorClass.CONFIG,
-                f"{filename}: refused to load data batches (torch.load with weights_only=True): {_unpickling_reason(exc)}",
-            ) from exc
+        stacked = _load_plain(data, filename, "data batches")
         if isinstance(stacked, (list, tuple)):
             return [check_inputs_call(batch, f"{filename} batch {i}") for i, batch in enumerate(stacked)]
     if not isinstance(stacked, dict) or not stacked:

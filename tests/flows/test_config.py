@@ -540,6 +540,10 @@ def test_a_data_file_that_is_not_batches_is_named(tmp_path: Path) -> None:
 
     torch.save([Evil()], tmp_path / "evil.pt")
     assert "evil.pt: refused to load data batches (torch.load with weights_only=True)" in refusal("evil.pt").message
+    from pt2flow.stages.source import load_example_inputs
+
+    with pytest.raises(StageError, match=r"evil.pt: refused to load example inputs \(torch.load with weights_only"):
+        load_example_inputs((tmp_path / "evil.pt").read_bytes(), "evil.pt")  # the same refusal for an inputs_file
 
 
 def test_the_defaults_data_is_every_models_that_names_none_but_a_generative_ones(tmp_path: Path) -> None:
