@@ -231,13 +231,29 @@ def data_problems(data: DataConfig, search_path: str) -> list[tuple[tuple[str, .
         problem = factory_problem(data.factory, search_path)
         return [(("factory",), problem)] if problem else []
     file = str(data.file)
-    if not _plain_name(file).endswith(DATA_FILE_SUFFIXES):
-        return [(("file",), f"data.file must end in one of {list(DATA_FILE_SUFFIXES)}: {file}")]
+    problem = _named_file_problem(
+        file,
+        DATA_FILE_SUFFIXES,
+        f"data.file must end in one of {list(DATA_FILE_SUFFIXES)}: {file}",
+        "data.file",
+        search_path,
+    )
+    return [(("file",), problem)] if problem else []
+
+
+def _named_file_problem(
+    file: str, suffixes: tuple[str, ...], wrong_kind: str, key: str, search_path: str
+) -> str | None:
+    """Why a file a config names (inputs_file, data.file) is unusable: another kind of file
+    (`wrong_kind`), a URL holding credentials, a local file that is not there (resolved from the
+    config's folder); None when it is usable."""
+    if not _plain_name(file).endswith(suffixes):
+        return wrong_kind
     if holds_credentials(file):
-        return [(("file",), "the data.file URL holds credentials; use storage_options or the environment")]
+        return f"the {key} URL holds credentials; use storage_options or the environment"
     if "://" not in file and not (Path(search_path) / file).is_file():
-        return [(("file",), f"file not found: {Path(search_path) / file}")]
-    return []
+        return f"file not found: {Path(search_path) / file}"
+    return None
 
 
 def _check_input_sources(model: ModelConfig, search_path: str, add: Add) -> None:
@@ -246,15 +262,11 @@ def _check_input_sources(model: ModelConfig, search_path: str, add: Add) -> None
     if len(sources) > 1:
         add((sources[1],), f"give the example inputs one way: {' or '.join(sources)}, not both")
     if model.inputs_file is not None:
-        if not _plain_name(model.inputs_file).endswith(INPUT_FILE_SUFFIXES):
-            add(
-                ("inputs_file",),
-                f"inputs_file must be a .safetensors file or a torch.save file ending in one of {list(INPUT_FILE_SUFFIXES[1:])}",
-            )
-        elif holds_credentials(model.inputs_file):
-            add(("inputs_file",), "the inputs_file URL holds credentials; use storage_options or the environment")
-        elif "://" not in model.inputs_file and not (Path(search_path) / model.inputs_file).is_file():
-            add(("inputs_file",), f"file not found: {Path(search_path) / model.inputs_file}")
+        wrong_kind = f"inputs_file must be a .safetensors file or a torch.save file ending in one of {list(INPUT_FILE_SUFFIXES[1:])}"
+        if problem := _named_file_problem(
+            model.inputs_file, INPUT_FILE_SUFFIXES, wrong_kind, "inputs_file", search_path
+        ):
+            add(("inputs_file",), problem)
 
 
 def _check_dynamic_shapes(model: ModelConfig, inputs: dict[str, Any] | None, add: Add) -> dict[str, Any]:
