@@ -4,27 +4,41 @@ Artifacts: eager (the model built from its factory and weights), the archive, th
 package and each target's artifact (their candidate loaders, stages/targets.py), one at a time:
 loaded from bytes (timed, its peak resident memory measured), then called at every size with the
 same inputs. Sizes: every dynamic dim at its min, example size and max (stages/sample_plan.py plan_samples)
-or the configured ones. At each size: `warmup` untimed calls, then timed calls until the median of
+or the configured ones. At each size: untimed calls (at least `warmup` of them, and for at least
+`warmup_s`: a call of a few microseconds takes thousands of calls to reach its steady speed),
+then timed samples (a sample: one call, or a batch of calls lasting at least SAMPLE_MIN_S when a
+call takes microseconds; its time per call) until the median of
 all calls moves by less than `stable_fraction` over the last `window` calls (at least `min_runs`,
 at most `max_runs` and `max_seconds`). The recommendation at each size is the artifact with the
 lowest p50 (eager is the baseline, never recommended).
 
 An artifact that fails to load or raises at a size is reported with its error and left out of
 the recommendation there; the stage fails only when no artifact could be timed at all.
+
+Timings that hold (issue 43): the caller runs this while no other stage work of pt2flow runs on
+the machine (flows/engine/worker/turns.py). Before timing, it waits up to `quiet_wait_s` for the
+rest of the machine to go quiet (OtherWork: the CPU time other processes use, from /proc/stat);
+while timing, it measures that load again. A measurement is `noisy` when other work kept more
+than `max_load` cores busy meanwhile, when its p90 is more than `max_spread` times its p50, or when
+the medians of its first and second halves of calls differ by more than `max_drift`; no
+recommendation is drawn at a size where any artifact's measurement is noisy (the report says why),
+and a recommended artifact slower than eager is marked so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import itertools
+import math
 import os
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -68,6 +82,30 @@ class Timing:
     def p90(self) -> float:
         return percentile(self.times_ms, 90)
 
+    @property
+    def spread(self) -> float | None:
+        """p90 / p50 (None when the p50 is 0)."""
+        return self.p90 / self.p50 if self.p50 > 0 else None
+
+    @property
+    def drift(self) -> float | None:
+        """How far apart the medians of the first and the second half of the calls are, as a
+        fraction of the median of all (None under 4 calls)."""
+        if len(self.times_ms) < 4:
+            return None
+        half = len(self.times_ms) // 2
+        first, second = statistics.median(self.times_ms[:half]), statistics.median(self.times_ms[half:])
+        median = statistics.median(self.times_ms)
+        return abs(first - second) / median if median > 0 else None
+
+    def noise(self, options: BenchmarkOptions) -> str | None:
+        """Why this measurement cannot be trusted (its own spread or drift), else None."""
+        if self.spread is not None and self.spread > options.max_spread:
+            return f"p90 {self.spread:.1f}x p50 (max_spread {options.max_spread:g})"
+        if self.drift is not None and self.drift > options.max_drift:
+            return f"first and second half {self.drift:.0%} apart (max_drift {options.max_drift:g})"
+        return None
+
 
 @dataclass
 class Measured:
@@ -96,26 +134,55 @@ def time_calls(
     call: Callable[[], Any], options: BenchmarkOptions, clock: Callable[[], float] = time.perf_counter
 ) -> Timing:
     """Warm up, then time `call` until the median is stable (see the module's docstring)."""
-    for _ in range(options.warmup):
+    warm_from = clock()
+    warm_until = warm_from + options.warmup_s
+    calls = 0
+    while calls < options.warmup or (calls and clock() < warm_until):
         call()
+        calls += 1
+    # a call of microseconds is timed in batches of `number` calls, each batch at least
+    # SAMPLE_MIN_S (as timeit does): one call alone is mostly the clock's own jitter
+    per_call = (clock() - warm_from) / calls if calls else 0.0
+    number = max(1, min(MAX_BATCH, math.ceil(SAMPLE_MIN_S / per_call))) if per_call > 0 else 1
     times: list[float] = []
     medians: list[float] = []
     deadline = clock() + options.max_seconds
     stable = False
-    while len(times) < options.max_runs:
-        start = clock()
-        call()
-        end = clock()
-        times.append((end - start) * 1000.0)
-        medians.append(statistics.median(times))
-        if len(times) >= options.min_runs and len(medians) > options.window:
-            before, now = medians[-1 - options.window], medians[-1]
-            if abs(now - before) <= options.stable_fraction * now:
-                stable = True
+    with _no_gc():
+        while len(times) < options.max_runs:
+            start = clock()
+            for _ in range(number):
+                call()
+            end = clock()
+            times.append((end - start) * 1000.0 / number)
+            medians.append(statistics.median(times))
+            if len(times) >= options.min_runs and len(medians) > options.window:
+                before, now = medians[-1 - options.window], medians[-1]
+                if abs(now - before) <= options.stable_fraction * now:
+                    stable = True
+                    break
+            if end >= deadline:
                 break
-        if end >= deadline:
-            break
     return Timing(tuple(times), stable)
+
+
+SAMPLE_MIN_S = 0.001  # one timed sample lasts at least this long (a batch of short calls)
+MAX_BATCH = 10000
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The timed calls run with Python's garbage collector off, after a collection (as timeit
+    does): a worker holds many objects, and a collection inside a call of microseconds is what
+    its timing would measure."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def plan_points(
@@ -200,6 +267,60 @@ def _status_kib(field_name: str) -> int | None:
     return None
 
 
+# below this, /proc/stat's clock ticks (10 ms) make a load figure meaningless
+LOAD_WINDOW_S = 0.2
+QUIET_SAMPLE_S = 0.25
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds every process of the machine has used since boot (Linux /proc/stat: user,
+    nice, system, irq, softirq; None where there is no such file)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+        ticks = [int(v) for v in fields[1:8]]
+        user, nice, system, _idle, _iowait, irq, softirq = ticks
+        return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class OtherWork:
+    """The cores that processes other than this one kept busy during a block: the machine's CPU
+    time less this process's (all its threads), over the block's wall time. `cores` is None where
+    the machine's CPU time is unknown or the block was shorter than LOAD_WINDOW_S."""
+
+    def __enter__(self) -> OtherWork:
+        self.cores: float | None = None
+        self.seconds = 0.0
+        self._start = (time.perf_counter(), _machine_busy_s(), time.process_time())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        wall0, busy0, own0 = self._start
+        self.seconds = time.perf_counter() - wall0
+        busy = _machine_busy_s()
+        if busy0 is None or busy is None or self.seconds < LOAD_WINDOW_S:
+            return
+        self.cores = max(0.0, (busy - busy0 - (time.process_time() - own0)) / self.seconds)
+
+
+def wait_for_quiet(options: BenchmarkOptions) -> dict[str, Any]:
+    """Sample the other work on the machine (QUIET_SAMPLE_S at a time) until it uses at most
+    `max_load` cores, for at most `quiet_wait_s`: the seconds waited and the last sample's load."""
+    started = time.perf_counter()
+    while True:
+        with OtherWork() as other:
+            time.sleep(QUIET_SAMPLE_S)
+        waited = time.perf_counter() - started
+        if other.cores is None or other.cores <= options.max_load or waited >= options.quiet_wait_s:
+            return {"waited_s": round(waited, 3), "before": _rounded(other.cores)}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def cores() -> int:
     """The cores this process may run on."""
     try:
@@ -230,7 +351,12 @@ def benchmark(
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with tempfile.TemporaryDirectory(prefix="pt2flow-benchmark-") as workdir, quiet_torch() as sink:
+        quiet = wait_for_quiet(options)
+        with (
+            tempfile.TemporaryDirectory(prefix="pt2flow-benchmark-") as workdir,
+            quiet_torch() as sink,
+            OtherWork() as other,
+        ):
             start = time.perf_counter()
             with PeakMemory() as memory:
                 reference = build_reference().eval()
@@ -254,12 +380,16 @@ def benchmark(
     if not any(m.timings for m in measured[1:]) and len(measured) > 1:
         shown = "; ".join(f"{m.name}: {m.error or next(iter(m.errors.values()), '?')}" for m in measured[1:])
         raise StageError(ErrorClass.RUNTIME, f"no artifact could be timed: {shown}")
+    machine_load = {**quiet, "during": _rounded(other.cores), "max_load": options.max_load}
+    busy = other.cores is not None and other.cores > options.max_load
+    noisy = noisy_points(measured, points, options, f"{other.cores:.2f} other cores busy" if busy else None)
     report = {
         "machine": {**machine, "threads": threads},
         "options": options.model_dump(mode="json"),
+        "load": machine_load,
         "points": [{"label": p.label, "sizes": p.sizes, "batch": p.batch} for p in points],
-        "artifacts": {m.name: _artifact_report(m, points) for m in measured},
-        "recommendation": recommend(measured, points),
+        "artifacts": {m.name: _artifact_report(m, points, options) for m in measured},
+        "recommendation": recommend(measured, points, noisy),
         "warnings": list(sink.items),
     }
     return StageResult(output=report, metadata={"summary": summary(report)}, warnings=tuple(sink.items))
@@ -303,7 +433,13 @@ def _time_artifact(
         with torch.no_grad():
             for point in points:
                 bound = inputs[point.label]
-                _time_point(measured, point, functools.partial(bound.call, fn), options)
+                prepare = getattr(fn, "prepare", None)  # a target's runtime: its inputs converted once, untimed
+                try:
+                    call = prepare(*bound.args, **bound.kwargs) if prepare else functools.partial(bound.call, fn)
+                except Exception as exc:  # noqa: BLE001 - inputs this runtime refuses: reported at this size
+                    measured.errors[point.label] = short_message(exc, 300)
+                    continue
+                _time_point(measured, point, call, options)
         del fn
     measured.peak_memory_mb = memory.peak_mb
     return measured
@@ -316,7 +452,25 @@ def _time_point(measured: Measured, point: Point, call: Callable[[], Any], optio
         measured.errors[point.label] = short_message(exc, 300)
 
 
-def _artifact_report(measured: Measured, points: list[Point]) -> dict[str, Any]:
+def noisy_points(
+    measured: Sequence[Measured], points: Sequence[Point], options: BenchmarkOptions, machine: str | None
+) -> dict[str, str]:
+    """Per size whose timings cannot be compared, why: the machine was busy while timing
+    (`machine`, every size), or the artifacts whose own measurement there is noisy."""
+    noisy: dict[str, str] = {}
+    for point in points:
+        reasons = [machine] if machine else []
+        for m in measured:
+            timing = m.timings.get(point.label)
+            reason = timing.noise(options) if timing is not None else None
+            if reason:
+                reasons.append(f"{m.name}: {reason}")
+        if reasons:
+            noisy[point.label] = "; ".join(reasons)
+    return noisy
+
+
+def _artifact_report(measured: Measured, points: list[Point], options: BenchmarkOptions) -> dict[str, Any]:
     per_point: dict[str, dict[str, Any]] = {}
     for point in points:
         timing = measured.timings.get(point.label)
@@ -328,6 +482,9 @@ def _artifact_report(measured: Measured, points: list[Point]) -> dict[str, Any]:
             "p90_ms": timing.p90,
             "runs": len(timing.times_ms),
             "stable": timing.stable,
+            "spread": _rounded(timing.spread),
+            "drift": _rounded(timing.drift),
+            "noisy": timing.noise(options),
             "throughput": point.batch / (timing.p50 / 1000.0) if timing.p50 > 0 else None,
         }
     return {
@@ -339,22 +496,29 @@ def _artifact_report(measured: Measured, points: list[Point]) -> dict[str, Any]:
     }
 
 
-def recommend(measured: Sequence[Measured], points: Sequence[Point]) -> dict[str, Any]:
-    """Per point the artifact with the lowest p50 (eager excluded) and its speedup over eager;
-    overall the artifact fastest at the most points (ties: the lowest p50 summed over points)."""
+def recommend(
+    measured: Sequence[Measured], points: Sequence[Point], noisy: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Per point the artifact with the lowest p50 (eager excluded), its speedup over eager and
+    whether it is slower than eager; none at a point whose timings are noisy (`noisy`: point ->
+    why, kept in the result); overall the artifact fastest at the most points (ties: the lowest
+    p50 summed over points)."""
+    noisy = dict(noisy or {})
     eager = next((m for m in measured if m.name == EAGER), None)
     per_point: dict[str, Any] = {}
     for point in points:
         timed = [(m.timings[point.label].p50, m.name) for m in measured if m.name != EAGER and point.label in m.timings]
-        if not timed:
+        if not timed or point.label in noisy:
             per_point[point.label] = None
             continue
         p50, name = min(timed)
         base = eager.timings[point.label].p50 if eager is not None and point.label in eager.timings else None
+        speedup = base / p50 if base and p50 > 0 else None
         per_point[point.label] = {
             "artifact": name,
             "p50_ms": p50,
-            "speedup_vs_eager": base / p50 if base and p50 > 0 else None,
+            "speedup_vs_eager": speedup,
+            "slower_than_eager": speedup is not None and speedup < 1.0,
         }
     wins: dict[str, int] = {}
     for choice in per_point.values():
@@ -362,7 +526,8 @@ def recommend(measured: Sequence[Measured], points: Sequence[Point]) -> dict[str
             wins[choice["artifact"]] = wins.get(choice["artifact"], 0) + 1
     total = {m.name: sum(t.p50 for t in m.timings.values()) for m in measured}
     best = min(wins, key=lambda n: (-wins[n], total[n]), default=None)
-    return {"artifact": best, "wins": wins.get(best, 0) if best else 0, "points": per_point}
+    found = {"artifact": best, "wins": wins.get(best, 0) if best else 0, "points": per_point}
+    return {**found, "noisy": noisy} if noisy else found
 
 
 def summary(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -384,4 +549,6 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any]:
             for name, a in report["artifacts"].items()
         },
         "threads": report["machine"]["threads"],
+        **({"noisy": report["recommendation"]["noisy"]} if report["recommendation"].get("noisy") else {}),
+        **({"load": report["load"]["during"]} if report.get("load", {}).get("during") is not None else {}),
     }

@@ -128,20 +128,34 @@ class BenchmarkOptions(_Options):
 
     sizes: dim name -> the sizes to time it at (every combination of the dims named; a dim not
     named stays at its example size); empty: every dynamic dim at its min, at its example size and
-    at its max. warmup: untimed calls first at each size. Timed calls: at least min_runs, at most
-    max_runs and max_seconds per artifact and size, ending once the median of all calls moves by
-    less than stable_fraction over the last `window` calls. threads: torch's intra-op threads while
-    timing (unset: every core this process may use).
+    at its max. warmup: untimed calls first at each size, for at least warmup_s seconds (a call of
+    microseconds takes thousands of calls to reach its steady speed). Timed calls: at least
+    min_runs, at most max_runs and max_seconds per artifact and size, ending once the median of all
+    calls moves by less than stable_fraction over the last `window` calls. threads: torch's
+    intra-op threads while timing (unset: every core this process may use). A target's runtime
+    is timed on inputs already in its own form (converted once, untimed).
+
+    Timings that hold: the stage runs while no other pt2flow stage work runs on the machine (the
+    workers' turns, flows/engine/worker/turns.py); before timing it waits up to quiet_wait_s for
+    the rest of the machine (other processes) to use at most max_load cores. A measurement is
+    `noisy`, and no recommendation is drawn from it, when other work used more than max_load cores
+    while it was timed, when its p90 is more than max_spread times its p50, or when the medians of
+    its first and second half of calls differ by more than max_drift of the median.
     """
 
     sizes: dict[str, tuple[Annotated[int, Field(ge=0)], ...]] = Field(default_factory=dict)
     warmup: int = Field(default=3, ge=0, le=1000)
+    warmup_s: float = Field(default=0.1, ge=0)
     min_runs: int = Field(default=5, ge=1, le=100000)
     max_runs: int = Field(default=50, ge=1, le=100000)
     window: int = Field(default=5, ge=1, le=1000)
     stable_fraction: float = Field(default=0.02, gt=0, lt=1)
     max_seconds: float = Field(default=10.0, gt=0)
     threads: int | None = Field(default=None, ge=1)
+    quiet_wait_s: float = Field(default=10.0, ge=0)
+    max_load: float = Field(default=0.5, ge=0)
+    max_spread: float = Field(default=10.0, gt=1)
+    max_drift: float = Field(default=0.25, gt=0)
 
     @model_validator(mode="after")
     def _runs_in_order(self) -> BenchmarkOptions:

@@ -315,8 +315,13 @@ def check_round_trip(data: bytes) -> ExportedProgram:
     return load_archive(data)[0]
 
 
-def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
+def serialize(ep: ExportedProgram, metadata: Mapping[str, Any], *, identity: str | None = None) -> StageResult:
     """Output: the archive's bytes. Reloads them and checks that the program came back unchanged.
+
+    identity: the fingerprint of `ep` when the caller has it (the serialize stage: its parent's,
+    taken of the program as it loaded from the store). A loaded program loads back to itself
+    (tests/stages/test_identity.py), so the archive's program has that identity, and it is not
+    taken again; without it, the reloaded program is fingerprinted.
 
     The archive's pt2flow metadata is `metadata` plus, when the program's inputs or outputs hold
     pytree types registered outside torch, the modules that register them (PYTREE_MODULES): a
@@ -345,8 +350,10 @@ def serialize(ep: ExportedProgram, metadata: Mapping[str, Any]) -> StageResult:
         )
     # the identity is the archive's program as it loads (stored_program): the same for a parent
     # computed in this worker and one read from the store
+    described = program.describe(ep, identity_of=None if identity else reloaded)
     result_meta = {
-        **program.describe(ep, identity_of=reloaded),
+        **described,
+        **({"fingerprint": identity} if identity else {}),
         "size": len(data),
         "archive_version": archive_version(data),
     }

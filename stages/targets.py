@@ -154,6 +154,14 @@ class FlatCandidate:
     def __call__(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
         return self.runner(flat_tensor_inputs(args, kwargs))
 
+    def prepare(self, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """A call of the runtime on these inputs, converted to its own form once (a runner's
+        `prepare`, where it has one): what the benchmark times, as a server that receives its
+        inputs in the runtime's form would see it; else a call of the runner as validate makes it."""
+        flat = flat_tensor_inputs(args, kwargs)
+        prepare = getattr(self.runner, "prepare", None)
+        return prepare(flat) if prepare is not None else lambda: self.runner(flat)
+
 
 @dataclass(frozen=True)
 class TargetArtifact:

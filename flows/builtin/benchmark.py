@@ -4,18 +4,19 @@ artifact's p50 at each size) is in its record's details under `timings`.
 
 Its key covers the machine as well as the validated artifacts: the CPU (architecture, model name,
 feature flags), the cores the workers may use and the torch threads, so a store shared by
-different machines never serves one the timings of another. Benchmarks of several models
-of one run take turns (a lock file per machine): timings of models that share the cores are noise.
+different machines never serves one the timings of another. It is a quiet stage: it runs while
+no other stage work of pt2flow runs on the machine, its own run's other workers and other runs'
+included (flows/engine/worker/turns.py), and the stage itself waits for, measures and reports
+the load of everything else (stages/benchmark.py): timings taken beside other work are noise.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 from typing import TYPE_CHECKING, Any
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from pt2flow.flows.pipeline.stage import LOADED_BY_VALIDATE, TIMINGS, Input, Stage
 from pt2flow.stages.options import BenchmarkOptions
@@ -24,9 +25,10 @@ if TYPE_CHECKING:
     from pt2flow.flows.config.models import ResolvedModel
     from pt2flow.flows.engine.stage_api import Outcome, Produced, StageCall
 
+# 2: the load while timing, each measurement's spread and drift, no recommendation from noisy ones
 STAGE = Stage(
     "benchmark",
-    1,
+    2,
     compute=f"{__name__}:compute",
     inputs=(Input.of("source"), Input.of("trace"), Input.of("validate")),
     options=BenchmarkOptions,
@@ -36,6 +38,7 @@ STAGE = Stage(
     key=f"{__name__}:key",
     checks_candidates=True,
     accepts_training=False,
+    quiet=True,
     position=110,
     description="latency of every validated artifact at each size, and the fastest (JSON)",
 )
@@ -61,18 +64,17 @@ def compute(call: StageCall) -> Produced:
         for kind, name in own.items()
     }
     targets = {name: t for name, t in target_artifacts(call).items() if name in passed}
-    with _one_at_a_time():
-        result = benchmark(
-            call.eager(),
-            call.example_inputs(),
-            call.inputs["trace"].details.get("dims", {}),
-            call.options(BenchmarkOptions),
-            archive=blobs["archive"],
-            package=blobs["package"],
-            device=device(call.model),
-            targets=targets,
-            machine=machine(),
-        )
+    result = benchmark(
+        call.eager(),
+        call.example_inputs(),
+        call.inputs["trace"].details.get("dims", {}),
+        call.options(BenchmarkOptions),
+        archive=blobs["archive"],
+        package=blobs["package"],
+        device=device(call.model),
+        targets=targets,
+        machine=machine(),
+    )
     summary = dict(result.metadata["summary"])
     judged = {  # what an artifact judged by accuracy budgets costs, beside what it saves
         name: entry["accuracy"]["metrics"]
@@ -147,22 +149,3 @@ def key(stage: Stage, model: ResolvedModel, inputs: Mapping[str, Outcome]) -> st
     env = {**environment_part(device(model), libraries), "machine": json.dumps(machine(), sort_keys=True)}
     parents = [inputs["validate"].key, *(inputs[name].artifact for name in present)]
     return derivation_key(stage.name, parents, options_json(model, stage.name), env)
-
-
-@contextlib.contextmanager
-def _one_at_a_time() -> Iterator[None]:
-    """An exclusive lock on this machine's benchmark lock file (fcntl; none where it is missing)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    from pt2flow.flows.engine.stage_api import cache_dir
-
-    os.makedirs(cache_dir(), exist_ok=True)
-    with open(os.path.join(cache_dir(), "benchmark.lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

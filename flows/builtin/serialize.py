@@ -48,7 +48,7 @@ def compute(call: StageCall) -> Produced:
         "derivation_key": call.key,
         "parent_key": parent.key,
     }
-    result = serialize(call.program(), metadata)
+    result = serialize(call.program(), metadata, identity=parent.fingerprint)
     return call.publish_result(result, fingerprint=result.metadata["fingerprint"])
 
 

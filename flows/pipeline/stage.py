@@ -94,7 +94,9 @@ class Stage:
       structure), as ONNX and OpenVINO are;
     exact: whether its artifact is meant to compute what eager does (validate: allclose, or
       tolerance auto); false for an artifact that trades accuracy for speed (int8), which
-      validate judges by the model's accuracy budgets instead (stages/accuracy.py).
+      validate judges by the model's accuracy budgets instead (stages/accuracy.py);
+    quiet: it times the machine (benchmark): it runs while no other stage work of pt2flow runs
+      on this machine, and the others wait their turn meanwhile (flows/engine/worker/turns.py).
     """
 
     name: str
@@ -119,6 +121,7 @@ class Stage:
     checks_candidates: bool = False
     step: str | None = None
     exact: bool = True
+    quiet: bool = False
     origin: str = field(default="pt2flow", compare=False)  # the distribution or module that declared it
 
     def __post_init__(self) -> None:

@@ -34,7 +34,8 @@ def _size(value: int | None) -> str:
 
 def table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     """(header, rows): per artifact its size, load time, peak memory, then p50 / p90 in ms at
-    each size; the fastest at a size is marked with *, a failure shows its error's start."""
+    each size; the fastest at a size is marked with *, a noisy measurement says so, a failure
+    shows its error's start."""
     labels = [p["label"] for p in report["points"]]
     best = {label: (choice or {}).get("artifact") for label, choice in report["recommendation"]["points"].items()}
     header = ["artifact", "size", "load ms", "peak MiB", *[f"{label} p50/p90 ms" for label in labels]]
@@ -52,6 +53,7 @@ def table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
                 cells.append(f"failed: {str(entry.get('error') or '?')[:40]}")
                 continue
             mark = "*" if best.get(label) == name else ""
+            mark += " (noisy)" if entry.get("noisy") else ""
             cells.append(f"{_ms(entry['p50_ms'])} / {_ms(entry['p90_ms'])}{mark}")
         rows.append(cells)
     return header, rows
@@ -71,16 +73,23 @@ def markdown(report: Mapping[str, Any], title: str = "") -> str:
 def recommendation_sentence(recommendation: Mapping[str, Any], labels: Sequence[str]) -> str:
     """ "onnx: fastest at 3 of 3 sizes (1.6-2.1x eager)" from a report's recommendation."""
     chosen = recommendation.get("artifact")
+    noisy = recommendation.get("noisy") or {}
     if chosen is None:
+        if noisy:
+            reason = next(iter(noisy.values()))
+            return f"no recommendation: timings noisy at {len(noisy)} of {len(labels)} sizes ({reason})"
         return "no artifact was timed"
     points = recommendation.get("points") or {}
     speedups = [
         c["speedup_vs_eager"] for c in points.values() if c and c["artifact"] == chosen and c.get("speedup_vs_eager")
     ]
     low, high = (_x(min(speedups)), _x(max(speedups))) if speedups else ("", "")
-    spread = "" if not speedups else f" ({low} eager)" if low == high else f" ({low}-{high} eager)"
+    slower = ", slower than eager" if speedups and max(speedups) < 1 else ""
+    spread = "" if not speedups else f" ({low} eager{slower})" if low == high else f" ({low}-{high} eager{slower})"
     others = sorted({f"{c['artifact']} at {label}" for label, c in points.items() if c and c["artifact"] != chosen})
     tail = f"; {', '.join(others)}" if others else ""
+    if noisy:
+        tail += f"; noisy at {', '.join(noisy)} (none recommended there)"
     return f"recommended: {chosen}, fastest at {recommendation.get('wins', 0)} of {len(labels)} sizes{spread}{tail}"
 
 
@@ -96,7 +105,8 @@ def summary_line(summary: Mapping[str, Any]) -> str:
     }
     wins = sum(1 for best in summary["best"].values() if best == summary["recommended"])
     sentence = recommendation_sentence(
-        {"artifact": summary["recommended"], "wins": wins, "points": points}, summary["points"]
+        {"artifact": summary["recommended"], "wins": wins, "points": points, "noisy": summary.get("noisy")},
+        summary["points"],
     )
     cost = (summary.get("accuracy") or {}).get(summary["recommended"])
     if cost:  # an int8 artifact: what it gives up, as validate measured it

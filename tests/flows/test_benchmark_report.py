@@ -105,3 +105,35 @@ def test_an_int8_recommendation_says_what_accuracy_it_costs() -> None:
     plain = {k: v for k, v in _summary(onnx=0.5).items()}
     assert "accuracy" not in BenchmarkSummary(**plain).model_dump()  # not given: not in the document
     assert summary_line(plain) == "recommended: onnx, fastest at 2 of 2 sizes (2x eager)"
+
+
+def test_the_summary_line_says_slower_than_eager_and_where_timings_were_noisy() -> None:
+    """issue 43: a recommended artifact slower than eager is said to be; sizes whose timings were
+    noisy have no recommendation and are named; a benchmark with every size noisy recommends
+    nothing and says why. The summary with `noisy` and `load` validates as the run document's."""
+    from pt2flow.flows.engine.common.documents import BenchmarkSummary
+    from pt2flow.flows.report.benchmark import summary_line
+
+    slower = _summary(onnx=1.6)  # eager 1.0 ms: the fastest artifact is 0.62x eager
+    assert summary_line(slower) == "recommended: onnx, fastest at 2 of 2 sizes (0.62x eager, slower than eager)"
+    partly = {
+        **_summary(onnx=0.5),
+        "best": {"batch=1": "onnx", "batch=8": None},
+        "speedup_vs_eager": {"batch=1": 2.0, "batch=8": None},
+        "noisy": {"batch=8": "eager: p90 4.1x p50 (max_spread 3)"},
+        "load": 0.12,
+    }
+    line = summary_line(BenchmarkSummary(**partly).model_dump())
+    assert line == "recommended: onnx, fastest at 1 of 2 sizes (2x eager); noisy at batch=8 (none recommended there)"
+    busy = {
+        **partly,
+        "recommended": None,
+        "best": {"batch=1": None, "batch=8": None},
+        "noisy": {"batch=1": "1.84 other cores busy", "batch=8": "1.84 other cores busy"},
+        "load": 1.84,
+    }
+    dumped = BenchmarkSummary(**busy).model_dump()
+    assert dumped["load"] == 1.84 and summary_line(dumped) == (
+        "no recommendation: timings noisy at 2 of 2 sizes (1.84 other cores busy)"
+    )
+    assert "noisy" not in BenchmarkSummary(**_summary(onnx=0.5)).model_dump()  # not given: not in the document

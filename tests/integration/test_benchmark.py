@@ -72,18 +72,32 @@ def test_every_validated_artifact_is_timed_at_each_size(fleet: dict[str, Any]) -
 
 
 def test_the_recommendation_is_the_fastest_artifact_at_each_size(fleet: dict[str, Any]) -> None:
+    """...at each size whose timings hold; at a noisy one (other work on the machine while it
+    was timed, or a measurement's own spread: this suite runs beside other tests) none, and why."""
     for name, model in _models(fleet["cold"]).items():
         report = _report(fleet["store"], model)
+        load = report["load"]
+        assert load["waited_s"] >= 0.25 and load["max_load"] == 0.5 and load["during"] is not None, load
+        noisy = report["recommendation"].get("noisy", {})
         for point in report["points"]:
             label = point["label"]
-            p50 = {a: e["points"][label]["p50_ms"] for a, e in report["artifacts"].items() if a != "eager"}
-            fastest = min(p50, key=p50.__getitem__)
             chosen = report["recommendation"]["points"][label]
+            measured = {a: e["points"][label] for a, e in report["artifacts"].items()}
+            own = [a for a, e in measured.items() if e.get("noisy")]
+            busy = load["during"] > load["max_load"]
+            assert (label in noisy) == (busy or bool(own)), (name, label, load, own)
+            if label in noisy:
+                assert chosen is None and all(a in noisy[label] for a in own), (name, noisy)
+                continue
+            p50 = {a: e["p50_ms"] for a, e in measured.items() if a != "eager"}
+            fastest = min(p50, key=p50.__getitem__)
             assert chosen["artifact"] == fastest, (name, label, p50)
             eager = report["artifacts"]["eager"]["points"][label]["p50_ms"]
             assert chosen["speedup_vs_eager"] == pytest.approx(eager / p50[fastest]), name
         summary = model["timings"]  # the run document's summary
-        assert summary["recommended"] in summary["best"].values()
+        assert summary["recommended"] in summary["best"].values() or (
+            summary["recommended"] is None and set(summary["noisy"]) == set(summary["points"])
+        )
         assert summary["p50_ms"]["onnx"] == {
             label: e["p50_ms"] for label, e in report["artifacts"]["onnx"]["points"].items()
         }
@@ -101,4 +115,5 @@ def test_show_prints_the_benchmark_table(fleet: dict[str, Any]) -> None:
     model = _models(fleet["cold"])["mlp"]
     shown = run_cli(["show", model["stages"]["benchmark"]["artifact"], "--store", fleet["store"]])
     assert shown.returncode == 0, shown.stderr
-    assert "batch=32" in shown.stdout and "recommended" in shown.stdout and "onnx" in shown.stdout
+    assert "batch=32" in shown.stdout and "onnx" in shown.stdout
+    assert "recommended: " in shown.stdout or "no recommendation: timings noisy" in shown.stdout, shown.stdout

@@ -126,6 +126,10 @@ def test_escape_hatches_inputs_factory_and_files(exportdb_run: dict[str, Any]) -
     for name in ("fn_with_kwargs-inputs-factory", "pytree_flatten-inputs-file", "dictionary-safetensors"):
         assert models[name]["status"] == "ok", models[name]
         assert models[name]["validation"]["passed"] is True
+    # the example inputs are made once per model (issue 43): the factory ran once in the whole
+    # run, at the source stage, though trace and validate use its inputs too
+    calls = (exportdb_run["config"].parent / "inputs_factory_calls.log").read_text().split()
+    assert len(calls) == 1, calls
 
     # the same model traced on inputs from a factory / a file as on the YAML spec of the same
     # structure and shapes: the same program (graph, signature, weights)

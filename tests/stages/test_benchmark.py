@@ -36,10 +36,22 @@ class FakeClock:
 
 def test_timing_stops_once_the_median_is_stable() -> None:
     clock = FakeClock(iter([0.010] * 1000))
-    options = BenchmarkOptions(warmup=2, min_runs=5, max_runs=50, window=3, stable_fraction=0.02)
+    options = BenchmarkOptions(warmup=2, warmup_s=0, min_runs=5, max_runs=50, window=3, stable_fraction=0.02)
     timing = time_calls(clock.work, options, clock)
     assert timing.stable and len(timing.times_ms) == 5  # stable as soon as min_runs allow
     assert clock.calls == 2 + 5 and timing.p50 == pytest.approx(10.0)
+
+
+def test_warm_up_lasts_warmup_s_as_well_as_warmup_calls() -> None:
+    """A call of a few microseconds is slower for its first thousands of calls: the warm-up goes
+    on for warmup_s as well as `warmup` calls (here 10 ms calls: 0.095 s is 10 calls, not 2)."""
+    clock = FakeClock(iter([0.010] * 1000))
+    options = BenchmarkOptions(warmup=2, warmup_s=0.095, min_runs=5, max_runs=50, window=3)
+    time_calls(clock.work, options, clock)
+    assert clock.calls == 10 + 5
+    slow = FakeClock(iter([1.0] * 1000))  # one call is past warmup_s: the `warmup` calls still run
+    time_calls(slow.work, options, slow)
+    assert slow.calls == 2 + 5
 
 
 def test_timing_goes_on_while_the_median_moves_and_stops_at_max_runs() -> None:
@@ -124,7 +136,13 @@ def test_the_recommendation_is_the_fastest_artifact_at_each_size_never_eager() -
     ]
     chosen = recommend(measured, points)
     assert chosen["artifact"] == "onnx" and chosen["wins"] == 2
-    assert chosen["points"]["batch=1"] == {"artifact": "onnx", "p50_ms": 0.2, "speedup_vs_eager": pytest.approx(0.5)}
+    assert chosen["points"]["batch=1"] == {
+        "artifact": "onnx",
+        "p50_ms": 0.2,
+        "speedup_vs_eager": pytest.approx(0.5),
+        "slower_than_eager": True,  # the fastest artifact, at half eager's speed: said
+    }
+    assert chosen["points"]["batch=8"]["slower_than_eager"] is False
     assert chosen["points"]["batch=8"]["speedup_vs_eager"] == pytest.approx(2.0)
     assert recommend([_measured("eager", {"batch=1": 1.0})], points[:1])["artifact"] is None
 
@@ -196,3 +214,96 @@ def test_the_key_covers_the_machine_and_the_options(monkeypatch: pytest.MonkeyPa
     assert key() != here
     monkeypatch.setattr(declared, "machine", lambda: {**machine, "cpu": "another CPU"})
     assert key() != here
+
+
+def test_a_measurement_is_noisy_past_its_spread_or_drift_and_no_recommendation_is_drawn_from_it() -> None:
+    from pt2flow.stages.benchmark import noisy_points
+
+    options = BenchmarkOptions(max_spread=3)  # max_drift 0.25
+    steady = Timing((1.0, 1.1, 1.0, 1.05, 1.0, 1.1), True)
+    spiky = Timing((1.0, 1.0, 1.0, 1.0, 1.0, 9.0), False)  # p90 5x p50
+    drifting = Timing((1.0, 1.0, 1.0, 2.0, 2.0, 2.0), False)  # halves 1 ms apart, the median 1.5
+    assert steady.noise(options) is None
+    assert "p90 5.0x p50" in str(spiky.noise(options)) and "max_spread 3" in str(spiky.noise(options))
+    assert drifting.spread is not None and drifting.spread < 3 and "67% apart" in str(drifting.noise(options))
+    points = [Point("batch=1", {"batch": 1}, 1), Point("batch=8", {"batch": 8}, 8)]
+    measured = [
+        Measured("eager", 1, timings={"batch=1": steady, "batch=8": Timing((4.0,) * 6, True)}),
+        Measured("onnx", 1, timings={"batch=1": spiky, "batch=8": Timing((2.0,) * 6, True)}),
+        Measured("archive", 1, timings={"batch=1": steady, "batch=8": Timing((8.0,) * 6, True)}),
+    ]
+    noisy = noisy_points(measured, points, options, None)
+    assert list(noisy) == ["batch=1"] and noisy["batch=1"].startswith("onnx: p90")
+    chosen = recommend(measured, points, noisy)
+    # onnx's p50 at batch 1 (1.0) would tie the fastest: its spiky timing keeps that size out
+    assert chosen["points"]["batch=1"] is None and chosen["noisy"] == noisy
+    assert chosen["points"]["batch=8"]["artifact"] == "onnx" and chosen["artifact"] == "onnx" and chosen["wins"] == 1
+    # a busy machine: every size noisy, nothing recommended, and the reason says so
+    busy = noisy_points(measured, points, options, "1.80 other cores busy")
+    assert set(busy) == {"batch=1", "batch=8"} and busy["batch=8"] == "1.80 other cores busy"
+    assert recommend(measured, points, busy)["artifact"] is None
+
+
+def test_a_recommendation_slower_than_eager_says_so() -> None:
+    points = [Point("batch=1", {"batch": 1}, 1)]
+    measured = [_measured("eager", {"batch=1": 1.0}), _measured("onnx", {"batch=1": 1.6})]
+    chosen = recommend(measured, points)["points"]["batch=1"]
+    assert chosen["artifact"] == "onnx" and chosen["slower_than_eager"] is True
+    assert chosen["speedup_vs_eager"] == pytest.approx(1 / 1.6)
+
+
+HOG = "while True: pass"
+
+
+class Small(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).relu()
+
+
+def test_a_benchmark_beside_a_cpu_hog_waits_for_a_quiet_machine_then_flags_its_numbers() -> None:
+    """Two busy-looping processes (one per core here) run beside the benchmark of a small model
+    for its whole length: it waits for a quiet machine for `quiet_wait_s`, measures the load
+    while timing, and draws no recommendation from numbers taken beside it."""
+    from pt2flow.stages.benchmark import benchmark
+
+    inputs = ModelInputs({"x": InputSpec(shape=(4, 16))}, {"x": {0: "batch"}}, {"batch": (1, 8)})
+    torch.manual_seed(0)
+    program = torch.export.export(
+        Small(), (torch.randn(4, 16),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)
+    )
+    import io
+
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    options = BenchmarkOptions(warmup=1, min_runs=3, max_runs=20, window=2, max_seconds=1.0, quiet_wait_s=1.0)
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)]
+    try:
+        torch.manual_seed(0)
+        report = benchmark(Small, inputs, {}, options, archive=buffer.getvalue()).output
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    load = report["load"]
+    assert load["waited_s"] >= 1.0 and load["before"] > 0.5, load  # it waited, and the machine stayed busy
+    assert load["during"] > options.max_load, load
+    recommendation = report["recommendation"]
+    assert recommendation["artifact"] is None and all(c is None for c in recommendation["points"].values())
+    assert set(recommendation["noisy"]) == {p["label"] for p in report["points"]}
+    assert all("other cores busy" in why for why in recommendation["noisy"].values()), recommendation["noisy"]
+    # the timings are still reported, each with its spread and drift
+    assert all(e["p50_ms"] > 0 and e["spread"] >= 1 for e in report["artifacts"]["archive"]["points"].values())
+
+
+def test_a_call_of_microseconds_is_timed_in_batches() -> None:
+    """A 10 µs call is timed 100 calls at a time (each sample at least SAMPLE_MIN_S, 1 ms, as
+    timeit does), and each sample is the time per call."""
+    clock = FakeClock(iter([0.00001] * 100000))
+    options = BenchmarkOptions(warmup=2, warmup_s=0, min_runs=5, max_runs=5, window=3)
+    timing = time_calls(clock.work, options, clock)
+    assert len(timing.times_ms) == 5 and clock.calls == 2 + 5 * 100
+    assert timing.p50 == pytest.approx(0.01)

@@ -60,6 +60,10 @@ def test_the_identity_is_the_program_as_it_loads_back() -> None:
     assert program.fingerprint(reloaded) == stored.fingerprint == program.fingerprint(stored.program)
     again = stored_program(reloaded)  # a program read from the store, stored again
     assert again.fingerprint == stored.fingerprint
+    # so the serialize stage takes its parent's identity for its archive instead of taking it again
+    archive = serialize(stored.program, {}).output
+    assert program.fingerprint(load_archive(archive)[0]) == stored.fingerprint
+    assert serialize(stored.program, {}, identity=stored.fingerprint).metadata["fingerprint"] == stored.fingerprint
     x = torch.randn(3, 5, 8)
     torch.testing.assert_close(stored.program.module()(x), ep.module()(x))
 

@@ -173,9 +173,11 @@ class BenchmarkSummary(Document):
     at the most sizes), the sizes timed (labels such as "batch=1 seq=2"), the fastest artifact and
     its speedup over eager at each, and every artifact's p50 in ms at each (None: it failed there);
     `accuracy`, where an artifact timed is judged by accuracy budgets (int8), its metrics as
-    validate measured them (stages/accuracy.py), so the recommendation can say what it costs."""
+    validate measured them (stages/accuracy.py), so the recommendation can say what it costs;
+    `noisy`, the sizes whose timings could not be trusted and why (no recommendation drawn there);
+    `load`, the cores other processes kept busy while the artifacts were timed."""
 
-    optional: ClassVar[frozenset[str]] = frozenset({"accuracy"})
+    optional: ClassVar[frozenset[str]] = frozenset({"accuracy", "noisy", "load"})
 
     recommended: str | None
     points: list[str]
@@ -184,6 +186,8 @@ class BenchmarkSummary(Document):
     p50_ms: dict[str, dict[str, float | None]]
     threads: int | None = None
     accuracy: dict[str, dict[str, float | None]] | None = None
+    noisy: dict[str, str] | None = None
+    load: float | None = None
 
 
 class ModelResult(Document):

@@ -24,6 +24,7 @@ from pt2flow.flows import pipeline
 from pt2flow.flows.config import ResolvedModel
 from pt2flow.flows.engine.common import stores
 from pt2flow.flows.engine.worker.artifacts import load_artifact, vouch
+from pt2flow.flows.engine.worker.turns import machine_turn
 from pt2flow.flows.engine.common.context import Outcome, RunContext
 from pt2flow.flows.engine.common.inputs import (
     checkpoint_folder,
@@ -56,8 +57,17 @@ def _remember(digest: str, program: Any) -> None:
 
 
 def forget_programs() -> None:
+    """A new model starts on this worker (messages.NewModel): nothing made for the last one is reused."""
     _PROGRAMS.clear()
     _BUILT.clear()
+    _INPUTS.clear()
+
+
+# the current model's example inputs, made once in this worker (its inputs factory called, its
+# inputs file read, at the source stage inside the read recording, or at the first stage that
+# needs them), not once per stage; every consumer materializes tensors from them as copies
+# (stages/example_inputs.py materialize)
+_INPUTS: dict[str, Any] = {}
 
 
 def _load_program(store: Any, outcome: Outcome, model: ResolvedModel) -> Any:
@@ -136,7 +146,9 @@ class StageCall:
         component, its captured kwargs (self.component().inputs)."""
         if getattr(self.model, "component", None):
             return self.component().inputs
-        return model_inputs(self.model)
+        if self.model.name not in _INPUTS:
+            _INPUTS[self.model.name] = model_inputs(self.model)
+        return _INPUTS[self.model.name]
 
     def eager(self) -> Callable[[], Any]:
         """A function returning a fresh eager model with the weights the source recorded."""
@@ -345,6 +357,7 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
             ErrorClass.CONFIG, "; ".join(f"{'.'.join(map(str, path))}: {message}" for path, message in missing)
         )
     _BUILT.clear()
+    _INPUTS.pop(model.name, None)  # made again here, inside the recording
     built = None
     problem = None
     with recording(exclude=_not_model_inputs(store)) as reads:
@@ -352,7 +365,7 @@ def build_recorded(model: ResolvedModel, store: Any, weights: Mapping[str, Any] 
             if model.inputs_factory:  # its code makes the inputs: a dependency too
                 import_factory(model.inputs_factory, model.search_path)
             built = model_builder(model, store, weights)()
-            model_inputs(model)  # an inputs factory's reads are the model's too
+            _INPUTS[model.name] = model_inputs(model)  # an inputs factory's reads are the model's too
             if model.data is not None:  # so are the calibration data's: the int8 stages' keys see them
                 with contextlib.suppress(Exception):  # a failing data factory fails the int8 stages alone
                     data_batches(model)
@@ -524,6 +537,7 @@ def run_stage(request: StageRequest) -> tuple[str, Produced | Failure]:
         compute = pipeline.resolve(request.compute)
         if request.stage != pipeline.SOURCE_NAME and (lacking := missing_libraries(request.stage)) is not None:
             raise StageError(ErrorClass.CONFIG, lacking)
-        return "ok", compute(StageCall(request.stage, request.model, request.ctx, request.inputs, request.key))
+        with machine_turn(quiet=pipeline.get(request.stage).quiet):  # a benchmark times the machine alone
+            return "ok", compute(StageCall(request.stage, request.model, request.ctx, request.inputs, request.key))
     except Exception as exc:
         return "failed", classify(request.stage, exc)

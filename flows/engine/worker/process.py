@@ -9,6 +9,7 @@ supervisor tells that stop from a crash, flows/engine/orchestrator/supervisor.py
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -16,6 +17,8 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from collections.abc import Iterator
+from typing import Any
 
 
 def _stop_group(*_args: object) -> None:
@@ -115,6 +118,30 @@ def _imports_seen() -> dict[str, object]:
     }
 
 
+_PROFILE: Any = None
+
+
+@contextlib.contextmanager
+def _profiled() -> Iterator[None]:
+    """With PT2FLOW_PROFILE_DIR set (bench/profile_fleet.py), the block runs under cProfile and
+    this worker's totals so far are written to DIR/worker-PID.prof after it; else nothing."""
+    global _PROFILE
+    folder = os.environ.get("PT2FLOW_PROFILE_DIR")
+    if not folder:
+        yield
+        return
+    import cProfile
+
+    if _PROFILE is None:
+        _PROFILE = cProfile.Profile()
+    _PROFILE.enable()
+    try:
+        yield
+    finally:
+        _PROFILE.disable()
+        _PROFILE.dump_stats(os.path.join(folder, f"worker-{os.getpid()}.prof"))
+
+
 def serve(conn: Connection) -> int:
     """Answer the orchestrator's messages on `conn` until told to stop or it goes away."""
     from pt2flow.flows.engine.common import messages
@@ -136,7 +163,8 @@ def serve(conn: Connection) -> int:
                 sys.stderr.flush()
                 os._exit(0)
             case messages.StageRequest():  # one stage of one model
-                reply: object = compute.run_stage(message)
+                with _profiled():
+                    reply: object = compute.run_stage(message)
                 sys.stdout.flush()
                 sys.stderr.flush()
             case messages.CheckArtifact():  # check-compat: one artifact (flows/engine/maintenance/compat.py)

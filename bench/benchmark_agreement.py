@@ -1,0 +1,250 @@
+"""Do the benchmark stage's timings hold? configs/targets.yaml benchmarked twice, and against a
+plain timing loop over `pt2flow get`'s files (issue 43).
+
+    .venv/bin/python bench/benchmark_agreement.py [--workdir /tmp/pt2-agreement] [--json-out FILE]
+
+1. configs/targets.yaml built into a scratch store with default workers (every artifact, validate),
+   then `benchmark` with one worker: run A.
+2. The benchmark again (only it: its `quiet_wait_s` nudged so that its key changes and it measures
+   anew, every other stage a cache hit): run B.
+3. Each model's artifacts copied out with `pt2flow get`, and each timed at each of the report's
+   sizes by a plain loop in a fresh process that imports no pt2flow: torch.export.load(...).module(),
+   aoti_load_package, onnxruntime.InferenceSession, ExecuTorch's Runtime, OpenVINO's Core, on
+   random inputs of the sizes' shapes; warm-up calls, then calls for about a second, the median.
+
+Prints, per model and size: the artifact A and B recommend (or why not: noisy), and each
+artifact's p50 in A against the plain loop's. The goals: A and B recommend the same artifact at
+every size where both recommend one; each p50 within 20 % of the plain loop's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from fleet_overhead import emit_json  # noqa: E402
+
+# the stages configs/targets.yaml builds: every artifact and validate
+BUILD = yaml.safe_load((ROOT / "configs" / "targets.yaml").read_text())["stages"]
+# the report's artifact name -> `get --artifact` kind and file suffix
+KINDS = {"archive": ("serialized", ".pt2"), "compiled": ("compiled", ".pt2"), "onnx": ("onnx", ".onnx")}
+KINDS.update({"executorch": ("pte", ".pte"), "openvino": ("openvino", ".zip")})
+TOLERANCE = 0.20
+
+PLAIN_LOOP = r'''
+"""Time `pt2flow get`'s files with each runtime's own API (no pt2flow): argv JOB.json OUT.json."""
+import importlib, json, statistics, sys, time, zipfile, tempfile, os
+import torch
+
+job = json.load(open(sys.argv[1]))
+sys.path.insert(0, job["factories"])
+torch.set_num_threads(job["threads"])
+
+
+def tensors(sizes):
+    out = {}
+    for name, spec in job["inputs"].items():
+        shape = list(spec["shape"])
+        for axis, dim in job["dynamic"].get(name, {}).items():
+            shape[int(axis)] = sizes[dim]
+        dtype = getattr(torch, spec.get("dtype", "float32"))
+        if "value" in spec:
+            out[name] = torch.full(shape, spec["value"], dtype=dtype)
+        elif dtype.is_floating_point:
+            out[name] = torch.randn(shape, dtype=dtype)
+        else:
+            out[name] = torch.randint(spec.get("low", 0), spec.get("high", 10), shape, dtype=dtype)
+    return out
+
+
+def p50(call):
+    for _ in range(5):
+        call()
+    times, started = [], time.perf_counter()
+    while len(times) < 20 or (time.perf_counter() - started < 1.0 and len(times) < 2000):
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1000.0)
+    return statistics.median(times)
+
+
+def runner(name, path):
+    if name == "eager":
+        module, attr = job["factory"].split(":")
+        model = getattr(importlib.import_module(module), attr)(**job["kwargs"]).eval()
+        return lambda kw: model(**kw)
+    if name == "archive":
+        module = torch.export.load(path).module()
+        return lambda kw: module(*kw.values())  # exported on forward()'s arguments in order
+    if name == "compiled":
+        from torch._inductor import aoti_load_package
+        package = aoti_load_package(path)
+        return lambda kw: package(*kw.values())
+    if name == "onnx":
+        import onnxruntime
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return lambda kw: session.run(None, {n: kw[n].numpy() for n in names})
+    if name == "executorch":
+        from executorch.runtime import Runtime
+        method = Runtime.get().load_program(path).load_method("forward")
+        return lambda kw: method.execute(list(kw.values()))
+    if name == "openvino":
+        import openvino
+        folder = tempfile.mkdtemp()
+        zipfile.ZipFile(path).extractall(folder)
+        xml = next(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".xml"))
+        compiled = openvino.Core().compile_model(xml, "CPU")
+        return lambda kw: compiled([t.numpy() for t in kw.values()])
+    raise ValueError(name)
+
+
+result = {}
+with torch.inference_mode():
+    for name, path in job["artifacts"].items():
+        run = runner(name, path)
+        result[name] = {}
+        for label, sizes in job["points"].items():
+            kw = tensors(sizes)
+            result[name][label] = p50(lambda: run(kw))
+json.dump(result, open(sys.argv[2], "w"))
+'''
+
+
+def _pt2flow(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).parent / "pt2flow"), *args]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if check and done.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done
+
+
+def _benchmark(config: Path, store: Path) -> dict[str, dict[str, Any]]:
+    """Run the benchmark (everything else cached) with one worker: each model's report."""
+    done = _pt2flow(
+        "run",
+        str(config),
+        "--store",
+        str(store),
+        "--json",
+        "--workers",
+        "1",
+        "--stages",
+        ",".join([*BUILD, "benchmark"]),
+    )
+    reports = {}
+    for model in json.loads(done.stdout)["models"]:
+        stage = model["stages"].get("benchmark") or {}
+        if stage.get("artifact"):
+            shown = _pt2flow("show", stage["artifact"], "--store", str(store), "--json")
+            reports[model["name"]] = json.loads(shown.stdout)["report"]
+    return reports
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "pt2-agreement"))
+    parser.add_argument("--json-out", metavar="FILE")
+    args = parser.parse_args()
+    workdir = Path(args.workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    for module in (ROOT / "configs").glob("*.py"):
+        shutil.copy(module, workdir / module.name)
+    shipped = yaml.safe_load((ROOT / "configs" / "targets.yaml").read_text())
+    store = workdir / "store"
+    config = workdir / "targets.yaml"
+    config.write_text(yaml.safe_dump(shipped, sort_keys=False))
+    _pt2flow("run", str(config), "--store", str(store), "--json", "--stages", ",".join(BUILD))
+    first = _benchmark(config, store)
+    nudged = {**shipped, "defaults": {**shipped.get("defaults", {}), "benchmark": {"quiet_wait_s": 10.5}}}
+    config.write_text(yaml.safe_dump(nudged, sort_keys=False))
+    second = _benchmark(config, store)
+
+    models = {m["name"]: m for m in shipped["models"]}
+    figures: dict[str, Any] = {"models": {}}
+    same, compared, within, timed = 0, 0, 0, 0
+    for name, report in first.items():
+        entry = models[name]
+        files = {}
+        for artifact in report["artifacts"]:
+            if artifact == "eager":
+                continue
+            kind, suffix = KINDS[artifact]
+            path = workdir / "files" / name / f"{artifact}{suffix}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _pt2flow("get", "--model", name, "--artifact", kind, "--store", str(store), "-o", str(path))
+            files[artifact] = str(path)
+        job = {
+            "factories": str(workdir),
+            "factory": entry["factory"],
+            "kwargs": entry.get("kwargs", {}),
+            "inputs": entry["inputs"],
+            "dynamic": entry.get("dynamic_shapes", {}),
+            "threads": report["machine"]["threads"],
+            "points": {p["label"]: p["sizes"] for p in report["points"]},
+            "artifacts": {"eager": "", **files},
+        }
+        (workdir / f"{name}.job.json").write_text(json.dumps(job))
+        (workdir / "plain_loop.py").write_text(PLAIN_LOOP)
+        subprocess.run(
+            [
+                sys.executable,
+                str(workdir / "plain_loop.py"),
+                str(workdir / f"{name}.job.json"),
+                str(workdir / f"{name}.plain.json"),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        plain = json.loads((workdir / f"{name}.plain.json").read_text())
+        rows = []
+        for point in report["points"]:
+            label = point["label"]
+            a = (report["recommendation"]["points"].get(label) or {}).get("artifact")
+            b = (second[name]["recommendation"]["points"].get(label) or {}).get("artifact")
+            if a and b:
+                compared += 1
+                same += a == b
+            for artifact, timings in report["artifacts"].items():
+                measured = (timings["points"].get(label) or {}).get("p50_ms")
+                loop = plain.get(artifact, {}).get(label)
+                if measured and loop:
+                    timed += 1
+                    ratio = measured / loop
+                    within += abs(ratio - 1) <= TOLERANCE
+                    rows.append((label, artifact, measured, loop, ratio))
+            print(
+                f"{name:13s} {label:18s} A: {a or 'none (' + report['recommendation'].get('noisy', {}).get(label, '?') + ')'}"
+                f"  B: {b or 'none (' + second[name]['recommendation'].get('noisy', {}).get(label, '?') + ')'}"
+            )
+        for label, artifact, measured, loop, ratio in rows:
+            mark = "" if abs(ratio - 1) <= TOLERANCE else "  <- outside 20 %"
+            print(f"    {label:18s} {artifact:11s} stage {measured:9.4f} ms  plain {loop:9.4f} ms  {ratio:5.2f}x{mark}")
+        figures["models"][name] = {
+            "recommended": {"A": report["recommendation"], "B": second[name]["recommendation"]},
+            "load": {"A": report["load"], "B": second[name]["load"]},
+            "p50": [{"size": r[0], "artifact": r[1], "stage_ms": r[2], "plain_ms": r[3]} for r in rows],
+        }
+    figures.update({"same": same, "compared": compared, "within": within, "timed": timed})
+    print(f"\nsame recommendation in A and B: {same} of {compared} sizes where both recommend one")
+    print(f"p50 within {TOLERANCE:.0%} of the plain loop's: {within} of {timed}")
+    emit_json(figures, args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Turns on this machine's cores: a stage that times the machine (Stage.quiet, the benchmark)
+runs while no other stage work of pt2flow does, on this machine, in any run.
+
+Two lock files under the cache folder (fcntl.flock; nothing where there is no fcntl):
+- `work.lock`: every stage holds it shared while it runs; a quiet stage holds it exclusively;
+- `turnstile.lock`: a quiet stage holds it exclusively from before it asks for `work.lock` until
+  it is done, and every other stage passes it (shared, released at once) before it asks for
+  `work.lock`, so a quiet stage waiting for the running stages to finish is not passed by the
+  next ones: they wait at the turnstile, then go on.
+
+A stage waiting at the turnstile waits for the quiet stage to finish: its time counts towards
+its own time limit, as any wait of a worker does. A worker that dies releases its locks (the
+kernel closes its files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import IO
+
+from pt2flow.flows.engine.environment.interpreter import cache_dir
+
+
+def _open(name: str) -> IO[str]:
+    folder = os.path.join(cache_dir(), "turns")
+    os.makedirs(folder, exist_ok=True)
+    return open(os.path.join(folder, name), "a")
+
+
+@contextlib.contextmanager
+def machine_turn(quiet: bool) -> Iterator[None]:
+    """Within the block, this process's stage work has its turn: shared with other stage work
+    (quiet False), or alone on the machine (quiet True)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock here: stages run side by side
+        yield
+        return
+    with _open("turnstile.lock") as turnstile, _open("work.lock") as work:
+        if quiet:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)
+            fcntl.flock(work, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_SH)
+            fcntl.flock(work, fcntl.LOCK_SH)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(work, fcntl.LOCK_UN)
+            if quiet:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
