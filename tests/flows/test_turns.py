@@ -72,3 +72,18 @@ def test_stage_work_shares_the_machine(tmp_path: Path, env: dict[str, str]) -> N
         assert process.wait(timeout=30) == 0
     at = _events(log)
     assert at["b start"] < at["a end"] and at["a start"] < at["b end"]  # side by side
+
+
+def test_without_a_writable_cache_folder_stages_still_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache folder the worker cannot make (here a file stands where it would go): no turns,
+    and the stage runs, quiet or not."""
+    from pt2flow.flows.engine.worker.turns import machine_turn
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("PT2FLOW_CACHE_DIR", str(blocker))
+    ran = []
+    for quiet in (False, True):
+        with machine_turn(quiet=quiet):
+            ran.append(quiet)
+    assert ran == [False, True]

@@ -10,7 +10,9 @@ Two lock files under the cache folder (fcntl.flock; nothing where there is no fc
 
 A stage waiting at the turnstile waits for the quiet stage to finish: its time counts towards
 its own time limit, as any wait of a worker does. A worker that dies releases its locks (the
-kernel closes its files).
+kernel closes its files). Where the lock files cannot be made (no fcntl, a cache folder the
+worker may not write), stages run side by side, and the benchmark still measures and reports
+the load of everything else (stages/benchmark.py).
 """
 
 from __future__ import annotations
@@ -33,12 +35,17 @@ def _open(name: str) -> IO[str]:
 def machine_turn(quiet: bool) -> Iterator[None]:
     """Within the block, this process's stage work has its turn: shared with other stage work
     (quiet False), or alone on the machine (quiet True)."""
+    files = contextlib.ExitStack()
     try:
         import fcntl
-    except ImportError:  # no flock here: stages run side by side
+
+        turnstile = files.enter_context(_open("turnstile.lock"))
+        work = files.enter_context(_open("work.lock"))
+    except (ImportError, OSError):  # no flock here, or a cache folder it cannot write: side by side
+        files.close()
         yield
         return
-    with _open("turnstile.lock") as turnstile, _open("work.lock") as work:
+    with files:
         if quiet:
             fcntl.flock(turnstile, fcntl.LOCK_EX)
             fcntl.flock(work, fcntl.LOCK_EX)
