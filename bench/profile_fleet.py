@@ -117,9 +117,13 @@ def orchestrator(argv: list[str], out: str) -> int:
 
 
 def _busy_s() -> float:
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:8]]
-    return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the machine's processes have used (the benchmark stage's own reading of /proc/stat)."""
+    from pt2flow.stages.benchmark import machine_busy_s
+
+    busy = machine_busy_s()
+    if busy is None:
+        raise SystemExit("no /proc/stat here: the per-process CPU table needs Linux")
+    return busy
 
 
 def _prefect_server_cpu_s() -> float:

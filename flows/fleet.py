@@ -36,7 +36,7 @@ from pt2flow.flows.engine.orchestrator.fleet_plan import (
     run_document,
     settle_from_index,
 )
-from pt2flow.flows.engine.orchestrator.model_flow import QUOTED_STAGE_TASKS
+from pt2flow.flows.engine.orchestrator.model_flow import STAGE_TASKS
 from pt2flow.flows.engine.orchestrator.planner import Plan
 from pt2flow.flows.engine.orchestrator.runner import run_logger, run_model
 
@@ -63,7 +63,7 @@ def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> Any:
     from pt2flow.flows.engine.orchestrator.supervisor import shared_pool
 
     announce_start(ctx.run_id, model.name)  # on a Dask worker: the orchestrator's clock of this model starts
-    result = run_model(model, ctx, plan, shared_pool(python=ctx.python), tasks=QUOTED_STAGE_TASKS)
+    result = run_model(model, ctx, plan, shared_pool(python=ctx.python), tasks=STAGE_TASKS)
     if result.status == "failed":
         return Failed(message=f"{model.name}: {result.error_class} at {result.failed_stage}", data=result)
     return Completed(data=result)

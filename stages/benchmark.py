@@ -89,8 +89,8 @@ class Timing:
 
     @property
     def drift(self) -> float | None:
-        """How far apart the medians of the first and the second half of the calls are, as a
-        fraction of the median of all (None under 4 calls)."""
+        """How far apart the medians of the first and the second half of the samples are, as a
+        fraction of the median of all (None under 4 samples)."""
         if len(self.times_ms) < 4:
             return None
         half = len(self.times_ms) // 2
@@ -272,7 +272,7 @@ LOAD_WINDOW_S = 0.2
 QUIET_SAMPLE_S = 0.25
 
 
-def _machine_busy_s() -> float | None:
+def machine_busy_s() -> float | None:
     """CPU seconds every process of the machine has used since boot (Linux /proc/stat: user,
     nice, system, irq, softirq; None where there is no such file)."""
     try:
@@ -292,17 +292,16 @@ class OtherWork:
 
     def __enter__(self) -> OtherWork:
         self.cores: float | None = None
-        self.seconds = 0.0
-        self._start = (time.perf_counter(), _machine_busy_s(), time.process_time())
+        self._start = (time.perf_counter(), machine_busy_s(), time.process_time())
         return self
 
     def __exit__(self, *exc: Any) -> None:
         wall0, busy0, own0 = self._start
-        self.seconds = time.perf_counter() - wall0
-        busy = _machine_busy_s()
-        if busy0 is None or busy is None or self.seconds < LOAD_WINDOW_S:
+        seconds = time.perf_counter() - wall0
+        busy = machine_busy_s()
+        if busy0 is None or busy is None or seconds < LOAD_WINDOW_S:
             return
-        self.cores = max(0.0, (busy - busy0 - (time.process_time() - own0)) / self.seconds)
+        self.cores = max(0.0, (busy - busy0 - (time.process_time() - own0)) / seconds)
 
 
 def wait_for_quiet(options: BenchmarkOptions) -> dict[str, Any]:
@@ -430,10 +429,10 @@ def _time_artifact(
             measured.error = f"does not load: {short_message(exc)}"
             return measured
         measured.load_ms = (time.perf_counter() - start) * 1000.0
+        prepare = getattr(fn, "prepare", None)  # a target's runtime: its inputs converted once, untimed
         with torch.no_grad():
             for point in points:
                 bound = inputs[point.label]
-                prepare = getattr(fn, "prepare", None)  # a target's runtime: its inputs converted once, untimed
                 try:
                     call = prepare(*bound.args, **bound.kwargs) if prepare else functools.partial(bound.call, fn)
                 except Exception as exc:  # noqa: BLE001 - inputs this runtime refuses: reported at this size

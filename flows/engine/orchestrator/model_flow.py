@@ -6,7 +6,6 @@ worker process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prefect import task
@@ -30,11 +29,16 @@ def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
 
 class StageTasks(dict):
     """One Prefect task per stage, named after it, made when a run first needs it (a stage
-    registered after this module was imported gets one too)."""
+    registered after this module was imported gets one too), called with its arguments quoted
+    (prefect.utilities.annotations.quote): Prefect hands them to the task as they are instead of
+    walking into every object they hold looking for futures (a stage's model, run context and
+    input outcomes: bench/profile_fleet.py measured the walk among the orchestrator's largest
+    costs per stage). No stage argument is a future or a state, so no dependency between task
+    runs goes unseen."""
 
     def __missing__(self, name: str) -> Any:
         pipeline.get(name)  # an unknown stage is a KeyError here, as before
-        self[name] = made = task(
+        made = task(
             name=name,
             cache_policy=NO_CACHE,
             persist_result=False,
@@ -42,32 +46,12 @@ class StageTasks(dict):
             retry_delay_seconds=STAGE_RETRY_DELAY_SECONDS,
             retry_condition_fn=_retry_transient,
         )(run_stage)
-        return made
-
-
-STAGE_TASKS = StageTasks()
-
-
-class QuotedStageTasks(Mapping[str, Any]):
-    """STAGE_TASKS, called with their arguments quoted (prefect.utilities.annotations.quote):
-    Prefect hands them to the task as they are instead of walking into every object they hold
-    looking for futures (a stage's model, run context and input outcomes: bench/profile_fleet.py
-    measured the walk among the orchestrator's largest costs per stage). No stage argument is a
-    future or a state, so no dependency between task runs goes unseen."""
-
-    def __getitem__(self, name: str) -> Any:
-        made = STAGE_TASKS[name]
 
         def call(stage: str, model: Any, ctx: Any, inputs: Any) -> Any:
             return made(stage, quote(model), quote(ctx), quote(inputs))
 
+        self[name] = call
         return call
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(STAGE_TASKS)
 
-    def __len__(self) -> int:
-        return len(STAGE_TASKS)
-
-
-QUOTED_STAGE_TASKS = QuotedStageTasks()
+STAGE_TASKS = StageTasks()
