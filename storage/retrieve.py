@@ -6,8 +6,9 @@ written atomically: a refused or interrupted copy leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Mapping
@@ -252,6 +253,21 @@ def check_destination(destination: str) -> str:
     return target
 
 
+def _create_beside(target: str) -> tuple[int, str]:
+    """A new, empty temporary file in `target`'s folder, open for writing, with the mode `open()`
+    gives a new file (0666 less the umask), not mkstemp's 0600: os.replace keeps it for `target`."""
+    folder = os.path.dirname(target)
+    for _ in range(100):
+        temporary = os.path.join(folder, f".pt2flow-get-{secrets.token_hex(8)}")
+        try:
+            return os.open(
+                temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666
+            ), temporary
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", folder)
+
+
 def copy_out(store: Any, record: Mapping[str, Any], destination: str, *, kinds: ArtifactKinds) -> dict[str, Any]:
     """Write the artifact of `record` to the local path `destination` after checking its size and
     sha256 (IntegrityError for a corrupt blob, BlobNotFound for a missing one) and, for archives,
@@ -262,7 +278,7 @@ def copy_out(store: Any, record: Mapping[str, Any], destination: str, *, kinds: 
     target = check_destination(destination)
     temporary = None
     try:
-        handle, temporary = tempfile.mkstemp(prefix=".pt2flow-get-", dir=os.path.dirname(target))
+        handle, temporary = _create_beside(target)
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()
