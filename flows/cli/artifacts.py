@@ -39,7 +39,7 @@ _KIND_HELP = ", ".join(
 )
 @click.argument("id", metavar="[ID]", required=False)
 @click.option("--model", metavar="NAME", help="the newest ok artifact of this model")
-@click.option("--run", metavar="RUN", help="with --model: from this run (ID or unique prefix)")
+@click.option("--run", metavar="RUN", help="with --model: from this run (ID, or a unique prefix or suffix of one)")
 @click.option(
     "--artifact",
     type=click.Choice(ARTIFACT_KINDS),
@@ -145,7 +145,9 @@ def schema_command(args: Args) -> int:
     "earlier run that covered all of its, that run's models each from the newest run that built it) with the torch installed now, run them on the "
     "inputs validate stored and compare with the eager outputs recorded then (the run's atol/rtol). Exit 1 if any artifact no longer "
     "loads (class incompatible), raises (runtime) or computes differently (numeric_mismatch).",
-    arguments={"RUN": "run ID or unique prefix (default: the fleet, as above; the output says which runs and why)"},
+    arguments={
+        "RUN": "run ID, or a unique prefix or suffix of one (default: the fleet, as above; the output says which runs and why)"
+    },
 )
 @click.argument("run", metavar="[RUN]", required=False)
 @store_options

@@ -121,7 +121,7 @@ LS_COLUMNS = (
     metavar="MAJOR.MINOR",
     help="only serialize records whose archive has this torch.export schema version",
 )
-@click.option("--run", metavar="RUN", help="only records of this run (ID or unique prefix)")
+@click.option("--run", metavar="RUN", help="only records of this run (ID, or a unique prefix or suffix of one)")
 @click.option("--since", metavar="DATE", help="only records that ended at or after this ISO date/time (UTC)")
 @click.option("--until", metavar="DATE", help="only records that ended at or before this ISO date/time (UTC)")
 @click.option(

@@ -14,7 +14,7 @@ from pt2flow.flows.cli.support import Args, check_page_path, command, json_optio
     "signature, range constraints, archive and package sizes, compile time, validation error, latency, torch version. "
     "Flags regressions (stopped exporting, validation error x10, compile time or size +25 %).",
     arguments={
-        "[RUN]...": "RUN_A RUN_B (run IDs or unique prefixes); default: the newest run against the newest earlier run that "
+        "[RUN]...": "RUN_A RUN_B (run IDs, or unique prefixes or suffixes of them); default: the newest run against the newest earlier run that "
         "covered all of its models, on its models (after `run --only m`: m's drift); the report says which runs and why"
     },
 )
@@ -51,7 +51,7 @@ def report_command(args: Args) -> int:
     help="A run's failures grouped by root cause (class, stage, the op/guard/symbol the error names, the first frame in the "
     "model's own code), largest first: the models in each group, one message, a repro command, and whether the group is "
     "new, persisting or gone against another run.",
-    arguments={"[RUN]": "the run (ID or unique prefix); default: the newest"},
+    arguments={"[RUN]": "the run (ID, or a unique prefix or suffix of one); default: the newest"},
 )
 @click.argument("run", metavar="[RUN]", required=False)
 @click.option(

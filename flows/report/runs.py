@@ -168,15 +168,21 @@ def given(runs: Sequence[str]) -> RunSelection:
 
 
 def resolve_run(index: Any, text: str) -> str:
-    """A run ID from its full text or a unique prefix (like artifact IDs)."""
+    """A run ID from its full text or a unique prefix or suffix: the date part (`20261130T1730`)
+    or the random tail (`d559a4ad`) of `20261130T173000Z-d559a4ad`."""
     ids = [r["run_id"] for r in list_runs(index)]
     if text in ids:
         return text
-    matches = [i for i in ids if i.startswith(text)] if text else []
+    prefixed = {i for i in ids if i.startswith(text)} if text else set()
+    suffixed = {i for i in ids if i.endswith(text)} if text else set()
+    matches = [i for i in ids if i in prefixed or i in suffixed]
     if not matches:
-        raise RecordNotFound(f"no run {text!r} in the index (pt2flow ls shows run IDs)")
+        raise RecordNotFound(
+            f"no run {text!r} in the index: give a run ID or a unique prefix or suffix of one (pt2flow ls shows run IDs)"
+        )
     if len(matches) > 1:
+        part = "prefix" if not suffixed else "suffix" if not prefixed else "prefix or suffix"
         raise AmbiguousId(
-            f"run prefix {text!r} matches {len(matches)} runs: {', '.join(matches[:5])}; give more characters"
+            f"run {part} {text!r} matches {len(matches)} runs: {', '.join(matches[:5])}; give more characters"
         )
     return matches[0]
