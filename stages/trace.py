@@ -76,6 +76,7 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
     if options.allows("other_strictness"):
         ladder.append(("other_strictness", not options.strict, dynamic))
     attempts: list[dict[str, Any]] = []
+    errors: list[BaseException] = []  # each failed rung's exception, in the order of `attempts`
     sink = WarningSink()
     fixes_tried = False
     index = 0
@@ -86,7 +87,8 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
             with quiet_torch(sink):
                 ep = _export(model, bound, dyn, strict)
         except Exception as exc:
-            error_class = classify_trace_error(exc)
+            error_class = _rung_class(exc)
+            errors.append(exc)
             attempts.append(
                 _attempt_record(strategy, strict, dyn, error_class, short_message(exc, 1000), failure_origin(exc))
             )
@@ -105,7 +107,59 @@ def trace(model: torch.nn.Module, model_inputs: ModelInputs, options: TraceOptio
             continue
         attempts.append(_attempt_record(strategy, strict, dyn, None, None))
         return _exported(model, ep, bound, strategy, strict, attempts, list(sink.items))
-    raise _failure(model, bound, dynamic, options, attempts)
+    raise _failure(model, bound, dynamic, options, attempts, errors)
+
+
+_OBSERVED = "Observed exception"  # Dynamo's words for a `raise` in the traced code that nothing caught
+
+
+def _rung_class(exc: BaseException) -> ErrorClass:
+    """The error class of a failed rung. Dynamo's "Observed exception" is strict tracing meeting a
+    `raise` in the model's code that nothing caught: the model's own exception (runtime), not an
+    operator torch cannot trace."""
+    if _OBSERVED in str(exc):
+        return ErrorClass.RUNTIME
+    return classify_trace_error(exc)
+
+
+def _raised_by_model(exc: BaseException) -> bool:
+    """Whether a rung's exception is one the model's own code raised: raised in a frame of the
+    model's code (non-strict tracing runs that code as Python), or seen raised by strict tracing
+    (Dynamo's "Observed exception")."""
+    return _OBSERVED in str(exc) or _model_location(exc, raised_there=True) is not None
+
+
+def _model_location(exc: BaseException, *, raised_there: bool = False) -> str | None:
+    """The frame of the model's own code nearest the raise of `exc` (classify.failure_origin), as
+    `FILE:LINE (function): code`: for an exception torch raised on the model's behalf, the model's
+    line that called it. `raised_there`: only when that frame raised `exc` itself (it is the
+    innermost of the traceback). None without such a frame."""
+    origin = failure_origin(exc)
+    if origin is None or not origin["own"]:
+        return None
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    found = [
+        tb
+        for tb in frames
+        if tb.tb_lineno == origin["line"] and tb.tb_frame.f_globals.get("__name__") == origin["module"]
+    ]
+    if not found or (raised_there and found[-1] is not frames[-1]):
+        return None
+    return f"{found[-1].tb_frame.f_code.co_filename}:{origin['line']} ({origin['function']}): {origin['code']}"
+
+
+def _eager_error(model: torch.nn.Module, bound: BoundInputs) -> Exception | None:
+    """The exception the model raises when called eagerly on its example inputs (None: it runs)."""
+    try:
+        with quiet_torch(), torch.no_grad():
+            bound.call(model)
+    except Exception as exc:
+        return exc
+    return None
 
 
 def _attempt_record(
@@ -162,9 +216,17 @@ def _exported(
 
 
 def _failure(
-    model: torch.nn.Module, bound: BoundInputs, dynamic: Any, options: TraceOptions, attempts: list[dict[str, Any]]
+    model: torch.nn.Module,
+    bound: BoundInputs,
+    dynamic: Any,
+    options: TraceOptions,
+    attempts: list[dict[str, Any]],
+    errors: list[BaseException],
 ) -> StageError:
-    """Every strategy failed: the most specific class, with torch's draft_export report."""
+    """Every strategy failed: the most specific class, with torch's draft_export report. When a
+    rung saw the model's own code raise (`raise ValueError(...)` in forward), that exception is
+    what is reported, whichever rung came last: class runtime, its type and message, and the
+    model's file and line (the eager call's, when the model raises eagerly too)."""
     classes = [a["error_class"] for a in attempts]
     error_class = next((c for c in classes if c != "runtime"), classes[0])
     first = next(a for a in attempts if a["error_class"] == error_class)
@@ -174,15 +236,22 @@ def _failure(
         first = next(a for a in attempts if a["error_class"] == "dynamic_shape")
         first = {**first, "error": f"{first['error']} (static fallback forbidden by trace.fallback.static: false)"}
     report = draft_report(model, bound, dynamic)
-    if error_class == ErrorClass.RUNTIME:
-        try:
-            with quiet_torch(), torch.no_grad():
-                bound.call(model)
-        except Exception as exc:
-            first = {
-                **first,
-                "error": f"the model fails in eager mode on its example inputs: {short_message(exc, 1000)}",
-            }
+    raised = [(a, e) for a, e in zip(attempts, errors) if _raised_by_model(e)]
+    if error_class == ErrorClass.RUNTIME or raised:
+        eager = _eager_error(model, bound)
+        if eager is not None:
+            error_class, first = ErrorClass.RUNTIME, _eager_attempt(eager)
+        elif error_class == ErrorClass.RUNTIME:
+            # raised only while traced (a model that refuses export itself): the rung whose
+            # traceback runs through the model's code says it in the model's words, not Dynamo's
+            own = [(a, where) for a, e in raised if (where := _model_location(e, raised_there=True))]
+            if own:
+                attempt, where = own[0]
+                first = {
+                    **attempt,
+                    "error": f"{attempt['error']}\n  at {where}\n  raised by the model's code while torch.export "
+                    f"traced it (strict={attempt['strict']}); it runs in eager mode",
+                }
     tried = ", ".join(a["strategy"] for a in attempts)
     return StageError(
         error_class,
@@ -191,3 +260,17 @@ def _failure(
         report=report,
         details={"attempts": attempts, **({"origin": first["origin"]} if first.get("origin") else {})},
     )
+
+
+def _eager_attempt(exc: Exception) -> dict[str, Any]:
+    """The model's eager failure as the error to report: its own exception first, where the
+    model's code raised it (or called what raised it), and why no strategy can help."""
+    lines = [short_message(exc, 1000)]
+    location = _model_location(exc)
+    if location is not None:
+        lines.append(f"  at {location}")
+    lines.append(
+        "  the model fails in eager mode on its example inputs, so no export strategy can work: fix the model or its inputs"
+    )
+    origin = failure_origin(exc)
+    return {"error": "\n".join(lines), **({"origin": origin} if origin else {})}
