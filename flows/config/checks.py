@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from pt2flow.flows.config.factories import factory_problem
 from pt2flow.flows.config.inputs import DATA_FILE_SUFFIXES, INPUT_FILE_SUFFIXES, check_dims_named, check_dynamic
-from pt2flow.flows.config.issues import ConfigIssue, YamlLines, pydantic_issues
+from pt2flow.flows.config.issues import ConfigIssue, YamlLines, did_you_mean, pydantic_issues
 from pt2flow.flows.config.limits import Limits
 from pt2flow.flows.config.models import DataConfig, ModelConfig, ResolvedModel
 from pt2flow.flows import pipeline
@@ -311,7 +311,10 @@ def _stage_options(
     known = pipeline.names()
     for stage in model.stages:
         if stage not in known:
-            add(("stages", stage), f"unknown stage {stage!r}; per-model overrides are for {list(known)}")
+            add(
+                ("stages", stage),
+                f"unknown stage {stage!r}; per-model overrides are for {list(known)}{did_you_mean(stage, known)}",
+            )
     checker = pipeline.configured_by(ValidateOptions)
     if model.accuracy is not None and "accuracy" in model.stages.get(checker, {}):
         add(("accuracy",), f"the budget is given twice: here and at stages.{checker}.accuracy (keep one)")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pt2flow.flows.config.hints import DICT_INPUT, DIMS, TENSOR_DIMS, flow_yaml
 from pt2flow.stages.vocabulary import INTEGER_RANGES, DType
 
 # YAML spellings of the containers that a plain mapping or list cannot express
@@ -73,7 +74,8 @@ def parse_input(value: Any, path: Path, add: Add, add_schema: AddSchema) -> Any:
         if special and len(value) > 1:
             add(
                 path,
-                f"a mapping with key {special[0]!r} spells a {special[0]} and takes no other keys; for a dict with that key write {{dict: {{...}}}}",
+                f"a mapping with key {special[0]!r} spells a {special[0]} and takes no other keys; for a dict with these keys "
+                f"write {DICT_INPUT.text(mapping=flow_yaml(value))}",
             )
             return None
         if TUPLE_KEY in value:
@@ -145,7 +147,8 @@ def check_dynamic(tree: Any, dyn: Any, path: Path, input_path: Path, dims: Mappi
         return None
     if isinstance(tree, InputConfig):
         if not isinstance(dyn, dict):
-            add(path, f"a tensor input takes {{dim index: dim name}}, got {type(dyn).__name__}")
+            example = TENSOR_DIMS.text(index=0, dim=flow_yaml(next(iter(dims), "batch")))
+            add(path, f"a tensor input takes {{dim index: dim name}} (e.g. {example}), got {type(dyn).__name__}")
             return None
         out = {}
         rank = len(tree.shape)
@@ -158,12 +161,14 @@ def check_dynamic(tree: Any, dyn: Any, path: Path, input_path: Path, dims: Mappi
             elif not 0 <= index < rank:
                 add(path + (index,), f"dim index {index} is out of range for a rank-{rank} input")
             elif dim_name not in dims:
-                add(path + (index,), f"dim {dim_name!r} has no definition under dims")
+                add(path + (index,), _undefined_dim(dim_name, max(64, tree.shape[index])))
             elif not dims[dim_name].min <= tree.shape[index] <= dims[dim_name].max:
-                spec = dims[dim_name]
+                spec, size = dims[dim_name], tree.shape[index]
+                wider = DIMS.text(dim=flow_yaml(dim_name), min=min(spec.min, size), max=max(spec.max, size))
                 add(
                     input_path + ("shape",),
-                    f"example size {tree.shape[index]} of dim {dim_name!r} is outside its range [{spec.min}, {spec.max}]",
+                    f"example size {size} of dim {dim_name!r} is outside its range [{spec.min}, {spec.max}]"
+                    + (f"; to take it: {wider}" if size >= 1 else ""),  # a dim's min is at least 1
                 )
             else:
                 out[index] = dim_name
@@ -211,7 +216,7 @@ def check_dims_named(dyn: Any, path: Path, dims: Mapping[str, Any], add: Add) ->
                 if index is None or index < 0:
                     add(path + (key,), f"dim index {key!r} is not a non-negative integer")
                 elif name not in dims:
-                    add(path + (index,), f"dim {name!r} has no definition under dims")
+                    add(path + (index,), _undefined_dim(name, 64))
                 else:
                     out[index] = name
             return out
@@ -219,3 +224,8 @@ def check_dims_named(dyn: Any, path: Path, dims: Mapping[str, Any], add: Add) ->
     if dyn is not None:
         add(path, f"expected {{dim index: dim name}}, a list or a mapping of these, or null; got {dyn!r}")
     return None
+
+
+def _undefined_dim(name: str, largest: int) -> str:
+    """A dynamic_shapes entry names a dim that `dims` does not define: the definition to add."""
+    return f"dim {name!r} has no definition under dims; define it: {DIMS.text(dim=flow_yaml(name), min=1, max=largest)}"

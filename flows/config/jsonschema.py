@@ -11,11 +11,12 @@ and reports every problem with its file and line.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
 from pt2flow.flows.config.limits import DaskConfig, LimitsConfig
@@ -24,6 +25,7 @@ from pt2flow.flows.config.models import DataConfig, DimConfig, GenerateConfig
 from pt2flow.flows import pipeline
 from pt2flow.stages.vocabulary import FACTORY_PATTERN
 from pt2flow.flows.config.retention import RetentionConfig
+from pt2flow.stages.options import AccuracyMetric, Bound
 
 SCHEMA_URI = "https://json-schema.org/draft/2020-12/schema"
 SHIPPED_PATH = "docs/config.schema.json"  # the copy the shipped configs reference
@@ -147,8 +149,20 @@ def _model(defs: dict[str, Any], stage_options: dict[str, Any], limits: dict[str
                 "anyOf": [_definition(GenerateConfig, defs, "generate"), {"type": "null"}],
                 "description": "a generative model: exported as components (prefill, decode), validated by greedy generation",
             },
+            "accuracy": _accuracy(defs),
         },
     }
+
+
+def _accuracy(defs: dict[str, Any]) -> dict[str, Any]:
+    """`accuracy:` (a model's, or every model's in defaults): the budgets of validate.accuracy."""
+    schema = TypeAdapter(dict[AccuracyMetric, Bound] | None).json_schema(by_alias=True, ref_template="#/$defs/{model}")
+    defs.update(schema.pop("$defs", {}))
+    schema["description"] = (
+        "accuracy budgets of the artifacts not meant to be exact (int8), per metric {min, max}: "
+        "the same as stages.validate.accuracy, which it fills"
+    )
+    return schema
 
 
 def _require() -> dict[str, Any]:
@@ -176,7 +190,16 @@ def config_json_schema() -> dict[str, Any]:
     limits = _definition(LimitsConfig, defs, "limits")
     defaults = {
         "type": "object",
-        "properties": {**stage_options["properties"], "limits": limits, "require": _require()},
+        "properties": {
+            **stage_options["properties"],
+            "limits": limits,
+            "require": _require(),
+            "data": {
+                "anyOf": [_definition(DataConfig, defs, "data"), {"type": "null"}],
+                "description": "every model's calibration data where it names none of its own",
+            },
+            "accuracy": _accuracy(defs),
+        },
         "additionalProperties": False,
         "description": "options of every model, per stage; a model's `stages` overrides them",
     }
@@ -218,3 +241,46 @@ def config_json_schema() -> dict[str, Any]:
 def config_json_schema_text() -> str:
     """The schema as `pt2flow schema` prints it and docs/config.schema.json holds it."""
     return json.dumps(config_json_schema(), indent=2, sort_keys=False) + "\n"
+
+
+def keys_at(path: Sequence[str | int]) -> tuple[str, ...]:
+    """The keys the schema names for the mapping at `path` of a config (`("models", 0)`: a
+    model's keys; `("models", 0, "stages", "trace")`: the trace options), sorted; () where the
+    schema names none (a free mapping, or no such place). What an unknown key is compared with
+    for a "did you mean" (flows/config/issues.py)."""
+    schema = _schema_of(pipeline.names())
+    defs = schema["$defs"]
+    nodes = list(_alternatives([schema], defs))
+    for part in path:
+        found: list[dict[str, Any]] = []
+        for node in nodes:
+            if isinstance(part, int):
+                items = node.get("items")
+                found.extend([items] if isinstance(items, dict) else [])
+            elif str(part) in node.get("properties", {}):
+                found.append(node["properties"][str(part)])
+            elif isinstance(node.get("additionalProperties"), dict):
+                found.append(node["additionalProperties"])
+        nodes = list(_alternatives(found, defs))
+    return tuple(sorted({key for node in nodes for key in node.get("properties", {})}))
+
+
+@functools.lru_cache(maxsize=4)
+def _schema_of(stages: tuple[str, ...]) -> dict[str, Any]:
+    """config_json_schema() for this set of registered stages, made once (read, never changed)."""
+    return config_json_schema()
+
+
+def _alternatives(nodes: Iterable[dict[str, Any]], defs: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    """`nodes` with every $ref resolved and every anyOf/oneOf/allOf opened into its members."""
+    pending, seen = list(nodes), set()
+    while pending:
+        node = pending.pop(0)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if "$ref" in node:
+            pending.append(defs[node["$ref"].rsplit("/", 1)[-1]])
+        for combinator in ("anyOf", "oneOf", "allOf"):
+            pending.extend(member for member in node.get(combinator, ()) if isinstance(member, dict))
+        yield node

@@ -157,15 +157,20 @@ def test_a_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "path", "line"),
+    ("text", "path", "line", "meant"),
     [
-        (GOOD + "colour: red\n", "colour", 7),
-        (GOOD + "    wieghts: w.pt\n", "models[0].wieghts", 7),
-        ("version: 1\ndefaults:\n  validate: {atoll: 1.0e-3}\n" + GOOD.split("\n", 1)[1], "defaults.validate.atoll", 3),
-        ("version: 1\ndefaults:\n  tracing: {strict: true}\n" + GOOD.split("\n", 1)[1], "defaults.tracing", 3),
-        (GOOD.replace("dtype: float32}", "dtpye: float32}"), "models[0].inputs.x.dtpye", 6),
-        (GOOD + "    stages: {trace: {strictness: true}}\n", "models[0].stages.trace.strictness", 7),
-        (GOOD + "    dims: {b: {min: 1, max: 4, step: 2}}\n", "models[0].dims.b.step", 7),
+        (GOOD + "colour: red\n", "colour", 7, None),
+        (GOOD + "    wieghts: w.pt\n", "models[0].wieghts", 7, "weights"),
+        (
+            "version: 1\ndefaults:\n  validate: {atoll: 1.0e-3}\n" + GOOD.split("\n", 1)[1],
+            "defaults.validate.atoll",
+            3,
+            "atol",
+        ),
+        ("version: 1\ndefaults:\n  tracing: {strict: true}\n" + GOOD.split("\n", 1)[1], "defaults.tracing", 3, "trace"),
+        (GOOD.replace("dtype: float32}", "dtpye: float32}"), "models[0].inputs.x.dtpye", 6, "dtype"),
+        (GOOD + "    stages: {trace: {strictness: true}}\n", "models[0].stages.trace.strictness", 7, "strict"),
+        (GOOD + "    dims: {b: {min: 1, max: 4, step: 2}}\n", "models[0].dims.b.step", 7, None),
     ],
     ids=[
         "top-level",
@@ -177,10 +182,11 @@ def test_a_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
         "in-dim",
     ],
 )
-def test_unknown_key_is_reported_at_its_path(text: str, path: str, line: int) -> None:
+def test_unknown_key_is_reported_at_its_path(text: str, path: str, line: int, meant: str | None) -> None:
+    """With the key valid at that place that it most likely meant, when one is close."""
     issue = only_issue(text)
     assert issue.path == path
-    assert issue.message == "unknown key"
+    assert issue.message == ("unknown key" if meant is None else f"unknown key; did you mean `{meant}`?")
     assert issue.line == line
 
 
@@ -328,7 +334,7 @@ def test_dim_without_definition() -> None:
     issue = only_issue(one_model(dynamic_shapes="{x: {0: batch}}"))
     assert issue.path == "models[0].dynamic_shapes.x[0]"
     assert issue.line == 6
-    assert issue.message == "dim 'batch' has no definition under dims"
+    assert issue.message == "dim 'batch' has no definition under dims; define it: dims: {batch: {min: 1, max: 64}}"
 
 
 def test_dynamic_shapes_naming_an_unknown_input() -> None:
@@ -357,7 +363,10 @@ def test_example_size_outside_the_dim_range(size: int, bounds: tuple[int, int]) 
     )
     assert issue.path == "models[0].inputs.x.shape"
     assert issue.line == 5
-    assert issue.message == f"example size {size} of dim 'batch' is outside its range [{bounds[0]}, {bounds[1]}]"
+    wider = f"dims: {{batch: {{min: {min(bounds[0], size)}, max: {max(bounds[1], size)}}}}}"
+    assert issue.message == (
+        f"example size {size} of dim 'batch' is outside its range [{bounds[0]}, {bounds[1]}]; to take it: {wider}"
+    )
 
 
 def test_dim_min_greater_than_max() -> None:
@@ -816,7 +825,7 @@ def test_per_model_override_for_an_unknown_stage() -> None:
     issue = only_issue(one_model(stages="{tracing: {strict: true}}"))
     assert issue.path == "models[0].stages.tracing"
     assert issue.line == 6
-    assert issue.message == f"unknown stage 'tracing'; per-model overrides are for {KNOWN}"
+    assert issue.message == f"unknown stage 'tracing'; per-model overrides are for {KNOWN}; did you mean `trace`?"
 
 
 @pytest.mark.parametrize(

@@ -255,6 +255,10 @@ def test_trace_fallback_takes_a_bool_or_rungs() -> None:
     options = parse(base + "    stages: {trace: {fallback: {static: false}}}\n").models[0].options["trace"]
     assert options.allows("static") is False and options.allows("other_strictness") is True
     issue = only_issue(base + "    stages: {trace: {fallback: {statik: false}}}\n")
-    assert (issue.path, issue.message, issue.line) == ("models[0].stages.trace.fallback.statik", "unknown key", 6)
+    assert (issue.path, issue.message, issue.line) == (
+        "models[0].stages.trace.fallback.statik",
+        "unknown key; did you mean `static`?",
+        6,
+    )
     issue = only_issue(base + "    stages: {trace: {fallback: maybe}}\n")
     assert issue.path == "models[0].stages.trace.fallback" and "valid boolean" in issue.message

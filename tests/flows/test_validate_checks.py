@@ -379,8 +379,9 @@ def test_six_problems_of_different_kinds_are_found_in_one_pass(folder: Path) -> 
     lines = proc.stderr.strip().splitlines()
     assert lines == [
         f"{path}: 6 problems in the config:",
-        f"  {path}:6: models[0].weigths: unknown key",
-        f"  {path}:8: models[0].dynamic_shapes.x[0]: dim 'batch' has no definition under dims",
+        f"  {path}:6: models[0].weigths: unknown key; did you mean `weights`?",
+        f"  {path}:8: models[0].dynamic_shapes.x[0]: dim 'batch' has no definition under dims; "
+        "define it: dims: {batch: {min: 1, max: 64}}",
         f"  {path}:10: models[1].factory: 'vmodels.two' is not of the form 'package.module:callable'",
         f"  {path}:13: models[2].factory: module 'nosuchmodule' not found (looked in {folder} and on sys.path)",
         f"  {path}:17: models[3].weights: file not found: {folder / 'absent.safetensors'}",
@@ -519,7 +520,7 @@ def test_what_the_schema_refuses_is_left_out_and_the_rest_still_checked(folder: 
         (4, "defaults.limits.timeout_s", "Input should be greater than 0"),
         (10, "models[0].dims.batch.min", "Input should be greater than or equal to 1"),
         (15, "models[2].name", "Input should be a valid string"),
-        (2, "stagez", "unknown key"),
+        (2, "stagez", "unknown key; did you mean `stages`?"),
         (
             13,
             "models[1].inputs.x.dtype",
@@ -528,11 +529,15 @@ def test_what_the_schema_refuses_is_left_out_and_the_rest_still_checked(folder: 
         (
             14,
             "models[1].stages.validate.atool",
-            "unknown key",
+            "unknown key; did you mean `atol`?",
         ),  # the defaults' stage sections were sound: options checked
         (16, "models[2].factory", f"module 'nosuch' not found (looked in {folder} and on sys.path)"),
         (15, "models[2].inputs", "required key is missing"),
-        (20, "models[3].dynamic_shapes.x[0]", "dim 'seq' has no definition under dims"),
+        (
+            20,
+            "models[3].dynamic_shapes.x[0]",
+            "dim 'seq' has no definition under dims; define it: dims: {seq: {min: 1, max: 64}}",
+        ),
     ]
     assert sorted(checked.models) == [0, 1, 2, 3]  # each is still given to validate's file and code checks
     with pytest.raises(ConfigError) as raised:
