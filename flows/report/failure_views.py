@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import html
 from typing import Any
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+
+from pt2flow.flows.report.failures import SUBJECT_CHARS
+from pt2flow.flows.report.text import clipped, counted
 
 _STATUS_STYLE = {"new": "bold red", "persisting": "red", "gone": "green"}
 
@@ -16,9 +19,17 @@ def _models(names: Sequence[str], limit: int = 12) -> str:
 
 
 def _fit(line: str, console: Any) -> str:
-    """One line cut to the console's width (the whole message is in --json and --html)."""
-    width = max(40, int(getattr(console, "width", 160) or 160))
-    return line if len(line) <= width else line[: width - 1] + "…"
+    """One line cut to the console's width at a word boundary (the whole message is in --json and --html)."""
+    return clipped(line, max(40, int(getattr(console, "width", 160) or 160)))
+
+
+def shown_subject(subject: str) -> str:
+    """A group's subject as the views show it: one cut at SUBJECT_CHARS (mid-word: the signature
+    keeps it so) ends at the word before, with `…`."""
+    if len(subject) < SUBJECT_CHARS:
+        return subject
+    space = subject.rfind(" ")
+    return (subject[: space + 1] if space > SUBJECT_CHARS // 2 else subject) + "…"
 
 
 def _headline(report: Mapping[str, Any]) -> str:
@@ -56,7 +67,7 @@ def render_group(group: Mapping[str, Any], console: Any, *, number: int | None =
     head.append(f"{count} model(s) · {group['error_class']} at {group['stage']}", style="bold")
     head.append(f"  ({group['id']})", style="dim")
     console.print(head)
-    console.print(Text(f"   cause:  {group['subject']}"))
+    console.print(Text(f"   cause:  {shown_subject(group['subject'])}"))
     console.print(
         Text(_fit(f"   where:  {group['where']}" + (f"  ({group['code']})" if group.get("code") else ""), console))
     )
@@ -84,36 +95,51 @@ def render_group(group: Mapping[str, Any], console: Any, *, number: int | None =
         for issue in draft:
             code = f"  `{issue['code']}`" if issue.get("code") and issue["code"] not in issue["where"] else ""
             console.print(
-                Text(f"     ×{issue['occurrences']} {issue['subject']} · {issue['where']}{code}", style="dim")
+                Text(
+                    f"     ×{issue['occurrences']} {shown_subject(issue['subject'])} · {issue['where']}{code}",
+                    style="dim",
+                )
             )
 
 
-def render_run_groups(groups: Sequence[Mapping[str, Any]], console: Any, command: str | None = None) -> None:
+def render_run_groups(
+    groups: Sequence[Mapping[str, Any]],
+    console: Any,
+    command: str | None = None,
+    expected: Collection[tuple[str, str]] = (),
+) -> None:
     """The run summary's failure groups: one line each with its models (the models' errors follow).
-    `command`: the exact `pt2flow failures` command that shows them in full (the run's store)."""
+    `command`: the exact `pt2flow failures` command that shows them in full (the run's store).
+    `expected`: (model, stage) failures the model does not require (it is partial by its config's
+    `require:`); a group of those alone is shown as not required, not as a failure to fix."""
     from rich.text import Text
 
     live = [g for g in groups if g["status"] != "gone"]
     gone = [g for g in groups if g["status"] == "gone"]
     if not live and not gone:
         return
+    optional = [id(g) for g in live if g["models"] and all((model, g["stage"]) in expected for model in g["models"])]
+    failures, unneeded = sum(g["count"] for g in live), sum(g["count"] for g in live if id(g) in optional)
     console.print(
         Text(
-            f"{sum(g['count'] for g in live)} failure(s) in {len(live)} group(s) by root cause"
-            + (f"; {len(gone)} group(s) of the previous run gone" if gone else "")
+            f"{counted(failures, 'failure')}{f' ({unneeded} not required)' if unneeded else ''} in {counted(len(live), 'group')} by root cause"
+            + (f"; {counted(len(gone), 'group')} of the previous run gone" if gone else "")
             + (f" (in full: {command}):" if command else " (pt2flow failures):"),
             style="bold",
         )
     )
     for g in live:
-        line = Text(f"  [{g['status']}] ", style=_STATUS_STYLE.get(g["status"], ""))
-        line.append(f"{g['count']} × {g['error_class']} at {g['stage']}: {g['subject']} · {g['where']}")
+        if id(g) in optional:
+            line = Text(f"  [{g['status']}, not required] ", style="yellow")
+        else:
+            line = Text(f"  [{g['status']}] ", style=_STATUS_STYLE.get(g["status"], ""))
+        line.append(f"{g['count']} × {g['error_class']} at {g['stage']}: {shown_subject(g['subject'])} · {g['where']}")
         line.append(f" — {_models(g['models'], 6)}", style="dim")
         console.print(line)
     for g in gone:
         console.print(
             Text(
-                f"  [gone] {g['error_class']} at {g['stage']}: {g['subject']} · {g['where']} — was {_models(g['models_against'], 6)}",
+                f"  [gone] {g['error_class']} at {g['stage']}: {shown_subject(g['subject'])} · {g['where']} — was {_models(g['models_against'], 6)}",
                 style="green",
             )
         )
@@ -133,7 +159,7 @@ def groups_markdown(groups: Sequence[Mapping[str, Any]], *, title: str = "## Fai
         repro = f"`{g['repro']}`" if g.get("repro") else "-"
         lines.append(
             f"| {g['status']} | {len(names)}: {_md(_models(names, 8))} | {g['error_class']} @ {g['stage']} | "
-            f"{_md(g['subject'])} | `{_md(g['where'])}` | {repro} |"
+            f"{_md(shown_subject(g['subject']))} | `{_md(g['where'])}` | {repro} |"
         )
     return lines + [""]
 
@@ -145,12 +171,12 @@ def failures_html(report: Mapping[str, Any]) -> str:
     for g in report["groups"]:
         names = g["models"] if g["status"] != "gone" else g["models_against"]
         draft = "".join(
-            f"<li>×{d['occurrences']} {e(d['subject'])} · <code>{e(d['where'])}</code></li>"
+            f"<li>×{d['occurrences']} {e(shown_subject(d['subject']))} · <code>{e(d['where'])}</code></li>"
             for d in g.get("draft_report") or []
         )
         rows.append(
             f"<tr class='{e(g['status'])}'><td>{e(g['status'])}</td><td>{len(names)}</td><td>{e(g['error_class'])} @ {e(g['stage'])}</td>"
-            f"<td>{e(g['subject'])}<br><code>{e(g['where'])}</code></td><td>{e(', '.join(names))}</td>"
+            f"<td>{e(shown_subject(g['subject']))}<br><code>{e(g['where'])}</code></td><td>{e(', '.join(names))}</td>"
             f"<td><pre>{e(g['message'])}</pre>{'<ul>' + draft + '</ul>' if draft else ''}</td>"
             f"<td>{'<code>' + e(g['repro']) + '</code>' if g.get('repro') else e(g.get('repro_note') or '-')}</td></tr>"
         )

@@ -40,6 +40,10 @@ from pt2flow.storage.errors import RecordNotFound
 
 FAILURES_VERSION = 1
 
+# a subject taken from a message's first line is cut to this many characters (part of the signature:
+# the views cut it again at a word boundary, flows/report/failure_views.py shown_subject)
+SUBJECT_CHARS = 160
+
 # failures a torch-only script cannot show (flows/engine/maintenance/repro.py BEFORE_TORCH): no repro command
 _BEFORE_TORCH = frozenset({"import", "config", "weights"})
 
@@ -133,7 +137,7 @@ def subject_of(message: str, model: str | None = None) -> str:
         return f"op {_op_name(found.group(1))}"
     first = _TRIED.sub("", text.strip().splitlines()[0] if text.strip() else "")
     first = _EXC_PREFIX.sub("", first)
-    return normalise(first, model)[:160] or "-"
+    return normalise(first, model)[:SUBJECT_CHARS] or "-"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +306,7 @@ def draft_issues(report: str) -> list[DraftIssue]:
             frame = ("", "", lines[-1]) if lines else None
             where = f"`{normalise(lines[-1])}`" if lines else "-"
         subject = subject_of(body) if subject_of(body) != "-" else normalise(start.group(2))
-        if subject == normalise(body.strip().splitlines()[0] if body.strip() else "")[:160]:
+        if subject == normalise(body.strip().splitlines()[0] if body.strip() else "")[:SUBJECT_CHARS]:
             subject = normalise(start.group(2))
         count = _DRAFT_COUNT.search(body)
         occurrences = int(count.group(1)) if count else 1

@@ -17,6 +17,7 @@ from pt2flow.flows.report.rules import COST_GROWTH, VALIDATION_GROWTH, flagged_f
 from pt2flow.flows.report.templating import environment
 from pt2flow.flows.report.text import (
     artifact_rows,
+    counted,
     format_size,
     arrow,
     compile_text,
@@ -167,7 +168,7 @@ def _run(run: Mapping[str, Any], label: str) -> dict[str, Any]:
 
 def _chips(summary: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     chips = [
-        (f"{summary['models']} models", ""),
+        (counted(summary["models"], "model"), ""),
         (f"{summary['changed']} changed", ""),
         (f"{summary['unchanged']} unchanged", ""),
         (f"{summary['newly_failing']} newly failing", "bad" if summary["newly_failing"] else ""),

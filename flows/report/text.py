@@ -20,6 +20,22 @@ def decoded(value: Any) -> Any:
     return value
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 model`, `2 models` (`plural` for a noun not made plural by an s: `process` -> `processes`)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def clipped(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters at a word boundary, with `…` where it was cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[: max(1, limit - 1)]
+    space = cut.rfind(" ")
+    if space > limit // 2:  # a word boundary not too far back; else the word is cut
+        cut = cut[: space + 1]
+    return cut + "…"
+
+
 def secs(value: Any) -> str:
     return "-" if value is None else f"{value:.2f} s"
 

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from pt2flow.flows.report.drift import DriftReport, Fact, ModelDrift, Numbers, OpHistogramDiff
 from pt2flow.flows.report.rules import COST_GROWTH
+from pt2flow.flows.report.text import counted
 
 UPGRADE_REPORT_VERSION = 1
 LATENCY_GROWTH = 1.25  # a latency up more than 25 % is a regression
@@ -372,7 +373,7 @@ def render_text(report: UpgradeReport) -> str:
     lines.append("")
     s = report.summary
     lines.append(
-        f"{s.models} models: {s.unchanged} unchanged, {s.changed} changed, {s.newly_failing} newly failing, {s.regressed} regressed, "
+        f"{counted(s.models, 'model')}: {s.unchanged} unchanged, {s.changed} changed, {s.newly_failing} newly failing, {s.regressed} regressed, "
         f"{s.fixed} fixed, {s.still_failing} still failing"
     )
     lines.append("")

@@ -187,7 +187,7 @@ def test_static_fallback_is_visible_and_can_be_forbidden(exportdb_run: dict[str,
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("│")}
     assert "static!" in rows["dynamic_shape_round"] and "static!" not in rows["class_method"]
-    assert "1 model(s) exported with static shapes" in proc.stdout
+    assert "1 model exported with static shapes" in proc.stdout
 
     # and the drift report between the two runs
     rc, report, stderr = run_json(["report", "--store", str(store)])

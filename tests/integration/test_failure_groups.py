@@ -250,7 +250,7 @@ def test_the_fixed_cause_is_gone_the_next_run(runs: dict[str, Any]) -> None:
     out = io.StringIO()
     render_run(doc2, Console(file=out, width=220))
     summary = out.getvalue()
-    assert "4 failure(s) in 2 group(s) by root cause; 1 group(s) of the previous run gone" in summary, summary
+    assert "4 failures in 2 groups by root cause; 1 group of the previous run gone" in summary, summary
     assert (
         "[gone] data_dependent at trace: data-dependent Eq(u, 1) · tests.failure_models:SharedGate.forward — was gated-small, gated-wide"
         in summary
