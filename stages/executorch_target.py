@@ -57,6 +57,15 @@ _PARTITIONER_SOURCE: dict[str, tuple[str, str]] = {
 }
 
 
+# what the record of a failure of that check says of it (`details.check`: pt2flow's, not the library's)
+UNBOUNDED_DIMS_CHECK = {
+    "by": "pt2flow",
+    "library": "ExecuTorch",
+    "checks": "that every dynamic dim of the program's inputs has a maximum (its range constraints), which "
+    "ExecuTorch's memory planning needs",
+}
+
+
 def unbounded_dims(ep: ExportedProgram) -> list[str]:
     """`input 'name' dim d (symbol)` for every user input dim whose range has no upper bound."""
     ranges = {str(k): v for k, v in ep.range_constraints.items()}
@@ -142,12 +151,14 @@ def lower_executorch(ep: ExportedProgram, options: ExecutorchOptions) -> StageRe
             "executorch: portable_fallback false needs at least one partitioner (partitioners: [xnnpack])",
         )
     open_dims = unbounded_dims(ep)
-    if open_dims:
+    if open_dims:  # pt2flow's own check: ExecuTorch is not called (the record's details say so, for repro)
         raise StageError(
             ErrorClass.DYNAMIC_SHAPE,
-            "ExecuTorch plans memory for the largest input, so every dynamic dim needs a maximum; unbounded: "
+            "refused by pt2flow's own check before ExecuTorch was called (ExecuTorch plans memory for the largest "
+            "input, so pt2flow asks for a maximum on every dynamic dim); unbounded: "
             + ", ".join(open_dims)
-            + ". Set the dim's max in the config (dims: NAME: [min, max])",
+            + ". Set the dim's max in the config (dims: {NAME: {min: 1, max: 64}})",
+            details={"check": UNBOUNDED_DIMS_CHECK},
         )
     from executorch.exir import to_edge_transform_and_lower
 

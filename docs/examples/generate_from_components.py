@@ -3,7 +3,7 @@ without pt2flow: torch, transformers (the model's own generate() loop and its ca
 for a `.pte`, the ExecuTorch runtime.
 
     python docs/examples/generate_from_components.py DIR --factory module:callable [--path FOLDER]
-        [--prompt-lens 2,16] [--seed 0]
+        [--prompt-lens 2,16] [--seed 0] [--json] [--verbose]
 
 DIR holds `manifest.json` and one file per component (`prefill.pte`, `decode.pte`, and an
 encoder-decoder's `encoder.pte`, first in the manifest's `order`). The
@@ -12,7 +12,12 @@ put on sys.path to import it. For each prompt length the script draws a prompt o
 runs eager `generate()` and the same `generate()` with `model.forward` replaced by the components
 (the first call `prefill`, every later one `decode`, the cache each returns carried to the next)
 and, when the manifest has an `encoder`, the encoder generate() calls (`model.get_encoder()`, once,
-for `encoder_outputs`) replaced by it too, and prints one JSON line: `{length: {"eager": [ids], "components": [ids]}}`.
+for `encoder_outputs`) replaced by it too. It prints one verdict line per prompt (the components
+generate eager's tokens, or from which new token they differ) with the tokens, then, as its last
+line, the same as JSON: `{length: {"eager": [ids], "components": [ids], "match": bool}}`
+(`--json`: that line alone). The libraries' chatter (torchao's optional kernels, cpuinfo,
+deprecation warnings) is kept off the terminal (`--verbose` lets it through); should the script
+fail, what native code wrote to stderr meanwhile is shown with the error.
 
 How a component is called (manifest `components[name].call_specs`): `in_spec` is the tree spec of
 the program's `(args, kwargs)`; generate()'s kwargs flattened by it give the runtime's inputs (the
@@ -27,14 +32,19 @@ nodes first (transformers' own `register_cache_pytrees_for_model`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import importlib
 import json
+import logging
+import os
 import sys
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.fx._pytree as fx_pytree
@@ -147,6 +157,50 @@ def generate(
     return out.sequences[0, out.sequences.shape[1] - len(out.logits) :].tolist()
 
 
+@contextlib.contextmanager
+def quiet(enabled: bool = True) -> Iterator[None]:
+    """Warnings and loggers (below ERROR) silenced, and what native code writes to stderr (cpuinfo)
+    captured; the captured text is written out should the block raise."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        failed = False
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                logging.disable(logging.WARNING)
+                try:
+                    yield
+                finally:
+                    logging.disable(logging.NOTSET)
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if failed:  # what the libraries said may explain the failure
+                sink.seek(0)
+                sys.stderr.write(sink.read().decode(errors="replace"))
+                sys.stderr.flush()
+
+
+def verdict(length: int, eager: list[int], components: list[int]) -> str:
+    """One line: whether the components generated eager's tokens, and the tokens."""
+    if components == eager:
+        return f"prompt of {length} tokens: same tokens as eager ({len(eager)} new): {components}"
+    first = next((i for i, (a, b) in enumerate(zip(eager, components)) if a != b), min(len(eager), len(components)))
+    return (
+        f"prompt of {length} tokens: DIFFERENT from eager from new token {first + 1} of {len(eager)}: "
+        f"components {components}, eager {eager}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="what `pt2flow get --model M -o DIR` wrote")
@@ -154,31 +208,37 @@ def main() -> None:
     parser.add_argument("--path", default=None, help="a folder to import the factory's module from")
     parser.add_argument("--prompt-lens", default=None, help="comma-separated prompt lengths (default: the manifest's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the JSON line alone")
+    parser.add_argument("--verbose", action="store_true", help="let the libraries' warnings and logs through")
     args = parser.parse_args()
 
-    from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
-
-    register_cache_pytrees_for_model(torch.nn.Module())  # the call specs name the cache classes
     manifest = json.loads((args.folder / "manifest.json").read_text())
-    steps = {
-        name: load_step(manifest["artifact"], args.folder / entry["file"], entry["call_specs"])
-        for name, entry in manifest["components"].items()
-    }
-    if args.path:
-        sys.path.insert(0, args.path)
-    module, _, attr = args.factory.partition(":")
-    model = getattr(importlib.import_module(module), attr)().eval()
     settings = manifest["generate"]
     lengths = [int(n) for n in args.prompt_lens.split(",")] if args.prompt_lens else settings["prompt_lens"]
-    vocab = model.config.get_text_config().vocab_size
-    generator = torch.Generator().manual_seed(args.seed)
     result = {}
-    for length in lengths:
-        prompt = torch.randint(3, vocab, (1, length), generator=generator)
-        result[length] = {
-            "eager": generate(model, prompt, settings, None),
-            "components": generate(model, prompt, settings, steps),
+    with quiet(not args.verbose):
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+
+        register_cache_pytrees_for_model(torch.nn.Module())  # the call specs name the cache classes
+        steps = {
+            name: load_step(manifest["artifact"], args.folder / entry["file"], entry["call_specs"])
+            for name, entry in manifest["components"].items()
         }
+        if args.path:
+            sys.path.insert(0, args.path)
+        module, _, attr = args.factory.partition(":")
+        model = getattr(importlib.import_module(module), attr)().eval()
+        vocab = model.config.get_text_config().vocab_size
+        generator = torch.Generator().manual_seed(args.seed)
+        for length in lengths:
+            prompt = torch.randint(3, vocab, (1, length), generator=generator)
+            eager = generate(model, prompt, settings, None)
+            components = generate(model, prompt, settings, steps)
+            result[length] = {"eager": eager, "components": components, "match": components == eager}
+    if not args.json:
+        print(f"{args.factory} generating greedily: eager against its {manifest['artifact']} components")
+        for length, run in result.items():
+            print(verdict(length, run["eager"], run["components"]))
     print(json.dumps(result))
 
 

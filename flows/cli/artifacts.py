@@ -116,12 +116,19 @@ def calibration_text(calibration: dict[str, Any]) -> str:
 @json_option("print what was written as JSON")
 def repro_command(args: Args) -> int:
     from pt2flow.flows.api import Store, repro
+    from pt2flow.flows.engine.maintenance.repro import CALL_LIBRARY, OWN_CHECK_EXIT
 
     written = repro(Store.of(open_store(args)), args.target, args.output)
     if args.json:
         dump(written)
     else:
         print(f"{written['model']}: {written['stage']} failed with {written['error_class']} (run {written['run_id']})")
+        if written.get("check"):  # pt2flow refused the program itself: the library was not called
+            library = written["check"].get("library") or "the library"
+            print(
+                f"that failure is pt2flow's own check, made before {library} was called ({library} was not asked): "
+                f"the script says so and exits {OWN_CHECK_EXIT}; with {CALL_LIBRARY} it makes {library}'s own call"
+            )
         print(
             f"wrote {', '.join(written['files'])} to {written['dir']}; reproduce with: python {written['dir']}/repro.py"
         )

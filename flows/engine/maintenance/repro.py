@@ -300,8 +300,12 @@ def _write(
     body = pipeline.resolve(pipeline.get(record["stage"]).repro)(job)
     if record.get("error_class") == "serialization" and record["stage"] in pipeline.program_stages():
         body += _ROUND_TRIP  # the program failed the store's round trip, not the stage's own call
-    body += "print('no error: the failure does not reproduce with this torch')\n"
-    script = _script(record, model, body, torch.__version__)
+    check = own_check(record)
+    if check is not None:  # the library was never called: the script says so (_check_guard) unless asked to call it
+        body += _library_accepted(check)
+    else:
+        body += "print('no error: the failure does not reproduce with this torch')\n"
+    script = _script(record, model, body, torch.__version__, check)
     files.append("repro.py")
     (folder / "repro.py").write_text(script)
     return {
@@ -312,7 +316,49 @@ def _write(
         "run_id": record.get("run_id"),
         "dir": str(folder.resolve()),
         "files": sorted(files),
+        "check": check,
     }
+
+
+# the exit status of a reproducer of a failure of pt2flow's own check (the library not called)
+OWN_CHECK_EXIT = 3
+CALL_LIBRARY = "--call-library"
+
+
+def own_check(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What pt2flow's own check that refused this stage checks (`details.check` of its record:
+    `by`, `library`, `checks`), when the failure is such a refusal: the stage refused the program
+    itself, before the library (ExecuTorch, ...) was called. None for the library's own failures."""
+    check = (record.get("details") or {}).get("check")
+    return dict(check) if isinstance(check, Mapping) and check.get("by") == "pt2flow" else None
+
+
+def _check_guard(record: Mapping[str, Any], check: Mapping[str, Any]) -> str:
+    """The script's lines before the library's call: say that pt2flow's own check refused the
+    program and the library was not asked, and stop (OWN_CHECK_EXIT) unless CALL_LIBRARY is given."""
+    library = check.get("library") or "the library"
+    said = [
+        f"This failure is pt2flow's own check, not an error of {library}: pt2flow refused the program itself,",
+        f"before calling {library}, so {library} was not asked and there is no error of its to reproduce.",
+        f"It checks {check.get('checks') or 'what the stage needs'}.",
+    ]
+    lines = [
+        f"RECORDED = {(record.get('error_message') or '').strip()!r}",
+        f"if {CALL_LIBRARY!r} not in sys.argv[1:]:",
+        *(f"    print({line!r})" for line in said),
+        '    print("Recorded: " + RECORDED)',
+        f"    print({f'To see what {library} itself does with the program: python '!r} + os.path.basename(__file__) + {' ' + CALL_LIBRARY!r})",
+        f"    print({'(what it writes goes into '!r} + HERE + ')')",
+        f"    sys.exit({OWN_CHECK_EXIT})",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _library_accepted(check: Mapping[str, Any]) -> str:
+    """The script's last line when the library's call (CALL_LIBRARY) raised nothing."""
+    said = f"{check.get('library') or 'the library'} itself accepted the program: the refusal was pt2flow's own check alone (its output is in "
+    return f"print({said!r} + HERE + ')')\n"
 
 
 class ReproJob:
@@ -383,25 +429,39 @@ def build_model_code(model: Any, weights: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str) -> str:
+def _script(
+    record: Mapping[str, Any], model: Any, body: str, torch_version: str, check: Mapping[str, Any] | None = None
+) -> str:
     message = (record.get("error_message") or "").strip().splitlines()
     alone = (
         "torch and transformers" if getattr(model, "component", None) else "torch"
     )  # a component's program or export is transformers'
+    if check is not None:
+        library = check.get("library") or "the library"
+        usage = [
+            f"This failure is pt2flow's own check, not {library}'s: pt2flow refused the program before calling",
+            f"{library}, which was not asked. `python repro.py` says so and exits {OWN_CHECK_EXIT};",
+            f"`python repro.py {CALL_LIBRARY}` makes {library}'s own call, to see what it does with the program.",
+        ]
+    else:
+        usage = ["Run it with the same Python environment: python repro.py"]
     head = [
         f'"""Reproduces the {record["stage"]} failure of model {record["model"]!r} with {alone} alone (no pt2flow).',
         "",
         f"Recorded by pt2flow in run {record.get('run_id')} with torch {record.get('torch_version') or torch_version}:",
         f"    {record.get('error_class')}: {message[0] if message else ''}",
         "",
-        "Run it with the same Python environment: python repro.py",
+        *usage,
+        "Every file it writes goes into its own folder, whatever the current folder.",
         '"""',
         "import os",
         "import sys",
         "",
+        "HERE = os.path.dirname(os.path.abspath(__file__))",
+        "",
+        *([_check_guard(record, check)] if check is not None else []),  # said before torch is imported
         "import torch",
         "",
-        "HERE = os.path.dirname(os.path.abspath(__file__))",
         f"sys.path.insert(0, {model.search_path!r})  # where the run imported the model's code from",
         "",
     ]
@@ -415,4 +475,8 @@ def _script(record: Mapping[str, Any], model: Any, body: str, torch_version: str
                 "register_cache_pytrees_for_model(torch.nn.Module())  # the Cache classes as pytrees, as the export had them",
                 "",
             ]
+    if (
+        record["stage"] != pipeline.entry().name
+    ):  # a target's call writes its output (model.pte, ...) by a relative name
+        head += ["os.chdir(HERE)  # so that what the script writes goes beside it, not into the caller's folder", ""]
     return "\n".join(head) + "\n" + body
