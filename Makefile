@@ -5,7 +5,9 @@
 #               ./pt2-store; DEMO_ARGS="--only mlp" passes arguments to the first two runs,
 #               GENERATIVE_ARGS="--only tiny-llama" to the third, QUANTIZED_ARGS to the fourth (the
 #               README's test runs a small part of the demo)
-#   make test   the same install, then the whole test suite (every tier)
+#   make test   the same install, then the whole test suite (every tier), the docs site built strict
+#               and read in headless Chromium (Debian's chromium: `make browser` installs it when missing)
+#   make docs   the documentation site (mkdocs.yml, docs/) into site/, strict; make docs-serve serves it
 #
 # Prefect runs offline with its ephemeral server; PREFECT_HOME is project-local, telemetry off.
 
@@ -36,12 +38,16 @@ export PYTHONDONTWRITEBYTECODE :=
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-fast lint fmt clean bench-torch-upgrade bench-exportdb-compile bench-generation
+.PHONY: install demo test test-fast lint fmt clean docs docs-serve browser bench-torch-upgrade bench-exportdb-compile bench-generation
 
 install: $(STAMP)
 
-# torch is installed first and exactly (2.13.0, the CPU build on local disk): a looser requirement
-# would pull a multi-GB CUDA build. requirements.lock pins every other package.
+# torch is installed first and exactly: 2.13.0, the CPU build. pip takes it from TORCH_INDEX when it
+# is set (TORCH_INDEX=https://download.pytorch.org/whl/cpu is PyTorch's own index of CPU builds),
+# else from pip's own configuration: on this project's machines a local file of the CPU build;
+# elsewhere PyPI, whose torch 2.13.0 for Linux x86_64 is the CUDA build (several GB). A looser
+# requirement would pull that CUDA build too. requirements.lock pins every other package.
+TORCH_INDEX ?=
 # Every extra of pyproject.toml is installed (EXTRAS: the test tools and each target's libraries),
 # so `make test` covers every stage; a new target's extra is picked up without editing this file.
 # executorch 1.5.1 names no torch requirement, so it cannot replace torch 2.13.0; the lock pins
@@ -49,6 +55,7 @@ install: $(STAMP)
 # The last line fails the install if anything ever replaced torch 2.13.0.
 EXTRAS = $(shell $(PYTHON) -c "import tomllib; print(','.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']))")
 
+# pip prints each step (what it collects, each download with its size); `du` prints the venv's size.
 # pip installs without byte-compiling (its compile step runs on one core: about half of the
 # install's CPU); compileall then compiles the venv on every core, but not the packages' own test
 # suites (folders named test or tests under site-packages: a fifth of the venv's source, never
@@ -57,13 +64,14 @@ EXTRAS = $(shell $(PYTHON) -c "import tomllib; print(','.join(tomllib.load(open(
 # not Python 3.11 (torch's testing/_internal/py312_intrinsics.py).
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "make install: torch==2.13.0 into $(VENV)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile "torch==2.13.0"
-	@echo "make install: requirements.lock and pt2flow's extras ($(EXTRAS)) into $(VENV)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -c requirements.lock -e ".[$(EXTRAS)]"
-	@echo "make install: byte-compiling $(VENV) on every core"
+	@echo "make install [1/4]: torch==2.13.0 (CPU build) into $(VENV), from $(or $(TORCH_INDEX),pip's configured index)"
+	$(BIN)/python -m pip install --disable-pip-version-check --no-compile --progress-bar off $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "torch==2.13.0"
+	@echo "make install [2/4]: requirements.lock and pt2flow's extras ($(EXTRAS)) into $(VENV)"
+	$(BIN)/python -m pip install --disable-pip-version-check --no-compile --progress-bar off -c requirements.lock -e ".[$(EXTRAS)]"
+	@echo "make install [3/4]: byte-compiling $(VENV) on every core"
 	$(BIN)/python -m compileall -qq -j 0 -x 'site-packages/.*/tests?/' $(VENV)/lib || true
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else f'torch {torch.__version__} replaced 2.13.0')"
+	@echo "make install [4/4]: done, $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 	touch $(STAMP)
 
 demo: install
@@ -79,12 +87,30 @@ BYTECODE = $(BIN)/python -m compileall -q -j 0 $(wildcard flows stages storage t
 # ruff (pyproject's [tool.ruff]) on the folders a clone has: the lint, and the format the tree keeps
 RUFF_PATHS = $(wildcard flows stages storage tests bench configs docs)
 
-test: install
+test: install browser
 	$(BIN)/lint-imports
 	$(BIN)/ruff check --quiet $(RUFF_PATHS)
 	$(BIN)/ruff format --check --quiet $(RUFF_PATHS)
 	$(BYTECODE)
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# the documentation site (mkdocs.yml): strict, so a broken link or anchor, a page missing from the
+# nav or a docstring mkdocstrings cannot read fails the build; tests/test_docs.py builds it too
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8000
+
+# the headless browser the site's test reads every page in (and the drift report's HTML test):
+# Debian's chromium, installed with apt when it is missing and this is root on a Debian-like
+# machine (CI's case); otherwise say how, and the site's test fails naming it
+browser:
+	@command -v chromium > /dev/null || command -v chromium-browser > /dev/null \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null \
+	       && echo "make browser: installing Debian's chromium (about 100 MB)" \
+	       && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium > /dev/null; } \
+	  || echo "make browser: no chromium, and cannot install it here: install Debian's chromium package (tests/test_docs.py needs it)"
 
 # the developer's quick loop (under 3 minutes): no AOTInductor compiles, no end-to-end runs, no
 # subprocess of pt2flow, no export beyond tiny in-process models
@@ -128,4 +154,6 @@ fmt: install
 clean:
 	-@python3 -I flows/engine/services/prefect_server.py stop .prefect
 	-@python3 -I flows/engine/services/prefect_server.py stop --if-idle $(HOME)/.prefect
-	rm -rf $(VENV) .prefect $(STORE) pt2-store-failures pt2-store-generative .pytest_cache
+	rm -rf $(VENV) .prefect $(STORE) pt2-store-failures pt2-store-generative .pytest_cache \
+	  .cache .mypy_cache .hypothesis .import_linter_cache .ruff_cache pt2flow.egg-info site build dist
+	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

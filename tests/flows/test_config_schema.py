@@ -23,7 +23,8 @@ def _validator() -> jsonschema.Draft202012Validator:
 
 
 def _readme_configs() -> list[dict]:
-    text = (ROOT / "README.md").read_text()
+    """The whole configs (`version: 1`) shown in README.md and on the site's pages."""
+    text = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))])
     blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
     return [b for b in blocks if isinstance(b, dict) and b.get("version") == 1]
 

@@ -1,7 +1,8 @@
-"""Every code block of README.md, executed as written, in README order, on a real store (issue 23).
+"""Every code block of README.md and of the site's pages (docs/, in mkdocs.yml's nav order),
+executed as written, in that order, on a real store (issues 23 and 44).
 
-The blocks build on each other (a run, then queries of its store), so they run one after another
-in one shared folder: a copy of `configs/` beside links to the repository's `.venv`, Makefile,
+The blocks build on each other (a run, then queries of its store; a page after the README and
+the pages before it), so they run one after another in one shared folder: a copy of `configs/` beside links to the repository's `.venv`, Makefile,
 pyproject.toml, requirements.lock and tests/, as a clone looks after `make install`.
 
 - ```bash / ```sh: `bash` with `set -eo pipefail`, the venv's `bin/` first on PATH (the README's
@@ -10,7 +11,7 @@ pyproject.toml, requirements.lock and tests/, as a clone looks after `make insta
 - ```yaml: a whole config (it has `models`) is written into the folder's configs/ and checked by
   `pt2flow validate`; a fragment whose keys are a config's top-level keys, or a model's, is set
   into configs/demo.yaml's first model's config and checked with `pt2flow validate --no-import`;
-  any other YAML is parsed;
+  any other YAML is parsed; ```toml is parsed;
 - an `s3://BUCKET` in a bash or python block is served by a moto S3 server on 127.0.0.1 (tests/s3.py),
   the bucket created empty, the block given its AWS_* variables;
 - ```text / ```console / ```json show output or pictures and are never run; a fence naming no
@@ -35,6 +36,7 @@ import shlex
 import shutil
 import subprocess
 import time
+import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +51,10 @@ from tests.conftest import BIN, ROOT, stop_shared_server
 pytestmark = pytest.mark.integration
 
 README = ROOT / "README.md"
+MKDOCS = ROOT / "mkdocs.yml"
 SHELLS = {"bash", "sh", "shell"}
 NOT_RUN = {"text", "console", "json"}  # output, pictures and documents: shown, never run
+PARSED = {"yaml", "toml"}
 BLOCK_TIMEOUT_S = 300
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[^`\s]*)\s*$")
 MARKER = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<body>.*?)\s*-->\s*$")
@@ -59,6 +63,28 @@ S3_BUCKET = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?=[/\s\"')]|$)"
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")  # a synopsis's metavar (`--stage S`), not a value
 # what a README block may reach in the folder it runs in, besides configs/ (copied)
 LINKED = ("Makefile", "pyproject.toml", "requirements.lock", "tests", "docs")
+
+
+def documents() -> list[Path]:
+    """README.md, then every page of the site in its nav's order (a generated page has no file)."""
+    nav = yaml.safe_load(MKDOCS.read_text())["nav"]
+
+    def pages(node: Any) -> Iterator[str]:
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for value in node.values():
+                yield from pages(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from pages(value)
+
+    docs = ROOT / yaml.safe_load(MKDOCS.read_text()).get("docs_dir", "docs")
+    return [README, *(docs / page for page in pages(nav) if (docs / page).is_file())]
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else str(path)
 
 
 @dataclass(frozen=True)
@@ -71,39 +97,48 @@ class Marker:
 
 @dataclass(frozen=True)
 class Block:
-    line: int  # README line of the opening fence
+    line: int  # the document's line of the opening fence
     lang: str
     text: str
     marker: Marker | None
+    source: str = "README.md"  # the document, relative to the repository
 
     @property
     def where(self) -> str:
-        return f"README.md line {self.line} (```{self.lang})"
+        return f"{self.source} line {self.line} (```{self.lang})"
+
+    @property
+    def tag(self) -> str:
+        """A file name for this block's output and configs: unique across documents."""
+        stem = (
+            "readme" if self.source == "README.md" else re.sub(r"[^A-Za-z0-9]+", "-", self.source.removesuffix(".md"))
+        )
+        return f"{stem}-line-{self.line}"
 
 
-def parse_marker(body: str, line: int) -> Marker:
+def parse_marker(body: str, line: int, source: str = "README.md") -> Marker:
     kind, _, rest = body.partition(" ")
     kind = kind.rstrip(":")
     rest = rest.strip()
     if kind == "skip":
         if not rest.strip(": "):
             raise AssertionError(
-                f"README.md line {line}: `readme-test: skip` needs a reason (`<!-- readme-test: skip: why -->`)"
+                f"{source} line {line}: `readme-test: skip` needs a reason (`<!-- readme-test: skip: why -->`)"
             )
         return Marker(line, "skip", reason=rest.lstrip(": ").strip())
     if kind == "env":
         pairs = shlex.split(rest)
         if not pairs or any("=" not in p or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", p) for p in pairs):
-            raise AssertionError(f"README.md line {line}: `readme-test: env` takes NAME=VALUE pairs, not {rest!r}")
+            raise AssertionError(f"{source} line {line}: `readme-test: env` takes NAME=VALUE pairs, not {rest!r}")
         return Marker(line, "env", env=dict(p.split("=", 1) for p in pairs))
     if kind == "synopsis" and not rest:
         return Marker(line, "synopsis")
     raise AssertionError(
-        f"README.md line {line}: unknown marker `readme-test: {body}` (skip: REASON, env NAME=VALUE..., synopsis)"
+        f"{source} line {line}: unknown marker `readme-test: {body}` (skip: REASON, env NAME=VALUE..., synopsis)"
     )
 
 
-def parse_readme(text: str) -> list[Block]:
+def parse_readme(text: str, source: str = "README.md") -> list[Block]:
     """The fenced code blocks of `text` with their markers; AssertionError for a marker that is
     malformed or stands before no fence, or a fence left open."""
     blocks: list[Block] = []
@@ -116,9 +151,9 @@ def parse_readme(text: str) -> list[Block]:
         if marker:
             if pending:
                 raise AssertionError(
-                    f"README.md line {pending.line}: a readme-test marker followed by another marker, not a code block"
+                    f"{source} line {pending.line}: a readme-test marker followed by another marker, not a code block"
                 )
-            pending = parse_marker(marker.group("body"), i + 1)
+            pending = parse_marker(marker.group("body"), i + 1, source)
         elif fence:
             start, indent = i, len(fence.group("indent"))
             body: list[str] = []
@@ -127,16 +162,16 @@ def parse_readme(text: str) -> list[Block]:
                 body.append(lines[i][indent:] if lines[i].startswith(" " * indent) else lines[i].lstrip())
                 i += 1
             if i == len(lines):
-                raise AssertionError(f"README.md line {start + 1}: a code block is never closed")
-            blocks.append(Block(start + 1, fence.group("lang"), "\n".join(body) + "\n", pending))
+                raise AssertionError(f"{source} line {start + 1}: a code block is never closed")
+            blocks.append(Block(start + 1, fence.group("lang"), "\n".join(body) + "\n", pending, source))
             pending = None
         elif lines[i].strip() and pending:
             raise AssertionError(
-                f"README.md line {pending.line}: a readme-test marker must stand just before a code block"
+                f"{source} line {pending.line}: a readme-test marker must stand just before a code block"
             )
         i += 1
     if pending:
-        raise AssertionError(f"README.md line {pending.line}: a readme-test marker after the last code block")
+        raise AssertionError(f"{source} line {pending.line}: a readme-test marker after the last code block")
     return blocks
 
 
@@ -149,7 +184,7 @@ class Workspace:
     env: dict[str, str]
     tally: Counter[str] = field(default_factory=Counter)
     skipped: list[str] = field(default_factory=list)
-    seconds: dict[int, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
     s3: Callable[[], Any] = lambda: None  # the session's moto S3 server (tests/s3.py), started on first use
 
     def run(
@@ -166,8 +201,8 @@ class Workspace:
             ) from None
         log = self.root / "readme-output"  # each block's output, to read after a run (pytest --basetemp)
         log.mkdir(exist_ok=True)
-        (log / f"line-{block.line}.stdout").write_text(proc.stdout)
-        (log / f"line-{block.line}.stderr").write_text(proc.stderr)
+        (log / f"{block.tag}.stdout").write_text(proc.stdout)
+        (log / f"{block.tag}.stderr").write_text(proc.stderr)
         output = proc.stdout + proc.stderr
         if proc.returncode != 0 or TRACEBACK in output:
             why = f"exited {proc.returncode}" if proc.returncode else "printed a traceback"
@@ -231,7 +266,7 @@ def block_env(ws: Workspace, block: Block) -> dict[str, str]:
 
 def run_shell(ws: Workspace, block: Block) -> None:
     script = "set -eo pipefail\n" + block.text
-    ws.run(block, ["bash", "-c", script, f"README.md:{block.line}"], extra_env=block_env(ws, block))
+    ws.run(block, ["bash", "-c", script, f"{block.source}:{block.line}"], extra_env=block_env(ws, block))
     ws.tally["shell"] += 1
 
 
@@ -252,7 +287,7 @@ def check_yaml(ws: Workspace, block: Block) -> None:
     except yaml.YAMLError as exc:
         raise AssertionError(f"{block.where} is not YAML: {exc}\n{block.text}") from None
     top_keys, model_keys = config_fields()
-    path = ws.root / "configs" / f"readme-line-{block.line}.yaml"
+    path = ws.root / "configs" / f"{block.tag}.yaml"
     argv = [str(ws.root / ".venv" / "bin" / "pt2flow"), "validate", str(path.relative_to(ws.root))]
     if isinstance(data, dict) and "models" in data:
         path.write_text(block.text)
@@ -279,12 +314,12 @@ def check_synopsis(ws: Workspace, block: Block) -> None:
     lines = [
         (block.line + offset, line) for offset, line in enumerate(block.text.splitlines(), start=1) if line.strip()
     ]
-    problems = command_problems(lines)
+    problems = command_problems(lines, block.source)
     assert not problems, f"{block.where}, a synopsis, names what the CLI does not have:\n" + "\n".join(problems)
     ws.tally["synopsis checked"] += 1
 
 
-def command_problems(lines: list[tuple[int, str]]) -> list[str]:
+def command_problems(lines: list[tuple[int, str]], source: str = "README.md") -> list[str]:
     """For each (README line, `pt2flow COMMAND ...`): the command must exist, and so must every
     --option it names (with `[`, `]`, `=VALUE` stripped) and every value or `a|b` choice given to
     an option that takes choices (an upper-case word is a placeholder: `--stage S`, `COMMAND`)."""
@@ -294,7 +329,7 @@ def command_problems(lines: list[tuple[int, str]]) -> list[str]:
 
     problems = []
     for number, line in lines:
-        where = f"README.md line {number}"
+        where = f"{source} line {number}"
         try:
             words = shlex.split(line, comments=True)
         except ValueError:
@@ -375,11 +410,15 @@ def test_markers_are_well_formed() -> None:
 
 
 def test_the_commands_in_the_prose_exist() -> None:
-    """`pt2flow ...` in the README's text (outside code blocks) names real commands and options."""
-    spans = inline_commands(README.read_text())
-    assert len(spans) >= 10, spans
-    problems = command_problems(spans)
-    assert not problems, "the README's text names what the CLI does not have:\n" + "\n".join(problems)
+    """`pt2flow ...` in the text (outside code blocks) of the README and of every page names real
+    commands and options."""
+    problems, count = [], 0
+    for path in documents():
+        spans = inline_commands(path.read_text())
+        count += len(spans)
+        problems += command_problems(spans, shown(path))
+    assert count >= 40, count
+    assert not problems, "the docs' text names what the CLI does not have:\n" + "\n".join(problems)
 
 
 def test_a_skipped_blocks_commands_are_still_checked(tmp_path: Path) -> None:
@@ -411,15 +450,19 @@ def test_a_failing_block_is_named_by_its_line_with_its_stderr(tmp_path: Path) ->
 
 
 def test_every_readme_block_runs_as_written(workspace: Workspace, request: pytest.FixtureRequest) -> None:
-    blocks = parse_readme(README.read_text())
-    unlabelled = [f"line {b.line}" for b in blocks if not b.lang]
+    """README.md's blocks, then each page's in the site's nav order (docs/ pages that are not in
+    the nav fail the strict site build: tests/test_docs.py)."""
+    paths = documents()
+    assert len(paths) >= 20 and paths[0] == README, paths
+    blocks = [block for path in paths for block in parse_readme(path.read_text(), shown(path))]
+    unlabelled = [f"{b.source} line {b.line}" for b in blocks if not b.lang]
     unknown = [
-        f"line {b.line} ({b.lang})" for b in blocks if b.lang and b.lang not in SHELLS | NOT_RUN | {"python", "yaml"}
+        f"{b.source} line {b.line} ({b.lang})"
+        for b in blocks
+        if b.lang and b.lang not in SHELLS | NOT_RUN | PARSED | {"python"}
     ]
-    assert not unlabelled, (
-        f"README code blocks without a language (```text for output and pictures): {', '.join(unlabelled)}"
-    )
-    assert not unknown, f"README code blocks in a language this test does not know: {', '.join(unknown)}"
+    assert not unlabelled, f"code blocks without a language (```text for output and pictures): {', '.join(unlabelled)}"
+    assert not unknown, f"code blocks in a language this test does not know: {', '.join(unknown)}"
     started = time.monotonic()
     for block in blocks:
         if block.marker and block.marker.kind == "skip":
@@ -434,15 +477,21 @@ def test_every_readme_block_runs_as_written(workspace: Workspace, request: pytes
             run_python(workspace, block)
         elif block.lang == "yaml":
             check_yaml(workspace, block)
+        elif block.lang == "toml":
+            try:
+                tomllib.loads(block.text)
+            except tomllib.TOMLDecodeError as exc:
+                raise AssertionError(f"{block.where} is not TOML: {exc}\n{block.text}") from None
+            workspace.tally["toml parsed"] += 1
         else:
             workspace.tally["not run (output)"] += 1
-        workspace.seconds[block.line] = time.monotonic() - begun
+        workspace.seconds[block.where] = time.monotonic() - begun
     total = time.monotonic() - started
     slowest = ", ".join(
-        f"line {line} {s:.0f} s" for line, s in sorted(workspace.seconds.items(), key=lambda kv: -kv[1])[:4]
+        f"{where} {s:.0f} s" for where, s in sorted(workspace.seconds.items(), key=lambda kv: -kv[1])[:4]
     )
     summary = (
-        f"README.md: {len(blocks)} code blocks in {total:.0f} s: "
+        f"README.md and {len(paths) - 1} pages: {len(blocks)} code blocks in {total:.0f} s: "
         + ", ".join(f"{n} {kind}" for kind, n in sorted(workspace.tally.items()))
         + (f", {len(workspace.skipped)} skipped" if workspace.skipped else "")
         + f" (slowest: {slowest})"
@@ -469,7 +518,7 @@ def ws_skip(ws: Workspace, block: Block) -> None:
                 line = line.replace(words[0], "pt2flow", 1)
             if line.lstrip().startswith("pt2flow "):
                 commands.append((block.line + offset, line.strip()))
-    problems = command_problems(commands)
+    problems = command_problems(commands, block.source)
     assert not problems, f"{block.where}, skipped, names what the CLI does not have:\n" + "\n".join(problems)
     checked = f" ({len(commands)} pt2flow command(s) checked against the CLI)" if commands else ""
     ws.skipped.append(f"{block.where}: {block.marker.reason}{checked}")
@@ -482,6 +531,6 @@ class _Tally:
         self.lines = lines
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.write_sep("-", "README code blocks")
+        terminalreporter.write_sep("-", "code blocks of README.md and docs/")
         for line in self.lines:
             terminalreporter.write_line(line)
