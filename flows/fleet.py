@@ -418,5 +418,6 @@ def fleet_flow(
         retain(stores.open_store(ctx.store_url), config.retention, ctx.run_id)
     ok, total = document.summary.ok, len(document.models)
     if ok != total:
-        return Failed(message=f"{total - ok} of {total} models failed", data=document.model_dump(mode="json"))
+        noun = "model" if total == 1 else "models"
+        return Failed(message=f"{total - ok} of {total} {noun} failed", data=document.model_dump(mode="json"))
     return Completed(data=document.model_dump(mode="json"))

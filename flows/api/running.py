@@ -6,6 +6,7 @@ torch and Prefect are imported only once the config and the store have been chec
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -159,7 +160,34 @@ def open_checked_store(store_url: str, config: Pipeline, storage_options: Mappin
         store.index.files()  # fail fast on an unreachable store
     except Exception as exc:
         raise UsageError(f"store {redact_url(store_url)}: {exc}") from exc
+    refuse_unwritable_store(store)
     return store
+
+
+def refuse_unwritable_store(store: ArtifactStore) -> None:
+    """A local store this user cannot write is a setup error, found before anything runs (UsageError:
+    the CLI's exit 2, DESIGN §4), not a failure of every model (`run`, `serve`, `upgrade-check`): its folder is made if missing, and a probe file is
+    created there and removed. Other stores (s3://, memory://) are left to the run's own writes."""
+    from pt2flow.storage.urls import is_local
+
+    if not is_local(store.fs):
+        return
+    probe = os.path.join(store.root, f".pt2flow-write-probe-{os.getpid()}")
+    try:
+        os.makedirs(store.root, exist_ok=True)
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        os.unlink(probe)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        fix = (
+            "a file stands where the store's folder (or one above it) would go: move it"
+            if exc.errno in (errno.ENOTDIR, errno.EEXIST)
+            else "make that folder writable for this user"
+        )
+        raise UsageError(
+            f"the store {store.root} cannot be written: {exc.strerror or exc}{where}; nothing ran. "
+            f"To fix: {fix}, or give --store (or the config's store:) a folder you can write"
+        ) from exc
 
 
 def prepare_run(

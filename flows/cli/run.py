@@ -4,7 +4,6 @@ config and the store have been checked (a usage error answers fast and runs noth
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import signal
@@ -85,7 +84,6 @@ def run_fleet(args: Args) -> int:
         retry_failed=args.retry_failed,
         python=args.python,
     )
-    refuse_unwritable_store(prepared.store)
     if args.verbose:  # before Prefect is imported: it reads its logging settings once, at import
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "INFO"
     if args.json:
@@ -99,35 +97,8 @@ def run_fleet(args: Args) -> int:
         )
         from pt2flow.flows.cli.summary import render_run
 
-        render_run(document, rich_console(), config=args.config, store=args.store)
+        render_run(document, rich_console(), config=args.config, store=args.store, stages=tuple(prepared.config.stages))
     return EXIT_OK if document["summary"]["failed"] == 0 else EXIT_FAILED
-
-
-def refuse_unwritable_store(store: ArtifactStore) -> None:
-    """A local store this user cannot write is a setup error, found before anything runs (exit 2,
-    DESIGN §4), not a failure of every model: its folder is made if missing, and a probe file is
-    created there and removed. Other stores (s3://, memory://) are left to the run's own writes."""
-    from pt2flow.flows.options import UsageError
-    from pt2flow.storage.urls import is_local
-
-    if not is_local(store.fs):
-        return
-    probe = os.path.join(store.root, f".pt2flow-write-probe-{os.getpid()}")
-    try:
-        os.makedirs(store.root, exist_ok=True)
-        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        os.unlink(probe)
-    except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        fix = (
-            "a file stands where the store's folder (or one above it) would go: move it"
-            if exc.errno in (errno.ENOTDIR, errno.EEXIST)
-            else "make that folder writable for this user"
-        )
-        raise UsageError(
-            f"the store {store.root} cannot be written: {exc.strerror or exc}{where}; nothing ran. "
-            f"To fix: {fix}, or give --store (or the config's store:) a folder you can write"
-        ) from exc
 
 
 def command_wall_time(document: dict[str, Any]) -> dict[str, Any]:
