@@ -32,6 +32,11 @@ def shown_subject(subject: str) -> str:
     return (subject[: space + 1] if space > SUBJECT_CHARS // 2 else subject) + "…"
 
 
+def shown_where(where: Any) -> str:
+    """` · WHERE` after a subject, or nothing where the group has no place in code (`-`)."""
+    return f" · {where}" if where and where != "-" else ""
+
+
 def _headline(report: Mapping[str, Any]) -> str:
     s = report["summary"]
     against = f" against {report['against']}" if report.get("against") else ""
@@ -96,7 +101,7 @@ def render_group(group: Mapping[str, Any], console: Any, *, number: int | None =
             code = f"  `{issue['code']}`" if issue.get("code") and issue["code"] not in issue["where"] else ""
             console.print(
                 Text(
-                    f"     ×{issue['occurrences']} {shown_subject(issue['subject'])} · {issue['where']}{code}",
+                    f"     ×{issue['occurrences']} {shown_subject(issue['subject'])}{shown_where(issue['where'])}{code}",
                     style="dim",
                 )
             )
@@ -133,13 +138,15 @@ def render_run_groups(
             line = Text(f"  [{g['status']}, not required] ", style="yellow")
         else:
             line = Text(f"  [{g['status']}] ", style=_STATUS_STYLE.get(g["status"], ""))
-        line.append(f"{g['count']} × {g['error_class']} at {g['stage']}: {shown_subject(g['subject'])} · {g['where']}")
+        line.append(
+            f"{g['count']} × {g['error_class']} at {g['stage']}: {shown_subject(g['subject'])}{shown_where(g['where'])}"
+        )
         line.append(f" — {_models(g['models'], 6)}", style="dim")
         console.print(line)
     for g in gone:
         console.print(
             Text(
-                f"  [gone] {g['error_class']} at {g['stage']}: {shown_subject(g['subject'])} · {g['where']} — was {_models(g['models_against'], 6)}",
+                f"  [gone] {g['error_class']} at {g['stage']}: {shown_subject(g['subject'])}{shown_where(g['where'])} — was {_models(g['models_against'], 6)}",
                 style="green",
             )
         )

@@ -73,7 +73,7 @@ def test_a_cut_subject_ends_at_a_word_with_an_ellipsis() -> None:
     }
     out = _rendered(render_run_groups, [group], None)
     line = next(line for line in out.splitlines() if line.startswith("  [new] 1 × dynamic_shape at executorch: "))
-    assert line.endswith("asks for a maximum on every … · - — tiny-t5/encoder"), line
+    assert line.endswith("asks for a maximum on every … — tiny-t5/encoder"), line  # no place in code: no " · -"
     assert out.startswith("1 failure in 1 group by root cause"), out
     # a group of failures the model does not require is said to be one
     expected = _rendered(render_run_groups, [group], None, {("tiny-t5/encoder", "executorch")})
