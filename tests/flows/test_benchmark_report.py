@@ -97,10 +97,18 @@ def test_an_int8_recommendation_says_what_accuracy_it_costs() -> None:
         "speedup_vs_eager": {"batch=1": 2.5, "batch=8": 1.5},
         "accuracy": {"executorch_int8": {"sqnr_db": 31.25, "cosine": 0.9996, "top1_agreement": 0.984375}},
     }
+    summary["p50_ms"] = {
+        "eager": {"batch=1": 1.0, "batch=8": 1.0},
+        "onnx": {"batch=1": 0.5, "batch=8": 0.6},  # the fastest float artifact at batch=1: 0.5 / 0.4
+        "executorch": {"batch=1": 0.9, "batch=8": None},
+        "aot_compile_int8": {"batch=1": 0.45, "batch=8": None},  # judged by budgets too: no float baseline
+        "executorch_int8": {"batch=1": 0.4, "batch=8": 0.7},
+    }
+    summary["accuracy"]["aot_compile_int8"] = {"sqnr_db": 20.0}
     line = summary_line(BenchmarkSummary(**summary).model_dump())
     assert line == (
         "recommended: executorch_int8, fastest at 1 of 2 sizes (2.5x eager); onnx at batch=8; "
-        "within its accuracy budget: top1_agreement 0.9844, sqnr_db 31.25, cosine 0.9996"
+        "1.2x faster than onnx; within its accuracy budget: top1_agreement 0.9844, sqnr_db 31.25, cosine 0.9996"
     )
     plain = {k: v for k, v in _summary(onnx=0.5).items()}
     assert "accuracy" not in BenchmarkSummary(**plain).model_dump()  # not given: not in the document

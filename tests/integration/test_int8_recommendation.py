@@ -9,6 +9,7 @@ ExecuTorch runtime in a plain interpreter."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -150,7 +151,12 @@ def test_the_recommendation_is_int8_where_it_is_faster_and_within_budget_else_fl
     wide_p50 = {name: a["points"][WIDE]["p50_ms"] for name, a in wide["artifacts"].items()}
     assert wide_p50["executorch_int8"] < wide_p50["executorch"], wide_p50
     assert "⏱ wide: recommended: executorch_int8, fastest at 1 of 1 sizes" in printed, proc.stdout[-3000:]
-    assert "within its accuracy budget: top1_agreement" in printed, proc.stdout[-3000:]
+    # the speed-up over the float .pte and the accuracy it costs, in one line (issue 42)
+    gain = re.search(
+        r"⏱ wide: .*?; ([0-9.]+)x faster than executorch; within its accuracy budget: top1_agreement", printed
+    )
+    assert gain, proc.stdout[-3000:]
+    assert float(gain.group(1)) == pytest.approx(wide_p50["executorch"] / wide_p50["executorch_int8"], rel=0.06)
 
     # narrow: its int8 program met its budget too, was timed, and is the slower: float is recommended
     narrow = reports["narrow"]
