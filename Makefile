@@ -155,5 +155,6 @@ clean:
 	-@python3 -I flows/engine/services/prefect_server.py stop .prefect
 	-@python3 -I flows/engine/services/prefect_server.py stop --if-idle $(HOME)/.prefect
 	rm -rf $(VENV) .prefect $(STORE) pt2-store-failures pt2-store-generative .pytest_cache \
-	  .cache .mypy_cache .hypothesis .import_linter_cache .ruff_cache pt2flow.egg-info site build dist
+	  .cache .mypy_cache .hypothesis .import_linter_cache .ruff_cache pt2flow.egg-info site build dist \
+	  tests/fixtures/*/build tests/fixtures/*/*.egg-info
 	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
