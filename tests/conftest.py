@@ -246,6 +246,21 @@ def run_as_cli(config: str | os.PathLike[str], **options: Any) -> subprocess.Com
     return subprocess.CompletedProcess(["pt2flow", "run", str(config), "--json"], code, json.dumps(document), "")
 
 
+def run_plain_script(script: str, *args: object, timeout: float = 300) -> dict[str, Any]:
+    """`script` run by this interpreter as `python -c` with PATH alone in its environment (no
+    variable of pt2flow's or the tests'), `args` as its arguments: the JSON line it printed last.
+    How the tests run an artifact as a user's own script would, without pt2flow."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def write_config(path: Path, models: list[dict[str, Any]], **top: Any) -> Path:
     """Write a version-1 config; factories in tests.models resolve through PYTHONPATH=ROOT."""
     config = {"version": 1, **top, "models": models}

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli, write_config
+from tests.conftest import run_cli, run_plain_script, write_config
 
 pytest.importorskip("executorch")
 pytestmark = pytest.mark.integration
@@ -122,15 +120,7 @@ def _report(store: str, artifact: str) -> dict[str, Any]:
 
 
 def _plain_timing(float_pte: Path, int8_pte: Path, batch: int, features: int) -> dict[str, float]:
-    proc = subprocess.run(
-        [sys.executable, "-c", PLAIN_TIMING, str(float_pte), str(int8_pte), str(batch), str(features)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_plain_script(PLAIN_TIMING, float_pte, int8_pte, batch, features)
 
 
 def test_the_recommendation_is_int8_where_it_is_faster_and_within_budget_else_float(tmp_path: Path) -> None:

@@ -7,10 +7,7 @@ only the int8 artifacts, are tests/integration/test_int8.py's."""
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,7 @@ from pt2flow.stages.targets import TargetArtifact
 from pt2flow.stages.validate import validate
 from pt2flow.stages.vocabulary import ErrorClass
 from tests import models
+from tests.conftest import run_plain_script
 from tests.stages.conftest import TargetCase, _target_case
 
 pytest.importorskip("executorch")
@@ -93,15 +91,7 @@ def run_plain(script: str, artifact: Path, seed: int) -> dict[str, Any]:
     """`script` run by this interpreter with no variable of pt2flow's or the tests' (PATH alone):
     the artifact's path, the seed of its input and the repository (for tests.models) as its
     arguments; the JSON line it printed last."""
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(artifact), str(seed), str(Path(__file__).resolve().parents[2])],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_plain_script(script, artifact, seed, Path(__file__).resolve().parents[2])
 
 
 def test_a_conv_net_in_int8_runs_in_a_plain_interpreter_within_its_budget(
