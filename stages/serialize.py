@@ -210,6 +210,12 @@ def _import_modules(names: Any) -> None:
                 ErrorClass.IMPORT,
                 f"importing {name!r} (it registers a pytree type the program uses) failed: {short_message(exc)}",
             ) from exc
+        if name == "transformers.cache_utils" or name.startswith("transformers.cache_utils."):
+            # transformers' Cache classes are not pytree nodes on import: the export registered them
+            # (transformers.exporters), and a process loading the program must do the same
+            from pt2flow.stages.generation_export import register_cache_pytrees
+
+            register_cache_pytrees()
 
 
 def _spec_type_names(data: bytes) -> set[str]:

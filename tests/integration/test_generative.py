@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_as_cli, run_cli, write_config
+from tests.conftest import ROOT, run_as_cli, run_cli, run_plain_script, write_config
 from tests.fleets import BAD_DECODE, GENERATIVE_COLD_STAGES, GENERATIVE_FULL, Fleet, Run
 
 pytestmark = [pytest.mark.integration, pytest.mark.compile]
@@ -405,6 +405,38 @@ def test_archives_and_ptes_generate_eagers_tokens_through_pt2flows_steps_in_a_fr
                 prompt,
                 run["max_error"],
             )
+
+
+ARCHIVE_LOAD = """
+import json, sys
+from pt2flow.stages.serialize import PYTREE_MODULES, archive_metadata, load_archive
+data = open(sys.argv[1], "rb").read()
+ep, _ = load_archive(data, import_pytree_modules=True)  # as check-compat's worker loads an archive
+print(json.dumps({"modules": archive_metadata(data).get(PYTREE_MODULES), "inputs": len(ep.graph_signature.user_inputs)}))
+"""
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_a_components_archive_loads_in_a_fresh_process_as_check_compat_loads_it(
+    fleet: dict[str, Any], component: str, tmp_path: Path
+) -> None:
+    """A decoder's program takes (or gives) transformers' cache: a process that loads its archive
+    must register the Cache classes as pytrees, which importing transformers.cache_utils (what the
+    archive names) does not do. check-compat once reported every generative archive broken
+    ("transformers.cache_utils:StaticCache in pytree is not registered")."""
+    listed = run_cli(
+        ["ls", "--store", fleet["store"], "--model", f"{GOOD}/{component}", "--stage", "serialize", "--json"]
+    )
+    from pt2flow.storage import ArtifactStore
+
+    sha = next(
+        r["sha256"] for r in json.loads(listed.stdout) if r["status"] == "ok" and r["model"] == f"{GOOD}/{component}"
+    )
+    path = tmp_path / f"{component}.pt2"
+    path.write_bytes(ArtifactStore(fleet["store"]).get_blob(sha))  # the stored bytes, as check-compat reads them
+    seen = run_plain_script(ARCHIVE_LOAD, path)
+    assert "transformers.cache_utils" in seen["modules"], seen
+    assert seen["inputs"] > 1, seen
 
 
 def test_lineage_shows_a_component_under_its_model(fleet: dict[str, Any]) -> None:
