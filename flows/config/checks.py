@@ -9,7 +9,6 @@ at once; a model with none comes back as a ResolvedModel.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Mapping, Sequence
@@ -20,12 +19,12 @@ from pt2flow.flows.config.factories import factory_problem
 from pt2flow.flows.config.inputs import DATA_FILE_SUFFIXES, INPUT_FILE_SUFFIXES, check_dims_named, check_dynamic
 from pt2flow.flows.config.issues import ConfigIssue, YamlLines, did_you_mean, pydantic_issues
 from pt2flow.flows.config.limits import Limits
+from pt2flow.flows.config.models import NAME_PATTERN
 from pt2flow.flows.config.models import DataConfig, ModelConfig, ResolvedModel
 from pt2flow.flows import pipeline
 from pt2flow.storage.urls import holds_credentials
 from pt2flow.stages.options import ValidateOptions
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 Add = Callable[[tuple[Any, ...], str], None]  # (key path inside the model, message)

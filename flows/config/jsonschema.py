@@ -20,7 +20,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from pt2flow.flows.config.inputs import DICT_KEY, TUPLE_KEY, InputConfig
 from pt2flow.flows.config.limits import DaskConfig, LimitsConfig
-from pt2flow.flows.config.checks import NAME_PATTERN
+from pt2flow.flows.config.models import NAME_PATTERN
 from pt2flow.flows.config.models import DataConfig, DimConfig, GenerateConfig
 from pt2flow.flows import pipeline
 from pt2flow.stages.vocabulary import FACTORY_PATTERN

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import re
+
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,6 +23,9 @@ from pt2flow.flows.config.limits import DaskConfig, Limits, LimitsConfig
 from pt2flow.flows.config.retention import RetentionConfig
 from pt2flow.flows.config.reading import DEFAULT_STORE
 from pt2flow.stages.options import AccuracyMetric, Bound
+
+# a model's name: the config checks it (flows/config/checks.py), the JSON Schema states it
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 CONFIG_VERSION = 1
 
