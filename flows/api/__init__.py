@@ -120,18 +120,27 @@ def validate(config: str | os.PathLike[str], *, imports: bool = True) -> dict[st
 
 
 def audit(
-    store: Store, run: str | None = None, *, sample: float = 1.0, seed: int = 0, config: str | None = None
+    store: Store,
+    run: str | None = None,
+    *,
+    sample: float = 1.0,
+    seed: int = 0,
+    config: str | None = None,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """`pt2flow audit --json`: a sample (`sample`, a fraction, drawn with `seed`) of `run`'s
     source and program records (default: the newest run) checked in fresh worker processes (of
-    the config's `python:` when it names one): each record's blob must hold the program its
-    fingerprint names, and the stage run again on the recorded inputs must give that program
-    again (source and trace too, for the models of `config`)."""
+    the config's `python:` when it names one), `workers` models at a time (default: as a run):
+    each record's blob must hold the program its fingerprint names, and the stage run again on
+    the recorded inputs must give that program again (source and trace too, for the models of
+    `config`)."""
     from pt2flow.flows.config import load_config
     from pt2flow.flows.engine.maintenance.audit import audit as audit_run
 
     if not 0.0 < sample <= 1.0:
         raise UsageError(f"--sample must be a fraction in (0, 1], not {sample:g}")
+    if workers is not None and workers < 1:
+        raise UsageError("--workers must be at least 1")
     loaded = load_config(config) if config else None
     python = None
     if loaded is not None and loaded.python:  # the config's workers' interpreter rebuilds its models
@@ -139,7 +148,9 @@ def audit(
 
         python = check_python(loaded.python)
     models = loaded.models if loaded is not None else ()
-    return audit_run(store.artifacts, store.run_id(run), fraction=sample, seed=seed, models=models, python=python)
+    return audit_run(
+        store.artifacts, store.run_id(run), fraction=sample, seed=seed, models=models, python=python, workers=workers
+    )
 
 
 def repro(store: Store, target: str, out_dir: str) -> dict[str, Any]:

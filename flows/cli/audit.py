@@ -36,6 +36,14 @@ from pt2flow.flows.cli.support import Args, command, dump, json_option, open_sto
     show_default=True,
     help="seed of the sample draw (the same seed picks the same records)",
 )
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    metavar="N",
+    help="models checked in parallel, each on a fresh worker process of its own (default: as run: $PT2FLOW_WORKERS "
+    "where set, else one per core and per 3 GiB of free memory)",
+)
 @store_options(
     config_help="the run's config: its models' trace records are re-traced too, and its store is read (unless --store)"
 )
@@ -44,7 +52,12 @@ def audit_command(args: Args) -> int:
     from pt2flow.flows.api import Store, audit
 
     doc = audit(
-        Store.of(open_store(args)), args.run or args.run_option, sample=args.sample, seed=args.seed, config=args.config
+        Store.of(open_store(args)),
+        args.run or args.run_option,
+        sample=args.sample,
+        seed=args.seed,
+        config=args.config,
+        workers=args.workers,
     )
     if args.json:
         dump(doc)

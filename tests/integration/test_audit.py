@@ -40,11 +40,14 @@ def audited_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path,
 
 def test_audit_passes_on_a_clean_store(audited_store: tuple[Path, Path, str]) -> None:
     config, store, run_id = audited_store
-    code, doc, stderr = run_json(["audit", "--store", str(store), "--config", str(config)])
+    code, doc, stderr = run_json(["audit", "--store", str(store), "--config", str(config), "--workers", "2"])
     assert code == 0, (doc, stderr[-3000:])
     assert doc["run_id"] == run_id
     # two source records (each model built again: its eager digest) and four program records each
     assert doc["sample"] == {"fraction": 1.0, "seed": 0, "records": 10, "checked": 10}
+    # models checked side by side (two workers) or one at a time: the same document, in the same order
+    code_one, one, _ = run_json(["audit", "--store", str(store), "--config", str(config), "--workers", "1"])
+    assert code_one == 0 and one["records"] == doc["records"] and one["summary"] == doc["summary"]
     assert doc["summary"] == {"ok": 10, "failed": 0, "rebuilt": 10}
     for entry in doc["records"]:
         if entry["stage"] == "source":

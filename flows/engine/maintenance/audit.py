@@ -69,40 +69,61 @@ def _owner(model: str) -> str:
     return model.split("/", 1)[0]
 
 
-def _parent(index: Any, record: Mapping[str, Any], stage: str | None = None) -> dict[str, Any] | None:
-    """The ok record the stage consumed: its first parent key's newest ok record, or, given
-    `stage`, the newest ok record of that stage among all its parent keys (an int8 stage's
-    parents are a program and the source)."""
-    import pyarrow.compute as pc
+class Parents:
+    """The ok records the audited records were made from, read in one scan of the index (a scan
+    per record cost more than the rebuilds of a small model's records)."""
 
-    keys = list(record.get("parent_keys") or [])
-    if not keys:
-        return None
-    condition = (
-        (pc.field("key") == keys[0]) if stage is None else pc.field("key").isin(keys) & (pc.field("stage") == stage)
-    )
-    rows = index.scan(None, filter=condition & (pc.field("status") == "ok")).to_pylist()
-    rows = [r for r in rows if r.get("sha256")]
-    return decode(max(rows, key=lambda r: r.get("ended_at") or 0)) if rows else None
+    def __init__(self, index: Any, records: Sequence[Mapping[str, Any]]) -> None:
+        import pyarrow.compute as pc
 
+        keys = sorted({key for record in records for key in (record.get("parent_keys") or [])})
+        self.by_key: dict[str, list[dict[str, Any]]] = {}
+        if not keys:
+            return
+        rows = index.scan(None, filter=pc.field("key").isin(keys) & (pc.field("status") == "ok")).to_pylist()
+        for row in rows:
+            if row.get("sha256"):
+                self.by_key.setdefault(row["key"], []).append(row)
 
-def _source_weights(index: Any, record: Mapping[str, Any], among: bool = False) -> Mapping[str, Any] | None:
-    """The weights the model's source record holds: the record's parent's (trace's), or, `among`
-    its parents, the source one's (an int8 stage's parents are a program and the source)."""
-    source = _parent(index, record, pipeline.SOURCE_NAME if among else None)
-    return ((source or {}).get("details") or {}).get("weights")
+    def of(self, record: Mapping[str, Any], stage: str | None = None) -> dict[str, Any] | None:
+        """The ok record the stage consumed: its first parent key's newest ok record, or, given
+        `stage`, the newest ok record of that stage among all its parent keys (an int8 stage's
+        parents are a program and the source)."""
+        keys = list(record.get("parent_keys") or [])
+        if not keys:
+            return None
+        if stage is None:
+            rows = self.by_key.get(keys[0], [])
+        else:
+            rows = [row for key in keys for row in self.by_key.get(key, []) if row.get("stage") == stage]
+        return decode(max(rows, key=lambda r: r.get("ended_at") or 0)) if rows else None
+
+    def source_weights(self, record: Mapping[str, Any], among: bool = False) -> Mapping[str, Any] | None:
+        """The weights the model's source record holds: the record's parent's (trace's), or,
+        `among` its parents, the source one's (an int8 stage's parents are a program and the source)."""
+        source = self.of(record, pipeline.SOURCE_NAME if among else None)
+        return ((source or {}).get("details") or {}).get("weights")
 
 
 class Auditor:
-    """One fresh worker per model (what one model's stages import must not help another's); a
-    generative model's components are checked on their model's worker, after its source record
-    (they import what the model does: a worker each would cost a torch and transformers import
-    per component)."""
+    """Checks one model's records on a fresh worker of its own (what one model's stages import
+    must not help another's); a generative model's components are checked on their model's
+    worker, after its source record (they import what the model does: a worker each would cost a
+    torch and transformers import per component)."""
 
-    def __init__(self, store: Any, models: Mapping[str, ResolvedModel], python: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        models: Mapping[str, ResolvedModel],
+        parents: Parents,
+        python: str | None = None,
+        threads: int | None = None,
+    ) -> None:
         self.store = store
         self.python = python
         self.models = models
+        self.parents = parents
+        self.threads = threads
         self.worker: Worker | None = None
         self.current: str | None = None
         self.memory_bytes = int(default_memory_gb() * 2**30)
@@ -110,7 +131,7 @@ class Auditor:
     def _worker_for(self, model: str) -> Worker:
         if self.worker is None or self.current != _owner(model):
             self.close()
-            self.worker = Worker(threads=None, python=self.python)
+            self.worker = Worker(threads=self.threads, python=self.python)
             self.current = _owner(model)
         return self.worker
 
@@ -128,11 +149,10 @@ class Auditor:
             "status": "ok",
             "problem": None,
         }
-        index = self.store.index
         entry_stage = pipeline.entry().name  # the stage made from the model itself, not from a parent program
         try:
             data = self.store.get_blob(record["sha256"], record.get("size"))
-            parent_record = None if record["stage"] == entry_stage else _parent(index, record)
+            parent_record = None if record["stage"] == entry_stage else self.parents.of(record)
             parent = self.store.get_blob(parent_record["sha256"], parent_record.get("size")) if parent_record else None
         except StorageError as exc:
             return {**entry, "status": "failed", "problem": f"storage: {exc}"}
@@ -141,9 +161,9 @@ class Auditor:
         if record["stage"] == pipeline.SOURCE_NAME:
             weights = (record.get("details") or {}).get("weights")
         elif record["stage"] == entry_stage and model is not None:
-            weights = _source_weights(index, record)
+            weights = self.parents.source_weights(record)
         elif model is not None and _needs_model(record):  # made from the source too (an int8 stage)
-            weights = _source_weights(index, record, among=True)
+            weights = self.parents.source_weights(record, among=True)
         budget = Budget(
             deadline=time.monotonic() + AUDIT_TIMEOUT_S,
             deadline_reason=f"the audit of one record took over {AUDIT_TIMEOUT_S:g} s",
@@ -261,8 +281,16 @@ def audit(
     seed: int = 0,
     models: Sequence[ResolvedModel] = (),
     python: str | None = None,
+    workers: int | None = None,
 ) -> dict[str, Any]:
-    """The audit document of a run: every sampled record with its stored and rebuilt fingerprints."""
+    """The audit document of a run: every sampled record with its stored and rebuilt fingerprints.
+
+    Models are checked `workers` at a time (default: as many as a run would use), each on a fresh
+    worker of its own; the document lists the records in the same order whatever the count."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pt2flow.flows.engine.orchestrator.supervisor import default_workers, worker_threads
+
     records = _records(store.index, run_id)
     if not records:
         raise RecordNotFound(f"run {run_id!r} has no ok source or program records to audit")
@@ -273,11 +301,22 @@ def audit(
             from pt2flow.flows.config.models import ENCODER_DECODER_COMPONENTS as COMPONENTS  # every component name
 
             by_name.update({f"{m.name}/{c}": m.of_component(c) for c in COMPONENTS})
-    auditor = Auditor(store, by_name, python)
-    try:
-        checked = [auditor.check(record) for record in chosen]
-    finally:
-        auditor.close()
+    groups: dict[str, list[dict[str, Any]]] = {}  # a model's records, its components' included, in order
+    for record in chosen:
+        groups.setdefault(_owner(record["model"]), []).append(record)
+    parents = Parents(store.index, chosen)
+    size = max(1, min(workers or default_workers(len(groups)), len(groups) or 1))
+    threads = worker_threads(size) if size > 1 else None
+
+    def check_model(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        auditor = Auditor(store, by_name, parents, python, threads)
+        try:
+            return [auditor.check(record) for record in group]
+        finally:
+            auditor.close()
+
+    with ThreadPoolExecutor(size, thread_name_prefix="pt2flow-audit") as pool:
+        checked = [entry for done in pool.map(check_model, groups.values()) for entry in done]
     failed = [c for c in checked if c["status"] != "ok"]
     return {
         "run_id": run_id,
