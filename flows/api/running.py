@@ -64,13 +64,14 @@ def load_for_run(
     loaded = apply_overrides(load_config(config), only=tuple(only or ()), stages=list(stages) if stages else None)
     if workers is not None and workers < 1:
         raise UsageError("--workers must be at least 1")
-    if workers is None:
-        from pt2flow.flows.engine.orchestrator.supervisor import workers_from_environment
+    from pt2flow.flows.engine.orchestrator.supervisor import models_per_worker, workers_from_environment
 
-        try:
+    try:
+        models_per_worker()
+        if workers is None:
             workers_from_environment()
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if dask_address and runner != "dask":
         raise UsageError("--dask-address needs --runner dask")
     if no_worker_timeout_s is not None and runner != "dask":
