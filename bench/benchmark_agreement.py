@@ -10,7 +10,10 @@ plain timing loop over `pt2flow get`'s files (issue 43).
 3. Each model's artifacts copied out with `pt2flow get`, and each timed at each of the report's
    sizes by a plain loop in a fresh process that imports no pt2flow: torch.export.load(...).module(),
    aoti_load_package, onnxruntime.InferenceSession, ExecuTorch's Runtime, OpenVINO's Core, on
-   random inputs of the sizes' shapes; warm-up calls, then calls for about a second, the median.
+   random inputs of the sizes' shapes, converted to each runtime's own input type once, outside
+   the timed call (as the stage does: it times the runtime, not the conversion); everything under
+   torch.inference_mode, as the stage calls every artifact; OpenVINO compiled at the precision the
+   artifact records; warm-up calls, then calls for about a second, the median.
 
 Prints, per model and size: the artifact A and B recommend (or why not: noisy), and each
 artifact's p50 in A against the plain loop's. The goals: A and B recommend the same artifact at
@@ -81,33 +84,56 @@ def p50(call):
 
 
 def runner(name, path):
+    """prepare(inputs) -> a call of the artifact on them, its inputs converted to the runtime's
+    own type once (outside the timed call)."""
     if name == "eager":
         module, attr = job["factory"].split(":")
         model = getattr(importlib.import_module(module), attr)(**job["kwargs"]).eval()
-        return lambda kw: model(**kw)
+        return lambda kw: lambda: model(**kw)
     if name == "archive":
         module = torch.export.load(path).module()
-        return lambda kw: module(*kw.values())  # exported on forward()'s arguments in order
+        return lambda kw: lambda: module(*kw.values())  # exported on forward()'s arguments in order
     if name == "compiled":
         from torch._inductor import aoti_load_package
         package = aoti_load_package(path)
-        return lambda kw: package(*kw.values())
+        return lambda kw: lambda: package(*kw.values())
     if name == "onnx":
         import onnxruntime
         session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
-        return lambda kw: session.run(None, {n: kw[n].numpy() for n in names})
+
+        def prepare(kw):
+            feeds = {n: kw[n].numpy() for n in names}
+            return lambda: session.run(None, feeds)
+
+        return prepare
     if name == "executorch":
         from executorch.runtime import Runtime
         method = Runtime.get().load_program(path).load_method("forward")
-        return lambda kw: method.execute(list(kw.values()))
+
+        def prepare(kw):
+            feeds = list(kw.values())
+            return lambda: method.execute(feeds)
+
+        return prepare
     if name == "openvino":
         import openvino
         folder = tempfile.mkdtemp()
         zipfile.ZipFile(path).extractall(folder)
         xml = next(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".xml"))
-        compiled = openvino.Core().compile_model(xml, "CPU")
-        return lambda kw: compiled([t.numpy() for t in kw.values()])
+        core = openvino.Core()
+        model = core.read_model(xml)
+        # the precision the artifact records (f32 unless configured): this CPU's default is bf16
+        # where it has avx512_bf16, which is another computation than the one validate passed
+        key = ["pt2flow", "inference_precision"]
+        precision = model.get_rt_info(key).astype(str) if model.has_rt_info(key) else "f32"
+        request = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision}).create_infer_request()
+
+        def prepare(kw):
+            feeds = [t.numpy() for t in kw.values()]
+            return lambda: request.infer(feeds)
+
+        return prepare
     raise ValueError(name)
 
 
@@ -117,8 +143,7 @@ with torch.inference_mode():
         run = runner(name, path)
         result[name] = {}
         for label, sizes in job["points"].items():
-            kw = tensors(sizes)
-            result[name][label] = p50(lambda: run(kw))
+            result[name][label] = p50(run(tensors(sizes)))
 json.dump(result, open(sys.argv[2], "w"))
 '''
 

@@ -12,6 +12,11 @@ all calls moves by less than `stable_fraction` over the last `window` calls (at 
 at most `max_runs` and `max_seconds`). The recommendation at each size is the artifact with the
 lowest p50 (eager is the baseline, never recommended).
 
+Every artifact is called under torch.inference_mode, as eager is: under no_grad an exported
+program's module paid autograd's version-counter bookkeeping on each call, 5-10 % of a small
+model's call (bench/benchmark_agreement.py times the files under inference_mode, as a
+deployment does).
+
 An artifact that fails to load or raises at a size is reported with its error and left out of
 the recommendation there; the stage fails only when no artifact could be timed at all.
 
@@ -430,7 +435,7 @@ def _time_artifact(
             return measured
         measured.load_ms = (time.perf_counter() - start) * 1000.0
         prepare = getattr(fn, "prepare", None)  # a target's runtime: its inputs converted once, untimed
-        with torch.no_grad():
+        with torch.inference_mode():  # as eager is called, and as a deployment calls it
             for point in points:
                 bound = inputs[point.label]
                 try:

@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from pt2flow.flows.config.models import ResolvedModel
     from pt2flow.flows.engine.stage_api import Outcome, Produced, StageCall
 
-# 2: the load while timing, each measurement's spread and drift, no recommendation from noisy ones
+# 2: the load while timing, each measurement's spread and drift, no recommendation from noisy ones;
+# 3: every artifact called under inference_mode, as eager is (no_grad cost the archive 5-10 %)
 STAGE = Stage(
     "benchmark",
-    2,
+    3,
     compute=f"{__name__}:compute",
     inputs=(Input.of("source"), Input.of("trace"), Input.of("validate")),
     options=BenchmarkOptions,
