@@ -9,9 +9,8 @@
 
 from __future__ import annotations
 
-import re
-
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from collections.abc import Mapping

@@ -57,12 +57,19 @@ MODELS_PER_WORKER_VARIABLE = "PT2FLOW_MODELS_PER_WORKER"
 def models_per_worker() -> int:
     """How many models a worker runs before it is replaced (PT2FLOW_MODELS_PER_WORKER, else
     MODELS_PER_WORKER); ValueError, naming the variable, for anything but a whole number of at least 1."""
-    value = os.environ.get(MODELS_PER_WORKER_VARIABLE, "").strip()
+    return _count_from_environment(MODELS_PER_WORKER_VARIABLE) or MODELS_PER_WORKER
+
+
+def _count_from_environment(name: str, role: str = "") -> int | None:
+    """The whole number of at least 1 in variable `name`; None when it is unset or empty;
+    ValueError naming the variable (and its `role`) for anything else."""
+    value = os.environ.get(name, "").strip()
     if not value:
-        return MODELS_PER_WORKER
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{MODELS_PER_WORKER_VARIABLE} must be a whole number of at least 1, not {value!r}")
-    return int(value)
+        return None
+    count = int(value) if value.isdigit() else 0
+    if count < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1{role}, not {value!r}")
+    return count
 
 
 def _models_per_worker_or_default() -> int:
@@ -453,15 +460,7 @@ def workers_from_environment() -> int | None:
     whose cores other jobs share: a CI runner, a test suite's parallel workers, a container whose
     affinity shows the host's cores). ValueError, naming the variable, for anything but a whole
     number of at least 1."""
-    value = os.environ.get(WORKERS_VARIABLE, "").strip()
-    if not value:
-        return None
-    count = int(value) if value.isdigit() else 0
-    if count < 1:
-        raise ValueError(
-            f"{WORKERS_VARIABLE} must be a whole number of at least 1 (the default for --workers), not {value!r}"
-        )
-    return count
+    return _count_from_environment(WORKERS_VARIABLE, " (the default for --workers)")
 
 
 def default_workers(models: int) -> int:
