@@ -52,6 +52,10 @@ def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(
     )  # the second is forked from the same server
     assert first["environ"]["PT2FLOW_TEST_MARK"] == "first" and second["environ"]["PT2FLOW_TEST_MARK"] == "second"
     assert first["warm"] is True  # torch's first export done in the server (stages/warmup.py), not by each worker
+    # torch's start-up and the warm-up's caches frozen out of the collector's walks before the fork
+    # (flows/engine/common/heap.py): a worker whose server froze nothing reports 0; what a worker
+    # frees leaves the frozen generation, so the two counts differ by a few
+    assert first["gc_frozen"] > 100_000 and second["gc_frozen"] > 100_000
 
     monkeypatch.setenv("SOME_LIBRARY_SETTING", "on")  # any other variable may be read by an import: another server
     third = _describe()
@@ -134,6 +138,7 @@ def test_forking_off_starts_each_worker_on_its_own(monkeypatch: pytest.MonkeyPat
     seen = _describe()
     assert seen["ppid"] == os.getpid()
     assert seen["warm"] is False  # a worker started on its own pays torch's first export on its first model
+    assert seen["gc_frozen"] > 100_000  # its imports frozen all the same
 
 
 ORCHESTRATOR = textwrap.dedent("""

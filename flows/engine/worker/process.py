@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -71,8 +72,11 @@ def _torch_threads() -> int:
 
 def main(fd: int, parent: int) -> int:
     """A worker started on its own (`python -m`): it watches its parent, prepares, then serves."""
+    from pt2flow.flows.engine.common.heap import freeze_startup_objects
+
     watch(parent)
     prepare()
+    freeze_startup_objects()
     return serve(Connection(fd))
 
 
@@ -193,6 +197,8 @@ def serve(conn: Connection) -> int:
                         "torch_threads": _torch_threads(),
                         # torch's first export done before this worker's first model (a fork server's warm-up)
                         "warm": "torch._dynamo.eval_frame" in sys.modules,
+                        # objects kept out of the garbage collector's walks (flows/engine/common/heap.py)
+                        "gc_frozen": gc.get_freeze_count(),
                         **_imports_seen(),
                     },
                 )
