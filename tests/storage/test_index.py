@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pt2flow.storage import ArtifactStore, StorageError
-from pt2flow.storage.index import COLUMNS, SCHEMA, SCHEMA_VERSION, sidecar_of
+from pt2flow.storage.index import COLUMNS, PLAIN_FILE_ROWS, SCHEMA, SCHEMA_VERSION, sidecar_of
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -55,6 +55,27 @@ def test_append_then_read_round_trips_every_column_type(store: ArtifactStore) ->
         assert row[key] == value, key
     assert row["schema_version"] == SCHEMA_VERSION
     assert table.schema.names == list(COLUMNS)
+
+
+def test_a_few_records_are_written_plain_and_many_compressed_and_both_read_back(store: ArtifactStore) -> None:
+    """A stage's record is written without compression, dictionaries or statistics (cheaper on
+    the path between two stages, and smaller at one row); more than PLAIN_FILE_ROWS keep zstd.
+    Another process's store reads both back as written, every column type included."""
+    one = record(parent_keys=["a"], warnings=["w"], seconds=0.5, passed=False, started_at=T0)
+    many = [record(model=f"m{i}", seconds=float(i)) for i in range(PLAIN_FILE_ROWS + 1)]
+    small, large = store.index.append([one]), store.index.append(many)
+    assert small is not None and large is not None
+
+    def codecs(path: str) -> set[str]:
+        meta = pq.ParquetFile(io.BytesIO(store.fs.cat_file(path))).metadata
+        return {meta.row_group(0).column(c).compression for c in range(meta.num_columns)}
+
+    assert codecs(small) == {"UNCOMPRESSED"} and codecs(large) == {"ZSTD"}
+    elsewhere = ArtifactStore(store.url)  # nothing cached: the files as another process reads them
+    rows = {r["record_id"]: r for r in elsewhere.index.read().to_pylist()}
+    assert len(rows) == 1 + len(many)
+    for rec in [one, *many]:
+        assert all(rows[rec["record_id"]][k] == v for k, v in rec.items()), rec["record_id"]
 
 
 def test_each_append_is_a_new_file(store: ArtifactStore) -> None:
