@@ -23,6 +23,9 @@ serialize and validate (no compile)
   cold-small  `pt2flow run --workers 1` on an empty store
   warm-small  `pt2flow run` again
   cold-small-2  `pt2flow run` with default workers on another empty store
+  --rounds N  runs the four cold arms N times, interleaved, the order rotated by one each round;
+              each ratio is taken within its round, the median is the figure and the range is
+              printed beside it (this VM's speed drifts by 10-20 % over the minutes one round takes)
 
 transformers fleet (--transformers, on by default): BERT, DistilBERT, RoBERTa with tiny random
 configs, each at two sequence lengths, and GPT-2 (a known failure at decompose), trace to
@@ -65,6 +68,7 @@ import io
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -445,6 +449,80 @@ def _check(out: str, ok: int, cached: bool = False, failed: int = 0) -> dict[str
     return document
 
 
+SMALL_ARMS = ("bare-small", "bare-small-frozen", "cold-small", "cold-small-2")
+# each arm's name in the figures (`cold_small2_s`, `cold_small2_stage_s`, as before rounds)
+SMALL_KEYS = {
+    "bare-small": "bare_small",
+    "bare-small-frozen": "bare_small_frozen",
+    "cold-small": "cold_small",
+    "cold-small-2": "cold_small2",
+}
+
+
+def small_fleet_rounds(
+    figures: dict[str, Any], size: int, rounds: int, bare: list[str], pt2flow: str, workdir: Path
+) -> None:
+    """The small fleet's arms, `rounds` times. This VM's speed drifts by 10-20 % over minutes, so
+    one arm after another for 5 minutes measures the drift as much as the arms: each round runs
+    the four cold arms back to back in an order rotated by one each round (so no arm always
+    runs first or last), each ratio is taken within its round, and the median over rounds is the
+    figure, with the lowest and highest beside it. The unchanged re-run follows round 1's
+    one-worker arm. Round 1's stage seconds are reported."""
+    small = write_config(workdir / "small", "small", size)
+    per_round: list[dict[str, float]] = []
+    for index in range(rounds):
+        order = SMALL_ARMS[index % len(SMALL_ARMS) :] + SMALL_ARMS[: index % len(SMALL_ARMS)]
+        if rounds > 1:
+            print(f"  round {index + 1} of {rounds}: {', '.join(order)}", file=sys.stderr)
+        seconds: dict[str, float] = {}
+        stages: dict[str, dict[str, float]] = {}
+        for arm in order:
+            tag = f"{arm}-r{index}"
+            if arm.startswith("bare"):
+                extra = ["--bare-freeze"] if arm == "bare-small-frozen" else []
+                seconds[arm], out = _arm(arm, [*bare, "small", *extra], _env(workdir, tag), ROOT)
+                stages[arm] = json.loads(out.strip().splitlines()[-1])["steps"]
+                continue
+            store = workdir / f"store-{tag}"
+            run = [pt2flow, "run", str(small), "--json", "--store", str(store)]
+            workers = ["--workers", "1"] if arm == "cold-small" else []  # cold-small-2: the default (2 here)
+            seconds[arm], out = _arm(arm, [*run, *workers], _env(workdir, tag), workdir)
+            stages[arm] = _stage_totals(_check(out, size))
+            if arm == "cold-small" and index == 0:
+                figures["warm_small_s"], out = _arm("warm-small", run, _env(workdir, "warm-small"), workdir)
+                _check(out, size, cached=True)
+                figures["warm_small_over_cold"] = round(figures["warm_small_s"] / seconds[arm], 4)
+        per_round.append(
+            {
+                **{f"{SMALL_KEYS[arm]}_s": value for arm, value in seconds.items()},
+                "cold_small_over_bare_small": seconds["cold-small"] / seconds["bare-small"],
+                "cold_small2_over_bare_small": seconds["cold-small-2"] / seconds["bare-small"],
+                "cold_small_over_bare_small_frozen": seconds["cold-small"] / seconds["bare-small-frozen"],
+                "cold_small2_over_bare_small_frozen": seconds["cold-small-2"] / seconds["bare-small-frozen"],
+                "bare_small_frozen_over_bare_small": seconds["bare-small-frozen"] / seconds["bare-small"],
+            }
+        )
+        if index == 0:
+            for arm in SMALL_ARMS:
+                figures[f"{SMALL_KEYS[arm]}_stage_s"] = stages[arm]
+    for arm in SMALL_ARMS:
+        key = f"{SMALL_KEYS[arm]}_s"
+        figures[key] = round(statistics.median(r[key] for r in per_round), 2)
+    # warm-small against the bare loop of its round (issue 23's goal)
+    figures["ratios"]["warm_small_over_bare_small"] = round(figures["warm_small_s"] / per_round[0]["bare_small_s"], 4)
+    for key in (
+        "cold_small_over_bare_small",
+        "cold_small2_over_bare_small",
+        "cold_small_over_bare_small_frozen",
+        "cold_small2_over_bare_small_frozen",
+    ):
+        values = [r[key] for r in per_round]
+        figures["ratios"][key] = round(statistics.median(values), 3)
+        if rounds > 1:
+            figures.setdefault("ratio_ranges", {})[key] = [round(min(values), 3), round(max(values), 3)]
+    figures["small_rounds"] = [{k: round(v, 3) for k, v in r.items()} for r in per_round]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -471,6 +549,13 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run the deployment targets fleet (bare, cold)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="small fleet: run its four cold arms this many times, interleaved, the order rotated each round; "
+        "ratios are taken within each round and their median is reported with the range (default 1)",
     )
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "pt2-bench-fleet"))
     parser.add_argument("--json-out", metavar="FILE")
@@ -549,34 +634,7 @@ def main() -> int:
         )
 
     if args.small:
-        small = write_config(workdir / "small", "small", args.small)
-        figures["bare_small_s"], out = _arm("bare-small", [*bare, "small"], _env(workdir, "bare-small"), ROOT)
-        figures["bare_small_stage_s"] = json.loads(out.strip().splitlines()[-1])["steps"]
-        figures["bare_small_frozen_s"], out = _arm(
-            "bare-small-frozen", [*bare, "small", "--bare-freeze"], _env(workdir, "bare-small-frozen"), ROOT
-        )
-        figures["bare_small_frozen_stage_s"] = json.loads(out.strip().splitlines()[-1])["steps"]
-        run = [pt2flow, "run", str(small), "--json", "--store", str(workdir / "store-small")]
-        figures["cold_small_s"], out = _arm(
-            "cold-small", [*run, "--workers", "1"], _env(workdir, "cold-small"), workdir
-        )
-        figures["cold_small_stage_s"] = _stage_totals(_check(out, args.small))
-        figures["warm_small_s"], out = _arm("warm-small", run, _env(workdir, "warm-small"), workdir)
-        _check(out, args.small, cached=True)
-        # default workers (issue 43: the second core pays), on an empty store of its own
-        run2 = [pt2flow, "run", str(small), "--json", "--store", str(workdir / "store-small-2")]
-        figures["cold_small2_s"], out = _arm("cold-small-2", run2, _env(workdir, "cold-small-2"), workdir)
-        figures["cold_small2_stage_s"] = _stage_totals(_check(out, args.small))
-        figures["ratios"]["cold_small2_over_bare_small"] = round(figures["cold_small2_s"] / figures["bare_small_s"], 3)
-        figures["ratios"]["cold_small_over_bare_small"] = round(figures["cold_small_s"] / figures["bare_small_s"], 3)
-        figures["ratios"]["warm_small_over_bare_small"] = round(figures["warm_small_s"] / figures["bare_small_s"], 4)
-        # reported, no goal: against a hand-written loop that freezes its start-up objects as the workers do
-        figures["ratios"]["cold_small_over_bare_small_frozen"] = round(
-            figures["cold_small_s"] / figures["bare_small_frozen_s"], 3
-        )
-        figures["ratios"]["cold_small2_over_bare_small_frozen"] = round(
-            figures["cold_small2_s"] / figures["bare_small_frozen_s"], 3
-        )
+        small_fleet_rounds(figures, args.small, args.rounds, bare, pt2flow, workdir)
 
     if args.transformers:
         hf = write_config(workdir / "transformers", "transformers", len(TRANSFORMERS))
@@ -632,7 +690,9 @@ def main() -> int:
     for key, value in figures["ratios"].items():
         goal = GOALS.get(key)
         verdict = "(reported)" if goal is None else f"<= {goal:.2f}  {'met' if value <= goal else 'MISSED'}"
-        print(f"  {key:34s} {value:8.3f}   {verdict}", file=sys.stderr)
+        low_high = figures.get("ratio_ranges", {}).get(key)
+        spread = f"  (rounds: {low_high[0]:.3f}-{low_high[1]:.3f}, median shown)" if low_high else ""
+        print(f"  {key:34s} {value:8.3f}   {verdict}{spread}", file=sys.stderr)
     for arm in (
         "bare",
         "cold1",

@@ -126,19 +126,25 @@ def _busy_s() -> float:
     return busy
 
 
-def _prefect_server_cpu_s() -> float:
-    """CPU seconds of the shared Prefect server processes (0 when none runs)."""
-    total = 0.0
+def _prefect_server_cpu_s() -> dict[str, float]:
+    """CPU seconds of each shared Prefect server process, by pid (empty when none runs)."""
+    found: dict[str, float] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"prefect_server" not in cmdline:
                 continue
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            found[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except OSError:
             continue
-    return total
+    return found
+
+
+def _server_cpu_used(before: dict[str, float], after: dict[str, float]) -> float:
+    """What the servers alive at the end used since `before`: one started during the run counts
+    from 0, one that stopped during it (another Prefect home's, idle) is left out."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 def _run(config: Path, store: Path, env: dict[str, str], cwd: Path) -> dict[str, Any]:
@@ -157,7 +163,7 @@ def _run(config: Path, store: Path, env: dict[str, str], cwd: Path) -> dict[str,
     if proc.returncode != 0:
         raise SystemExit(f"pt2flow run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     figures = json.loads(out.read_text())
-    server = _prefect_server_cpu_s() - server_before
+    server = _server_cpu_used(server_before, _prefect_server_cpu_s())
     machine = _busy_s() - busy_before
     stage_s: dict[str, float] = collections.Counter()
     for model in json.loads(proc.stdout)["models"]:

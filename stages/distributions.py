@@ -107,6 +107,7 @@ def installed_distributions() -> dict[str, InstalledDistribution]:
             if found is not None and normalize_name(found.name) not in table:
                 table[normalize_name(found.name)] = found
     _dist_cache.clear()
+    _requirements_cache.clear()
     _dist_cache[state] = table
     return table
 
@@ -128,8 +129,20 @@ def _dist_from_folder(base: str, name: str) -> InstalledDistribution | None:
     return InstalledDistribution(meta["Name"], meta["Version"] or "unknown", base, path)
 
 
+_requirements_cache: dict[str, list[str]] = {}
+
+
 def requirements(dist: InstalledDistribution) -> list[str]:
-    """Canonical names of what `dist` requires, extras left out."""
+    """Canonical names of what `dist` requires, extras left out. Read once per `dist-info` folder
+    while installed_distributions' table holds (a reinstall changes its folder's listing, so the
+    table and this cache are made again)."""
+    cached = _requirements_cache.get(dist.path)
+    if cached is None:
+        cached = _requirements_cache[dist.path] = _read_requirements(dist)
+    return list(cached)
+
+
+def _read_requirements(dist: InstalledDistribution) -> list[str]:
     try:
         requires = metadata.PathDistribution(Path(dist.path)).requires or []
     except Exception:

@@ -42,7 +42,7 @@ class Project:
     def layers_file(self) -> Path:
         return self.folder / f"{self.layers}.py"
 
-    def set_dist_version(self, version: str) -> None:
+    def set_dist_version(self, version: str, requires: tuple[str, ...] = ("sympy",)) -> None:
         """What pip does on an upgrade: a new <name>-<version>.dist-info folder replaces the old one."""
         for old in self.site.glob(f"{self.dist}-*.dist-info"):
             for child in old.iterdir():
@@ -51,7 +51,8 @@ class Project:
         info = self.site / f"{self.dist}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {self.dist}\nVersion: {version}\nRequires-Dist: sympy\n"
+            f"Metadata-Version: 2.1\nName: {self.dist}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {name}\n" for name in requires)
         )
         (info / "top_level.txt").write_text(f"{self.dist}\n")
 
@@ -154,6 +155,22 @@ def test_a_new_distribution_version_is_detected(project: Project) -> None:
     assert deps.changed_entries(m, str(project.folder)) == [f"{project.dist}: 1.0 -> 2.0"]
     assert distributions.installed_distributions()[project.dist].version == "2.0"
     assert metadata.version(project.dist) == "2.0"  # what importlib itself now reports
+
+
+def test_an_upgrade_that_brings_a_new_requirement_records_it(project: Project) -> None:
+    """Requirements are read once per dist-info folder (stages/distributions.py): a reinstall of
+    the same version with another requirement (an editable project's), seen by the same long-lived
+    process, records what it now requires, and so does an upgrade."""
+    model = build_and_trace(project)
+    before = model_manifest(project, model)["distributions"]
+    assert "sympy" in before and "pyyaml" not in before
+    project.set_dist_version("1.0", requires=("sympy", "PyYAML"))
+    reinstalled = model_manifest(project, model)["distributions"]
+    assert reinstalled[project.dist] == "1.0"
+    assert reinstalled["pyyaml"] == metadata.version("pyyaml")
+    project.set_dist_version("2.0", requires=("sympy",))
+    upgraded = model_manifest(project, model)["distributions"]
+    assert upgraded[project.dist] == "2.0" and "pyyaml" not in upgraded
 
 
 def test_worker_reuse_modules_imported_before_still_count(project: Project) -> None:

@@ -350,3 +350,42 @@ def test_an_archive_whose_pickle_names_a_call_is_refused_and_the_call_never_runs
     with contextlib.suppress(Exception):
         torch.export.load(io.BytesIO(hostile))
     assert made.is_dir()
+
+
+def test_a_program_loads_the_same_with_torchs_schema_type_hints_memoized(
+    mlp_program: torch.export.ExportedProgram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stages.serialize memoizes typing.get_type_hints for torch's export schema classes in torch's
+    deserializer: installed under the pinned torch, answering every schema class from memory after
+    its first load, and every program (a buffer-mutating one, a joint training program, a
+    decomposed MLP) loading to the same program, fingerprint and outputs as with typing's own."""
+    import typing
+
+    from torch._export.serde import schema as serde_schema
+    from torch._export.serde import serialize as serde
+
+    memo = serialize_module.SCHEMA_TYPE_HINTS
+    assert memo is not None and serde.typing is memo
+    programs = [
+        mlp_program,
+        functional(builder(models.buffer_counter), mlp_inputs()).output,
+        functional(builder(models.regressor, training=True, loss_output=0), regressor_inputs(), mode="training").output,
+    ]
+    for ep in programs:
+        data = program_bytes(ep)
+        monkeypatch.setattr(serde, "typing", typing)
+        plain, _ = load_archive(data)
+        monkeypatch.setattr(serde, "typing", memo)
+        hits = memo.hits
+        memoized, _ = load_archive(data)
+        assert memo.hits > hits  # the load asked for hints and was answered from memory
+        assert program.fingerprint(memoized) == program.fingerprint(plain)
+        assert str(memoized.graph_module.code) == str(plain.graph_module.code)
+        assert memoized.graph_signature == plain.graph_signature
+    # the memo answers as typing does; a class outside the schema is not kept
+    assert memo.get_type_hints(serde_schema.Node, vars(serde_schema)) == typing.get_type_hints(
+        serde_schema.Node, globalns=vars(serde_schema)
+    )
+    kept = len(memo._hints)
+    assert memo.get_type_hints(dataclasses.make_dataclass("Other", [("x", int)])) == {"x": int}
+    assert len(memo._hints) == kept
