@@ -10,7 +10,8 @@ then timed samples (a sample: one call, or a batch of calls lasting at least SAM
 call takes microseconds; its time per call) until the median of
 all calls moves by less than `stable_fraction` over the last `window` calls (at least `min_runs`,
 at most `max_runs` and `max_seconds`). The recommendation at each size is the artifact with the
-lowest p50 (eager is the baseline, never recommended).
+lowest p50, or the first of those within `tie_margin` of it (eager is the baseline, never
+recommended).
 
 Every artifact is called under torch.inference_mode, as eager is: under no_grad an exported
 program's module paid autograd's version-counter bookkeeping on each call, 5-10 % of a small
@@ -27,7 +28,9 @@ while timing, it measures that load again. A measurement is `noisy` when other w
 than `max_load` cores busy meanwhile, when its p90 is more than `max_spread` times its p50, or when
 the medians of its first and second halves of calls differ by more than `max_drift`; no
 recommendation is drawn at a size where any artifact's measurement is noisy (the report says why),
-and a recommended artifact slower than eager is marked so.
+and a recommended artifact slower than eager is marked so. Artifacts within `tie_margin` of the
+fastest p50 at a size are tied there: the first of them in the report's order is recommended
+(recommend), so that two benchmarks of the same files agree.
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ class Measured:
     error: str | None = None
     timings: dict[str, Timing] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)  # a size measured more than once (_time_point)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -393,7 +397,7 @@ def benchmark(
         "load": machine_load,
         "points": [{"label": p.label, "sizes": p.sizes, "batch": p.batch} for p in points],
         "artifacts": {m.name: _artifact_report(m, points, options) for m in measured},
-        "recommendation": recommend(measured, points, noisy),
+        "recommendation": recommend(measured, points, noisy, options.tie_margin),
         "warnings": list(sink.items),
     }
     return StageResult(output=report, metadata={"summary": summary(report)}, warnings=tuple(sink.items))
@@ -450,8 +454,19 @@ def _time_artifact(
 
 
 def _time_point(measured: Measured, point: Point, call: Callable[[], Any], options: BenchmarkOptions) -> None:
+    """Time one artifact at one size; a measurement its own spread or drift makes noisy (a burst
+    of other work, this VM's speed moving) is taken again, up to options.retries more times, and
+    the first that is not noisy is kept (else the last)."""
     try:
-        measured.timings[point.label] = time_calls(call, options)
+        attempts = 0
+        while True:
+            timing = time_calls(call, options)
+            attempts += 1
+            if timing.noise(options) is None or attempts > options.retries:
+                break
+        measured.timings[point.label] = timing
+        if attempts > 1:
+            measured.attempts[point.label] = attempts
     except Exception as exc:  # noqa: BLE001 - a size this artifact fails at is reported, not fatal
         measured.errors[point.label] = short_message(exc, 300)
 
@@ -490,6 +505,7 @@ def _artifact_report(measured: Measured, points: list[Point], options: Benchmark
             "drift": _rounded(timing.drift),
             "noisy": timing.noise(options),
             "throughput": point.batch / (timing.p50 / 1000.0) if timing.p50 > 0 else None,
+            **({"attempts": measured.attempts[point.label]} if point.label in measured.attempts else {}),
         }
     return {
         "size_bytes": measured.size_bytes,
@@ -501,12 +517,21 @@ def _artifact_report(measured: Measured, points: list[Point], options: Benchmark
 
 
 def recommend(
-    measured: Sequence[Measured], points: Sequence[Point], noisy: Mapping[str, str] | None = None
+    measured: Sequence[Measured],
+    points: Sequence[Point],
+    noisy: Mapping[str, str] | None = None,
+    tie_margin: float = 0.0,
 ) -> dict[str, Any]:
     """Per point the artifact with the lowest p50 (eager excluded), its speedup over eager and
     whether it is slower than eager; none at a point whose timings are noisy (`noisy`: point ->
     why, kept in the result); overall the artifact fastest at the most points (ties: the lowest
-    p50 summed over points)."""
+    p50 summed over points).
+
+    Artifacts whose p50 is within `tie_margin` of the lowest are tied: their order is the
+    machine's noise, not theirs (two runtimes a few microseconds apart traded places from one
+    benchmark to the next), so the first of them in `measured`'s order (the report's: archive,
+    compiled, then the targets as configured) is recommended, and the others are named
+    (`tied_with`), each run the same."""
     noisy = dict(noisy or {})
     eager = next((m for m in measured if m.name == EAGER), None)
     per_point: dict[str, Any] = {}
@@ -515,7 +540,9 @@ def recommend(
         if not timed or point.label in noisy:
             per_point[point.label] = None
             continue
-        p50, name = min(timed)
+        fastest = min(p50 for p50, _ in timed)
+        tied = [(p50, name) for p50, name in timed if p50 <= fastest * (1.0 + tie_margin)]
+        p50, name = tied[0]
         base = eager.timings[point.label].p50 if eager is not None and point.label in eager.timings else None
         speedup = base / p50 if base and p50 > 0 else None
         per_point[point.label] = {
@@ -523,6 +550,7 @@ def recommend(
             "p50_ms": p50,
             "speedup_vs_eager": speedup,
             "slower_than_eager": speedup is not None and speedup < 1.0,
+            **({"tied_with": [other for _, other in tied[1:]]} if len(tied) > 1 else {}),
         }
     wins: dict[str, int] = {}
     for choice in per_point.values():

@@ -140,7 +140,10 @@ class BenchmarkOptions(_Options):
     the rest of the machine (other processes) to use at most max_load cores. A measurement is
     `noisy`, and no recommendation is drawn from it, when other work used more than max_load cores
     while it was timed, when its p90 is more than max_spread times its p50, or when the medians of
-    its first and second half of calls differ by more than max_drift of the median.
+    its first and second half of calls differ by more than max_drift of the median; a measurement
+    noisy by its own spread or drift is taken again, up to `retries` more times. Artifacts
+    whose p50 is within tie_margin of the lowest at a size are tied: the first of them in the
+    report's order (archive, compiled, the targets as configured) is recommended there.
     """
 
     sizes: dict[str, tuple[Annotated[int, Field(ge=0)], ...]] = Field(default_factory=dict)
@@ -156,6 +159,8 @@ class BenchmarkOptions(_Options):
     max_load: float = Field(default=0.5, ge=0)
     max_spread: float = Field(default=10.0, gt=1)
     max_drift: float = Field(default=0.25, gt=0)
+    tie_margin: float = Field(default=0.1, ge=0, lt=1)
+    retries: int = Field(default=2, ge=0, le=10)
 
     @model_validator(mode="after")
     def _runs_in_order(self) -> BenchmarkOptions:

@@ -166,17 +166,13 @@ class MetadataIndex:
         statistics (reads take whole files). A larger file (a compaction's, a settled fleet's
         records) keeps zstd, dictionaries and statistics: there they pay."""
         sink = io.BytesIO()
-        if table.num_rows <= PLAIN_FILE_ROWS:
-            pq.write_table(
-                table,
-                sink,
-                row_group_size=row_group_size,
-                compression="none",
-                use_dictionary=False,
-                write_statistics=False,
-            )
-        else:
-            pq.write_table(table, sink, row_group_size=row_group_size, compression="zstd")
+        small = table.num_rows <= PLAIN_FILE_ROWS
+        encoding = (
+            {"compression": "none", "use_dictionary": False, "write_statistics": False}
+            if small
+            else {"compression": "zstd"}
+        )
+        pq.write_table(table, sink, row_group_size=row_group_size, **encoding)
         data = sink.getvalue()
         crash_point("before_index_append")
         try:

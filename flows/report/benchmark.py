@@ -88,6 +88,9 @@ def recommendation_sentence(recommendation: Mapping[str, Any], labels: Sequence[
     spread = "" if not speedups else f" ({low} eager{slower})" if low == high else f" ({low}-{high} eager{slower})"
     others = sorted({f"{c['artifact']} at {label}" for label, c in points.items() if c and c["artifact"] != chosen})
     tail = f"; {', '.join(others)}" if others else ""
+    tied = [f"{'/'.join(c['tied_with'])} at {label}" for label, c in points.items() if c and c.get("tied_with")]
+    if tied:  # within the benchmark's tie_margin of the pick there: as fast, on this machine's noise
+        tail += f"; as fast (within the tie margin): {', '.join(tied)}"
     if noisy:
         tail += f"; noisy at {', '.join(noisy)} (none recommended there)"
     return f"recommended: {chosen}, fastest at {recommendation.get('wins', 0)} of {len(labels)} sizes{spread}{tail}"

@@ -75,6 +75,7 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
         assert "PT2FLOW_STORAGE_OPTIONS" not in environ and SECRET not in json.dumps(environ)
         assert environ["PREFECT_HOME"] == str(home) and environ["PREFECT_API_BLOCKS_REGISTER_ON_START"] == "false"
         assert environ["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"] == "200"  # task runs recorded in batches
+        assert environ["PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED"] == "false"  # no events kept twice
 
         code, second, stderr = run_json(
             ["run", str(_fleet(tmp_path, "b", hidden=24)), "--json"], env=env
@@ -109,6 +110,8 @@ def test_runs_share_one_server_that_holds_no_secrets_and_stops_when_idle(tmp_pat
             for name in ("a", "b")
         )
         assert recorded == expected, recorded
+        with sqlite3.connect(home / DATABASE) as db:  # the task runs above came without persisted events
+            assert db.execute("SELECT count(*) FROM events").fetchone() == (0,)
         made = template.stat().st_mtime_ns
         other = tmp_path / "another-home"  # a second fresh home: copied, not made again
         code, _, stderr = run_json(

@@ -307,3 +307,64 @@ def test_a_call_of_microseconds_is_timed_in_batches() -> None:
     timing = time_calls(clock.work, options, clock)
     assert len(timing.times_ms) == 5 and clock.calls == 2 + 5 * 100
     assert timing.p50 == pytest.approx(0.01)
+
+
+def test_artifacts_within_the_tie_margin_are_tied_and_the_first_in_the_reports_order_is_recommended() -> None:
+    """Two runtimes a few microseconds apart traded places from one benchmark to the next
+    (bench/benchmark_agreement.py): within tie_margin of the fastest, the pick is the first in
+    the report's order, whichever measured faster this time, and the others are named."""
+    from pt2flow.flows.report.benchmark import recommendation_sentence
+
+    points = [Point("batch=1", {"batch": 1}, 1), Point("batch=8", {"batch": 8}, 8)]
+    for onnx_p50 in (0.0056, 0.0058):  # faster, then slower than executorch: the same answer
+        measured = [
+            _measured("eager", {"batch=1": 0.025, "batch=8": 0.9}),
+            _measured("archive", {"batch=1": 0.088, "batch=8": 1.0}),
+            _measured("onnx", {"batch=1": onnx_p50, "batch=8": 0.30}),
+            _measured("executorch", {"batch=1": 0.0057, "batch=8": 0.45}),  # 1.5x onnx at batch 8: not tied
+        ]
+        chosen = recommend(measured, points, tie_margin=0.1)
+        assert chosen["points"]["batch=1"]["artifact"] == "onnx"
+        assert chosen["points"]["batch=1"]["tied_with"] == ["executorch"]
+        assert chosen["points"]["batch=1"]["p50_ms"] == onnx_p50
+        assert chosen["points"]["batch=8"]["artifact"] == "onnx" and "tied_with" not in chosen["points"]["batch=8"]
+        sentence = recommendation_sentence(chosen, [p.label for p in points])
+        assert sentence.endswith("; as fast (within the tie margin): executorch at batch=1"), sentence
+    # without a margin the fastest alone is picked, as before
+    assert recommend(measured, points)["points"]["batch=1"]["artifact"] == "executorch"
+    # the margin is the stage's option, 0.1 by default
+    assert BenchmarkOptions().tie_margin == 0.1
+    with pytest.raises(ValueError):
+        BenchmarkOptions(tie_margin=1.0)
+
+
+def test_a_noisy_measurement_is_taken_again_and_the_first_clean_one_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of other work makes one measurement drift; the size is measured again (up to
+    `retries` more times) instead of being given up, and the report says how many times."""
+    from pt2flow.stages import benchmark as stage
+
+    drifting = Timing((1.0, 1.0, 1.0, 2.0, 2.0, 2.0), False)
+    clean = Timing((1.0, 1.05, 1.0, 1.0, 1.05, 1.0), True)
+    options = BenchmarkOptions()  # retries 2
+    point = Point("batch=1", {"batch": 1}, 1)
+
+    def measure(sequence: list[Timing], retries: int) -> Measured:
+        given = iter(sequence)
+        monkeypatch.setattr(stage, "time_calls", lambda call, options: next(given))
+        measured = Measured("onnx", 1)
+        stage._time_point(measured, point, lambda: None, options.model_copy(update={"retries": retries}))
+        return measured
+
+    second = measure([drifting, clean, drifting], retries=2)
+    assert second.timings["batch=1"] is clean and second.attempts == {"batch=1": 2}
+    assert stage._artifact_report(second, [point], options)["points"]["batch=1"]["attempts"] == 2
+    first = measure([clean, drifting], retries=2)
+    assert (
+        first.timings["batch=1"] is clean
+        and first.attempts == {}
+        and "attempts" not in (stage._artifact_report(first, [point], options)["points"]["batch=1"])
+    )
+    given_up = measure([drifting, drifting, drifting, clean], retries=2)  # three tries, all noisy: the last kept
+    assert given_up.timings["batch=1"] is drifting and given_up.attempts == {"batch=1": 3}
+    assert stage._artifact_report(given_up, [point], options)["points"]["batch=1"]["noisy"]
+    assert measure([drifting, clean], retries=0).timings["batch=1"] is drifting  # retries 0: as before

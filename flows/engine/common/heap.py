@@ -20,8 +20,8 @@ from __future__ import annotations
 import gc
 
 
-def freeze_startup_objects() -> int:
-    """Collect what is garbage now, then freeze what is alive; the number of objects frozen."""
+def freeze_startup_objects() -> None:
+    """Collect what is garbage now, then freeze what is alive (`gc.get_freeze_count()` says how
+    many objects are frozen: Describe reports it)."""
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
