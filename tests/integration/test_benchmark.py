@@ -72,8 +72,10 @@ def test_every_validated_artifact_is_timed_at_each_size(fleet: dict[str, Any]) -
 
 
 def test_the_recommendation_is_the_fastest_artifact_at_each_size(fleet: dict[str, Any]) -> None:
-    """...at each size whose timings hold; at a noisy one (other work on the machine while it
-    was timed, or a measurement's own spread: this suite runs beside other tests) none, and why."""
+    """...at each size whose timings hold, or the first in the report's order of those within
+    the tie margin of the fastest (the others named); at a noisy one (other work on the machine
+    while it was timed, or a measurement's own spread: this suite runs beside other tests) none,
+    and why."""
     for name, model in _models(fleet["cold"]).items():
         report = _report(fleet["store"], model)
         load = report["load"]
@@ -89,11 +91,13 @@ def test_the_recommendation_is_the_fastest_artifact_at_each_size(fleet: dict[str
             if label in noisy:
                 assert chosen is None and all(a in noisy[label] for a in own), (name, noisy)
                 continue
-            p50 = {a: e["p50_ms"] for a, e in measured.items() if a != "eager"}
-            fastest = min(p50, key=p50.__getitem__)
-            assert chosen["artifact"] == fastest, (name, label, p50)
+            p50 = {a: e["p50_ms"] for a, e in measured.items() if a != "eager"}  # the report's order
+            fastest = min(p50.values())
+            tied = [a for a, ms in p50.items() if ms <= fastest * (1 + report["options"]["tie_margin"])]
+            assert chosen["artifact"] == tied[0], (name, label, p50)
+            assert chosen.get("tied_with", []) == tied[1:], (name, label, p50)
             eager = report["artifacts"]["eager"]["points"][label]["p50_ms"]
-            assert chosen["speedup_vs_eager"] == pytest.approx(eager / p50[fastest]), name
+            assert chosen["speedup_vs_eager"] == pytest.approx(eager / p50[tied[0]]), name
         summary = model["timings"]  # the run document's summary
         assert summary["recommended"] in summary["best"].values() or (
             summary["recommended"] is None and set(summary["noisy"]) == set(summary["points"])
