@@ -49,7 +49,7 @@ BATCHED_TASK_RUNS = (
 # pt2flow's servers run without the services that serve what they never hold (their UI is off;
 # runs make no deployments, schedules, work pools, pauses, concurrency leases or automations):
 # the event persister (every task run's three state events, written again as rows of their own
-# beside the task run recorder's: 60 of a 100-model fleet's 87 MB of database) and the triggers
+# beside the task run recorder's: 60 of the 87 MB six 100-model runs wrote) and the triggers
 # service (every event evaluated against automations, there are none) cost the server CPU per
 # stage; the scheduler, late runs, foreman, pause expirations and repossessor poll for work that
 # never comes (an idle server used 2-7 % of a core). bench/profile_fleet.py, 40 small models, one
