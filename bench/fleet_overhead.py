@@ -457,6 +457,11 @@ SMALL_KEYS = {
     "cold-small": "cold_small",
     "cold-small-2": "cold_small2",
 }
+# the ratios each round gives (arm, its base), reported as medians over rounds: the pt2flow arms
+# against the bare loop (the goals) and against the frozen bare loop (reported)
+SMALL_RATIOS = tuple(
+    (arm, base) for base in ("bare-small", "bare-small-frozen") for arm in ("cold-small", "cold-small-2")
+)
 
 
 def small_fleet_rounds(
@@ -495,11 +500,10 @@ def small_fleet_rounds(
         per_round.append(
             {
                 **{f"{SMALL_KEYS[arm]}_s": value for arm, value in seconds.items()},
-                "cold_small_over_bare_small": seconds["cold-small"] / seconds["bare-small"],
-                "cold_small2_over_bare_small": seconds["cold-small-2"] / seconds["bare-small"],
-                "cold_small_over_bare_small_frozen": seconds["cold-small"] / seconds["bare-small-frozen"],
-                "cold_small2_over_bare_small_frozen": seconds["cold-small-2"] / seconds["bare-small-frozen"],
-                "bare_small_frozen_over_bare_small": seconds["bare-small-frozen"] / seconds["bare-small"],
+                **{
+                    f"{SMALL_KEYS[arm]}_over_{SMALL_KEYS[base]}": seconds[arm] / seconds[base]
+                    for arm, base in (*SMALL_RATIOS, ("bare-small-frozen", "bare-small"))
+                },
             }
         )
         if index == 0:
@@ -510,12 +514,8 @@ def small_fleet_rounds(
         figures[key] = round(statistics.median(r[key] for r in per_round), 2)
     # warm-small against the bare loop of its round (issue 23's goal)
     figures["ratios"]["warm_small_over_bare_small"] = round(figures["warm_small_s"] / per_round[0]["bare_small_s"], 4)
-    for key in (
-        "cold_small_over_bare_small",
-        "cold_small2_over_bare_small",
-        "cold_small_over_bare_small_frozen",
-        "cold_small2_over_bare_small_frozen",
-    ):
+    for arm, base in SMALL_RATIOS:
+        key = f"{SMALL_KEYS[arm]}_over_{SMALL_KEYS[base]}"
         values = [r[key] for r in per_round]
         figures["ratios"][key] = round(statistics.median(values), 3)
         if rounds > 1:

@@ -166,10 +166,9 @@ class MetadataIndex:
         statistics (reads take whole files). A larger file (a compaction's, a settled fleet's
         records) keeps zstd, dictionaries and statistics: there they pay."""
         sink = io.BytesIO()
-        small = table.num_rows <= PLAIN_FILE_ROWS
         encoding = (
             {"compression": "none", "use_dictionary": False, "write_statistics": False}
-            if small
+            if table.num_rows <= PLAIN_FILE_ROWS
             else {"compression": "zstd"}
         )
         pq.write_table(table, sink, row_group_size=row_group_size, **encoding)
