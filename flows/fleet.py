@@ -73,7 +73,10 @@ def _task_runner(runner: str, workers: int, dask_address: str | None) -> Any:
     if runner in ("local", "process"):
         from prefect.task_runners import ThreadPoolTaskRunner
 
-        return ThreadPoolTaskRunner(max_workers=workers)  # threads only wait on worker processes
+        # threads only wait on worker processes; one more than the workers, so that the next
+        # model's Prefect task and its stage tasks up to its first stage with work are under way
+        # while the models before it finish (Lease: its clock starts once it has a worker)
+        return ThreadPoolTaskRunner(max_workers=workers + 1)
     if runner == "dask":
         from prefect_dask import DaskTaskRunner
 

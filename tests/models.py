@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -33,6 +35,13 @@ class BufferCounter(nn.Module):
         self.calls.add_(1)
         self.ema.mul_(0.9).add_(0.1 * x.mean(0))
         return self.proj(x) + self.ema
+
+
+def slow_build(seconds: float = 3.0, hidden: int = 16) -> nn.Module:
+    """tiny_mlp, built in `seconds` (a factory that loads or downloads for a while: the source
+    stage's work)."""
+    time.sleep(seconds)
+    return tiny_mlp(hidden=hidden)
 
 
 def buffer_counter() -> nn.Module:

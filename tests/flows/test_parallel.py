@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,58 @@ def test_fleet_run_publishes_table_and_markdown_artifacts(tmp_path: Path) -> Non
     assert second["run_id"] in markdown.data
     assert f"`{document['run_id']}` → `{second['run_id']}`" in markdown.data
     assert "No regressions" in markdown.data
+
+
+def test_the_next_model_waits_for_a_worker_without_being_charged_for_it(tmp_path: Path) -> None:
+    """With one worker the orchestrator runs one model ahead of it (flows/fleet.py _task_runner):
+    three models whose factories take 3 s each; the third one's tasks start once the first model
+    to get the worker is done, and wait for the second one's 3 s. The wait is neither its
+    stage's seconds nor part of its time limit: its records start when the others' last ones
+    end (the index's own timestamps: one worker did one model after the other) and say it built
+    in about its own 3 s, and its limit of 5.5 s (its 3 s and the wait would pass it) holds."""
+    models = [
+        {
+            "name": f"slow{i}",
+            "factory": "tests.models:slow_build",
+            "kwargs": {"seconds": 3.0, "hidden": 12 + i},
+            "inputs": {"x": {"shape": [2, 8]}},
+            **({"limits": {"timeout_s": 5.5}} if i == 2 else {}),
+        }
+        for i in range(3)
+    ]
+    config = write_config(tmp_path / "fleet.yaml", models, stages=["trace"])
+    store = tmp_path / "store"
+    code, document = run_in_process(config, store=str(store), workers=1)
+    assert code == 0, document
+    rows = ArtifactStore(str(store)).index.read(["model", "stage", "seconds", "started_at", "ended_at"]).to_pylist()
+    runs = {(r["model"], r["stage"]): r for r in rows}
+    last = runs[("slow2", "source")]
+    assert last["started_at"] >= max(runs[(m, "trace")]["ended_at"] for m in ("slow0", "slow1")), rows
+    assert 3.0 <= last["seconds"] < 5.0, rows  # its own build, not the wait
+    assert abs((last["ended_at"] - last["started_at"]).total_seconds() - last["seconds"]) < 0.5, rows
+
+
+def _heartbeat_thread_in_a_flow(env: dict[str, str]) -> bool:
+    """Whether a flow run under prefect_api() (this session's shared server) has Prefect's
+    heartbeat thread running: a fresh process with `env` added, so no setting of this one leaks in."""
+    probe = (
+        "import threading\n"
+        "from prefect import flow\n"
+        "from pt2flow.flows.engine.services import prefect_runtime\n"
+        "@flow\n"
+        "def probe():\n"
+        "    return any(getattr(getattr(t, '_args', (None,))[0] if getattr(t, '_args', None) else None,"
+        " '__name__', '') == 'heartbeat_loop' for t in threading.enumerate())\n"
+        "with prefect_runtime.prefect_api():\n"
+        "    print(probe())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env=cli_env(env), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_flows_on_pt2flows_own_server_send_no_heartbeats_unless_asked() -> None:
+    """Prefect's flow heartbeats feed automations, which pt2flow's servers do not run; their thread
+    held the end of every run for up to a second. A user's heartbeat setting is kept."""
+    assert _heartbeat_thread_in_a_flow({}) is False
+    assert _heartbeat_thread_in_a_flow({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}) is True

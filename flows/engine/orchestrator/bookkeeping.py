@@ -7,7 +7,7 @@ that dies mid-stage still gets its failure recorded (docs/architecture.md, "Isol
 from __future__ import annotations
 
 import time
-from datetime import datetime, UTC
+from datetime import datetime, timedelta, UTC
 from typing import TYPE_CHECKING, Any
 from collections.abc import Mapping
 
@@ -54,6 +54,12 @@ class StageRun:
 
     def seconds(self) -> float:
         return time.perf_counter() - self.clock
+
+    def later(self, seconds: float) -> None:
+        """Start the stage's clock (and its record's start) `seconds` later: the time its model
+        waited for a worker is not the stage's."""
+        self.clock += seconds
+        self.started += timedelta(seconds=seconds)
 
     def cached(self, planned: Mapping[str, Any] | None = None) -> Outcome | None:
         """The outcome of an earlier run of this exact key that settles it: ok with a blob that

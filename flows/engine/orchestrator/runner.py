@@ -148,6 +148,10 @@ def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], 
         raise run.fail(ErrorClass.INTERNAL, f"pt2flow bug: {stage} of a model planned as fully cached has work to do")
     try:
         worker = model_run.lease.get()
+        if model_run.lease.waited:  # the model's clock and its stage's start once it has a worker
+            model_run.started += model_run.lease.waited
+            run.later(model_run.lease.waited)
+            model_run.lease.waited = 0.0
         request = StageRequest(stage, compute, run.model, run.ctx, dict(inputs), run.key)
         status, payload = worker.call(request, model_run.budget(stage))
     except WorkerLost as lost:

@@ -537,14 +537,20 @@ atexit.register(stop_pool)
 @dataclass
 class Lease:
     """The worker a model's stages run on, acquired at its first stage with work and released
-    (or replaced, if it died) when the model is done."""
+    (or replaced, if it died) when the model is done. `waited`: the seconds that acquisition
+    spent waiting for another model to release a worker (the model's thread runs one model ahead
+    of the pool: flows/fleet.py _task_runner), which count toward neither the model's time limit
+    nor its stage's seconds (runner._attempt)."""
 
     pool: WorkerPool
     worker: Worker | None = None
+    waited: float = 0.0
 
     def get(self) -> Worker:
         if self.worker is None:
+            asked = time.monotonic()
             self.worker = self.pool.acquire()
+            self.waited = time.monotonic() - asked
             self.worker.models += 1
             self.worker.call(NewModel())
         return self.worker

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -68,6 +68,25 @@ IDLE_SERVICES = tuple(
         "REPOSSESSOR",
     )
 )
+
+
+# A flow run on pt2flow's servers sends no heartbeats. Prefect emits a flow run's heartbeat event
+# every PREFECT_FLOWS_HEARTBEAT_FREQUENCY seconds (180) for automations that mark a run whose
+# heartbeats stop as crashed; these servers run no triggers service (IDLE_SERVICES above), so the
+# events went nowhere, and the thread sending them is joined when the flow ends, sleeping in steps
+# of a second: 0-1 s (0.5 on average) at the end of every run, in-process flows included. A
+# user's own server (PREFECT_API_URL) or heartbeat setting is kept.
+HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
+
+
+def own_server_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """The Prefect settings a run on one of pt2flow's servers uses (heartbeats off, unless `env`
+    sets their frequency)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    if any(key in env for key in HEARTBEAT_SETTINGS):
+        return {}
+    return {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
 
 
 def server_defaults(env: dict[str, str]) -> dict[str, str]:
@@ -153,7 +172,7 @@ def prefect_api(timeout: float = 90.0, while_starting: Callable[[], Any] | None 
     try:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        with temporary_settings(updates={PREFECT_API_URL: api_url, **own_server_settings(os.environ)}):
             yield api_url
     finally:
         _drain_prefect()
