@@ -141,9 +141,12 @@ class BenchmarkOptions(_Options):
     `noisy`, and no recommendation is drawn from it, when other work used more than max_load cores
     while it was timed, when its p90 is more than max_spread times its p50, or when the medians of
     its first and second half of calls differ by more than max_drift of the median; a measurement
-    noisy by its own spread or drift is taken again, up to `retries` more times. Artifacts
-    whose p50 is within tie_margin of the lowest at a size are tied: the first of them in the
-    report's order (archive, compiled, the targets as configured) is recommended there.
+    noisy by its own spread or drift is taken again, up to `retries` more times. Every artifact
+    is timed `passes` times at every size, in passes over all the artifacts (every other pass in
+    the reverse order), and each size's figures are those of its pass with the lowest p50: a pass
+    that ran while this VM was slower is not the one reported. Artifacts whose p50 is within
+    tie_margin of the lowest at a size are tied: the first of them in the report's order
+    (archive, compiled, the targets as configured) is recommended there.
     """
 
     sizes: dict[str, tuple[Annotated[int, Field(ge=0)], ...]] = Field(default_factory=dict)
@@ -161,6 +164,7 @@ class BenchmarkOptions(_Options):
     max_drift: float = Field(default=0.25, gt=0)
     tie_margin: float = Field(default=0.1, ge=0, lt=1)
     retries: int = Field(default=2, ge=0, le=10)
+    passes: int = Field(default=2, ge=1, le=10)
 
     @model_validator(mode="after")
     def _runs_in_order(self) -> BenchmarkOptions:

@@ -89,6 +89,10 @@ class LazyGroup(click.Group):
         module, attribute = COMMANDS[cmd_name][0].split(":")
         command = getattr(importlib.import_module(module), attribute)
         assert isinstance(command, click.Command) and command.name == cmd_name, (cmd_name, command)
+        if _console:  # the console script's own process: pyarrow is told pandas is not needed
+            from pt2flow.storage.index import skip_pandas_probe
+
+            skip_pandas_probe()
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -151,8 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code(exc, root.invoked_subcommand if root is not None else None)
 
 
+_console = False  # set by console(): this process is the console script's, not a program's that called main()
+
+
 def console() -> NoReturn:
     """The `pt2flow` console script (and `python -m pt2flow.flows.cli.main`): `main`, then `leave`."""
+    global _console
+    _console = True
     leave(main())
 
 

@@ -3,7 +3,10 @@ errors (exit 2, a message naming what was wrong, no traceback) and what a light 
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from importlib.metadata import version
 
 import pytest
@@ -99,3 +102,35 @@ def test_ls_prints_a_long_store_path_on_one_line(tmp_path) -> None:
     proc = run_cli(["ls", "--store", str(store)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == f"0 record(s) in {store}"
+
+
+def test_the_console_script_reads_the_index_without_importing_pandas(tmp_path) -> None:
+    """pyarrow imports pandas (installed: ExecuTorch requires it) at its first conversion of a
+    Python value, 0.19 s of every command; the console script's process tells it none is needed
+    (storage.index.skip_pandas_probe), and answers the same. A program that asks pyarrow for
+    pandas itself still gets it: shown in a process of its own after the same call."""
+    from pt2flow.storage import ArtifactStore
+    from tests.records import make_chain
+
+    store = tmp_path / "store"
+    make_chain(ArtifactStore(str(store)), "mlp", "run-1", None)
+    proc = run_cli(["ls", "--store", str(store), "--model", "mlp", "--json"], env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {r["stage"] for r in json.loads(proc.stdout)} >= {"source", "trace", "validate"}
+    loaded = {  # a refused import shows up too, in microseconds: a loaded pandas takes 0.1 s and more
+        m.group(2)
+        for m in re.finditer(r"^import time:\s+\d+ \|\s+(\d+) \|\s+(\S+)", proc.stderr, re.M)
+        if int(m.group(1)) > 5000
+    }
+    assert "pyarrow" in loaded and "pandas" not in loaded, sorted(loaded)
+    program = (
+        "import sys\n"
+        "import pyarrow as pa\n"
+        "from pt2flow.storage.index import skip_pandas_probe\n"
+        "assert skip_pandas_probe()\n"
+        "assert pa.array(['x']).to_pylist() == ['x'] and 'pandas' not in sys.modules\n"
+        "frame = pa.table({'a': [1, 2]}).to_pandas()\n"
+        "print(type(frame).__name__, frame['a'].tolist())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "DataFrame [1, 2]", done.stderr[-2000:]

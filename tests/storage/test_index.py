@@ -208,3 +208,34 @@ def test_with_key_gives_what_a_filter_on_the_key_gives_across_appends_compaction
     assert (
         by_key(shared) == by_filter(shared) == sorted([first[0]["record_id"], first[2]["record_id"], own["record_id"]])
     )
+
+
+def test_a_scan_of_files_this_process_holds_answers_from_memory_with_the_same_rows(tmp_path) -> None:
+    """scan() reads through pyarrow.dataset, without caching; once every current file is in this
+    process's memory (a run planned on them, or wrote them) it answers from there: the same rows,
+    columns and de-duplication as a scan from disk, for every filter, and no file read again
+    (shown by overwriting one on disk afterwards: the cached answer still has its rows)."""
+    url = str(tmp_path / "store")
+    holder = ArtifactStore(url)
+    dup = record(model="a", stage="source", run_id="run-1")
+    holder.index.append([dup, record(model="a", stage="trace", run_id="run-1")])
+    holder.index.append([dup, record(model="b", stage="trace", run_id="run-2", status="failed")])
+    holder.index.append([record(model="c", stage="trace", run_id="run-2")])
+    filters = [
+        None,
+        pc.field("run_id") == "run-2",
+        (pc.field("model") == "a") & (pc.field("stage") == "source"),
+        pc.field("run_id").is_valid(),
+    ]
+    for columns in (None, ["run_id", "model", "stage", "status"], ["model"]):
+        for condition in filters:
+            from_disk = ArtifactStore(url).index.scan(columns, filter=condition)
+            held = holder.index.scan(columns, filter=condition)
+            assert held.schema == from_disk.schema
+            assert sorted(held.to_pylist(), key=str) == sorted(from_disk.to_pylist(), key=str)
+    assert holder.index.scan(["record_id"]).num_rows == 4  # the record in two files, once
+    victim = holder.index.files()[-1]
+    with open(victim, "wb") as handle:  # files are immutable: a changed one shows which way a scan read
+        pq.write_table(pa.table({"record_id": ["x"]}), handle)
+    assert sorted(holder.index.scan(["model"])["model"].to_pylist()) == ["a", "a", "b", "c"]
+    assert "c" not in ArtifactStore(url).index.scan(["model"])["model"].to_pylist()  # a fresh process reads the disk
