@@ -63,7 +63,11 @@ def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> Any:
     from pt2flow.flows.engine.orchestrator.supervisor import shared_pool
 
     announce_start(ctx.run_id, model.name)  # on a Dask worker: the orchestrator's clock of this model starts
-    result = run_model(model, ctx, plan, shared_pool(python=ctx.python), tasks=STAGE_TASKS)
+    pool = shared_pool(python=ctx.python)
+    try:
+        result = run_model(model, ctx, plan, pool, tasks=STAGE_TASKS)
+    finally:
+        pool.leave_turn(model.name)  # however the model ended, the next one's turn at a worker comes
     if result.status == "failed":
         return Failed(message=f"{model.name}: {result.error_class} at {result.failed_stage}", data=result)
     return Completed(data=result)
@@ -101,7 +105,7 @@ def _run_models(
     if runner != "dask":
         from pt2flow.flows.engine.orchestrator.supervisor import start_pool
 
-        start_pool(workers, ctx.python)
+        start_pool(workers, ctx.python).set_order([m.name for m in models])  # the config's order
     with _task_runner(runner, workers, dask_address) as task_runner:
         try:
             futures = {

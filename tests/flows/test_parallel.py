@@ -157,7 +157,8 @@ def test_the_next_model_waits_for_a_worker_without_being_charged_for_it(tmp_path
     to get the worker is done, and wait for the second one's 3 s. The wait is neither its
     stage's seconds nor part of its time limit: its records start when the others' last ones
     end (the index's own timestamps: one worker did one model after the other) and say it built
-    in about its own 3 s, and its limit of 5.5 s (its 3 s and the wait would pass it) holds."""
+    in about its own 3 s, and its limit of 5.5 s (its 3 s and the wait would pass it) holds. The
+    two models waiting at once take the worker in the config's order (WorkerPool.set_order)."""
     models = [
         {
             "name": f"slow{i}",
@@ -174,6 +175,12 @@ def test_the_next_model_waits_for_a_worker_without_being_charged_for_it(tmp_path
     assert code == 0, document
     rows = ArtifactStore(str(store)).index.read(["model", "stage", "seconds", "started_at", "ended_at"]).to_pylist()
     runs = {(r["model"], r["stage"]): r for r in rows}
+    # one worker takes the models in the config's order, though two of them wait for it at once
+    assert sorted(("slow0", "slow1", "slow2"), key=lambda m: runs[(m, "source")]["started_at"]) == [
+        "slow0",
+        "slow1",
+        "slow2",
+    ], rows
     last = runs[("slow2", "source")]
     assert last["started_at"] >= max(runs[(m, "trace")]["ended_at"] for m in ("slow0", "slow1")), rows
     assert 3.0 <= last["seconds"] < 5.0, rows  # its own build, not the wait

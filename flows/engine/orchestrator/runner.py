@@ -193,7 +193,7 @@ def run_model(
     plan = plan or plan_model(model, ctx)
     if pool is None:
         logger.info("%s: settled from the index", model.name)
-    lease = None if pool is None else Lease(pool)
+    lease = None if pool is None else Lease(pool, model.name)
     call: Callable[[str], StageCall] = (lambda s: run_stage) if tasks is None else (lambda s: tasks[s])
     result = ModelResult(name=model.name)
     outcomes: dict[str, Outcome] = {}

@@ -377,6 +377,11 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._closed = False
         self.stopping = False  # set by interrupt(): a plain attribute, so a signal handler may set it
+        # the models of a run in the order they take a worker (set_order): the orchestrator runs
+        # one model ahead of the pool, and the one waiting must not take a worker before the
+        # models the config names first (with one worker, a fleet runs in its config's order)
+        self._turns: list[str] = []
+        self._turn = threading.Condition()
         for _ in range(self.size):
             self._idle.put(self._spawn())
 
@@ -388,15 +393,38 @@ class WorkerPool:
             self._all.append(worker)
         return worker
 
-    def acquire(self) -> Worker:
-        while True:
-            if self.stopping:
-                raise Interrupted("the run was interrupted before this model got a worker")
-            try:
-                worker = self._idle.get(timeout=POLL_SECONDS)
-                break
-            except queue.Empty:
-                continue
+    def set_order(self, models: list[str]) -> None:
+        """The models of the run starting, in the order they are to take a worker."""
+        with self._turn:
+            self._turns = list(models)
+            self._turn.notify_all()
+
+    def leave_turn(self, model: str | None) -> None:
+        """`model` takes no worker (more): the next one in the order may."""
+        with self._turn:
+            if model in self._turns:
+                self._turns.remove(model)
+                self._turn.notify_all()
+
+    def acquire(self, model: str | None = None) -> Worker:
+        """An idle worker for `model`, once every model before it in set_order's order has had
+        one or is done (a model not in the order does not wait its turn)."""
+        with self._turn:
+            while model in self._turns and self._turns[0] != model:
+                if self.stopping:
+                    raise Interrupted("the run was interrupted before this model got a worker")
+                self._turn.wait(POLL_SECONDS)
+        try:
+            while True:
+                if self.stopping:
+                    raise Interrupted("the run was interrupted before this model got a worker")
+                try:
+                    worker = self._idle.get(timeout=POLL_SECONDS)
+                    break
+                except queue.Empty:
+                    continue
+        finally:
+            self.leave_turn(model)
         if not worker.alive:
             self._retire(worker)
             worker = self._spawn()
@@ -543,19 +571,21 @@ class Lease:
     nor its stage's seconds (runner._attempt)."""
 
     pool: WorkerPool
+    model: str | None = None  # its turn in the pool's order (WorkerPool.set_order)
     worker: Worker | None = None
     waited: float = 0.0
 
     def get(self) -> Worker:
         if self.worker is None:
             asked = time.monotonic()
-            self.worker = self.pool.acquire()
+            self.worker = self.pool.acquire(self.model)
             self.waited = time.monotonic() - asked
             self.worker.models += 1
             self.worker.call(NewModel())
         return self.worker
 
     def release(self) -> None:
+        self.pool.leave_turn(self.model)  # a model done without a worker lets the next one have its turn
         if self.worker is not None:
             self.pool.release(self.worker)
             self.worker = None
