@@ -36,6 +36,10 @@ FLEET = [
 
 
 FORK_SERVER = "pt2flow.flows.engine.worker.forkserver"
+# psutil's create_time is the boot time, a whole second in /proc/stat, plus the start in clock
+# ticks: up to a second early. A worker forked within a second of `since` (the run's start got
+# faster) read as older than the test and was never seen: the wait for it ran out its 120 s.
+CREATE_TIME_SLACK_S = 1.0
 
 
 def processes_with(token: str, since: float) -> list[str]:
@@ -62,7 +66,7 @@ def forked_since(since: float) -> list[str]:
             command = " ".join(proc.info["cmdline"] or [])
             if (
                 FORK_SERVER not in command
-                or proc.info["create_time"] < since
+                or proc.info["create_time"] < since - CREATE_TIME_SLACK_S
                 or proc.info["status"] == psutil.STATUS_ZOMBIE
             ):
                 continue
