@@ -10,7 +10,9 @@ plain timing loop over `pt2flow get`'s files (issue 43).
 3. Each model's artifacts copied out with `pt2flow get`, and each timed at each of the report's
    sizes by a plain loop in a fresh process that imports no pt2flow: torch.export.load(...).module(),
    aoti_load_package, onnxruntime.InferenceSession, ExecuTorch's Runtime, OpenVINO's Core, on
-   random inputs of the sizes' shapes, converted to each runtime's own input type once, outside
+   random inputs of the sizes' shapes, on the report's thread count in every runtime (torch's,
+   ONNX Runtime's intra-op threads, ExecuTorch's thread pool, OpenVINO's inference threads, as
+   the stage sets them), converted to each runtime's own input type once, outside
    the timed call (as the stage does: it times the runtime, not the conversion); everything under
    torch.inference_mode, as the stage calls every artifact; OpenVINO compiled at the precision the
    artifact records; warm-up calls, then calls for about half a second, the median; in as many
@@ -101,7 +103,9 @@ def runner(name, path):
         return lambda kw: lambda: package(*kw.values())
     if name == "onnx":
         import onnxruntime
-        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = job["threads"]
+        session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
 
         def prepare(kw):
@@ -111,6 +115,8 @@ def runner(name, path):
         return prepare
     if name == "executorch":
         from executorch.runtime import Runtime
+        from executorch.extension.pybindings import portable_lib
+        portable_lib._unsafe_reset_threadpool(job["threads"])  # the runtime's one pool (XNNPACK's)
         method = Runtime.get().load_program(path).load_method("forward")
 
         def prepare(kw):
@@ -129,7 +135,8 @@ def runner(name, path):
         # where it has avx512_bf16, which is another computation than the one validate passed
         key = ["pt2flow", "inference_precision"]
         precision = model.get_rt_info(key).astype(str) if model.has_rt_info(key) else "f32"
-        request = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision}).create_infer_request()
+        config = {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": job["threads"]}
+        request = core.compile_model(model, "CPU", config).create_infer_request()
 
         def prepare(kw):
             feeds = [t.numpy() for t in kw.values()]

@@ -101,7 +101,7 @@ def main() -> int:
         f"# Benchmark of configs/{shipped.name}",
         "",
         f"`{' '.join(invocation)}` on {machine['cpu']} ({machine['arch']}), "
-        f"{machine['cores']} cores, {machine['threads']} torch threads; p50 / p90 in ms, * the fastest artifact at that size."
+        f"{machine['cores']} cores, {machine['threads']} thread{'s' if machine['threads'] != 1 else ''} in every runtime; p50 / p90 in ms, * the fastest artifact at that size."
         if machine
         else "",
         "",

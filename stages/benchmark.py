@@ -8,10 +8,15 @@ or the configured ones. At each size: untimed calls (at least `warmup` of them, 
 `warmup_s`: a call of a few microseconds takes thousands of calls to reach its steady speed),
 then timed samples (a sample: one call, or a batch of calls lasting at least SAMPLE_MIN_S when a
 call takes microseconds; its time per call) until the median of
-all calls moves by less than `stable_fraction` over the last `window` calls (at least `min_runs`,
-at most `max_runs` and `max_seconds`). The recommendation at each size is the artifact with the
+all calls moves by less than `stable_fraction` over the last `window` calls and the calls have gone
+on for `min_seconds` (at least `min_runs`, at most `max_runs` and `max_seconds`). The recommendation at each size is the artifact with the
 lowest p50, or the first of those within `tie_margin` of it (eager is the baseline, never
 recommended).
+
+Every artifact runs on `threads` intra-op threads (1 unless configured): torch's, and each
+target's runtime's where its loader takes `threads` (stages/targets.py TargetArtifact.candidate;
+a runner's `close` gives back what loading it changed in the process). Two threads on a shared
+VM wait for the slower of two cores, which the host slows for seconds at a time.
 
 Every artifact is called under torch.inference_mode, as eager is: under no_grad an exported
 program's module paid autograd's version-counter bookkeeping on each call, 5-10 % of a small
@@ -129,6 +134,7 @@ class Measured:
     errors: dict[str, str] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)  # a size measured more than once (_time_point)
     passes: dict[str, list[float]] = field(default_factory=dict)  # each pass's p50 at a size (fastest_pass)
+    threads: int | None = None  # the intra-op threads it ran on (None: its runtime's own)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -156,7 +162,8 @@ def time_calls(
     number = max(1, min(MAX_BATCH, math.ceil(SAMPLE_MIN_S / per_call))) if per_call > 0 else 1
     times: list[float] = []
     medians: list[float] = []
-    deadline = clock() + options.max_seconds
+    started = clock()
+    deadline = started + options.max_seconds
     stable = False
     with _no_gc():
         while len(times) < options.max_runs:
@@ -168,8 +175,10 @@ def time_calls(
             medians.append(statistics.median(times))
             if len(times) >= options.min_runs and len(medians) > options.window:
                 before, now = medians[-1 - options.window], medians[-1]
-                if abs(now - before) <= options.stable_fraction * now:
-                    stable = True
+                stable = abs(now - before) <= options.stable_fraction * now
+                # a stable median of a few milliseconds of calls is one moment of a shared VM
+                # (its slow stretches last hundreds of them): the calls go on for min_seconds
+                if stable and end - started >= options.min_seconds:
                     break
             if end >= deadline:
                 break
@@ -358,6 +367,7 @@ def benchmark(
     machine = {**(machine or {}), "cores": (machine or {}).get("cores") or cores()}
     threads = options.threads or int(machine["cores"])
     saved_threads = torch.get_num_threads()
+    own_threads: list[str] = []  # targets whose loader cannot be told the thread count
     torch.set_num_threads(threads)
     try:
         quiet = wait_for_quiet(options)
@@ -382,11 +392,19 @@ def benchmark(
             if package is not None:
                 loaders.append(("compiled", len(package), lambda: load_runner(package, workdir, device)))
             for name, target in (targets or {}).items():
-                loaders.append((name, len(target.data), target.candidate))
+                loaders.append((name, len(target.data), functools.partial(target.candidate, threads)))
+                if not target.takes_threads:
+                    own_threads.append(name)
             timers += [functools.partial(_time_artifact, n, b, load, points, inputs, options) for n, b, load in loaders]
             measured = timed_in_passes(timers, options.passes)
     finally:
         torch.set_num_threads(saved_threads)
+    for m in measured:
+        m.threads = None if m.name in own_threads else threads
+    notes = [
+        f"{name}: its loader takes no `threads`: timed on its runtime's own thread count, not {threads}"
+        for name in own_threads
+    ]
     if not any(m.timings for m in measured[1:]) and len(measured) > 1:
         shown = "; ".join(f"{m.name}: {m.error or next(iter(m.errors.values()), '?')}" for m in measured[1:])
         raise StageError(ErrorClass.RUNTIME, f"no artifact could be timed: {shown}")
@@ -400,9 +418,9 @@ def benchmark(
         "points": [{"label": p.label, "sizes": p.sizes, "batch": p.batch} for p in points],
         "artifacts": {m.name: _artifact_report(m, points, options) for m in measured},
         "recommendation": recommend(measured, points, noisy, options.tie_margin),
-        "warnings": list(sink.items),
+        "warnings": [*notes, *sink.items],
     }
-    return StageResult(output=report, metadata={"summary": summary(report)}, warnings=tuple(sink.items))
+    return StageResult(output=report, metadata={"summary": summary(report)}, warnings=(*notes, *sink.items))
 
 
 def timed_in_passes(timers: Sequence[Callable[[], Measured]], passes: int) -> list[Measured]:
@@ -488,6 +506,9 @@ def _time_artifact(
                     measured.errors[point.label] = short_message(exc, 300)
                     continue
                 _time_point(measured, point, call, options)
+        close = getattr(fn, "close", None)  # what loading it changed in this process, given back
+        if close is not None:
+            close()
         del fn
     measured.peak_memory_mb = memory.peak_mb
     return measured
@@ -550,6 +571,7 @@ def _artifact_report(measured: Measured, points: list[Point], options: Benchmark
         }
     return {
         "size_bytes": measured.size_bytes,
+        "threads": measured.threads,
         "load_ms": measured.load_ms,
         "peak_memory_mb": measured.peak_memory_mb,
         "error": measured.error,

@@ -209,11 +209,18 @@ def lowering_error(exc: BaseException, what: str) -> StageError:
 class PteRunner:
     """A .pte loaded by the ExecuTorch runtime's Python bindings (portable kernels and XNNPACK)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, threads: int | None = None) -> None:
         from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
         self._data = data  # kept for as long as the module: the bindings may read the program from it
         self.module = _load_for_executorch_from_buffer(data)
+        self._pool_before = _set_thread_pool(threads) if threads is not None else None
+
+    def close(self) -> None:
+        """The process's thread pool back to its size before this runner set it."""
+        if self._pool_before is not None:
+            _set_thread_pool(self._pool_before)
+            self._pool_before = None
 
     @staticmethod
     def _flat(inputs: Sequence[torch.Tensor]) -> tuple[Any, ...]:
@@ -242,9 +249,22 @@ def _runtime_says(line: str) -> bool:
     return not line.lstrip().startswith("[cpuinfo")
 
 
-def load_pte(data: bytes) -> FlatRunner:
-    """A runner of lower_executorch's bytes."""
-    return PteRunner(data)
+def _set_thread_pool(threads: int) -> int:
+    """Size the ExecuTorch runtime's thread pool (XNNPACK's kernels run on it; one per process,
+    sized to the cores at start): its size before. The bindings call this API experimental and
+    unsafe while a method runs on another thread; pt2flow runs one method at a time per process."""
+    from executorch.extension.pybindings import portable_lib
+
+    before = int(portable_lib._threadpool_get_thread_count())
+    if before != threads:
+        portable_lib._unsafe_reset_threadpool(threads)
+    return before
+
+
+def load_pte(data: bytes, threads: int | None = None) -> FlatRunner:
+    """A runner of lower_executorch's bytes; threads: the runtime's thread pool while it is
+    loaded (until its `close`; None: the pool as it is)."""
+    return PteRunner(data, threads)
 
 
 REPRO_BODY = """{partitioner_imports}from executorch.exir import to_edge_transform_and_lower

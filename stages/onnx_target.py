@@ -155,7 +155,7 @@ def describe_onnx(proto: Any) -> dict[str, Any]:
 class OnnxRunner:
     """An ONNX Runtime session on the CPU: flat input tensors in, flat output tensors out."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, threads: int | None = None) -> None:
         import onnxruntime
 
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -169,6 +169,8 @@ class OnnxRunner:
             source = str(Path(self._tmp.name) / MODEL_FILE)
         session_options = onnxruntime.SessionOptions()
         session_options.log_severity_level = 3  # errors only: its warnings reach the caller as exceptions or not at all
+        if threads is not None:  # else ONNX Runtime's own: one per physical core
+            session_options.intra_op_num_threads = threads
         self.session = onnxruntime.InferenceSession(source, session_options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
 
@@ -191,9 +193,10 @@ class OnnxRunner:
         return lambda: self.session.run(None, feeds)
 
 
-def load_onnx(data: bytes) -> FlatRunner:
-    """A runner of export_onnx's bytes (either layout) in ONNX Runtime's CPU provider."""
-    return OnnxRunner(data)
+def load_onnx(data: bytes, threads: int | None = None) -> FlatRunner:
+    """A runner of export_onnx's bytes (either layout) in ONNX Runtime's CPU provider, on
+    `threads` intra-op threads (None: ONNX Runtime's default)."""
+    return OnnxRunner(data, threads)
 
 
 REPRO_BODY = """onnx_program = torch.onnx.export(program, dynamo=True, optimize={optimize!r}, verbose=False{opset})

@@ -317,7 +317,7 @@ class OpenvinoRunner:
     """The IR compiled for OpenVINO's CPU plugin, at the precision the artifact records: flat input
     tensors in, flat output tensors out (stages/targets.FlatRunner)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, threads: int | None = None) -> None:
         import numpy
 
         openvino = import_openvino()
@@ -327,7 +327,10 @@ class OpenvinoRunner:
         precision = (
             model.get_rt_info(list(PRECISION_KEY)).astype(str) if model.has_rt_info(list(PRECISION_KEY)) else "f32"
         )
-        self.compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision}
+        if threads is not None:  # else the plugin's own: every core
+            config["INFERENCE_NUM_THREADS"] = threads
+        self.compiled = core.compile_model(model, "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.input_names = [p.get_any_name() if p.get_names() else str(i) for i, p in enumerate(self.compiled.inputs)]
         self.precision = precision
@@ -354,10 +357,11 @@ class OpenvinoRunner:
         ]
 
 
-def load_openvino(data: bytes) -> Any:
-    """A runner (stages/targets.FlatRunner) of convert's bytes on the CPU."""
+def load_openvino(data: bytes, threads: int | None = None) -> Any:
+    """A runner (stages/targets.FlatRunner) of convert's bytes on the CPU, on `threads` inference
+    threads (None: the CPU plugin's default)."""
     _require_openvino()
-    return OpenvinoRunner(data)
+    return OpenvinoRunner(data, threads)
 
 
 # ---------------------------------------------------------------------------------------------

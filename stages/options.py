@@ -131,9 +131,15 @@ class BenchmarkOptions(_Options):
     at its max. warmup: untimed calls first at each size, for at least warmup_s seconds (a call of
     microseconds takes thousands of calls to reach its steady speed). Timed calls: at least
     min_runs, at most max_runs and max_seconds per artifact and size, ending once the median of all
-    calls moves by less than stable_fraction over the last `window` calls. threads: torch's
-    intra-op threads while timing (unset: every core this process may use). A target's runtime
-    is timed on inputs already in its own form (converted once, untimed).
+    calls moves by less than stable_fraction over the last `window` calls and they have gone on
+    for min_seconds (a shared VM runs slower for stretches of a few hundred milliseconds: a median
+    of a few milliseconds of calls, stable as it is, can lie wholly inside one). threads: the intra-op
+    threads of every artifact's runtime while timing (torch's, and each target's runtime where
+    its loader takes `threads`: ONNX Runtime, ExecuTorch, OpenVINO); 1 unless set, null: every
+    core this process may use. On a shared VM a timing with more than one thread depends on every
+    core being free at once: the same file timed with 2 threads in two processes differed by up
+    to 1.9x, with 1 thread by under 5 % (docs/benchmarks.md). A target's runtime is timed on
+    inputs already in its own form (converted once, untimed).
 
     Timings that hold: the stage runs while no other pt2flow stage work runs on the machine (the
     workers' turns, flows/engine/worker/turns.py); before timing it waits up to quiet_wait_s for
@@ -153,18 +159,19 @@ class BenchmarkOptions(_Options):
     warmup: int = Field(default=3, ge=0, le=1000)
     warmup_s: float = Field(default=0.1, ge=0)
     min_runs: int = Field(default=5, ge=1, le=100000)
-    max_runs: int = Field(default=50, ge=1, le=100000)
+    max_runs: int = Field(default=1000, ge=1, le=100000)
     window: int = Field(default=5, ge=1, le=1000)
     stable_fraction: float = Field(default=0.02, gt=0, lt=1)
+    min_seconds: float = Field(default=0.3, ge=0)
     max_seconds: float = Field(default=10.0, gt=0)
-    threads: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=1, ge=1)
     quiet_wait_s: float = Field(default=10.0, ge=0)
     max_load: float = Field(default=0.5, ge=0)
     max_spread: float = Field(default=10.0, gt=1)
     max_drift: float = Field(default=0.25, gt=0)
     tie_margin: float = Field(default=0.1, ge=0, lt=1)
     retries: int = Field(default=2, ge=0, le=10)
-    passes: int = Field(default=2, ge=1, le=10)
+    passes: int = Field(default=3, ge=1, le=10)
 
     @model_validator(mode="after")
     def _runs_in_order(self) -> BenchmarkOptions:

@@ -349,6 +349,10 @@ class PackageRunner:
         return list(self.compiled.loader.run(flat))
 
 
-def load_int8_package(data: bytes) -> PackageRunner:
-    """A runner of quantize_for_inductor's bytes (validate's, check-compat's and benchmark's loader)."""
+def load_int8_package(data: bytes, threads: int | None = None) -> PackageRunner:
+    """A runner of quantize_for_inductor's bytes (validate's, check-compat's and benchmark's
+    loader). threads: an AOTInductor package runs on torch's intra-op threads, which the caller
+    sets (the benchmark: torch.set_num_threads); taken so that the benchmark counts it among the
+    artifacts timed on its thread count."""
+    del threads
     return PackageRunner(data)

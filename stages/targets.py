@@ -10,6 +10,7 @@ containers. stages/validate.py puts the eager output's structure back (FlatCandi
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import re
@@ -162,16 +163,40 @@ class FlatCandidate:
         prepare = getattr(self.runner, "prepare", None)
         return prepare(flat) if prepare is not None else lambda: self.runner(flat)
 
+    def close(self) -> None:
+        """Give back what loading it changed in the process (a runner's `close`, where it has
+        one: ExecuTorch's thread pool is the process's own, stages/executorch_target.py)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
+
+def takes_threads(load: Callable[..., Any]) -> bool:
+    """Whether a loader takes `threads` (the intra-op threads its runtime runs on)."""
+    try:
+        return "threads" in inspect.signature(load).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
 
 @dataclass(frozen=True)
 class TargetArtifact:
     """A target's artifact for validate and check-compat: its bytes and the function that loads
-    them into a runner (stages.onnx_target.load_onnx, stages.executorch_target.load_pte)."""
+    them into a runner (stages.onnx_target.load_onnx, stages.executorch_target.load_pte). A
+    loader may take `threads` (an int, or None for its runtime's own default): the benchmark
+    times every artifact on the same number of threads (stages/benchmark.py)."""
 
     data: bytes
-    load: Callable[[bytes], FlatRunner]
+    load: Callable[..., FlatRunner]
     exact: bool = True  # false: judged by the accuracy budgets, not allclose (an int8 artifact)
 
-    def candidate(self) -> FlatCandidate:
-        """Its bytes loaded, as a candidate called like the model."""
-        return FlatCandidate(self.load(self.data))
+    @property
+    def takes_threads(self) -> bool:
+        return takes_threads(self.load)
+
+    def candidate(self, threads: int | None = None) -> FlatCandidate:
+        """Its bytes loaded, as a candidate called like the model; on `threads` intra-op threads
+        where its loader takes them (else, and with None, its runtime's own default)."""
+        if threads is None or not self.takes_threads:
+            return FlatCandidate(self.load(self.data))
+        return FlatCandidate(self.load(self.data, threads=threads))

@@ -3,8 +3,9 @@
 artifact's p50 at each size) is in its record's details under `timings`.
 
 Its key covers the machine as well as the validated artifacts: the CPU (architecture, model name,
-feature flags), the cores the workers may use and the torch threads, so a store shared by
-different machines never serves one the timings of another. It is a quiet stage: it runs while
+feature flags) and the cores the workers may use (its options, `threads` among them, are in it
+as every stage's are), so a store shared by different machines never serves one the timings of
+another. It is a quiet stage: it runs while
 no other stage work of pt2flow runs on the machine, its own run's other workers and other runs'
 included (flows/engine/worker/turns.py), and the stage itself waits for, measures and reports
 the load of everything else (stages/benchmark.py): timings taken beside other work are noise.
@@ -26,10 +27,11 @@ if TYPE_CHECKING:
     from pt2flow.flows.engine.stage_api import Outcome, Produced, StageCall
 
 # 2: the load while timing, each measurement's spread and drift, no recommendation from noisy ones;
-# 3: every artifact called under inference_mode, as eager is (no_grad cost the archive 5-10 %)
+# 3: every artifact called under inference_mode, as eager is (no_grad cost the archive 5-10 %);
+# 4: `threads` (1 unless set) applied to every runtime, not to torch alone
 STAGE = Stage(
     "benchmark",
-    3,
+    4,
     compute=f"{__name__}:compute",
     inputs=(Input.of("source"), Input.of("trace"), Input.of("validate")),
     options=BenchmarkOptions,

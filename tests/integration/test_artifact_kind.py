@@ -66,7 +66,15 @@ def load(data: bytes) -> Any:
 
 STAGES = ["trace", "functionalize", "serialize", STAGE.name, "validate", "benchmark"]
 GENERATIVE_STAGES = ["trace", "serialize", STAGE.name, "validate"]
-FEW_RUNS = {"warmup": 1, "min_runs": 3, "max_runs": 5, "window": 2, "max_seconds": 1.0, "quiet_wait_s": 0.5}
+FEW_RUNS = {
+    "warmup": 1,
+    "min_runs": 3,
+    "max_runs": 5,
+    "window": 2,
+    "max_seconds": 1.0,
+    "quiet_wait_s": 0.5,
+    "passes": 2,
+}
 
 
 @pytest.fixture(scope="module")

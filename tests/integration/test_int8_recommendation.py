@@ -44,6 +44,7 @@ BENCHMARK = {
     "max_load": 64.0,
     "max_spread": 1000.0,
     "max_drift": 1000.0,
+    "passes": 2,
 }
 
 # both `.pte` files in one fresh interpreter with the ExecuTorch runtime and no pt2flow: each

@@ -36,17 +36,30 @@ class FakeClock:
 
 def test_timing_stops_once_the_median_is_stable() -> None:
     clock = FakeClock(iter([0.010] * 1000))
-    options = BenchmarkOptions(warmup=2, warmup_s=0, min_runs=5, max_runs=50, window=3, stable_fraction=0.02)
+    options = BenchmarkOptions(
+        warmup=2, warmup_s=0, min_runs=5, max_runs=50, window=3, stable_fraction=0.02, min_seconds=0
+    )
     timing = time_calls(clock.work, options, clock)
     assert timing.stable and len(timing.times_ms) == 5  # stable as soon as min_runs allow
     assert clock.calls == 2 + 5 and timing.p50 == pytest.approx(10.0)
+
+
+def test_timing_goes_on_for_min_seconds_though_the_median_is_stable() -> None:
+    """A stable median of a few milliseconds of calls is one moment of a shared VM, whose slow
+    stretches last hundreds of them: the calls go on for min_seconds (here 16 calls of 1/64 s)."""
+    clock = FakeClock(iter([1 / 64] * 1000))
+    options = BenchmarkOptions(warmup=0, warmup_s=0, min_runs=5, max_runs=1000, window=3, min_seconds=0.25)
+    timing = time_calls(clock.work, options, clock)
+    assert timing.stable and len(timing.times_ms) == 16
+    capped = time_calls(clock.work, options.model_copy(update={"max_runs": 8}), clock)
+    assert capped.stable and len(capped.times_ms) == 8  # max_runs still bounds it, and says it was stable
 
 
 def test_warm_up_lasts_warmup_s_as_well_as_warmup_calls() -> None:
     """A call of a few microseconds is slower for its first thousands of calls: the warm-up goes
     on for warmup_s as well as `warmup` calls (here 10 ms calls: 0.095 s is 10 calls, not 2)."""
     clock = FakeClock(iter([0.010] * 1000))
-    options = BenchmarkOptions(warmup=2, warmup_s=0.095, min_runs=5, max_runs=50, window=3)
+    options = BenchmarkOptions(warmup=2, warmup_s=0.095, min_runs=5, max_runs=50, window=3, min_seconds=0)
     time_calls(clock.work, options, clock)
     assert clock.calls == 10 + 5
     slow = FakeClock(iter([1.0] * 1000))  # one call is past warmup_s: the `warmup` calls still run
@@ -419,4 +432,78 @@ def test_each_artifact_is_timed_in_passes_and_each_size_reports_its_fastest_pass
     order.clear()
     (single,) = stage.timed_in_passes([timer("archive", {"batch=1": 0.5})], 1)  # passes 1: as before
     assert order == ["archive"] and single.timings["batch=1"].p50 == 1.0 and single.passes == {}
-    assert BenchmarkOptions().passes == 2
+    assert BenchmarkOptions().passes == 3
+
+
+@pytest.mark.integration  # exports an encoder to ONNX, ExecuTorch and OpenVINO
+def test_every_runtime_is_timed_on_the_benchmarks_thread_count(seq_case: Any) -> None:
+    """`threads` reaches each target's runtime, read back from the runtime itself: ONNX Runtime's
+    session options, OpenVINO's compiled model, ExecuTorch's thread pool (given back afterwards:
+    it is the process's own); a plugin's loader that takes no `threads` is timed on its runtime's
+    own count, and the report says so."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("executorch")
+    pytest.importorskip("openvino")
+    from executorch.extension.pybindings import portable_lib
+
+    from pt2flow.stages.benchmark import benchmark
+    from pt2flow.stages.executorch_target import load_pte, lower_executorch
+    from pt2flow.stages.onnx_target import export_onnx, load_onnx
+    from pt2flow.stages.openvino_target import convert, load_openvino
+    from pt2flow.stages.target_options import ExecutorchOptions, OnnxOptions, OpenvinoOptions
+    from pt2flow.stages.targets import TargetArtifact
+
+    pool = portable_lib._threadpool_get_thread_count()  # every core: each runtime's own default
+    if pool < 2:
+        pytest.skip("one core: every runtime's default is already one thread")
+    threads = 1  # the stage's default (OpenVINO takes no more threads than there are cores)
+    seen: dict[str, Any] = {}
+
+    def onnx_runner(data: bytes, threads: int | None = None) -> Any:
+        seen["onnx"] = load_onnx(data, threads)
+        return seen["onnx"]
+
+    def pte_runner(data: bytes, threads: int | None = None) -> Any:
+        runner = load_pte(data, threads)
+        seen["executorch"] = portable_lib._threadpool_get_thread_count()
+        return runner
+
+    def openvino_runner(data: bytes, threads: int | None = None) -> Any:
+        seen["openvino"] = load_openvino(data, threads)
+        return seen["openvino"]
+
+    def plugin_runner(data: bytes) -> Any:  # a plugin's loader of the same ONNX bytes, no `threads`
+        seen["plugin"] = load_onnx(data)
+        return seen["plugin"]
+
+    onnx = export_onnx(seq_case.program, OnnxOptions(), dim_names=seq_case.dim_names).output
+    targets = {
+        "onnx": TargetArtifact(onnx, onnx_runner),
+        "executorch": TargetArtifact(lower_executorch(seq_case.program, ExecutorchOptions()).output, pte_runner),
+        "openvino": TargetArtifact(convert(seq_case.program, OpenvinoOptions()).output, openvino_runner),
+        "plugin": TargetArtifact(onnx, plugin_runner),
+    }
+    options = BenchmarkOptions(
+        threads=threads, warmup=1, min_runs=3, max_runs=5, window=2, max_seconds=0.5, quiet_wait_s=0, passes=1
+    )
+    report = benchmark(seq_case.build, seq_case.inputs, seq_case.dims, options, targets=targets).output
+
+    assert seen["onnx"].session.get_session_options().intra_op_num_threads == threads
+    assert seen["openvino"].compiled.get_property("INFERENCE_NUM_THREADS") == threads
+    assert seen["executorch"] == threads and portable_lib._threadpool_get_thread_count() == pool
+    assert seen["plugin"].session.get_session_options().intra_op_num_threads == 0  # ONNX Runtime's default
+    assert report["machine"]["threads"] == threads
+    assert {name: a["threads"] for name, a in report["artifacts"].items()} == {
+        "eager": threads,
+        "onnx": threads,
+        "executorch": threads,
+        "openvino": threads,
+        "plugin": None,
+    }
+    assert report["warnings"][0].startswith("plugin: its loader takes no `threads`"), report["warnings"]
+    assert all(a["points"][label]["p50_ms"] > 0 for a in report["artifacts"].values() for label in a["points"])
+
+
+def test_one_thread_unless_set() -> None:
+    assert BenchmarkOptions().threads == 1
+    assert BenchmarkOptions(threads=None).threads is None  # every core this process may use
