@@ -118,7 +118,7 @@ def orchestrator(argv: list[str], out: str) -> int:
 
 def _busy_s() -> float:
     """CPU seconds the machine's processes have used (the benchmark stage's own reading of /proc/stat)."""
-    from pt2flow.stages.benchmark import machine_busy_s
+    from pt2flow.stages.timing import machine_busy_s
 
     busy = machine_busy_s()
     if busy is None:

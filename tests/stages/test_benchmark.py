@@ -13,11 +13,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from pt2flow.stages.benchmark import Measured, Point, Timing, percentile, plan_points, recommend, time_calls
+from pt2flow.stages.benchmark import Measured, Point, plan_points, recommend
 from pt2flow.stages.binding import bind_inputs
 from pt2flow.stages.errors import StageError
 from pt2flow.stages.example_inputs import InputSpec, ModelInputs
 from pt2flow.stages.options import BenchmarkOptions
+from pt2flow.stages.timing import Timing, percentile, time_calls
 
 
 class FakeClock:
@@ -162,7 +163,7 @@ def test_the_recommendation_is_the_fastest_artifact_at_each_size_never_eager() -
 
 PEAK_OF_A_NATIVE_ALLOCATION = """
 import torch
-from pt2flow.stages.benchmark import PeakMemory
+from pt2flow.stages.timing import PeakMemory
 with PeakMemory() as memory:
     block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, outside Python's allocator
     del block

@@ -12,7 +12,7 @@ A stage waiting at the turnstile waits for the quiet stage to finish: its time c
 its own time limit, as any wait of a worker does. A worker that dies releases its locks (the
 kernel closes its files). Where the lock files cannot be made (no fcntl, a cache folder the
 worker may not write), stages run side by side, and the benchmark still measures and reports
-the load of everything else (stages/benchmark.py).
+the load of everything else (stages/timing.py).
 """
 
 from __future__ import annotations
