@@ -20,7 +20,10 @@ plain timing loop over `pt2flow get`'s files (issue 43).
    order, each artifact loaded again), the lowest median of the passes, as the stage reports.
 
 Prints, per model and size: the artifact A and B recommend (or why not: noisy), and each
-artifact's p50 in A against the plain loop's. The goals: A and B recommend the same artifact at
+artifact's p50 in A against the plain loop's, and at how many sizes the two picks are the same or
+one is tied with the other (`tied_with`: within the tie margin of the pick, as fast on that
+benchmark's evidence: a pair near the margin's edge is tied in one benchmark and not in the
+other). The goals: A and B recommend the same artifact at
 every size where both recommend one; each p50 within 20 % of the plain loop's.
 """
 
@@ -211,7 +214,7 @@ def main() -> int:
 
     models = {m["name"]: m for m in shipped["models"]}
     figures: dict[str, Any] = {"models": {}}
-    same, compared, within, timed = 0, 0, 0, 0
+    same, as_fast, compared, within, timed = 0, 0, 0, 0, 0
     for name, report in first.items():
         entry = models[name]
         files = {}
@@ -251,11 +254,14 @@ def main() -> int:
         rows = []
         for point in report["points"]:
             label = point["label"]
-            a = (report["recommendation"]["points"].get(label) or {}).get("artifact")
-            b = (second[name]["recommendation"]["points"].get(label) or {}).get("artifact")
+            pick_a = report["recommendation"]["points"].get(label) or {}
+            pick_b = second[name]["recommendation"]["points"].get(label) or {}
+            a, b = pick_a.get("artifact"), pick_b.get("artifact")
             if a and b:
                 compared += 1
                 same += a == b
+                # tied_with: within the tie margin of the pick there, as fast on that benchmark's evidence
+                as_fast += a == b or (b in pick_a.get("tied_with", ()) or a in pick_b.get("tied_with", ()))
             for artifact, timings in report["artifacts"].items():
                 measured = (timings["points"].get(label) or {}).get("p50_ms")
                 loop = plain.get(artifact, {}).get(label)
@@ -276,8 +282,9 @@ def main() -> int:
             "load": {"A": report["load"], "B": second[name]["load"]},
             "p50": [{"size": r[0], "artifact": r[1], "stage_ms": r[2], "plain_ms": r[3]} for r in rows],
         }
-    figures.update({"same": same, "compared": compared, "within": within, "timed": timed})
+    figures.update({"same": same, "as_fast": as_fast, "compared": compared, "within": within, "timed": timed})
     print(f"\nsame recommendation in A and B: {same} of {compared} sizes where both recommend one")
+    print(f"the same, or one's pick tied with the other's (within the tie margin): {as_fast} of {compared}")
     print(f"p50 within {TOLERANCE:.0%} of the plain loop's: {within} of {timed}")
     emit_json(figures, args.json_out)
     return 0
