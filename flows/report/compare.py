@@ -296,11 +296,17 @@ def _timings(stages: Stages) -> dict[str, Any] | None:
 
 
 def _latency_facts(timed_a: Mapping[str, Any] | None, timed_b: Mapping[str, Any] | None) -> dict[str, Numbers] | None:
-    """The benchmark's p50 of each artifact at each size ("onnx batch=8"), before and after."""
+    """The benchmark's p50 of each artifact at each size ("onnx batch=8"), before and after. Two
+    runs timed on different thread counts (the benchmark's `threads`) are not compared: each p50
+    is named with its count ("onnx batch=8, 2 threads"), one run's each, so no ratio is drawn."""
+    threads = [(timed or {}).get("threads") for timed in (timed_a, timed_b)]
+    differ = None not in threads and threads[0] != threads[1]
 
     def flat(timed: Mapping[str, Any] | None) -> dict[str, float]:
+        count = (timed or {}).get("threads")
+        suffix = f", {count} thread{'s' if count != 1 else ''}" if differ else ""
         return {
-            f"{name} {label}": v
+            f"{name} {label}{suffix}": v
             for name, per in ((timed or {}).get("p50_ms") or {}).items()
             for label, v in per.items()
             if v is not None

@@ -15,7 +15,7 @@ from tests.flows.test_report import by_model, chain, store  # noqa: F401  (store
 from tests.records import h
 
 
-def _summary(onnx: float, eager: float = 1.0) -> dict[str, Any]:
+def _summary(onnx: float, eager: float = 1.0, threads: int = 2) -> dict[str, Any]:
     points = ["batch=1", "batch=8"]
     return {
         "recommended": "onnx",
@@ -23,7 +23,7 @@ def _summary(onnx: float, eager: float = 1.0) -> dict[str, Any]:
         "best": {p: "onnx" for p in points},
         "speedup_vs_eager": {p: eager / onnx for p in points},
         "p50_ms": {"eager": {p: eager for p in points}, "onnx": {"batch=1": onnx, "batch=8": None}},
-        "threads": 2,
+        "threads": threads,
     }
 
 
@@ -67,6 +67,20 @@ def test_the_benchmark_p50s_are_the_latency_compared_and_run_bs_summary_is_kept(
     ]
     page = to_html(drift.model_dump(mode="json"))
     assert "Benchmark (after)" in page and "<polyline" in page and "onnx at batch=1: 0.4 ms" in page
+
+
+def test_p50s_timed_on_other_thread_counts_are_not_compared(store: ArtifactStore) -> None:  # noqa: F811
+    """A baseline benchmarked on two threads (before stage version 4, every core) against a run on
+    one: each p50 shown under its own count, and no latency_up drawn from the difference."""
+    _benchmarked(store, "run-1", _summary(onnx=0.2, threads=2))
+    _benchmarked(store, "run-2", _summary(onnx=0.4, threads=1), salt="v2", offset=10)
+    drift = build_report(store.index, "run-1", "run-2")
+    latency = by_model(drift.model_dump(mode="json"))["m"]["latency_ms"]
+    assert (latency["onnx batch=1, 2 threads"]["a"], latency["onnx batch=1, 2 threads"]["b"]) == (0.2, None)
+    assert (latency["onnx batch=1, 1 thread"]["a"], latency["onnx batch=1, 1 thread"]["b"]) == (None, 0.4)
+    assert "onnx batch=1" not in latency
+    [verdict] = model_verdicts(drift, {})
+    assert not [f for f in verdict.regressions if f.rule == "latency_up"]
 
 
 def test_without_a_benchmark_validates_medians_stay_the_latency(store: ArtifactStore) -> None:  # noqa: F811
