@@ -7,11 +7,11 @@ same inputs. Sizes: every dynamic dim at its min, example size and max (stages/s
 or the configured ones. At each size: untimed calls (at least `warmup` of them, and for at least
 `warmup_s`: a call of a few microseconds takes thousands of calls to reach its steady speed),
 then timed samples (a sample: one call, or a batch of calls lasting at least SAMPLE_MIN_S when a
-call takes microseconds; its time per call) until the median of
-all calls moves by less than `stable_fraction` over the last `window` calls and the calls have gone
-on for `min_seconds` (at least `min_runs`, at most `max_runs` and `max_seconds`). The recommendation at each size is the artifact with the
-lowest p50, or the first of those within `tie_margin` of it (eager is the baseline, never
-recommended).
+call takes microseconds; its time per call) until the median of all calls moves by less than
+`stable_fraction` over the last `window` calls and the calls have gone on for `min_seconds` (at
+least `min_runs`, at most `max_runs` and `max_seconds`). The recommendation at each size is the
+artifact with the lowest p50, or the first of those within `tie_margin` of it (eager is the
+baseline, never recommended).
 
 Every artifact runs on `threads` intra-op threads (1 unless configured): torch's, and each
 target's runtime's where its loader takes `threads` (stages/targets.py TargetArtifact.candidate;

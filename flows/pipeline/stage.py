@@ -69,7 +69,10 @@ class Stage:
       user's tensor inputs in, the output leaves out: stages/targets.FlatRunner), which
       validate runs beside eager on every sample and check-compat on the stored ones; the
       archive and the package (serialize's and aot_compile's) are loaded by validate itself,
-      with the signature checks they allow;
+      with the signature checks they allow. A loader that also takes `threads` (an int, or
+      None for its runtime's default) is timed by the benchmark on the benchmark's thread
+      count, and a runner with a `close()` gives back there what loading it changed in the
+      process (stages/targets.py TargetArtifact);
     repro: "module:function" giving the body of a torch-only script that makes the same call
       (flows/engine/maintenance/repro.py);
     libraries: the distributions it needs besides torch: their versions are in its key, and a
