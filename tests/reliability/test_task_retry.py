@@ -3,8 +3,8 @@ re-uses what the failed attempt already published: one blob, one ok record.
 
 The fault is injected with PT2FLOW_FAULT_AT=<point>@N (storage.faults.crash_point raises a
 TransientStorageError there, once, in the process that reaches it): after the trace blob is
-uploaded by the worker process but before the orchestrator records it, and after its record is
-written but before the task returns. The fleet flow `pt2flow run` runs (flows/fleet.py) runs in
+uploaded by the worker process but before the orchestrator records it, as the orchestrator is
+about to write its record, and after its record is written but before the task returns. The fleet flow `pt2flow run` runs (flows/fleet.py) runs in
 this process (against the session's Prefect server) with a fresh worker pool that inherits the
 fault setting.
 """
@@ -80,7 +80,7 @@ def fresh_pool() -> Any:
     reset_points()
 
 
-@pytest.mark.parametrize("point", ["after_blob_upload@2", "after_index_append@2"])
+@pytest.mark.parametrize("point", ["after_blob_upload@2", "before_index_append@2", "after_index_append@2"])
 def test_retried_task_reuses_what_it_already_published(
     point: str, tmp_path: Path, prefect_server: str, fresh_pool: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,6 +95,8 @@ def test_retried_task_reuses_what_it_already_published(
     store = ArtifactStore(store_url)
     assert store.blob_status(trace) == "ok"
     # after_blob_upload: the retry re-ran the stage, found its blob in the store and recorded it once;
+    # before_index_append: the same, after waiting for and dropping functionalize, sent ahead as
+    # trace came back (runner.Ahead), which then ran again in its own task;
     # after_index_append: the retry found its own record and did not run the stage again
     records = store.index.read(["stage", "status", "run_id", "sha256"]).to_pylist()
     assert Counter((r["stage"], r["status"]) for r in records) == Counter(
@@ -108,7 +110,9 @@ def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_f
     tmp_path: Path, prefect_server: str, fresh_pool: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store_url = str(tmp_path / "store")
-    # once the source is recorded, the index cannot be read (every cache lookup fails); appends still work
+    # once the source is recorded, the index cannot be read (every cache lookup fails); appends still work.
+    # trace was looked up and sent to the worker as the source came back, before its record
+    # (runner.Ahead): functionalize is the first stage whose lookups fail
     index_class = ArtifactStore(store_url).index.__class__
     real_append = index_class.append
     calls = Counter()
@@ -131,19 +135,24 @@ def test_a_storage_outage_outlasting_the_retries_is_recorded_once_as_a_storage_f
         monkeypatch.setattr(index_class, reader, failing(getattr(index_class, reader)))
     state, result, _ = _run(tmp_path)
     monkeypatch.undo()
-    assert result["status"] == "failed" and result["failed_stage"] == "trace" and result["error_class"] == "storage", (
-        result
-    )
+    assert (
+        result["status"] == "failed"
+        and result["failed_stage"] == "functionalize"
+        and result["error_class"] == "storage"
+    ), result
     assert "injected outage" in result["error"]
-    assert calls["failed_read"] == 1 + STAGE_RETRIES  # one cache lookup per trace attempt
-    assert _task_runs(state.state_details.flow_run_id, ("trace",)) == {
+    # one lookup as trace came back (so functionalize was not sent ahead), then one per functionalize attempt
+    assert calls["failed_read"] == 2 + STAGE_RETRIES
+    assert _task_runs(state.state_details.flow_run_id) == {
         "mlp": 1,
         "source": 1,
-        "trace": 1 + STAGE_RETRIES,
+        "trace": 1,
+        "functionalize": 1 + STAGE_RETRIES,
     }
     records = ArtifactStore(store_url).index.read(["stage", "status", "error_class"]).to_pylist()
-    trace = [r for r in records if r["stage"] == "trace"]
-    assert trace == [
-        {"record_id": trace[0]["record_id"], "stage": "trace", "status": "failed", "error_class": "storage"}
+    assert sorted((r["stage"], r["status"], r["error_class"]) for r in records) == [
+        ("functionalize", "failed", "storage"),
+        ("source", "ok", None),
+        ("trace", "ok", None),
     ]
-    stats.add_faults(1 + STAGE_RETRIES)
+    stats.add_faults(2 + STAGE_RETRIES)

@@ -65,19 +65,7 @@ class StageRun:
         """The outcome of an earlier run of this exact key that settles it: ok with a blob that
         still verifies, or a deterministic failure (raised as StageFailed). `planned`: the
         planner's hit for this key, so the index is not read twice."""
-        # with --force, only this run's own record counts: an earlier attempt of this task
-        # (retried by Prefect) that did the work and recorded it
-        hit = (
-            planned
-            if planned is not None and not self.ctx.force
-            else find_cached(
-                self.store,
-                self.key,
-                run_id=self.ctx.run_id if self.ctx.force else None,
-                failures=not self.ctx.retry_failed,
-                model=self.model.name,
-            )
-        )
+        hit = self.lookup(planned)
         if hit is None:
             return None
         own = hit["run_id"] == self.ctx.run_id and hit["model"] == self.model.name and hit["stage"] == self.stage
@@ -90,9 +78,30 @@ class StageRun:
             raise StageFailed(outcome)  # a known failure, reported again as it was
         return outcome
 
+    def lookup(self, planned: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
+        """The index record that would settle this key (`cached` serves it), without recording
+        anything; None where the stage has work to do."""
+        # with --force, only this run's own record counts: an earlier attempt of this task
+        # (retried by Prefect) that did the work and recorded it
+        if planned is not None and not self.ctx.force:
+            return planned
+        return find_cached(
+            self.store,
+            self.key,
+            run_id=self.ctx.run_id if self.ctx.force else None,
+            failures=not self.ctx.retry_failed,
+            model=self.model.name,
+        )
+
     def published(self, produced: Produced) -> Outcome:
         """Record what a worker computed and stored."""
-        outcome = Outcome(
+        outcome = self.produced(produced)
+        self.record(outcome)
+        return outcome
+
+    def produced(self, produced: Produced) -> Outcome:
+        """The outcome of what a worker computed and stored, not yet recorded (`record` does)."""
+        return Outcome(
             status="ok",
             seconds=round(self.seconds(), 6),
             artifact=produced.artifact,
@@ -104,8 +113,6 @@ class StageRun:
             warnings=list(produced.warnings),
             blob_stat=produced.blob_stat,
         )
-        self.record(outcome)
-        return outcome
 
     def fail(
         self,

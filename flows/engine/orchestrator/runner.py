@@ -34,7 +34,7 @@ from pt2flow.flows.engine.common.documents import (
 )
 from pt2flow.flows.engine.lineage.events import StageLineage
 from pt2flow.flows.engine.orchestrator.planner import Plan, chain_stages, plan_model, plan_slot, source_key
-from pt2flow.flows.engine.orchestrator.supervisor import Budget, Lease, WorkerLost, WorkerPool
+from pt2flow.flows.engine.orchestrator.supervisor import Budget, Lease, Worker, WorkerLost, WorkerPool
 from pt2flow.flows.engine.orchestrator.stage_keys import blocked, gather, parent_keys, stage_key
 from pt2flow.flows import pipeline
 from pt2flow.flows.pipeline import get as get_stage, document_slots
@@ -43,6 +43,10 @@ from pt2flow.storage.records import IndexRecord
 from pt2flow.stages.vocabulary import ErrorClass
 
 StageCall = Callable[[str, ResolvedModel, RunContext, Mapping[str, Outcome]], Outcome]
+# given a stage's outcome, the stage that runs next: (stage, model, its inputs); None when none
+# follows in its chain; LAST when the model has no more work for a worker
+Successor = Callable[[Outcome], "tuple[str, ResolvedModel, Mapping[str, Outcome]] | str | None"]
+LAST = "last"
 
 
 @dataclass
@@ -55,6 +59,20 @@ class ModelRun:
     limits: Limits
     started: float
     records: list[IndexRecord] | None = None  # collect index records here instead of appending each
+    # the stage that follows the one running now, given its outcome: (stage, model, inputs), or
+    # None when nothing follows (set by the stage loop before each stage; see Ahead)
+    successor: Successor | None = None
+    ahead: Ahead | None = None  # a stage's work the worker is doing before its task began
+
+    def take_ahead(self, stage: str, key: str) -> Ahead | None:
+        """The work sent ahead for this stage and key; work sent ahead for anything else (a
+        stage Prefect runs again, a model that ends early) is waited for and dropped first, so
+        that what the worker answers next is this stage's."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None or (ahead.stage == stage and ahead.key == key):
+            return ahead
+        ahead.drop()
+        return None
 
     def budget(self, stage: str) -> Budget:
         deadlines = []
@@ -89,6 +107,57 @@ def default_memory_gb() -> float:
     return 0.9 * psutil.virtual_memory().total / 2**30
 
 
+@dataclass
+class Ahead:
+    """A stage's work sent to the model's worker as soon as the stage before it came back, before
+    that one's index record and Prefect task end and this one's Prefect task start (about 10 ms
+    of the orchestrator's that the worker used to wait through between two stages; it now works
+    through them). Sent only after a cache miss for its key; its task (run_stage) then waits for
+    the answer, on the stage's clock that started when it was sent. Nothing else is sent to the
+    worker before that answer is taken (ModelRun.take_ahead), and a model that ends without it
+    waits for it and drops it (the blob the worker published has no record: a later run computes
+    it again), so no stage ever reads another's answer."""
+
+    stage: str
+    key: str
+    run: StageRun
+    worker: Worker
+    budget: Budget
+
+    def drop(self) -> None:
+        try:
+            self.worker.receive(self.budget)
+        except WorkerLost:
+            pass  # gone: the next stage sent to it finds out, or the pool replaces it
+
+
+def _send_ahead(model_run: ModelRun, ctx: RunContext, outcome: Outcome, successor: Successor | None) -> bool:
+    """Send the model's next stage to its worker now (Ahead), when one follows `outcome`'s stage,
+    has a worker already, and is not settled by the index. Anything that goes wrong here is left
+    to that stage's own task, which does all of it again and reports the failure. True when this
+    was the model's last stage for a worker (its successor says LAST)."""
+    lease = model_run.lease
+    if successor is None or lease is None or lease.worker is None or model_run.ahead is not None:
+        return False
+    try:
+        following = successor(outcome)
+        if not isinstance(following, tuple):
+            return following == LAST
+        stage, model, inputs = following
+        spec = get_stage(stage)
+        key = stage_key(spec, model, inputs)
+        run = StageRun(stage, model, ctx, key, parent_keys(spec, inputs), records=model_run.records)
+        if not key or run.lookup(model_run.plan.hit(plan_slot(stage, model), key)) is not None:
+            return False
+        budget = model_run.budget(stage)
+        lease.worker.send(StageRequest(stage, spec.compute, model, ctx, dict(inputs), key), budget)
+    except Exception:  # noqa: BLE001 - its task does it again, and says what failed
+        logging.getLogger("pt2flow").debug("not sent ahead", exc_info=True)
+        return False
+    model_run.ahead = Ahead(stage, key, run, lease.worker, budget)
+    return False
+
+
 _current = threading.local()
 
 
@@ -121,9 +190,14 @@ def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping
     lineage.start()
     try:
         key = (model_run.plan.source_key or "") if stage == "source" else stage_key(spec, model, inputs)
-        run = StageRun(stage, model, ctx, key, parent_keys(spec, inputs), records=model_run.records)
+        ahead = model_run.take_ahead(stage, key)
+        run = (
+            ahead.run
+            if ahead is not None
+            else StageRun(stage, model, ctx, key, parent_keys(spec, inputs), records=model_run.records)
+        )
         try:
-            outcome = _attempt(run, model_run, inputs, spec.compute)
+            outcome = _attempt(run, model_run, inputs, spec.compute, ahead)
         except StorageError as exc:
             if is_transient(exc) and _retries_left():
                 raise TransientStageError(str(exc)) from exc  # not recorded: the retry records the outcome
@@ -138,22 +212,29 @@ def run_stage(stage: str, model: ResolvedModel, ctx: RunContext, inputs: Mapping
     return outcome
 
 
-def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], compute: str) -> Outcome:
+def _attempt(
+    run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], compute: str, ahead: Ahead | None = None
+) -> Outcome:
     stage = run.stage
-    if run.key:
+    successor, model_run.successor = model_run.successor, None  # what follows, once this stage has computed
+    if run.key and ahead is None:
         hit = run.cached(model_run.plan.hit(plan_slot(stage, run.model), run.key))
         if hit is not None:
             return hit
     if model_run.lease is None:
         raise run.fail(ErrorClass.INTERNAL, f"pt2flow bug: {stage} of a model planned as fully cached has work to do")
     try:
-        worker = model_run.lease.get()
-        if model_run.lease.waited:  # the model's clock and its stage's start once it has a worker
-            model_run.started += model_run.lease.waited
-            run.later(model_run.lease.waited)
-            model_run.lease.waited = 0.0
-        request = StageRequest(stage, compute, run.model, run.ctx, dict(inputs), run.key)
-        status, payload = worker.call(request, model_run.budget(stage))
+        if ahead is not None:  # sent when the stage before came back
+            worker = ahead.worker
+            status, payload = worker.receive(ahead.budget)
+        else:
+            worker = model_run.lease.get()
+            if model_run.lease.waited:  # the model's clock and its stage's start once it has a worker
+                model_run.started += model_run.lease.waited
+                run.later(model_run.lease.waited)
+                model_run.lease.waited = 0.0
+            request = StageRequest(stage, compute, run.model, run.ctx, dict(inputs), run.key)
+            status, payload = worker.call(request, model_run.budget(stage))
     except WorkerLost as lost:
         details = {"stderr_tail": lost.stderr_tail, "returncode": lost.returncode}
         message = (
@@ -163,7 +244,13 @@ def _attempt(run: StageRun, model_run: ModelRun, inputs: Mapping[str, Outcome], 
     if isinstance(payload, Produced):
         if stage == "source":  # the manifest the worker read is the one the key must cover
             run.key = source_key(payload.details["manifest"])
-        return run.published(payload)
+        outcome = run.produced(payload)
+        # the worker starts the next stage while this one is recorded
+        last = _send_ahead(model_run, run.ctx, outcome, successor)
+        run.record(outcome)
+        if last:  # the next model may have the worker while this model's tasks end (records stay in order)
+            model_run.lease.release()
+        return outcome
     if payload.transient and _retries_left():
         raise TransientStageError(payload.error)  # not recorded: the retry records the outcome
     details = dict(payload.details)
@@ -201,6 +288,8 @@ def run_model(
     current = "source"
     _current.run = ModelRun(plan, lease, model.limits, time.monotonic(), records)
     try:
+        if model.generate is None:  # the chain's first stage follows the source
+            _current.run.successor = _chain_successor(model, "source", ctx.stages, {}, tolerated, ends_model=True)
         outcomes["source"] = call("source")("source", model, ctx, {})
         result.source = outcomes["source"].artifact
         slots = {stage: slot for slot, stage in document_slots().items()}
@@ -210,6 +299,7 @@ def run_model(
                 current = validating
                 logger.info("%s: %s", model.name, validating)
                 inputs = {"source": outcomes["source"], **{name: o for name, o in outcomes.items() if "/" in name}}
+                _current.run.successor = _last
                 outcomes[validating] = call(validating)(validating, model, ctx, inputs)
                 result.stages[validating] = StageView.of(outcomes[validating])
         else:
@@ -229,10 +319,13 @@ def run_model(
         result.fail(current, failure.outcome)
         logger.warning("%s failed at %s (%s): %s", model.name, current, result.error_class, result.error)
     finally:
+        ahead = _current.run.ahead
+        if ahead is not None:  # the model ended before the stage sent ahead was taken
+            ahead.drop()
         _current.run = None
         if lease is not None:
-            if lease.worker is not None:
-                result.worker = f"{socket.gethostname()}:{lease.worker.pid}"
+            if lease.pid is not None:
+                result.worker = f"{socket.gethostname()}:{lease.pid}"
             lease.release()
     add_trace_and_validation(result, outcomes, tolerated)
     return result
@@ -271,11 +364,14 @@ def _run_chain(
     (for the later components too); the other stages go on."""
     logger = run_logger()
     scoped = model if component is None else model.of_component(component)
-    for stage in stages:
+    for index, stage in enumerate(stages):
         if stage in tolerated or blocked(get_stage(stage), got):  # what it needs was not built, and the model goes on
             logger.info("%s: %s skipped: the model does without it", scoped.name, stage)
             continue
         logger.info("%s: %s", scoped.name, stage)
+        _model_run().successor = _chain_successor(
+            scoped, stage, stages[index + 1 :], got, tolerated, ends_model=component is None
+        )
         try:
             got[stage] = call(stage)(stage, scoped, ctx, gather(get_stage(stage), got))
         except StageFailed as failure:
@@ -298,6 +394,35 @@ def _run_chain(
         views[stage] = StageView.of(got[stage])
         if stage in slots:
             artifacts.put(slots[stage], got[stage].artifact)
+
+
+def _chain_successor(
+    scoped: ResolvedModel,
+    stage: str,
+    rest: Sequence[str],
+    got: Mapping[str, Outcome],
+    tolerated: Mapping[str, Outcome],
+    *,
+    ends_model: bool,
+) -> Successor:
+    """What `_run_chain` runs after `stage` once it gave an outcome: the first of `rest` it would
+    not skip, with the inputs it would gather (a stage that succeeded changes neither
+    `tolerated` nor anything but its own entry in `got`); after the last, LAST where the chain
+    is the model's whole work (`ends_model`: not a generative model's component), else None."""
+
+    def successor(outcome: Outcome) -> tuple[str, ResolvedModel, Mapping[str, Outcome]] | str | None:
+        seen = {**got, stage: outcome}
+        for following in rest:
+            if following not in tolerated and not blocked(get_stage(following), seen):
+                return following, scoped, gather(get_stage(following), seen)
+        return LAST if ends_model else None
+
+    return successor
+
+
+def _last(outcome: Outcome) -> str:
+    """The successor of a model's last stage (a generative model's validation)."""
+    return LAST
 
 
 def component_error(model: ResolvedModel, component: str, outcome: Outcome) -> str:

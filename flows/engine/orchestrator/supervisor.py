@@ -188,6 +188,7 @@ class Worker:
         self.models = 0  # models it has started (Lease.get): the pool replaces it after models_per_worker()
         self._offset = 0
         self._stop_sent = False
+        self._unanswered = 0  # answers to post()ed messages not yet read
 
     @property
     def pid(self) -> int:
@@ -198,6 +199,14 @@ class Worker:
     def call(self, message: Request[ReplyT], budget: Budget = Budget()) -> ReplyT:
         """Send `message`, wait for the answer within `budget`; WorkerLost if the worker dies,
         runs out of time or memory (it is then killed, with its whole process tree)."""
+        self.send(message, budget)
+        return self.receive(budget)
+
+    def send(self, message: Request[Any], budget: Budget = Budget()) -> None:
+        """Send `message` without waiting for its answer (`receive` takes it): the orchestrator
+        starts a model's next stage this way while it records the one before
+        (flows/engine/orchestrator/runner.py, Ahead). The worker's start is waited for within
+        `budget`. WorkerLost as `call`."""
         self._offset = self._log_size()
         if not self.ready:
             self._wait(budget, startup=True)
@@ -206,7 +215,19 @@ class Worker:
             self.conn.send(message)
         except OSError:
             raise self._lost(ErrorClass.CRASH, "before the stage started") from None
+
+    def receive(self, budget: Budget = Budget()) -> Any:
+        """The answer to the message sent last, waited for within `budget`; WorkerLost as `call`."""
+        while self._unanswered:  # answers to `post`ed messages come first, in order
+            self._wait(budget)
+            self._unanswered -= 1
         return self._wait(budget)
+
+    def post(self, message: Request[Any]) -> None:
+        """Send `message` and leave its answer unread (a NewModel: it always answers ok); the
+        next `receive` reads it first and drops it. WorkerLost as `call`."""
+        self.send(message)
+        self._unanswered += 1
 
     def _wait(self, budget: Budget, startup: bool = False) -> Any:
         next_sample = 0.0
@@ -574,6 +595,7 @@ class Lease:
     model: str | None = None  # its turn in the pool's order (WorkerPool.set_order)
     worker: Worker | None = None
     waited: float = 0.0
+    pid: int | None = None  # the last worker's, kept after release (the model document names it)
 
     def get(self) -> Worker:
         if self.worker is None:
@@ -581,10 +603,13 @@ class Lease:
             self.worker = self.pool.acquire(self.model)
             self.waited = time.monotonic() - asked
             self.worker.models += 1
-            self.worker.call(NewModel())
+            self.pid = self.worker.pid
+            self.worker.post(NewModel())
         return self.worker
 
     def release(self) -> None:
+        """Give the worker back (the model needs none any more: its last stage's work came back);
+        a second call does nothing."""
         self.pool.leave_turn(self.model)  # a model done without a worker lets the next one have its turn
         if self.worker is not None:
             self.pool.release(self.worker)
