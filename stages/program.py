@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections import Counter
 from typing import Any
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch.export import ExportedProgram
@@ -279,6 +280,27 @@ def _strip_volatile(value: Any) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def _without_canonical_form_check() -> Iterator[None]:
+    """Within the block, torch's program serializer skips its self-check that the program's
+    canonical form is well defined (`canonicalize` on a deep copy of what it serialized, the
+    result thrown away): 3.2 of a tiny MLP's 5.9 ms fingerprint. The serialized form is the same
+    with or without it, and every program fingerprinted here was saved by torch.export.save, which
+    ran that check. Where this torch's serializer does not call it by that module-level name, the
+    block changes nothing."""
+    from torch._export.serde import serialize as serde
+
+    real = getattr(serde, "canonicalize", None)
+    if real is None or "canonicalize" not in serde.ExportedProgramSerializer.serialize.__code__.co_names:
+        yield
+        return
+    serde.canonicalize = lambda ep, constants=None: ep
+    try:
+        yield
+    finally:
+        serde.canonicalize = real
+
+
 def canonical_program(ep: ExportedProgram) -> bytes:
     """torch's own serialized form of the program (torch.export's JSON schema: graph, every
     node's tensor metadata with symbolic sizes, strides, dtype, device, layout and
@@ -288,7 +310,8 @@ def canonical_program(ep: ExportedProgram) -> bytes:
     (fingerprint hashes them separately, without pickling)."""
     from torch._export.serde.serialize import serialize
 
-    artifact = serialize(ep, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False)
+    with _without_canonical_form_check():
+        artifact = serialize(ep, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False)
     document = json.loads(artifact.exported_program)
     for name in VOLATILE_PROGRAM_FIELDS:
         document.pop(name, None)

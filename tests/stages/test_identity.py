@@ -6,6 +6,7 @@ shipped configs (issue 29), each on a model that has it."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import zipfile
 
@@ -117,3 +118,35 @@ def test_an_archive_names_no_function_address() -> None:
         saved = _model_json(data)
         assert "<function sym_float>" in saved and re.search(r" at 0x[0-9a-f]+", saved) is None
     assert _provenance_targets(core) == targets
+
+
+def test_the_canonical_form_is_torchs_serialized_form_without_its_self_check(monkeypatch) -> None:
+    """canonical_program skips torch's check that the canonical form is well defined (its result
+    is thrown away; torch.export.save runs it): the form is the same as with it, on a program with
+    symbolic strides, and the check is really not run."""
+    from torch._export.serde import serialize as serde
+
+    stored = stored_program(trace(Heads(), HEADS_INPUTS, TraceOptions()).output)
+    skipped = program.canonical_program(stored.program)
+    checks = []
+    real = serde.canonicalize
+
+    def counted(*args, **kwargs):
+        checks.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serde, "canonicalize", counted)
+    assert program.canonical_program(stored.program) == skipped  # without the check inside
+    assert checks == []
+    with program._without_canonical_form_check():
+        pass
+    assert serde.canonicalize is counted  # put back as it was
+    # torch's own serializer, check included, gives the same form
+    full = serde.serialize(
+        stored.program, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False
+    )
+    assert len(checks) == 1
+    document = json.loads(full.exported_program)
+    for name in program.VOLATILE_PROGRAM_FIELDS:
+        document.pop(name, None)
+    assert json.dumps(program._strip_volatile(document), sort_keys=True, separators=(",", ":")).encode() == skipped
