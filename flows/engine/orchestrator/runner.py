@@ -319,14 +319,15 @@ def run_model(
         result.fail(current, failure.outcome)
         logger.warning("%s failed at %s (%s): %s", model.name, current, result.error_class, result.error)
     finally:
-        ahead = _current.run.ahead
-        if ahead is not None:  # the model ended before the stage sent ahead was taken
-            ahead.drop()
-        _current.run = None
-        if lease is not None:
-            if lease.pid is not None:
-                result.worker = f"{socket.gethostname()}:{lease.pid}"
-            lease.release()
+        ahead, _current.run = _current.run.ahead, None
+        try:
+            if ahead is not None:  # the model ended before the stage sent ahead was taken
+                ahead.drop()
+        finally:  # an interrupt while waiting for it still gives the worker back
+            if lease is not None:
+                if lease.pid is not None:
+                    result.worker = f"{socket.gethostname()}:{lease.pid}"
+                lease.release()
     add_trace_and_validation(result, outcomes, tolerated)
     return result
 
