@@ -43,10 +43,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 # shown under their parent's label, so the rows do not add up to more than the wall time
 ORCHESTRATOR_PARTS = [
     ("prefect.tasks", "Task.__call__", "stage tasks (Prefect task run, whole)"),
-    ("pt2flow.flows.engine.orchestrator.supervisor", "Worker.call", "  worker round trip (stage work + IPC)"),
-    ("pt2flow.flows.engine.orchestrator.bookkeeping", "StageRun.published", "  record a published stage"),
+    # a stage sent ahead (runner.Ahead) is sent from the task before it and waited for in its own:
+    # the answers waited for are the worker's share, whichever task waits
+    (
+        "pt2flow.flows.engine.orchestrator.supervisor",
+        "Worker.receive",
+        "  worker answers waited for (stage work + IPC)",
+    ),
+    ("pt2flow.flows.engine.orchestrator.bookkeeping", "StageRun.record", "  record a stage"),
     ("pt2flow.storage.index", "MetadataIndex.append", "    index append (one fsynced Parquet file)"),
-    ("pt2flow.flows.engine.orchestrator.bookkeeping", "StageRun.cached", "  cache lookup"),
+    ("pt2flow.flows.engine.orchestrator.bookkeeping", "StageRun.lookup", "  cache lookup"),
     ("pt2flow.flows.engine.orchestrator.runner", "stage_key", "  stage key"),
     ("pt2flow.storage.index", "MetadataIndex.compact", "index compaction (end of run)"),
 ]
