@@ -93,14 +93,9 @@ class StageRun:
             model=self.model.name,
         )
 
-    def published(self, produced: Produced) -> Outcome:
-        """Record what a worker computed and stored."""
-        outcome = self.produced(produced)
-        self.record(outcome)
-        return outcome
-
     def produced(self, produced: Produced) -> Outcome:
-        """The outcome of what a worker computed and stored, not yet recorded (`record` does)."""
+        """The outcome of what a worker computed and stored, not yet recorded (`record` does:
+        runner._attempt first sends the model's next stage to the worker)."""
         return Outcome(
             status="ok",
             seconds=round(self.seconds(), 6),
