@@ -168,7 +168,9 @@ def call_validate(
     status, payload = compute.run_stage(request)
     run = StageRun("validate", model, ctx, "security-validate-key", [c["key"] for c in (archive, package) if c])
     if isinstance(payload, compute.Produced):
-        return run.published(payload).model_dump()
+        outcome = run.produced(payload)
+        run.record(outcome)
+        return outcome.model_dump()
     return run.fail(
         payload.error_class, payload.error, details=payload.details, report=payload.report
     ).outcome.model_dump()
