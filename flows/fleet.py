@@ -1,7 +1,7 @@
 """The fleet flow: every model of a config through the pipeline; one model's failure never stops the rest.
 
 Runners: `local` (and `process`, its older name) runs the model flows from N threads of this
-process, each model's stage work in one of N supervised worker processes (flows/engine/orchestrator/supervisor.py);
+process, each model's stage work in one of N supervised worker processes (flows/engine/orchestrator/pool.py);
 `dask` runs the model flows on prefect-dask's DaskTaskRunner (a LocalCluster of processes or an
 existing cluster's address), each Dask worker with a supervised worker process of its own.
 torch.export is not thread-safe: torch only ever runs in the worker processes.
@@ -60,7 +60,7 @@ def model_task(model: ResolvedModel, ctx: RunContext, plan: Plan) -> Any:
     pool. The task fails when the model does, naming the stage and the class. (A subflow per
     model costs 0.3-1 s more per model in flow-run bookkeeping: measured, see bench/.)"""
     from pt2flow.flows.engine.services.dask_cluster import announce_start
-    from pt2flow.flows.engine.orchestrator.supervisor import shared_pool
+    from pt2flow.flows.engine.orchestrator.pool import shared_pool
 
     announce_start(ctx.run_id, model.name)  # on a Dask worker: the orchestrator's clock of this model starts
     pool = shared_pool(python=ctx.python)
@@ -103,7 +103,7 @@ def _run_models(
 ) -> list[ModelResult]:
     results: dict[str, ModelResult] = {}
     if runner != "dask":
-        from pt2flow.flows.engine.orchestrator.supervisor import start_pool
+        from pt2flow.flows.engine.orchestrator.pool import start_pool
 
         start_pool(workers, ctx.python).set_order([m.name for m in models])  # the config's order
     with _task_runner(runner, workers, dask_address) as task_runner:
@@ -120,7 +120,7 @@ def _run_models(
         except BaseException:
             # Ctrl-C, SIGTERM (Prefect's TerminationSignal), a bug: the task runner's exit joins the
             # model threads, so first make the ones waiting on a worker (a hung model) stop now
-            from pt2flow.flows.engine.orchestrator.supervisor import interrupt_pool
+            from pt2flow.flows.engine.orchestrator.pool import interrupt_pool
 
             interrupt_pool()
             raise
@@ -418,7 +418,7 @@ def fleet_flow(
             else:
                 document = run_fleet(config, ctx, runner, workers, dask_address, no_worker_timeout_s)
     finally:
-        from pt2flow.flows.engine.orchestrator.supervisor import stop_pool
+        from pt2flow.flows.engine.orchestrator.pool import stop_pool
 
         stop_pool()  # a served deployment runs many fleets in one process: free the workers
     if apply_retention and config.retention is not None:

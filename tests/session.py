@@ -42,7 +42,7 @@ TIERS = ("fast", "integration", "compile")
 FILES_SHOWN = 25
 FIRST_GROUP_PREFIX = "fleet:"  # tests/fleets.py's groups: sent to the workers before any other
 INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
-WORKERS = "PT2FLOW_WORKERS"  # flows/engine/orchestrator/supervisor.py default_workers
+WORKERS = "PT2FLOW_WORKERS"  # flows/engine/orchestrator/pool.py default_workers
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:

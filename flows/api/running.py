@@ -64,7 +64,7 @@ def load_for_run(
     loaded = apply_overrides(load_config(config), only=tuple(only or ()), stages=list(stages) if stages else None)
     if workers is not None and workers < 1:
         raise UsageError("--workers must be at least 1")
-    from pt2flow.flows.engine.orchestrator.supervisor import models_per_worker, workers_from_environment
+    from pt2flow.flows.engine.orchestrator.pool import models_per_worker, workers_from_environment
 
     try:
         models_per_worker()
@@ -345,7 +345,7 @@ def with_failure_groups(document: dict[str, Any], store: ArtifactStore) -> dict[
 
 
 def start_workers(workers: int | None, models: int, python: str | None = None) -> None:
-    from pt2flow.flows.engine.orchestrator.supervisor import default_workers, start_pool
+    from pt2flow.flows.engine.orchestrator.pool import default_workers, start_pool
 
     start_pool(workers or default_workers(models), python)
 

@@ -111,7 +111,7 @@ def silence_stdout() -> None:
 
 def stop_workers() -> None:
     """Stop the worker processes (and their compilers) of an interrupted run, if any started."""
-    pool = sys.modules.get("pt2flow.flows.engine.orchestrator.supervisor")
+    pool = sys.modules.get("pt2flow.flows.engine.orchestrator.pool")
     if pool is not None:
         pool.interrupt_pool()  # first the flag: a model thread that sees its worker die records no crash
         pool.stop_pool()

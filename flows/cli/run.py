@@ -60,7 +60,7 @@ def interrupt(signum: int, frame: Any) -> None:
     """SIGTERM: stop the workers now, lock-free (the main thread may hold any lock, or be about
     to join a model thread that waits on a hung worker), then unwind as Ctrl-C does."""
     note_interrupt()
-    pool = sys.modules.get("pt2flow.flows.engine.orchestrator.supervisor")
+    pool = sys.modules.get("pt2flow.flows.engine.orchestrator.pool")
     if pool is not None:
         pool.interrupt_pool()
     raise KeyboardInterrupt

@@ -1,5 +1,5 @@
 """How many worker processes a run starts when --workers is not given
-(flows/engine/orchestrator/supervisor.py default_workers): PT2FLOW_WORKERS where it is set, else
+(flows/engine/orchestrator/pool.py default_workers): PT2FLOW_WORKERS where it is set, else
 one per core and per 3 GiB of free memory; never more than one per model with work. A bad value is
 a usage error, naming the variable, before anything runs (flows/api/running.py load_for_run), and
 --workers given outright does not read it."""
@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from pt2flow.flows.api.running import load_for_run
-from pt2flow.flows.engine.orchestrator.supervisor import default_workers
+from pt2flow.flows.engine.orchestrator.pool import default_workers
 from pt2flow.flows.options import UsageError
 from tests.conftest import write_config
 

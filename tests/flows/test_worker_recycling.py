@@ -1,5 +1,5 @@
 """A worker is replaced after PT2FLOW_MODELS_PER_WORKER models (torch keeps objects from every
-export for the life of a process, and each model got slower with them: supervisor.MODELS_PER_WORKER).
+export for the life of a process, and each model got slower with them: pool.MODELS_PER_WORKER).
 The ground truth is the process each model was really built in: its factory writes its pid."""
 
 from __future__ import annotations

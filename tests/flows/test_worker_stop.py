@@ -80,16 +80,16 @@ def test_a_model_that_starts_after_the_interrupt_gets_no_fresh_pool() -> None:
     stopped the pool; the model's task, starting a moment later, found it unusable and started a
     fresh one, whose worker ran the hung model while the unwinding main thread waited on it
     past the test's 60 s. A stopped pool is now the end of the run for every model that asks."""
-    from pt2flow.flows.engine.orchestrator import supervisor
+    from pt2flow.flows.engine.orchestrator import pool as pools
 
-    pool = supervisor.start_pool(1)
+    pool = pools.start_pool(1)
     try:
-        supervisor.interrupt_pool()
+        pools.interrupt_pool()
         with pytest.raises(Interrupted):
-            supervisor.shared_pool()
+            pools.shared_pool()
         with pytest.raises(Interrupted):
-            supervisor.start_pool(1)
-        assert supervisor._pool is pool and len(pool.pids()) == 1  # no worker was started in its place
+            pools.start_pool(1)
+        assert pools._pool is pool and len(pool.pids()) == 1  # no worker was started in its place
     finally:
-        supervisor.stop_pool()
-    assert supervisor._pool is None  # stopped: the next run in this process (serve) starts afresh
+        pools.stop_pool()
+    assert pools._pool is None  # stopped: the next run in this process (serve) starts afresh

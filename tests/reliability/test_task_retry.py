@@ -71,7 +71,7 @@ def _task_runs(flow_run_id: Any, stages: tuple[str, ...] = STAGES) -> dict[str, 
 @pytest.fixture
 def fresh_pool() -> Any:
     """A worker pool started after the test armed its fault (workers read it at start)."""
-    from pt2flow.flows.engine.orchestrator.supervisor import stop_pool
+    from pt2flow.flows.engine.orchestrator.pool import stop_pool
 
     stop_pool()
     reset_points()

@@ -289,7 +289,7 @@ def audit(
     worker of its own; the document lists the records in the same order whatever the count."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pt2flow.flows.engine.orchestrator.supervisor import default_workers, worker_threads
+    from pt2flow.flows.engine.orchestrator.pool import default_workers, worker_threads
 
     records = _records(store.index, run_id)
     if not records:

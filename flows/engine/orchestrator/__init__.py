@@ -1,5 +1,5 @@
 """The run path in the orchestrating process: the planner (key chain and cache decisions), stage
-keys, the supervisor of worker processes, the runner of a model's stages, the model flow
+keys, the supervisor of a worker process and the pool of them, the runner of a model's stages, the model flow
 (Prefect tasks), bookkeeping and index records, validate's preflight, and the fleet's plan.
 
 May import common/, environment/, lineage/, services/ and worker/'s message types; the planner,

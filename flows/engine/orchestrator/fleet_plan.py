@@ -139,7 +139,7 @@ def settle_from_index(
 
 
 def resolve_workers(workers: int | None, models_with_work: int) -> int:
-    from pt2flow.flows.engine.orchestrator.supervisor import default_workers
+    from pt2flow.flows.engine.orchestrator.pool import default_workers
 
     return max(1, workers) if workers else default_workers(max(1, models_with_work))
 

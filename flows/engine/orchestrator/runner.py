@@ -34,7 +34,8 @@ from pt2flow.flows.engine.common.documents import (
 )
 from pt2flow.flows.engine.lineage.events import StageLineage
 from pt2flow.flows.engine.orchestrator.planner import Plan, chain_stages, plan_model, plan_slot, source_key
-from pt2flow.flows.engine.orchestrator.supervisor import Budget, Lease, Worker, WorkerLost, WorkerPool
+from pt2flow.flows.engine.orchestrator.pool import Lease, WorkerPool
+from pt2flow.flows.engine.orchestrator.supervisor import Budget, Worker, WorkerLost
 from pt2flow.flows.engine.orchestrator.stage_keys import blocked, gather, parent_keys, stage_key
 from pt2flow.flows import pipeline
 from pt2flow.flows.pipeline import get as get_stage, document_slots
