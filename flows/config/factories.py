@@ -16,19 +16,40 @@ from pt2flow.stages.importing import search_path_first
 from pt2flow.stages.vocabulary import FACTORY_PATTERN
 
 
-def _defines(tree: ast.Module, name: str) -> bool:
+def _top_level_names(tree: ast.Module) -> frozenset[str]:
+    """The names a module's source binds at its top level: functions, classes, assignments and imports."""
+    names: set[str] = set()
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return True
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return True
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
-            return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                if (alias.asname or alias.name.split(".")[0]) == name:
-                    return True
-    return False
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+    return frozenset(names)
+
+
+# a fleet's models mostly share a few modules: each source is parsed once per process, keyed by
+# its path and text (an edited module is parsed again: `serve` checks a config before every run)
+_NAMES: dict[tuple[str, str], frozenset[str] | SyntaxError] = {}
+_NAMES_KEPT = 64
+
+
+def _names_in(origin: str) -> frozenset[str] | SyntaxError:
+    """_top_level_names of the module at `origin`, or the SyntaxError its source raises."""
+    text = Path(origin).read_text(encoding="utf-8")
+    found = _NAMES.get((origin, text))
+    if found is None:
+        try:
+            found = _top_level_names(ast.parse(text, filename=origin))
+        except SyntaxError as exc:
+            found = exc
+        if len(_NAMES) >= _NAMES_KEPT:
+            _NAMES.clear()
+        _NAMES[(origin, text)] = found
+    return found
 
 
 def _find_spec_without_importing(module_name: str) -> importlib.machinery.ModuleSpec | None:
@@ -56,11 +77,10 @@ def resolve_factory_statically(factory: str, search_path: str) -> str | None:
         origin = spec.origin
         if not origin or not origin.endswith(".py") or not os.path.exists(origin):
             return None  # a compiled or namespace module: checked when imported
-        try:
-            tree = ast.parse(Path(origin).read_text(encoding="utf-8"), filename=origin)
-        except SyntaxError as exc:
-            return f"module {module_name!r} ({origin}) has a syntax error at line {exc.lineno}: {exc.msg}"
-        if not _defines(tree, attr.split(".")[0]):
+        names = _names_in(origin)
+        if isinstance(names, SyntaxError):
+            return f"module {module_name!r} ({origin}) has a syntax error at line {names.lineno}: {names.msg}"
+        if attr.split(".")[0] not in names:
             return f"{attr.split('.')[0]!r} is not defined at the top level of {origin}"
         return None
 

@@ -688,6 +688,25 @@ def test_a_dotted_factory_does_not_execute_its_parent_package(tmp_path: Path) ->
     assert "marker_pkg_q7" not in sys.modules
 
 
+def test_an_edited_factory_module_is_checked_as_it_now_reads(tmp_path: Path) -> None:
+    """A module's names are parsed once per process (a fleet's models share a few modules), but
+    an edit is seen by the next check in the same process, as `serve` checks before every run."""
+    module = tmp_path / "edited_q7.py"
+    module.write_text("def make():\n    return None\n")
+    entries = "".join(
+        f"  - name: m{i}\n    factory: edited_q7:make\n    inputs: {{x: {{shape: [4, 8]}}}}\n" for i in range(3)
+    )
+    fleet = parse(f"version: 1\nmodels:\n{entries}", base_dir=tmp_path)
+    assert [m.factory for m in fleet.models] == ["edited_q7:make"] * 3
+    module.write_text("def build():\n    return None\n")
+    issue = only_issue(one_model(factory="edited_q7:make"), base_dir=tmp_path)
+    assert issue.message == f"'make' is not defined at the top level of {module}"
+    module.write_text("def make(:\n")
+    assert "has a syntax error at line 1" in only_issue(one_model(factory="edited_q7:make"), base_dir=tmp_path).message
+    module.write_text("def make():\n    return None\n")
+    assert parse(one_model(factory="edited_q7:make"), base_dir=tmp_path).models[0].factory == "edited_q7:make"
+
+
 def test_factory_module_with_a_syntax_error(tmp_path: Path) -> None:
     (tmp_path / "broken_syntax_q7.py").write_text("import os\n\ndef make(:\n    return None\n")
     issue = only_issue(one_model(factory="broken_syntax_q7:make"), base_dir=tmp_path)
