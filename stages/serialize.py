@@ -48,7 +48,12 @@ class _SchemaTypeHints:
         self.hits = 0
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
+        # typing's attributes never change: kept on the instance, the next lookup of `name` does
+        # not come here (the deserializer reads typing.get_origin and the like about 10,000 times
+        # a small model)
+        value = getattr(self._real, name)
+        setattr(self, name, value)
+        return value
 
     def get_type_hints(self, obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False) -> Any:
         if localns is not None or not isinstance(obj, type) or obj.__module__ != self._schema_module:

@@ -389,3 +389,6 @@ def test_a_program_loads_the_same_with_torchs_schema_type_hints_memoized(
     kept = len(memo._hints)
     assert memo.get_type_hints(dataclasses.make_dataclass("Other", [("x", int)])) == {"x": int}
     assert len(memo._hints) == kept
+    # typing's other attributes are typing's own, kept once read (torch reads them per field)
+    assert memo.get_origin is typing.get_origin and memo.Union is typing.Union
+    assert vars(memo)["get_origin"] is typing.get_origin
