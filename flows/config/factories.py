@@ -6,6 +6,7 @@ importing its packages, and the name is looked for at the top level of its sourc
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.machinery
 import importlib.util
 import os
@@ -33,23 +34,17 @@ def _top_level_names(tree: ast.Module) -> frozenset[str]:
 
 # a fleet's models mostly share a few modules: each source is parsed once per process, keyed by
 # its path and text (an edited module is parsed again: `serve` checks a config before every run)
-_NAMES: dict[tuple[str, str], frozenset[str] | SyntaxError] = {}
-_NAMES_KEPT = 64
-
-
 def _names_in(origin: str) -> frozenset[str] | SyntaxError:
     """_top_level_names of the module at `origin`, or the SyntaxError its source raises."""
-    text = Path(origin).read_text(encoding="utf-8")
-    found = _NAMES.get((origin, text))
-    if found is None:
-        try:
-            found = _top_level_names(ast.parse(text, filename=origin))
-        except SyntaxError as exc:
-            found = exc
-        if len(_NAMES) >= _NAMES_KEPT:
-            _NAMES.clear()
-        _NAMES[(origin, text)] = found
-    return found
+    return _names_in_text(origin, Path(origin).read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=64)
+def _names_in_text(origin: str, text: str) -> frozenset[str] | SyntaxError:
+    try:
+        return _top_level_names(ast.parse(text, filename=origin))
+    except SyntaxError as exc:
+        return exc.with_traceback(None)  # kept: no frames held by the cache
 
 
 def _find_spec_without_importing(module_name: str) -> importlib.machinery.ModuleSpec | None:
