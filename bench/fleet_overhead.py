@@ -20,10 +20,13 @@ serialize and validate (no compile)
               frozen out of the garbage collector's walks (`gc.freeze()`), as pt2flow's workers
               have it (flows/engine/common/heap.py): reported, the floor a careful hand-written
               loop reaches
+  bare-small-2  the bare loop split over two processes side by side (every other model each, one
+              torch thread each, as pt2flow's two workers on two cores have): reported, what
+              the second core gives a plain loop on this machine (cold-small-2 against it too)
   cold-small  `pt2flow run --workers 1` on an empty store
   warm-small  `pt2flow run` again
   cold-small-2  `pt2flow run` with default workers on another empty store
-  --rounds N  runs the four cold arms N times, interleaved, the order rotated by one each round;
+  --rounds N  runs the five cold arms N times, interleaved, the order rotated by one each round;
               each ratio is taken within its round, the median is the figure and the range is
               printed beside it (this VM's speed drifts by 10-20 % over the minutes one round takes)
 
@@ -278,10 +281,14 @@ def _tensor(spec: dict[str, Any], sizes: dict[str, int] | None, dims_of: dict[in
     return torch.randint(spec.get("low", 0), spec.get("high", 10), shape, dtype=dtype)
 
 
-def bare_loop(kind: str, count: int, workdir: Path, freeze: bool = False) -> dict[str, Any]:
+def bare_loop(
+    kind: str, count: int, workdir: Path, freeze: bool = False, part: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """Seconds per model, and the seconds of each step summed over the fleet (under the name of
     the pt2flow stage doing that work: the comparison stage by stage). `freeze`: what is alive
-    after the imports and after the first model is frozen out of the collector's walks."""
+    after the imports and after the first model is frozen out of the collector's walks. `part`
+    (i, n): only every n-th model from the i-th, on one torch thread (one of n such processes
+    side by side, as pt2flow's n workers on n cores each have one)."""
     import copy
     import gc
     import importlib
@@ -299,7 +306,11 @@ def bare_loop(kind: str, count: int, workdir: Path, freeze: bool = False) -> dic
     if freeze:
         gc.collect()
         gc.freeze()
-    for index, (name, factory, kwargs, inputs, dynamic, dims) in enumerate(fleet_models(kind, count)):
+    models = fleet_models(kind, count)
+    if part is not None:
+        torch.set_num_threads(1)
+        models = models[part[0] :: part[1]]
+    for index, (name, factory, kwargs, inputs, dynamic, dims) in enumerate(models):
         if freeze and index == 1:
             gc.collect()
             gc.freeze()
@@ -402,6 +413,20 @@ def _timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]
     return elapsed, proc.stdout
 
 
+def _timed_side_by_side(argvs: list[list[str]], env: dict[str, str], cwd: Path) -> tuple[float, list[str]]:
+    """Start every argv at once; the seconds until the last has ended, and each one's stdout."""
+    started = time.perf_counter()
+    procs = [
+        subprocess.Popen(a, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argvs
+    ]
+    outs = [p.communicate() for p in procs]
+    elapsed = time.perf_counter() - started
+    for argv, proc, (out, err) in zip(argvs, procs, outs):
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}")
+    return elapsed, [out for out, _ in outs]
+
+
 def _env(workdir: Path, arm: str) -> dict[str, str]:
     cache = workdir / "inductor-cache" / arm
     shutil.rmtree(cache, ignore_errors=True)
@@ -449,18 +474,21 @@ def _check(out: str, ok: int, cached: bool = False, failed: int = 0) -> dict[str
     return document
 
 
-SMALL_ARMS = ("bare-small", "bare-small-frozen", "cold-small", "cold-small-2")
+SMALL_ARMS = ("bare-small", "bare-small-frozen", "bare-small-2", "cold-small", "cold-small-2")
 # each arm's name in the figures (`cold_small2_s`, `cold_small2_stage_s`, as before rounds)
 SMALL_KEYS = {
     "bare-small": "bare_small",
     "bare-small-frozen": "bare_small_frozen",
+    "bare-small-2": "bare_small2",
     "cold-small": "cold_small",
     "cold-small-2": "cold_small2",
 }
 # the ratios each round gives (arm, its base), reported as medians over rounds: the pt2flow arms
 # against the bare loop (the goals) and against the frozen bare loop (reported)
-SMALL_RATIOS = tuple(
-    (arm, base) for base in ("bare-small", "bare-small-frozen") for arm in ("cold-small", "cold-small-2")
+SMALL_RATIOS = (
+    *((arm, base) for base in ("bare-small", "bare-small-frozen") for arm in ("cold-small", "cold-small-2")),
+    ("cold-small-2", "bare-small-2"),  # two workers against the same loop on two processes
+    ("bare-small-2", "bare-small"),  # what the second core gives a plain loop on this machine
 )
 
 
@@ -469,7 +497,7 @@ def small_fleet_rounds(
 ) -> None:
     """The small fleet's arms, `rounds` times. This VM's speed drifts by 10-20 % over minutes, so
     one arm after another for 5 minutes measures the drift as much as the arms: each round runs
-    the four cold arms back to back in an order rotated by one each round (so no arm always
+    the five cold arms back to back in an order rotated by one each round (so no arm always
     runs first or last), each ratio is taken within its round, and the median over rounds is the
     figure, with the lowest and highest beside it. The unchanged re-run follows round 1's
     one-worker arm. Round 1's stage seconds are reported."""
@@ -483,6 +511,13 @@ def small_fleet_rounds(
         stages: dict[str, dict[str, float]] = {}
         for arm in order:
             tag = f"{arm}-r{index}"
+            if arm == "bare-small-2":
+                argvs = [[*bare, "small", "--bare-part", f"{i}/2"] for i in range(2)]
+                seconds[arm], outs = _timed_side_by_side(argvs, _env(workdir, tag), ROOT)
+                print(f"  {arm:11s} {seconds[arm]:7.1f} s", file=sys.stderr)
+                halves = [json.loads(out.strip().splitlines()[-1])["steps"] for out in outs]
+                stages[arm] = {k: round(sum(h[k] for h in halves), 2) for k in halves[0]}
+                continue
             if arm.startswith("bare"):
                 extra = ["--bare-freeze"] if arm == "bare-small-frozen" else []
                 seconds[arm], out = _arm(arm, [*bare, "small", *extra], _env(workdir, tag), ROOT)
@@ -554,7 +589,7 @@ def main() -> int:
         "--rounds",
         type=int,
         default=1,
-        help="small fleet: run its four cold arms this many times, interleaved, the order rotated each round; "
+        help="small fleet: run its five cold arms this many times, interleaved, the order rotated each round; "
         "ratios are taken within each round and their median is reported with the range (default 1)",
     )
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "pt2-bench-fleet"))
@@ -563,6 +598,7 @@ def main() -> int:
         "--bare", choices=["compile", "small", "targets", "hf-compile"], help=argparse.SUPPRESS
     )  # a bare arm's child process
     parser.add_argument("--bare-freeze", action="store_true", help=argparse.SUPPRESS)  # bare-small-frozen's child
+    parser.add_argument("--bare-part", metavar="I/N", help=argparse.SUPPRESS)  # one of bare-small-2's children
     args = parser.parse_args()
     workdir = Path(args.workdir)
     count = min(args.models, len(FLEET))
@@ -572,7 +608,8 @@ def main() -> int:
         return 0
     if args.bare:
         size = count if args.bare == "compile" else args.small
-        print(json.dumps(bare_loop(args.bare, size, workdir / args.bare, freeze=args.bare_freeze)))
+        part = tuple(int(n) for n in args.bare_part.split("/")) if args.bare_part else None
+        print(json.dumps(bare_loop(args.bare, size, workdir / args.bare, freeze=args.bare_freeze, part=part)))
         return 0
 
     shutil.rmtree(workdir, ignore_errors=True)
@@ -699,6 +736,7 @@ def main() -> int:
         "cold2",
         "bare_small",
         "bare_small_frozen",
+        "bare_small2",
         "cold_small",
         "cold_small2",
         "bare_hfc",
