@@ -44,7 +44,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fleet_overhead import emit_json  # noqa: E402
+from fleet_overhead import compile_checkout, emit_json  # noqa: E402
 
 # the stages configs/targets.yaml builds: every artifact and validate
 BUILD = yaml.safe_load((ROOT / "configs" / "targets.yaml").read_text())["stages"]
@@ -200,6 +200,7 @@ def main() -> int:
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    compile_checkout()
     for module in (ROOT / "configs").glob("*.py"):
         shutil.copy(module, workdir / module.name)
     shipped = yaml.safe_load((ROOT / "configs" / "targets.yaml").read_text())

@@ -37,7 +37,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fleet_overhead import SMALL_STAGES, _env, _timed, emit_json  # noqa: E402
+from fleet_overhead import SMALL_STAGES, _env, _timed, compile_checkout, emit_json  # noqa: E402
 
 WINDOW = 100
 
@@ -117,6 +117,7 @@ def main() -> int:
     args = parser.parse_args()
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
+    compile_checkout()
     small_s, _, _ = _run(workdir, args.baseline, args.workers)
     seconds, table, workers = _run(workdir, args.models, args.workers)
     for row in table:

@@ -224,10 +224,11 @@ def main() -> int:
     if args.orchestrator:
         return orchestrator([a for a in rest if a != "--"], args.orchestrator)
 
-    from fleet_overhead import _env, emit_json, write_config
+    from fleet_overhead import _env, compile_checkout, emit_json, write_config
 
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
+    compile_checkout()
     config = write_config(workdir / "small", "small", args.small)
     env = _env(workdir, "plain")
     subprocess.run(  # the shared Prefect server up first, as on a machine that ran pt2flow lately

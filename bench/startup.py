@@ -37,7 +37,11 @@ import yaml
 from pt2flow.flows.engine.services.prefect_runtime import stop_shared_server
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
 BIN = Path(sys.executable).parent
+
+from fleet_overhead import compile_checkout  # noqa: E402
+
 STAGES = ["trace", "functionalize", "decompose", "serialize", "validate"]
 
 
@@ -105,6 +109,7 @@ def main() -> None:
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    compile_checkout()
     config = _config(workdir)
     results: dict[str, Any] = {}
     print(f"{'':22}{'source':>9}{'trace':>9}{'end':>9}{'summary':>9}   (seconds from process start)")
