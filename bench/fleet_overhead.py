@@ -419,16 +419,13 @@ def compile_checkout() -> None:
 
 
 def _timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
-    started = time.perf_counter()
-    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
-    if proc.returncode not in (0, 1) or (proc.returncode == 1 and not proc.stdout.startswith("{")):
-        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return elapsed, proc.stdout
+    seconds, (out,) = _timed_side_by_side([argv], env, cwd)
+    return seconds, out
 
 
 def _timed_side_by_side(argvs: list[list[str]], env: dict[str, str], cwd: Path) -> tuple[float, list[str]]:
-    """Start every argv at once; the seconds until the last has ended, and each one's stdout."""
+    """Start every argv at once; the seconds until the last has ended, and each one's stdout. A
+    process that failed ends the benchmark (exit 1 is a pt2flow run's failed models, its document on stdout)."""
     started = time.perf_counter()
     procs = [
         subprocess.Popen(a, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argvs
@@ -436,7 +433,7 @@ def _timed_side_by_side(argvs: list[list[str]], env: dict[str, str], cwd: Path) 
     outs = [p.communicate() for p in procs]
     elapsed = time.perf_counter() - started
     for argv, proc, (out, err) in zip(argvs, procs, outs):
-        if proc.returncode != 0:
+        if proc.returncode not in (0, 1) or (proc.returncode == 1 and not out.startswith("{")):
             raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}")
     return elapsed, [out for out, _ in outs]
 
@@ -474,9 +471,14 @@ GOALS = {
 
 
 def _arm(label: str, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
-    seconds, out = _timed(argv, env, cwd)
-    print(f"  {label:11s} {seconds:7.1f} s", file=sys.stderr)
+    seconds, (out,) = _arms_side_by_side(label, [argv], env, cwd)
     return seconds, out
+
+
+def _arms_side_by_side(label: str, argvs: list[list[str]], env: dict[str, str], cwd: Path) -> tuple[float, list[str]]:
+    seconds, outs = _timed_side_by_side(argvs, env, cwd)
+    print(f"  {label:11s} {seconds:7.1f} s", file=sys.stderr)
+    return seconds, outs
 
 
 def _check(out: str, ok: int, cached: bool = False, failed: int = 0) -> dict[str, Any]:
@@ -527,8 +529,7 @@ def small_fleet_rounds(
             tag = f"{arm}-r{index}"
             if arm == "bare-small-2":
                 argvs = [[*bare, "small", "--bare-part", f"{i}/2"] for i in range(2)]
-                seconds[arm], outs = _timed_side_by_side(argvs, _env(workdir, tag), ROOT)
-                print(f"  {arm:11s} {seconds[arm]:7.1f} s", file=sys.stderr)
+                seconds[arm], outs = _arms_side_by_side(arm, argvs, _env(workdir, tag), ROOT)
                 halves = [json.loads(out.strip().splitlines()[-1])["steps"] for out in outs]
                 stages[arm] = {k: round(sum(h[k] for h in halves), 2) for k in halves[0]}
                 continue

@@ -235,7 +235,7 @@ def timed_in_passes(timers: Sequence[Callable[[], Measured]], passes: int) -> li
             if runs[at] and runs[at][0].error is not None:
                 continue
             runs[at].append(timers[at]())
-            gc.collect()
+            gc.collect()  # the artifact just timed, freed before the next loads (its memory is measured)
     return [fastest_pass(each) for each in runs]
 
 

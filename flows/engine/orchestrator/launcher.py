@@ -507,7 +507,7 @@ class LaunchedProcess:
             return None  # still being forked: as alive as a process still importing torch
         if self._popen is not None:
             self.returncode = self._popen.poll()
-        elif self._server is not None:
+        elif self._server is not None and self._pid is not None:  # started: the server reported its pid
             try:
                 self.returncode = self._server.poll(self._pid)
             except ServerUnavailable:
