@@ -279,6 +279,7 @@ from tests.fleets import _generative_fleet, _targets_fleet, generative_fleet, ta
 from tests.session import (  # noqa: E402,F401  (the suite's plumbing: inductor cache, xdist groups, time per tier)
     pytest_collection_modifyitems,
     pytest_configure,
+    pytest_runtest_teardown,
     pytest_sessionfinish,
     pytest_terminal_summary,
     pytest_testnodedown,
