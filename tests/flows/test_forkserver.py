@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from pt2flow.flows.engine.common.messages import Describe
+from pt2flow.flows.engine.common.messages import Describe, NewModel
 from pt2flow.flows.engine.orchestrator import launcher
 from pt2flow.flows.engine.orchestrator.supervisor import Worker
 from tests.conftest import ROOT, cli_env
@@ -36,6 +36,22 @@ def _describe(**worker: Any) -> dict[str, Any]:
         return w.call(Describe())[1]
     finally:
         w.close()
+
+
+def test_a_worker_freezes_what_it_keeps_when_a_new_model_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between two models a worker collects, then freezes what is alive (flows/engine/common/heap.py):
+    what it imported after its start-up freeze (here, started on its own: the stage code it imports
+    as it starts serving) is never walked by its collections again. Without that freeze the count
+    stays as it was, or falls by what the worker freed."""
+    monkeypatch.setenv("PT2FLOW_FORK_WORKERS", "0")
+    w = Worker(threads=1)
+    try:
+        before = w.call(Describe())[1]["gc_frozen"]
+        assert w.call(NewModel()) == ("ok", None)
+        after = w.call(Describe())[1]["gc_frozen"]
+    finally:
+        w.close()
+    assert before > 100_000 and after > before + 10_000, (before, after)
 
 
 def test_a_forked_worker_sees_what_a_worker_started_on_its_own_sees(

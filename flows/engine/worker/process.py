@@ -149,6 +149,7 @@ def _profiled() -> Iterator[None]:
 def serve(conn: Connection) -> int:
     """Answer the orchestrator's messages on `conn` until told to stop or it goes away."""
     from pt2flow.flows.engine.common import messages
+    from pt2flow.flows.engine.common.heap import freeze_kept_objects
     from pt2flow.flows.engine.worker import compute
     from pt2flow.storage.faults import crash_point
 
@@ -184,6 +185,7 @@ def serve(conn: Connection) -> int:
                 reply = inspect_model(message.model)
             case messages.NewModel():
                 compute.forget_programs()
+                freeze_kept_objects()  # what the last model's stages imported and cached (flows/engine/common/heap.py)
                 reply = ("ok", None)
             case messages.Describe():  # tests and benchmarks: what this worker sees (pid, parent, folder, env)
                 reply = (
