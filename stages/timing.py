@@ -118,14 +118,10 @@ MAX_BATCH = 10000
 
 @contextlib.contextmanager
 def _no_gc() -> Iterator[None]:
-    """The timed calls run with Python's garbage collector off (as timeit does): a worker holds
-    many objects, and a collection inside a call of microseconds is what its timing would
-    measure. Before them, the young generations are collected (what the last size's calls left),
-    not the whole heap: a full collection walks every object the worker holds, about 0.2 s after
-    a fleet's stages ran in it, and one per size and artifact was 60 % of a small model's
-    benchmark stage (docs/benchmarks.md, twenty-seventh session). timed_in_passes collects fully
-    between artifacts."""
-    gc.collect(1)
+    """The timed calls run with Python's garbage collector off, after a collection (as timeit
+    does): a worker holds many objects, and a collection inside a call of microseconds is what
+    its timing would measure."""
+    gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -4,7 +4,6 @@ key that covers the machine."""
 
 from __future__ import annotations
 
-import gc
 import subprocess
 import sys
 
@@ -84,36 +83,6 @@ def test_timing_stops_at_max_seconds() -> None:
         clock.work, BenchmarkOptions(warmup=0, min_runs=1, max_runs=100, window=2, max_seconds=2.0), clock
     )
     assert len(timing.times_ms) == 4 and not timing.stable  # 0.3 + 0.6 + 0.9 < 2 s <= + 1.2
-
-
-def test_the_timed_calls_run_without_the_collector_and_the_heap_is_not_walked_per_size() -> None:
-    """Inside time_calls the collector is off (a collection inside a call would be timed), and
-    before the calls only the young generations are collected: a full collection walks every
-    object the process holds (0.2 s in a worker after a fleet's stages; pytest's process holds more),
-    and one per size and artifact was most of a small model's benchmark stage."""
-    collections: list[int] = []
-
-    def seen(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            collections.append(info["generation"])
-
-    enabled_in_calls: list[bool] = []
-    clock = FakeClock(iter([0.010] * 1000))
-
-    def work() -> None:
-        enabled_in_calls.append(gc.isenabled())
-        clock.work()
-
-    options = BenchmarkOptions(warmup=2, warmup_s=0, min_runs=5, max_runs=50, window=3, min_seconds=0)
-    assert gc.isenabled()
-    gc.callbacks.append(seen)
-    try:
-        time_calls(work, options, clock)
-    finally:
-        gc.callbacks.remove(seen)
-    assert gc.isenabled()  # given back
-    assert collections and max(collections) < 2, collections
-    assert enabled_in_calls[:2] == [True, True] and not any(enabled_in_calls[2:]), enabled_in_calls
 
 
 def test_percentiles_interpolate_like_numpy() -> None:
