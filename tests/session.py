@@ -23,7 +23,7 @@
   left: a process that has imported torch, transformers, ExecuTorch, OpenVINO and ONNX Runtime holds
   about a million objects, and every full collection walked them all. In one process over the
   fast tier's tests/flows and tests/stages, 51 full collections took 25.9 s of 153 s; with the
-  freezes 5.8 s (0.6 s of it the freezes' own collections), 140 s in all;
+  freezes 5.4 s of 132 s;
 - an xdist worker runs without the COLUMNS/LINES xdist sets (a plain pytest run has none);
 - under two or more xdist workers, a run given no --workers starts one worker process
   (PT2FLOW_WORKERS=1, unless it is set already): the xdist workers already take every core, and a

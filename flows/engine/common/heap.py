@@ -11,7 +11,7 @@ among them that becomes garbage later stays until the process ends (a worker is 
 `models_per_worker()` models). Called where start-up ends: in the fork server after its imports
 and after its warm-up export (before it forks: a forked worker's collections then also leave the
 server's pages unwritten, so they stay shared) and in a worker started on its own after its
-imports; then again in a worker between two models (`freeze_kept_objects`, once the last model's
+imports; then again in a worker between two models (once the last model's
 programs are forgotten): what its stages imported on first use (Inductor, ONNX, ExecuTorch,
 OpenVINO) and the caches they filled. Without that, one worker through configs/targets.yaml
 (4 models, every stage and the benchmark) spent 17 s of its 120 s in 73 full collections walking
@@ -24,14 +24,9 @@ from __future__ import annotations
 import gc
 
 
-def freeze_startup_objects() -> None:
+def freeze_kept_objects() -> None:
     """Collect what is garbage now, then freeze what is alive (`gc.get_freeze_count()` says how
-    many objects are frozen: Describe reports it)."""
+    many objects are frozen: Describe reports it). At start-up, and between two models in a
+    worker (the last model's programs forgotten first)."""
     gc.collect()
     gc.freeze()
-
-
-def freeze_kept_objects() -> None:
-    """Between two models in a worker: what is garbage now collected (the last model's programs,
-    forgotten), what is alive frozen, as at start-up."""
-    freeze_startup_objects()

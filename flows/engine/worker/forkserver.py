@@ -187,10 +187,10 @@ def main(fd: int, path: str, linger: float = LINGER_SECONDS, own_folder: bool = 
     from pt2flow.stages.distributions import path_state
 
     process.prepare()
-    from pt2flow.flows.engine.common.heap import freeze_startup_objects
+    from pt2flow.flows.engine.common.heap import freeze_kept_objects
     from pt2flow.stages.warmup import warm_up
 
-    freeze_startup_objects()  # torch and the stages: never walked by a worker's collections
+    freeze_kept_objects()  # torch and the stages: never walked by a worker's collections
 
     started_with, sources = path_state(), _sources()
     warm = False
@@ -251,7 +251,7 @@ def main(fd: int, path: str, linger: float = LINGER_SECONDS, own_folder: bool = 
                     _, env, cwd, exports = request
                     if exports and not warm:
                         warm_up()  # torch's first export done here once, not in every forked worker (stages/warmup.py)
-                        freeze_startup_objects()  # and the caches it filled
+                        freeze_kept_objects()  # and the caches it filled
                         warm = True
                     sys.stdout.flush()
                     sys.stderr.flush()

@@ -72,11 +72,11 @@ def _torch_threads() -> int:
 
 def main(fd: int, parent: int) -> int:
     """A worker started on its own (`python -m`): it watches its parent, prepares, then serves."""
-    from pt2flow.flows.engine.common.heap import freeze_startup_objects
+    from pt2flow.flows.engine.common.heap import freeze_kept_objects
 
     watch(parent)
     prepare()
-    freeze_startup_objects()
+    freeze_kept_objects()
     return serve(Connection(fd))
 
 
