@@ -1,7 +1,7 @@
 """Does a model cost the same in a fleet of 1,000 as in a fleet of 100? (issue 43)
 
-    .venv/bin/python bench/fleet_scale.py [--models 1000] [--workers N] [--workdir /tmp/pt2-bench-scale]
-        [--json-out FILE]
+    .venv/bin/python bench/fleet_scale.py [--models 1000] [--workers N] [--no-audit]
+        [--workdir /tmp/pt2-bench-scale] [--json-out FILE]
 
 Two `pt2flow run`s (default workers unless --workers), each into an empty store: --baseline
 (100) and then --models (1,000) tiny MLPs through trace, functionalize, decompose, serialize and
@@ -18,6 +18,11 @@ then each run's seconds per model (its whole wall time, start-up and the index c
 its end included) and their ratio, and a JSON line with every figure. The goal (issue 43): the
 large run's seconds per model within 10 % of the small run's. The last 100 models' span against
 the first 100's is reported too: how much a model's cost drifts within one long run.
+
+Between the two runs (unless --no-audit), `pt2flow audit --config` of the small run's store, with
+the same workers: every program record (trace, functionalize, decompose, serialize) loaded and
+rebuilt in fresh worker processes. Its wall time against the small run's cold build is issue 43's
+"audit costs what it rebuilds" (goal: at most 1.2x); every record must come back ok.
 """
 
 from __future__ import annotations
@@ -107,11 +112,38 @@ def _run(workdir: Path, count: int, workers: int | None) -> tuple[float, list[di
     return seconds, windows(store), document.get("workers")
 
 
+def _audit(workdir: Path, count: int, workers: int | None) -> tuple[float, dict[str, Any]]:
+    """`pt2flow audit --config` of the store _run(workdir, count, ...) built: its wall seconds and summary."""
+    argv = [
+        str(Path(sys.executable).parent / "pt2flow"),
+        "audit",
+        "--config",
+        str(workdir / f"fleet-{count}" / "fleet.yaml"),
+        "--store",
+        str(workdir / f"store-{count}"),
+        "--json",
+    ]
+    if workers:
+        argv += ["--workers", str(workers)]
+    seconds, out = _timed(argv, _env(workdir, f"audit-{count}"), workdir)
+    document = json.loads(out)
+    summary = document["summary"]
+    if summary["failed"] or not summary["ok"]:
+        raise SystemExit(f"audit of the {count}-model store: {summary}")
+    return seconds, {"records": document["sample"]["records"], **summary}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=1000)
     parser.add_argument("--baseline", type=int, default=100, help="the small run's model count (default 100)")
     parser.add_argument("--workers", type=int, default=None, help="default: as pt2flow run chooses")
+    parser.add_argument(
+        "--audit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="audit the small run's store and compare with its cold build (default: on)",
+    )
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "pt2-bench-scale"))
     parser.add_argument("--json-out", metavar="FILE")
     args = parser.parse_args()
@@ -119,6 +151,7 @@ def main() -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     compile_checkout()
     small_s, _, _ = _run(workdir, args.baseline, args.workers)
+    audit_s, audited = _audit(workdir, args.baseline, args.workers) if args.audit else (None, None)
     seconds, table, workers = _run(workdir, args.models, args.workers)
     for row in table:
         print(
@@ -145,6 +178,15 @@ def main() -> int:
         f"the first {WINDOW}'s span",
         file=sys.stderr,
     )
+    if audit_s is not None:
+        figures["audit_s"] = round(audit_s, 2)
+        figures["audit"] = audited
+        figures["ratios"]["audit_over_baseline_cold"] = round(audit_s / small_s, 3)
+        print(
+            f"audit of the {args.baseline}-model store: {audit_s:.1f} s for {audited['ok']} records "
+            f"({figures['ratios']['audit_over_baseline_cold']:.3f}x its cold build; goal <= 1.2)",
+            file=sys.stderr,
+        )
     emit_json(figures, args.json_out)
     return 0
 
