@@ -32,8 +32,11 @@ Timings that hold (issue 43): the caller runs this while no other stage work of 
 the machine (flows/engine/worker/turns.py). Before timing, it waits up to `quiet_wait_s` for the
 rest of the machine to go quiet (OtherWork: the CPU time other processes use, from /proc/stat);
 while timing, it measures that load again. A measurement is `noisy` when other work kept more
-than `max_load` cores busy meanwhile, when its p90 is more than `max_spread` times its p50, or when
-the medians of its first and second halves of calls differ by more than `max_drift`; no
+than `max_load` cores busy meanwhile, when fewer than `min_runs` of its samples were taken at full
+speed (a canary timed between samples within `max_slowdown` of its fastest in this benchmark: the
+host slows a VM's process down for seconds at a time, unseen by the load; a sample taken
+meanwhile is left out of the figures), when its p90 is more than `max_spread` times its p50, or
+when the medians of its first and second halves of calls differ by more than `max_drift`; no
 recommendation is drawn at a size where any artifact's measurement is noisy (the report says why),
 and a recommended artifact slower than eager is marked so. Artifacts within `tie_margin` of the
 fastest p50 at a size are tied there: the first of them in the report's order is recommended
@@ -64,7 +67,7 @@ from pt2flow.stages.result import StageResult
 from pt2flow.stages.serialize import load_archive
 from pt2flow.stages.targets import TargetArtifact
 from pt2flow.stages.sample_plan import plan_samples
-from pt2flow.stages.timing import OtherWork, PeakMemory, Timing, cores, rounded, time_calls, wait_for_quiet
+from pt2flow.stages.timing import Canary, OtherWork, PeakMemory, Timing, cores, rounded, time_calls, wait_for_quiet
 from pt2flow.stages.vocabulary import ErrorClass
 
 EAGER = "eager"
@@ -183,8 +186,9 @@ def benchmark(
             example = bind_inputs(reference, model_inputs, seed=seed)
             points = plan_points(dims, model_inputs, example, options)
             inputs = {p.label: bind_inputs(reference, model_inputs, seed=seed, dim_sizes=p.sizes) for p in points}
+            canary = Canary()  # the machine's speed beside every sample of this benchmark
             timers: list[Callable[[], Measured]] = [
-                functools.partial(_time_eager, reference, eager_ms, memory.peak_mb, points, inputs, options)
+                functools.partial(_time_eager, reference, eager_ms, memory.peak_mb, points, inputs, options, canary)
             ]
             loaders: list[tuple[str, int, Callable[[], Callable[..., Any]]]] = []
             if archive is not None:
@@ -195,8 +199,10 @@ def benchmark(
                 loaders.append((name, len(target.data), functools.partial(target.candidate, threads)))
                 if not target.takes_threads:
                     own_threads.append(name)
-            timers += [functools.partial(_time_artifact, n, b, load, points, inputs, options) for n, b, load in loaders]
-            measured = timed_in_passes(timers, options.passes)
+            timers += [
+                functools.partial(_time_artifact, n, b, load, points, inputs, options, canary) for n, b, load in loaders
+            ]
+            measured = timed_in_passes(timers, options.passes, options)
     finally:
         torch.set_num_threads(saved_threads)
     for m in measured:
@@ -209,6 +215,8 @@ def benchmark(
         shown = "; ".join(f"{m.name}: {m.error or next(iter(m.errors.values()), '?')}" for m in measured[1:])
         raise StageError(ErrorClass.RUNTIME, f"no artifact could be timed: {shown}")
     machine_load = {**quiet, "during": rounded(other.cores), "max_load": options.max_load}
+    if options.max_slowdown is not None and canary.fastest < float("inf"):
+        machine_load["canary_fastest_us"] = round(canary.fastest * 1e6, 3)
     busy = other.cores is not None and other.cores > options.max_load
     noisy = noisy_points(measured, points, options, f"{other.cores:.2f} other cores busy" if busy else None)
     report = {
@@ -223,7 +231,9 @@ def benchmark(
     return StageResult(output=report, metadata={"summary": summary(report)}, warnings=(*notes, *sink.items))
 
 
-def timed_in_passes(timers: Sequence[Callable[[], Measured]], passes: int) -> list[Measured]:
+def timed_in_passes(
+    timers: Sequence[Callable[[], Measured]], passes: int, options: BenchmarkOptions | None = None
+) -> list[Measured]:
     """Each timer (an artifact: loaded, then timed at every size) run `passes` times, in passes
     over all of them (every other pass in the reverse order, so that no artifact is always timed
     first or last), and per artifact what fastest_pass keeps. An artifact that does not load is
@@ -236,15 +246,17 @@ def timed_in_passes(timers: Sequence[Callable[[], Measured]], passes: int) -> li
                 continue
             runs[at].append(timers[at]())
             gc.collect()  # the artifact just timed, freed before the next loads (its memory is measured)
-    return [fastest_pass(each) for each in runs]
+    return [fastest_pass(each, options) for each in runs]
 
 
-def fastest_pass(runs: Sequence[Measured]) -> Measured:
+def fastest_pass(runs: Sequence[Measured], options: BenchmarkOptions | None = None) -> Measured:
     """One artifact's measurements over several passes as one: its size, load time and peak
     memory from the first (its first load, as a deployment's), and at each size the timing of
     the pass with the lowest p50, each pass's p50 kept beside it (`passes`). The VM's speed moves
     by tens of percent over seconds with nothing else running; the fastest pass is the
-    artifact's own speed, the others that and the VM's."""
+    artifact's own speed, the others that and the VM's. With `options`, a pass whose measurement
+    there is noisy (stages/timing.py Timing.noise) is kept only when every pass's is: a handful
+    of samples at full speed among thousands slowed has a low p50 and says little."""
     first = runs[0]
     kept = Measured(first.name, first.size_bytes, first.load_ms, first.peak_memory_mb, first.error)
     for label in dict.fromkeys(label for run in runs for label in [*run.timings, *run.errors]):
@@ -252,7 +264,8 @@ def fastest_pass(runs: Sequence[Measured]) -> Measured:
         if not timed:
             kept.errors[label] = next(run.errors[label] for run in runs if label in run.errors)
             continue
-        best = min(timed, key=lambda run: run.timings[label].p50)
+        clean = [run for run in timed if options is None or run.timings[label].noise(options) is None]
+        best = min(clean or timed, key=lambda run: run.timings[label].p50)
         kept.timings[label] = best.timings[label]
         if label in best.attempts:
             kept.attempts[label] = best.attempts[label]
@@ -268,13 +281,14 @@ def _time_eager(
     points: list[Point],
     inputs: Mapping[str, BoundInputs],
     options: BenchmarkOptions,
+    canary: Canary | None = None,
 ) -> Measured:
     state = sum(t.numel() * t.element_size() for t in [*reference.parameters(), *reference.buffers()])
     measured = Measured(EAGER, state, load_ms, peak_mb)
     with PeakMemory() as memory, torch.inference_mode():
         for point in points:
             bound = inputs[point.label]
-            _time_point(measured, point, functools.partial(bound.call, reference), options)
+            _time_point(measured, point, functools.partial(bound.call, reference), options, canary)
     measured.peak_memory_mb = max((v for v in (peak_mb, memory.peak_mb) if v is not None), default=None)
     return measured
 
@@ -286,6 +300,7 @@ def _time_artifact(
     points: list[Point],
     inputs: Mapping[str, BoundInputs],
     options: BenchmarkOptions,
+    canary: Canary | None = None,
 ) -> Measured:
     measured = Measured(name, size)
     with PeakMemory() as memory:
@@ -305,7 +320,7 @@ def _time_artifact(
                 except Exception as exc:  # noqa: BLE001 - inputs this runtime refuses: reported at this size
                     measured.errors[point.label] = short_message(exc, 300)
                     continue
-                _time_point(measured, point, call, options)
+                _time_point(measured, point, call, options, canary)
         close = getattr(fn, "close", None)  # what loading it changed in this process, given back
         if close is not None:
             close()
@@ -314,14 +329,21 @@ def _time_artifact(
     return measured
 
 
-def _time_point(measured: Measured, point: Point, call: Callable[[], Any], options: BenchmarkOptions) -> None:
+def _time_point(
+    measured: Measured,
+    point: Point,
+    call: Callable[[], Any],
+    options: BenchmarkOptions,
+    canary: Canary | None = None,
+) -> None:
     """Time one artifact at one size; a measurement its own spread or drift makes noisy (a burst
-    of other work, this VM's speed moving) is taken again, up to options.retries more times, and
-    the first that is not noisy is kept (else the last)."""
+    of other work, this VM's speed moving), or too few of its samples taken at full speed, is
+    taken again, up to options.retries more times, and the first that is not noisy is kept (else
+    the last)."""
     try:
         attempts = 0
         while True:
-            timing = time_calls(call, options)
+            timing = time_calls(call, options, canary=canary)
             attempts += 1
             if timing.noise(options) is None or attempts > options.retries:
                 break
@@ -360,7 +382,8 @@ def _artifact_report(measured: Measured, points: list[Point], options: Benchmark
         per_point[point.label] = {
             "p50_ms": timing.p50,
             "p90_ms": timing.p90,
-            "runs": len(timing.times_ms),
+            "runs": len(timing.kept),
+            **({"slow_samples": timing.slow_samples} if timing.slowed else {}),
             "stable": timing.stable,
             "spread": rounded(timing.spread),
             "drift": rounded(timing.drift),

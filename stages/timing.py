@@ -2,11 +2,13 @@
 
 time_calls: warm-up calls for at least `warmup` calls and `warmup_s` seconds, then timed samples
 (a sample: one call, or a batch of calls lasting at least SAMPLE_MIN_S when a call takes
-microseconds; its time per call) with the garbage collector off, until the median of all samples
-moves by less than `stable_fraction` over the last `window` and they have gone on for
-`min_seconds` (at least `min_runs`, at most `max_runs` and `max_seconds`): a Timing, whose spread
-and drift say whether it can be trusted. PeakMemory: the resident memory a block adds.
-OtherWork and wait_for_quiet: the cores the rest of the machine keeps busy (Linux /proc/stat).
+microseconds; its time per call) with the garbage collector off, until the median of the samples
+taken at full speed moves by less than `stable_fraction` over the last `window` and they have
+gone on for `min_seconds` (at least `min_runs`, at most `max_runs` and `max_seconds`): a Timing,
+whose spread and drift say whether it can be trusted. Canary: the machine's own speed beside
+each sample (a sample counts only when it was full). PeakMemory: the resident memory a block
+adds. OtherWork and wait_for_quiet: the cores the rest of the machine keeps busy (Linux
+/proc/stat).
 """
 
 from __future__ import annotations
@@ -26,18 +28,36 @@ from pt2flow.stages.options import BenchmarkOptions
 
 @dataclass(frozen=True)
 class Timing:
-    """The timed calls of one artifact at one size (milliseconds, in call order)."""
+    """The timed samples of one artifact at one size (milliseconds per call, in call order) and,
+    when a Canary watched them, how much slower than its fastest the machine ran beside each
+    (`slowed`: 1.0 is full speed). Its figures are those of the samples taken at full speed
+    (`kept`: slowed at most `full_speed`); every sample's when none was watched."""
 
     times_ms: tuple[float, ...]
     stable: bool
+    slowed: tuple[float, ...] = ()
+    full_speed: float = math.inf
+
+    @property
+    def kept(self) -> tuple[float, ...]:
+        """The samples the figures are of: those taken at full speed (all, if none was)."""
+        if not self.slowed:
+            return self.times_ms
+        kept = tuple(t for t, s in zip(self.times_ms, self.slowed) if s <= self.full_speed)
+        return kept or self.times_ms
+
+    @property
+    def slow_samples(self) -> int:
+        """Samples left out: taken while the machine ran below full speed."""
+        return sum(s > self.full_speed for s in self.slowed)
 
     @property
     def p50(self) -> float:
-        return percentile(self.times_ms, 50)
+        return percentile(self.kept, 50)
 
     @property
     def p90(self) -> float:
-        return percentile(self.times_ms, 90)
+        return percentile(self.kept, 90)
 
     @property
     def spread(self) -> float | None:
@@ -48,15 +68,23 @@ class Timing:
     def drift(self) -> float | None:
         """How far apart the medians of the first and the second half of the samples are, as a
         fraction of the median of all (None under 4 samples)."""
-        if len(self.times_ms) < 4:
+        kept = self.kept
+        if len(kept) < 4:
             return None
-        half = len(self.times_ms) // 2
-        first, second = statistics.median(self.times_ms[:half]), statistics.median(self.times_ms[half:])
-        median = statistics.median(self.times_ms)
+        half = len(kept) // 2
+        first, second = statistics.median(kept[:half]), statistics.median(kept[half:])
+        median = statistics.median(kept)
         return abs(first - second) / median if median > 0 else None
 
     def noise(self, options: BenchmarkOptions) -> str | None:
-        """Why this measurement cannot be trusted (its own spread or drift), else None."""
+        """Why this measurement cannot be trusted (too few samples at full speed, its own spread
+        or drift), else None."""
+        slow = self.slow_samples
+        if slow and len(self.times_ms) - slow < options.min_runs:
+            return (
+                f"{slow} of {len(self.times_ms)} samples taken below full speed "
+                f"(the canary past {self.full_speed:g}x its fastest; max_slowdown {options.max_slowdown:g})"
+            )
         if self.spread is not None and self.spread > options.max_spread:
             return f"p90 {self.spread:.1f}x p50 (max_spread {options.max_spread:g})"
         if self.drift is not None and self.drift > options.max_drift:
@@ -74,9 +102,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def time_calls(
-    call: Callable[[], Any], options: BenchmarkOptions, clock: Callable[[], float] = time.perf_counter
+    call: Callable[[], Any],
+    options: BenchmarkOptions,
+    clock: Callable[[], float] = time.perf_counter,
+    canary: Canary | None = None,
 ) -> Timing:
-    """Warm up, then time `call` until the median is stable (see the module's docstring)."""
+    """Warm up, then time `call` until the median is stable (see the module's docstring); with a
+    canary (and options.max_slowdown set), the canary is timed between samples, and a sample
+    counts only when the canary before and after it ran within max_slowdown of its fastest."""
     warm_from = clock()
     warm_until = warm_from + options.warmup_s
     calls = 0
@@ -87,33 +120,92 @@ def time_calls(
     # SAMPLE_MIN_S (as timeit does): one call alone is mostly the clock's own jitter
     per_call = (clock() - warm_from) / calls if calls else 0.0
     number = max(1, min(MAX_BATCH, math.ceil(SAMPLE_MIN_S / per_call))) if per_call > 0 else 1
+    watch = canary if options.max_slowdown is not None else None
+    full_speed = 1.0 + options.max_slowdown if options.max_slowdown is not None else math.inf
     times: list[float] = []
+    beside: list[float] = []  # per sample: the slower of the canaries before and after it (s)
+    kept: list[float] = []
     medians: list[float] = []
     started = clock()
     deadline = started + options.max_seconds
     stable = False
     with _no_gc():
-        while len(times) < options.max_runs:
+        before = watch() if watch else 0.0
+        while len(kept) < options.max_runs:
             start = clock()
             for _ in range(number):
                 call()
             end = clock()
             times.append((end - start) * 1000.0 / number)
-            medians.append(statistics.median(times))
-            if len(times) >= options.min_runs and len(medians) > options.window:
-                before, now = medians[-1 - options.window], medians[-1]
-                stable = abs(now - before) <= options.stable_fraction * now
+            if watch:
+                after = watch()
+                beside.append(max(before, after))
+                before = after
+                if beside[-1] > full_speed * watch.fastest:
+                    if end >= deadline:
+                        break
+                    continue  # taken while the machine ran slow: not this artifact's speed
+            kept.append(times[-1])
+            medians.append(statistics.median(kept))
+            if len(kept) >= options.min_runs and len(medians) > options.window:
+                before_median, now = medians[-1 - options.window], medians[-1]
+                stable = abs(now - before_median) <= options.stable_fraction * now
                 # a stable median of a few milliseconds of calls is one moment of a shared VM
                 # (its slow stretches last hundreds of them): the calls go on for min_seconds
                 if stable and end - started >= options.min_seconds:
                     break
             if end >= deadline:
                 break
-    return Timing(tuple(times), stable)
+    if not watch:
+        return Timing(tuple(times), stable)
+    # against the fastest canary of the whole measurement (and of the benchmark before it)
+    fastest = watch.fastest
+    slowed = tuple(b / fastest if fastest > 0 else 1.0 for b in beside)
+    return Timing(tuple(times), stable, slowed, full_speed)
 
 
 SAMPLE_MIN_S = 0.001  # one timed sample lasts at least this long (a batch of short calls)
 MAX_BATCH = 10000
+
+
+class Canary:
+    """How fast this machine runs at a moment: a fixed piece of work (`work`, the sum of
+    range(500) unless given), timed twice, the faster kept (a single run can take a timer interrupt). Its
+    cost never changes, so its time says how fast the CPU gave this process its cycles then;
+    `fastest` is the lowest it has taken since this Canary was made (one per benchmark).
+
+    Why (docs/benchmarks.md, twenty-ninth session): on this project's shared 2-core VMs the host
+    runs a process at full speed or 1.5-2.4x slower, in stretches of 0.1 s to several seconds,
+    with nothing else running in the VM and no steal time: /proc/stat does not see it, and a
+    measurement that lies inside a slow stretch has a clean spread and drift. Samples taken
+    while a canary beside them ran within 25 % of its fastest gave p50s that two fresh processes
+    reproduced within 20 % at 71 of 72 (artifact, size) pairs in an hour when a median 11 % of
+    the calls ran at full speed; all samples, at 37 of 72."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, work: Callable[[], Any] | None = None) -> None:
+        self.clock = clock
+        self.work = work or _spin
+        self.fastest = math.inf
+
+    def __call__(self) -> float:
+        """Time the work (seconds, the faster of two runs), and remember the fastest."""
+        best = math.inf
+        for _ in range(2):
+            start = self.clock()
+            self.work()
+            best = min(best, self.clock() - start)
+        self.fastest = min(self.fastest, best)
+        return best
+
+
+def _spin() -> int:
+    """The canary's work: the sum of range(500), a loop in the interpreter's C code, about 4.7 µs
+    at full speed here. Not a loop in bytecode: 300 additions in a Python `for` loop ran slower
+    after an exported program's calls (torch's dispatcher, in Python) than after ONNX Runtime's,
+    interleaved, in the same seconds (full speed 7 % of the time against 21 %), and left out
+    most of the program's samples; this loop ran at full speed as often after either (23 % and
+    24 %: docs/benchmarks.md, twenty-ninth session)."""
+    return sum(range(500))
 
 
 @contextlib.contextmanager

@@ -28,10 +28,11 @@ if TYPE_CHECKING:
 
 # 2: the load while timing, each measurement's spread and drift, no recommendation from noisy ones;
 # 3: every artifact called under inference_mode, as eager is (no_grad cost the archive 5-10 %);
-# 4: `threads` (1 unless set) applied to every runtime, not to torch alone
+# 4: `threads` (1 unless set) applied to every runtime, not to torch alone;
+# 5: a sample counts only while a canary beside it says the machine ran at full speed (max_slowdown)
 STAGE = Stage(
     "benchmark",
-    4,
+    5,
     compute=f"{__name__}:compute",
     inputs=(Input.of("source"), Input.of("trace"), Input.of("validate")),
     options=BenchmarkOptions,
