@@ -249,8 +249,13 @@ def _benchmark(config: Path, store: Path) -> dict[str, dict[str, Any]]:
     return reports
 
 
-def _plain_loop(workdir: Path, name: str, run: int) -> dict[str, dict[str, float]]:
-    """PLAIN_LOOP over one model's files in a fresh process: {artifact: {size label: p50 ms}}."""
+def _within(value: float, reference: float) -> bool:
+    return abs(value / reference - 1) <= TOLERANCE
+
+
+def _plain_loop(workdir: Path, name: str, run: int) -> dict[str, dict[str, dict[str, float | None]]]:
+    """PLAIN_LOOP over one model's files in a fresh process: {"full_speed" | "all": {artifact:
+    {size label: p50 ms}}}, the median of the calls at full speed and of every call."""
     out = workdir / f"{name}.plain{'' if run == 0 else f'-{run}'}.json"
     subprocess.run(
         [sys.executable, str(workdir / "plain_loop.py"), str(workdir / f"{name}.job.json"), str(out)],
@@ -339,28 +344,28 @@ def main() -> int:
                 if measured and loop and loop_all:
                     timed += 1
                     ratio = measured / loop
-                    within += abs(ratio - 1) <= TOLERANCE
-                    within_all += abs(measured / loop_all - 1) <= TOLERANCE
+                    within += _within(measured, loop)
+                    within_all += _within(measured, loop_all)
                     rows.append((label, artifact, measured, loop, ratio, loop_all))
                     for again, again_all in zip(plain_again, plain_all_again):
                         other = again.get(artifact, {}).get(label)
                         other_all = again_all.get(artifact, {}).get(label)
                         if other and other_all:
                             plain_pairs += 1
-                            plain_within += abs(other / loop - 1) <= TOLERANCE
-                            all_within += abs(other_all / loop_all - 1) <= TOLERANCE
+                            plain_within += _within(other, loop)
+                            all_within += _within(other_all, loop_all)
                     measured_b = (
                         (second[name]["artifacts"].get(artifact) or {}).get("points", {}).get(label) or {}
                     ).get("p50_ms")
                     if measured_b:
                         b_pairs += 1
-                        b_within += abs(measured_b / measured - 1) <= TOLERANCE
+                        b_within += _within(measured_b, measured)
             print(
                 f"{name:13s} {label:18s} A: {a or 'none (' + report['recommendation'].get('noisy', {}).get(label, '?') + ')'}"
                 f"  B: {b or 'none (' + second[name]['recommendation'].get('noisy', {}).get(label, '?') + ')'}"
             )
         for label, artifact, measured, loop, ratio, loop_all in rows:
-            mark = "" if abs(ratio - 1) <= TOLERANCE else "  <- outside 20 %"
+            mark = "" if _within(measured, loop) else "  <- outside 20 %"
             print(
                 f"    {label:18s} {artifact:11s} stage {measured:9.4f} ms  plain {loop:9.4f} ms  {ratio:5.2f}x"
                 f"  (every call: {loop_all:9.4f} ms){mark}"

@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import gc
 import itertools
+import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -215,7 +216,7 @@ def benchmark(
         shown = "; ".join(f"{m.name}: {m.error or next(iter(m.errors.values()), '?')}" for m in measured[1:])
         raise StageError(ErrorClass.RUNTIME, f"no artifact could be timed: {shown}")
     machine_load = {**quiet, "during": rounded(other.cores), "max_load": options.max_load}
-    if options.max_slowdown is not None and canary.fastest < float("inf"):
+    if options.max_slowdown is not None and math.isfinite(canary.fastest):
         machine_load["canary_fastest_us"] = round(canary.fastest * 1e6, 3)
     busy = other.cores is not None and other.cores > options.max_load
     noisy = noisy_points(measured, points, options, f"{other.cores:.2f} other cores busy" if busy else None)

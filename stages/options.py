@@ -131,8 +131,8 @@ class BenchmarkOptions(_Options):
     at its max. warmup: untimed calls first at each size, for at least warmup_s seconds (a call of
     microseconds takes thousands of calls to reach its steady speed). Timed calls: at least
     min_runs, at most max_runs and max_seconds per artifact and size, ending once the median of the
-    calls made at full speed (max_slowdown, below) moves by less than stable_fraction over the last `window` calls and they have gone on
-    for min_seconds (a shared VM runs slower for stretches of a few hundred milliseconds: a median
+    calls made at full speed (max_slowdown, below) moves by less than stable_fraction over the
+    last `window` calls and they have gone on for min_seconds (a shared VM runs slower for stretches of a few hundred milliseconds: a median
     of a few milliseconds of calls, stable as it is, can lie wholly inside one). threads: the intra-op
     threads of every artifact's runtime while timing (torch's, and each target's runtime where
     its loader takes `threads`: ONNX Runtime, ExecuTorch, OpenVINO); 1 unless set, null: every
@@ -148,16 +148,16 @@ class BenchmarkOptions(_Options):
     while it was timed, when its p90 is more than max_spread times its p50, or when the medians of
     its first and second half of calls differ by more than max_drift of the median; a measurement
     noisy by its own spread or drift (or too few calls at full speed) is taken again, up to
-    `retries` more times. Every artifact
-    is timed `passes` times at every size, in passes over all the artifacts (every other pass in
-    the reverse order), and each size's figures are those of its pass with the lowest p50: a pass
-    that ran while this VM was slower is not the one reported. Artifacts whose p50 is within
+    `retries` more times. Every artifact is timed `passes` times at every size, in passes over
+    all the artifacts (every other pass in the reverse order), and each size's figures are those
+    of its pass with the lowest p50 among those not noisy: a pass that ran while this VM was
+    slower is not the one reported. Artifacts whose p50 is within
     tie_margin of the lowest at a size are tied: the first of them in the report's order
     (archive, compiled, the targets as configured) is recommended there.
 
     max_slowdown: a sample counts only when a canary (a fixed piece of work, sum(range(500)), timed
     before and after it) ran within max_slowdown of its fastest in this benchmark: a shared VM's
-    host runs a process 1.5-2x slower for stretches of 0.1 s to seconds, unseen by the load, and a
+    host runs a process 1.5-2.4x slower for stretches of 0.1 s to seconds, unseen by the load, and a
     measurement inside one has a clean spread (stages/timing.py Canary). A measurement with fewer
     than min_runs samples at full speed within max_seconds is `noisy` (and taken again); null:
     every sample counts, the machine's speed unwatched.

@@ -141,19 +141,17 @@ def time_calls(
                 after = watch()
                 beside.append(max(before, after))
                 before = after
-                if beside[-1] > full_speed * watch.fastest:
-                    if end >= deadline:
+            # a sample taken while the machine ran slow is not this artifact's speed
+            if not watch or beside[-1] <= full_speed * watch.fastest:
+                kept.append(times[-1])
+                medians.append(statistics.median(kept))
+                if len(kept) >= options.min_runs and len(medians) > options.window:
+                    before_median, now = medians[-1 - options.window], medians[-1]
+                    stable = abs(now - before_median) <= options.stable_fraction * now
+                    # a stable median of a few milliseconds of calls is one moment of a shared VM
+                    # (its slow stretches last hundreds of them): the calls go on for min_seconds
+                    if stable and end - started >= options.min_seconds:
                         break
-                    continue  # taken while the machine ran slow: not this artifact's speed
-            kept.append(times[-1])
-            medians.append(statistics.median(kept))
-            if len(kept) >= options.min_runs and len(medians) > options.window:
-                before_median, now = medians[-1 - options.window], medians[-1]
-                stable = abs(now - before_median) <= options.stable_fraction * now
-                # a stable median of a few milliseconds of calls is one moment of a shared VM
-                # (its slow stretches last hundreds of them): the calls go on for min_seconds
-                if stable and end - started >= options.min_seconds:
-                    break
             if end >= deadline:
                 break
     if not watch:
