@@ -98,13 +98,16 @@ def windows(store: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _pt2flow(*args: str, workers: int | None) -> list[str]:
+    """This environment's `pt2flow` with `args`, and --workers when given."""
+    return [str(Path(sys.executable).parent / "pt2flow"), *args, *(["--workers", str(workers)] if workers else [])]
+
+
 def _run(workdir: Path, count: int, workers: int | None) -> tuple[float, list[dict[str, Any]], Any]:
     """One cold run of `count` models into an empty store: its wall seconds, windows and worker count."""
     config = write_config(workdir / f"fleet-{count}", count)
     store = workdir / f"store-{count}"
-    argv = [str(Path(sys.executable).parent / "pt2flow"), "run", str(config), "--json", "--store", str(store)]
-    if workers:
-        argv += ["--workers", str(workers)]
+    argv = _pt2flow("run", str(config), "--json", "--store", str(store), workers=workers)
     seconds, out = _timed(argv, _env(workdir, f"scale-{count}"), workdir)
     document = json.loads(out.strip().splitlines()[-1])
     if document["summary"]["ok"] != count:
@@ -114,17 +117,8 @@ def _run(workdir: Path, count: int, workers: int | None) -> tuple[float, list[di
 
 def _audit(workdir: Path, count: int, workers: int | None) -> tuple[float, dict[str, Any]]:
     """`pt2flow audit --config` of the store _run(workdir, count, ...) built: its wall seconds and summary."""
-    argv = [
-        str(Path(sys.executable).parent / "pt2flow"),
-        "audit",
-        "--config",
-        str(workdir / f"fleet-{count}" / "fleet.yaml"),
-        "--store",
-        str(workdir / f"store-{count}"),
-        "--json",
-    ]
-    if workers:
-        argv += ["--workers", str(workers)]
+    config, store = workdir / f"fleet-{count}" / "fleet.yaml", workdir / f"store-{count}"
+    argv = _pt2flow("audit", "--config", str(config), "--store", str(store), "--json", workers=workers)
     seconds, out = _timed(argv, _env(workdir, f"audit-{count}"), workdir)
     document = json.loads(out)
     summary = document["summary"]
