@@ -132,8 +132,9 @@ class BenchmarkOptions(_Options):
     microseconds takes thousands of calls to reach its steady speed). Timed calls: at least
     min_runs, at most max_runs and max_seconds per artifact and size, ending once the median of the
     calls made at full speed (max_slowdown, below) moves by less than stable_fraction over the
-    last `window` calls and they have gone on for min_seconds (a shared VM runs slower for stretches of a few hundred milliseconds: a median
-    of a few milliseconds of calls, stable as it is, can lie wholly inside one). threads: the intra-op
+    last `window` calls and they have gone on for min_seconds (a shared VM runs slower for
+    stretches of a few hundred milliseconds: a median of a few milliseconds of calls, stable as it
+    is, can lie wholly inside one). threads: the intra-op
     threads of every artifact's runtime while timing (torch's, and each target's runtime where
     its loader takes `threads`: ONNX Runtime, ExecuTorch, OpenVINO); 1 unless set, null: every
     core this process may use. On a shared VM a timing with more than one thread depends on every
