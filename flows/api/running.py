@@ -299,10 +299,15 @@ def execute(prepared: PreparedRun, *, progress: Progress | None = None) -> dict[
         document = nothing_to_build(parameters, config)
         if document is not None:
             return with_failure_groups(document, store)
-    starting = None
-    if parameters.runner != "dask":  # the workers import torch while the Prefect server starts
-        starting = lambda: start_workers(parameters.workers, len(config.models), parameters.python)  # noqa: E731
-    with prefect_runtime.prefect_api(while_starting=starting):
+
+    def while_the_server_starts() -> None:
+        """The workers import torch, and this process the fleet flow's modules (Prefect's flow and
+        task engines: about a second), while the Prefect server boots (3-5 s on 2 cores)."""
+        if parameters.runner != "dask":
+            start_workers(parameters.workers, len(config.models), parameters.python)
+        import pt2flow.flows.fleet  # noqa: F401
+
+    with prefect_runtime.prefect_api(while_starting=while_the_server_starts):
         from pt2flow.flows.engine.orchestrator.fleet_plan import loaded_config
         from pt2flow.flows.fleet import fleet_flow
 

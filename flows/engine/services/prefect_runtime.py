@@ -205,24 +205,32 @@ def _shared_server(timeout: float, while_starting: Callable[[], Any] | None) -> 
     with open(home / "pt2flow-server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         state = _read_state(home / STATE)
-        if state and all(state.get(k) == v for k, v in wanted.items()) and _healthy(state["url"]):
-            if while_starting is not None:
-                while_starting()
-            return str(state["url"]), lease
-        log_path = server_log_path()
-        for _attempt in range(3):
-            port = _free_port()
-            api_url = f"http://127.0.0.1:{port}/api"
-            _spawn_shared(port, home, log_path)
-            if while_starting is not None:  # useful work while the server boots on another core
-                while_starting()
-                while_starting = None
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and not _healthy(api_url):
-                time.sleep(0.1)
-            state = _read_state(home / STATE)
-            if state and state.get("url") == api_url and _healthy(api_url):
-                return api_url, lease
+        if not (state and all(state.get(k) == v for k, v in wanted.items()) and _healthy(state["url"])):
+            return _start_shared(home, lease, timeout, while_starting), lease
+    if while_starting is not None:  # after the lock: another run starting now does not wait for this
+        while_starting()
+    return str(state["url"]), lease
+
+
+def _start_shared(home: Path, lease: Path, timeout: float, while_starting: Callable[[], Any] | None) -> str:
+    """Start PREFECT_HOME's shared server (under the caller's lock) and wait for it to answer:
+    its URL. `while_starting` runs while it boots."""
+    from pt2flow.flows.engine.services.prefect_server import STATE
+
+    log_path = server_log_path()
+    for _attempt in range(3):
+        port = _free_port()
+        api_url = f"http://127.0.0.1:{port}/api"
+        _spawn_shared(port, home, log_path)
+        if while_starting is not None:  # useful work while the server boots on another core
+            while_starting()
+            while_starting = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not _healthy(api_url):
+            time.sleep(0.1)
+        state = _read_state(home / STATE)
+        if state and state.get("url") == api_url and _healthy(api_url):
+            return api_url
     lease.unlink(missing_ok=True)
     raise RuntimeError(f"the Prefect server did not start; see {log_path}")
 
